@@ -1,0 +1,398 @@
+//! Manager-wide configuration and its validation.
+
+use std::time::Duration;
+
+use crate::node::Ttl;
+
+/// Timing and retry settings shared by every lock of a [`LockManager`](crate::LockManager).
+///
+/// Start from [`Config::default`] (the reference defaults) and adjust with the builder methods. Nothing is
+/// checked until the manager is built ([`Config::validate`]); a lock's own [`expiry`](crate::Lock::expiry)
+/// and renewal interval are checked again, against these settings, before its first command is sent.
+///
+/// | setting | default | meaning |
+/// |---|---|---|
+/// | [`expiry`](Self::expiry) | 30 s | Redis TTL of a lease, and the TTL renewals set |
+/// | [`attempts`](Self::attempts) | 3 | acquisition attempts of [`Lock::acquire`](crate::Lock::acquire) |
+/// | [`retry_delay`](Self::retry_delay) | 200 ms | base pause between attempts |
+/// | [`retry_jitter`](Self::retry_jitter) | 0.5 | a random 0–50 % of the delay is added to each pause |
+/// | [`drift_factor`](Self::drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
+/// | [`operation_timeout`](Self::operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
+/// | [`jitter_seed`](Self::jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    expiry: Duration,
+    attempts: u32,
+    retry_delay: Duration,
+    retry_jitter: f64,
+    drift_factor: f64,
+    operation_timeout: Option<Duration>,
+    jitter_seed: Option<u64>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            expiry: Duration::from_secs(30),
+            attempts: 3,
+            retry_delay: Duration::from_millis(200),
+            retry_jitter: 0.5,
+            drift_factor: 0.01,
+            operation_timeout: None,
+            jitter_seed: None,
+        }
+    }
+}
+
+/// The ceiling of the default operation timeout.
+const DEFAULT_OPERATION_TIMEOUT_CAP: Duration = Duration::from_millis(500);
+
+impl Config {
+    /// Sets the default lease TTL (also the TTL every renewal sets).
+    #[must_use]
+    pub fn expiry(mut self, expiry: Duration) -> Self {
+        self.expiry = expiry;
+        self
+    }
+
+    /// Sets how many acquisition rounds [`Lock::acquire`](crate::Lock::acquire) makes before giving up.
+    #[must_use]
+    pub fn attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts;
+        self
+    }
+
+    /// Sets the base pause between acquisition attempts.
+    #[must_use]
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// Sets the random extra pause, as a fraction of the retry delay, in `[0, 1]` (default 0.5: up to +50 %).
+    #[must_use]
+    pub fn retry_jitter(mut self, fraction: f64) -> Self {
+        self.retry_jitter = fraction;
+        self
+    }
+
+    /// Sets the share of the TTL reserved for clock drift between client and servers, in `[0, 1)`.
+    ///
+    /// Validity is `ttl - elapsed - (ceil(ttl * drift_factor) + 2 ms)`.
+    #[must_use]
+    pub fn drift_factor(mut self, factor: f64) -> Self {
+        self.drift_factor = factor;
+        self
+    }
+
+    /// Sets the bound on one round of node calls (acquire, extend or release on all nodes at once).
+    ///
+    /// By default it is derived from the lease TTL: `min(ttl / 5, 500 ms)`.
+    #[must_use]
+    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+        self.operation_timeout = Some(timeout);
+        self
+    }
+
+    /// Seeds the retry-jitter generator, making retry pauses reproducible (for tests and simulations).
+    #[must_use]
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.jitter_seed = Some(seed);
+        self
+    }
+
+    /// The default lease TTL.
+    pub fn get_expiry(&self) -> Duration {
+        self.expiry
+    }
+
+    /// The number of acquisition attempts.
+    pub fn get_attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The base retry delay.
+    pub fn get_retry_delay(&self) -> Duration {
+        self.retry_delay
+    }
+
+    /// The retry jitter fraction.
+    pub fn get_retry_jitter(&self) -> f64 {
+        self.retry_jitter
+    }
+
+    /// The drift factor.
+    pub fn get_drift_factor(&self) -> f64 {
+        self.drift_factor
+    }
+
+    /// The jitter seed, if one was set.
+    pub fn get_jitter_seed(&self) -> Option<u64> {
+        self.jitter_seed
+    }
+
+    /// The operation timeout that applies to leases of TTL `expiry`: the configured one, or
+    /// `min(expiry / 5, 500 ms)`.
+    pub fn operation_timeout_for(&self, expiry: Duration) -> Duration {
+        self.operation_timeout
+            .unwrap_or_else(|| (expiry / 5).min(DEFAULT_OPERATION_TIMEOUT_CAP))
+    }
+
+    /// Checks the settings on their own and against the default expiry.
+    ///
+    /// # Errors
+    /// The first problem found, as a [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.attempts == 0 {
+            return Err(ConfigError::ZeroAttempts);
+        }
+        nonzero("retry_delay", self.retry_delay)?;
+        if !(0.0..=1.0).contains(&self.retry_jitter) {
+            return Err(ConfigError::RetryJitter(self.retry_jitter));
+        }
+        if !(0.0..1.0).contains(&self.drift_factor) {
+            return Err(ConfigError::DriftFactor(self.drift_factor));
+        }
+        if let Some(timeout) = self.operation_timeout {
+            nonzero("operation_timeout", timeout)?;
+        }
+        self.check_expiry(self.expiry).map(|_| ())
+    }
+
+    /// Checks a lease TTL against these settings and converts it for the wire.
+    pub(crate) fn check_expiry(&self, expiry: Duration) -> Result<Ttl, ConfigError> {
+        nonzero("expiry", expiry)?;
+        let ttl = Ttl::from_duration(expiry).ok_or(ConfigError::TooLong {
+            field: "expiry",
+            value: expiry,
+            max: Ttl::MAX.as_duration(),
+        })?;
+        let drift = crate::machine::validity::drift(ttl, self.drift_factor);
+        if drift >= ttl.as_duration() {
+            return Err(ConfigError::ExpiryWithinDrift { expiry, drift });
+        }
+        let timeout = self.operation_timeout_for(expiry);
+        if timeout.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                field: "operation_timeout",
+            });
+        }
+        if timeout >= expiry {
+            return Err(ConfigError::OperationTimeoutNotBelowExpiry {
+                operation_timeout: timeout,
+                expiry,
+            });
+        }
+        Ok(ttl)
+    }
+
+    /// Checks an automatic-renewal interval against a lease TTL.
+    pub(crate) fn check_renewal(
+        &self,
+        interval: Duration,
+        expiry: Duration,
+    ) -> Result<(), ConfigError> {
+        nonzero("auto_renew interval", interval)?;
+        if interval >= expiry {
+            return Err(ConfigError::RenewalIntervalNotBelowExpiry { interval, expiry });
+        }
+        Ok(())
+    }
+}
+
+fn nonzero(field: &'static str, value: Duration) -> Result<(), ConfigError> {
+    if value.is_zero() {
+        Err(ConfigError::ZeroDuration { field })
+    } else {
+        Ok(())
+    }
+}
+
+/// A setting, lock name or topology that cannot work. Raised before any command is sent.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A duration that must be positive is zero.
+    #[error("{field} must be greater than zero")]
+    ZeroDuration {
+        /// The setting's name.
+        field: &'static str,
+    },
+    /// A duration is longer than redlease can send to Redis.
+    #[error("{field} of {value:?} exceeds the maximum of {max:?}")]
+    TooLong {
+        /// The setting's name.
+        field: &'static str,
+        /// The rejected value.
+        value: Duration,
+        /// The largest accepted value.
+        max: Duration,
+    },
+    /// `attempts` is zero: no acquisition would ever be tried.
+    #[error("attempts must be at least 1")]
+    ZeroAttempts,
+    /// The drift factor is not in `[0, 1)`.
+    #[error("drift_factor must be in [0, 1), got {0}")]
+    DriftFactor(f64),
+    /// The retry jitter is not in `[0, 1]`.
+    #[error("retry_jitter must be in [0, 1], got {0}")]
+    RetryJitter(f64),
+    /// The drift allowance consumes the whole TTL, so no lease could ever be valid.
+    #[error("expiry of {expiry:?} leaves no validity after the drift allowance of {drift:?}")]
+    ExpiryWithinDrift {
+        /// The lease TTL.
+        expiry: Duration,
+        /// `ceil(expiry * drift_factor) + 2 ms`.
+        drift: Duration,
+    },
+    /// The operation timeout is not shorter than the lease TTL.
+    #[error(
+        "operation_timeout ({operation_timeout:?}) must be shorter than the expiry ({expiry:?})"
+    )]
+    OperationTimeoutNotBelowExpiry {
+        /// The effective operation timeout.
+        operation_timeout: Duration,
+        /// The lease TTL.
+        expiry: Duration,
+    },
+    /// The automatic-renewal interval is not shorter than the lease TTL.
+    #[error("auto_renew interval ({interval:?}) must be shorter than the expiry ({expiry:?})")]
+    RenewalIntervalNotBelowExpiry {
+        /// The renewal interval.
+        interval: Duration,
+        /// The lease TTL.
+        expiry: Duration,
+    },
+    /// A lock or fence key is unusable.
+    #[error("invalid key: {0}")]
+    InvalidKey(&'static str),
+    /// The node list does not form a valid topology for the chosen algorithm.
+    #[error("invalid topology: {0}")]
+    Topology(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_reference() {
+        let c = Config::default();
+        assert_eq!(c.get_expiry(), Duration::from_secs(30));
+        assert_eq!(c.get_attempts(), 3);
+        assert_eq!(c.get_retry_delay(), Duration::from_millis(200));
+        assert_eq!(c.get_retry_jitter(), 0.5);
+        assert_eq!(c.get_drift_factor(), 0.01);
+        assert_eq!(
+            c.operation_timeout_for(Duration::from_secs(30)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            c.operation_timeout_for(Duration::from_secs(1)),
+            Duration::from_millis(200)
+        );
+        assert_eq!(c.validate(), Ok(()));
+    }
+
+    #[test]
+    fn zero_durations_are_rejected() {
+        let err = |c: Config| c.validate().unwrap_err();
+        assert_eq!(
+            err(Config::default().expiry(Duration::ZERO)),
+            ConfigError::ZeroDuration { field: "expiry" }
+        );
+        assert_eq!(
+            err(Config::default().retry_delay(Duration::ZERO)),
+            ConfigError::ZeroDuration {
+                field: "retry_delay"
+            }
+        );
+        assert_eq!(
+            err(Config::default().operation_timeout(Duration::ZERO)),
+            ConfigError::ZeroDuration {
+                field: "operation_timeout"
+            }
+        );
+        assert_eq!(
+            err(Config::default().attempts(0)),
+            ConfigError::ZeroAttempts
+        );
+    }
+
+    #[test]
+    fn drift_factor_outside_unit_interval_is_rejected() {
+        for bad in [-0.1, 1.0, 1.5, f64::NAN, f64::INFINITY] {
+            assert!(matches!(
+                Config::default().drift_factor(bad).validate(),
+                Err(ConfigError::DriftFactor(_))
+            ));
+        }
+        assert_eq!(Config::default().drift_factor(0.0).validate(), Ok(()));
+        assert_eq!(Config::default().drift_factor(0.5).validate(), Ok(()));
+    }
+
+    #[test]
+    fn jitter_outside_unit_interval_is_rejected() {
+        for bad in [-0.01, 1.01, f64::NAN] {
+            assert!(matches!(
+                Config::default().retry_jitter(bad).validate(),
+                Err(ConfigError::RetryJitter(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn operation_timeout_must_be_below_expiry() {
+        let c = Config::default()
+            .expiry(Duration::from_millis(400))
+            .operation_timeout(Duration::from_millis(400));
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::OperationTimeoutNotBelowExpiry { .. })
+        ));
+    }
+
+    #[test]
+    fn renewal_interval_must_be_below_expiry() {
+        let c = Config::default();
+        let expiry = Duration::from_secs(10);
+        assert!(c.check_renewal(Duration::from_secs(3), expiry).is_ok());
+        assert!(matches!(
+            c.check_renewal(expiry, expiry),
+            Err(ConfigError::RenewalIntervalNotBelowExpiry { .. })
+        ));
+        assert!(matches!(
+            c.check_renewal(Duration::ZERO, expiry),
+            Err(ConfigError::ZeroDuration { .. })
+        ));
+    }
+
+    #[test]
+    fn ttl_edges_give_errors_not_panics() {
+        // 1-3 ms: the drift allowance (ceil(ttl * 0.01) + 2 ms = 3 ms) leaves nothing.
+        for ms in 1..=3 {
+            assert!(matches!(
+                Config::default()
+                    .expiry(Duration::from_millis(ms))
+                    .validate(),
+                Err(ConfigError::ExpiryWithinDrift { .. })
+            ));
+        }
+        for ms in 4..=5 {
+            assert_eq!(
+                Config::default()
+                    .expiry(Duration::from_millis(ms))
+                    .validate(),
+                Ok(())
+            );
+        }
+        assert!(matches!(
+            Config::default().expiry(Duration::MAX).validate(),
+            Err(ConfigError::TooLong { .. })
+        ));
+        assert_eq!(
+            Config::default().expiry(Ttl::MAX.as_duration()).validate(),
+            Ok(())
+        );
+    }
+}

@@ -1,0 +1,243 @@
+//! The async driver: runs rounds of node calls concurrently, bounded by a deadline, without any runtime.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::machine::{Jitter, Reply, Tally, WaitFor};
+use crate::node::{NodeError, RedisNode, Ttl};
+use crate::time::SharedTimer;
+use crate::token::Token;
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A task handed to the user's spawn hook.
+pub type Task = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A way to run a background task, supplied by the user (redlease never calls a runtime itself).
+///
+/// Implemented for every `Fn(Task) + Send + Sync` closure, e.g. `|task| { tokio::spawn(task); }` or
+/// `|task| smol::spawn(task).detach()`.
+pub trait Spawn: Send + Sync {
+    /// Runs `task` to completion in the background.
+    fn spawn(&self, task: Task);
+}
+
+impl<F: Fn(Task) + Send + Sync> Spawn for F {
+    fn spawn(&self, task: Task) {
+        self(task)
+    }
+}
+
+/// Single authority or Redlock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Mode {
+    /// One logical Redis authority; fencing tokens available.
+    Single,
+    /// An odd number (≥ 3) of independent primaries; majority acquisition and renewal, no fencing.
+    Redlock,
+}
+
+/// Everything a manager, its locks and its leases share.
+pub(crate) struct Engine {
+    pub(crate) nodes: Vec<Arc<dyn RedisNode>>,
+    pub(crate) mode: Mode,
+    pub(crate) config: Config,
+    pub(crate) timer: SharedTimer,
+    pub(crate) spawner: Option<Arc<dyn Spawn>>,
+    pub(crate) jitter: Mutex<Jitter>,
+}
+
+/// The replies of one round, with their values where a node answered.
+pub(crate) struct RoundResult<T> {
+    pub(crate) tally: Tally,
+    pub(crate) values: Vec<Option<T>>,
+    pub(crate) started: Instant,
+    pub(crate) ended: Instant,
+}
+
+impl Engine {
+    pub(crate) fn quorum(&self) -> usize {
+        crate::machine::quorum(self.nodes.len())
+    }
+
+    pub(crate) fn next_seed(&self) -> u64 {
+        match self.jitter.lock() {
+            Ok(mut j) => j.next_u64(),
+            Err(poisoned) => poisoned.into_inner().next_u64(),
+        }
+    }
+
+    /// Calls `op` on every node concurrently and collects replies until the tally is done or `timeout` passes.
+    /// `yes` decides whether a successful value counts as a yes vote.
+    pub(crate) async fn round<'a, T, Op, Yes>(
+        &'a self,
+        wait: WaitFor,
+        timeout: Duration,
+        op: Op,
+        yes: Yes,
+    ) -> RoundResult<T>
+    where
+        T: Send + 'a,
+        Op: Fn(usize, &'a dyn RedisNode) -> BoxFuture<'a, Result<T, NodeError>>,
+        Yes: Fn(&T) -> bool,
+    {
+        let started = self.timer.now();
+        let n = self.nodes.len();
+        let mut tally = Tally::new(n, self.quorum(), wait);
+        let mut values: Vec<Option<T>> = (0..n).map(|_| None).collect();
+        let mut calls: Vec<Option<BoxFuture<'a, Result<T, NodeError>>>> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| Some(op(i, node.as_ref())))
+            .collect();
+        let mut sleep = self.timer.sleep_until(crate::time::add(started, timeout));
+
+        std::future::poll_fn(|cx| {
+            for (i, slot) in calls.iter_mut().enumerate() {
+                let Some(call) = slot else { continue };
+                if let Poll::Ready(result) = call.as_mut().poll(cx) {
+                    *slot = None;
+                    let reply = match result {
+                        Ok(value) => {
+                            let reply = if yes(&value) { Reply::Yes } else { Reply::No };
+                            values[i] = Some(value);
+                            reply
+                        }
+                        Err(e) => Reply::Failed(e),
+                    };
+                    tally.handle_reply(i, reply);
+                }
+            }
+            if tally.is_done() {
+                return Poll::Ready(());
+            }
+            if sleep.as_mut().poll(cx).is_ready() {
+                tally.handle_timeout(&NodeError::timed_out(timeout));
+                return Poll::Ready(());
+            }
+            Poll::Pending
+        })
+        .await;
+        // Abandon calls still in flight (a decided round does not wait for stragglers).
+        drop(calls);
+        RoundResult {
+            tally,
+            values,
+            started,
+            ended: self.timer.now(),
+        }
+    }
+
+    /// One acquisition round. `Some(fence)` values only come from fenced single-node acquisition.
+    pub(crate) async fn acquire_round(
+        &self,
+        key: &str,
+        fence_key: Option<&str>,
+        token: &Token,
+        ttl: Ttl,
+        timeout: Duration,
+    ) -> RoundResult<Option<u64>> {
+        match fence_key {
+            Some(fence_key) => {
+                self.round(
+                    WaitFor::Decision,
+                    timeout,
+                    |_, node| node.acquire_fenced(key, fence_key, token, ttl),
+                    Option::is_some,
+                )
+                .await
+            }
+            None => {
+                self.round(
+                    WaitFor::Decision,
+                    timeout,
+                    |_, node| {
+                        Box::pin(async move {
+                            node.acquire(key, token, ttl)
+                                .await
+                                .map(|ok| ok.then_some(0))
+                        })
+                    },
+                    Option::is_some,
+                )
+                .await
+            }
+        }
+    }
+
+    /// One extension round.
+    pub(crate) async fn extend_round(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        timeout: Duration,
+    ) -> RoundResult<bool> {
+        self.round(
+            WaitFor::Decision,
+            timeout,
+            |_, node| node.extend(key, token, ttl),
+            |ok| *ok,
+        )
+        .await
+    }
+
+    /// One compare-and-delete round on the nodes in `only` (all nodes when `None`), waiting for every reply.
+    pub(crate) async fn release_round(
+        &self,
+        key: &str,
+        token: &Token,
+        timeout: Duration,
+        only: Option<&[usize]>,
+    ) -> RoundResult<bool> {
+        self.round(
+            WaitFor::All,
+            timeout,
+            |i, node| {
+                if only.is_none_or(|only| only.contains(&i)) {
+                    node.release(key, token)
+                } else {
+                    // Not a target: answered locally so the tally still covers every index.
+                    Box::pin(std::future::ready(Ok(false)))
+                }
+            },
+            |ok| *ok,
+        )
+        .await
+    }
+
+    /// Best-effort compare-and-delete of `token` on `nodes` (all when `None`); failures are ignored because
+    /// the keys expire by themselves.
+    pub(crate) async fn cleanup(
+        &self,
+        key: &str,
+        token: &Token,
+        timeout: Duration,
+        only: Option<&[usize]>,
+    ) {
+        if only.is_some_and(|o| o.is_empty()) {
+            return;
+        }
+        let _ = self.release_round(key, token, timeout, only).await;
+    }
+
+    /// Runs a compare-and-delete of `token` on every node in the background, if the user supplied a spawner.
+    /// Used when an acquisition or a lease is dropped before it could clean up after itself.
+    pub(crate) fn spawn_cleanup(self: &Arc<Self>, key: &str, token: &Token, timeout: Duration) {
+        let Some(spawner) = self.spawner.clone() else {
+            return;
+        };
+        let engine = Arc::clone(self);
+        let key = key.to_owned();
+        let token = token.clone();
+        spawner.spawn(Box::pin(async move {
+            engine.cleanup(&key, &token, timeout, None).await;
+        }));
+    }
+}

@@ -1,0 +1,191 @@
+//! The errors of the public API.
+
+use std::fmt;
+
+use crate::config::ConfigError;
+use crate::node::NodeError;
+use crate::token::TokenError;
+
+/// Which lease operation a [`QuorumError`] comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Operation {
+    /// Acquiring (one attempt).
+    Acquire,
+    /// Extending, manually or by automatic renewal.
+    Extend,
+    /// Releasing.
+    Release,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Acquire => "acquire",
+            Self::Extend => "extend",
+            Self::Release => "release",
+        })
+    }
+}
+
+/// A round of node calls that did not reach the required number of successes because nodes failed.
+///
+/// Carries the per-node errors by node index (the order the nodes were given to the manager). Its
+/// [`source`](std::error::Error::source) is the first node error.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{operation} reached {successes} of {required} required nodes; {} node(s) failed{}", errors.len(), first_error(errors))]
+#[non_exhaustive]
+pub struct QuorumError {
+    /// The operation.
+    pub operation: Operation,
+    /// Nodes that succeeded.
+    pub successes: usize,
+    /// Nodes that had to succeed.
+    pub required: usize,
+    /// The failures, as `(node index, error)`, in index order.
+    pub errors: Vec<(usize, NodeError)>,
+    #[source]
+    first: Option<NodeError>,
+}
+
+fn first_error(errors: &[(usize, NodeError)]) -> String {
+    match errors.first() {
+        Some((i, e)) => format!(" (node {i}: {e})"),
+        None => String::new(),
+    }
+}
+
+impl QuorumError {
+    pub(crate) fn new(
+        operation: Operation,
+        successes: usize,
+        required: usize,
+        errors: Vec<(usize, NodeError)>,
+    ) -> Self {
+        let first = errors.first().map(|(_, e)| e.clone());
+        Self {
+            operation,
+            successes,
+            required,
+            errors,
+            first,
+        }
+    }
+
+    /// Whether any failed node may have applied the operation anyway.
+    pub fn any_ambiguous(&self) -> bool {
+        self.errors.iter().any(|(_, e)| e.is_ambiguous())
+    }
+}
+
+/// Why a lease is no longer held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The validity deadline passed without a successful renewal.
+    Expired,
+    /// The nodes report the key missing or holding another token (expired on the server, deleted, or taken
+    /// over), on too many nodes for a quorum to remain.
+    NotHeld,
+    /// An extension failed (errors, timeouts or too little validity left), so the lease was given up and
+    /// cleaned up.
+    ExtendFailed,
+    /// The holder released the lease (or dropped it). Only reported by a [`LossSignal`](crate::LossSignal).
+    Released,
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Expired => "its validity ran out before it was renewed",
+            Self::NotHeld => "the nodes no longer hold its token",
+            Self::ExtendFailed => "an extension failed",
+            Self::Released => "it was released",
+        })
+    }
+}
+
+/// Why an acquisition gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NotAcquiredReason {
+    /// Another owner holds the lock on enough nodes (normal contention, not a fault).
+    Contended,
+    /// Too few nodes answered successfully (errors or timeouts) for a quorum.
+    TooFewNodes,
+    /// A quorum agreed, but the round took so long that no validity was left.
+    ValidityExhausted,
+}
+
+/// The errors of redlease's public API.
+///
+/// Match on the variants; never on the message text. Variants may be added.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A setting, key or topology is invalid. Raised before any command is sent.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+
+    /// Fencing tokens were requested from a Redlock manager: independent primaries cannot issue one
+    /// monotonic sequence. Use a single-authority manager for fenced locks.
+    #[error("fencing tokens need a single Redis authority; a Redlock manager cannot issue them")]
+    FencingUnsupported,
+
+    /// The lock was not acquired within the allowed attempts or time.
+    #[error("lock {key:?} not acquired after {attempts} attempt(s): {}", match reason {
+        NotAcquiredReason::Contended => "held by another owner",
+        NotAcquiredReason::TooFewNodes => "too few nodes answered",
+        NotAcquiredReason::ValidityExhausted => "no validity left after the round",
+    })]
+    NotAcquired {
+        /// The lock key.
+        key: String,
+        /// Attempts made.
+        attempts: u32,
+        /// Why the last attempt failed.
+        reason: NotAcquiredReason,
+        /// Node failures of the last attempt, if any.
+        #[source]
+        last_error: Option<QuorumError>,
+    },
+
+    /// The lease is no longer held.
+    #[error("lease on {key:?} lost: {reason}")]
+    Lost {
+        /// The lock key.
+        key: String,
+        /// Why.
+        reason: LossReason,
+        /// Node failures that led to the loss, if any.
+        #[source]
+        source: Option<QuorumError>,
+    },
+
+    /// Nodes failed so that the outcome of an operation is unknown (e.g. a release that reached too few nodes
+    /// to say whether the lease was still held).
+    #[error(transparent)]
+    Quorum(#[from] QuorumError),
+
+    /// An ownership token could not be generated.
+    #[error(transparent)]
+    Token(#[from] TokenError),
+}
+
+impl Error {
+    /// `true` for [`Error::NotAcquired`] with [`NotAcquiredReason::Contended`]: someone else holds the lock.
+    pub fn is_contended(&self) -> bool {
+        matches!(
+            self,
+            Error::NotAcquired {
+                reason: NotAcquiredReason::Contended,
+                ..
+            }
+        )
+    }
+
+    /// `true` for [`Error::Lost`].
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Error::Lost { .. })
+    }
+}

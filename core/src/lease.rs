@@ -1,0 +1,743 @@
+//! A held lease: its fencing token and validity, extension, release, renewal and the loss signal.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::driver::Engine;
+use crate::error::{Error, LossReason, Operation, QuorumError};
+use crate::machine::validity::deadline_after_round;
+use crate::machine::{RenewalSchedule, RenewalStep, Verdict};
+use crate::node::Ttl;
+use crate::time::Sleep;
+use crate::token::Token;
+
+/// What a lease's holder may currently assume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LeaseState {
+    /// Valid, and the last renewal (if any) succeeded.
+    Held,
+    /// Still valid, but the last renewal failed without proving the lease gone; renewal keeps retrying. Work
+    /// should prepare to stop: unless a renewal succeeds, the lease is lost at its validity deadline.
+    AtRisk,
+    /// Lost for good; the holder must stop acting as the owner.
+    Lost(LossReason),
+}
+
+static NEXT_WAITER: AtomicU64 = AtomicU64::new(1);
+
+fn waiter_id() -> u64 {
+    NEXT_WAITER.fetch_add(1, Ordering::Relaxed)
+}
+
+struct State {
+    valid_until: Instant,
+    round_started: Instant,
+    lost: Option<LossReason>,
+    at_risk: bool,
+    ended: bool,
+    renewing: bool,
+    extending: bool,
+    waiters: Vec<(u64, Waker)>,
+}
+
+impl State {
+    fn register(&mut self, id: u64, waker: &Waker) {
+        match self.waiters.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, w)) if w.will_wake(waker) => {}
+            Some((_, w)) => w.clone_from(waker),
+            None => self.waiters.push((id, waker.clone())),
+        }
+    }
+
+    fn deregister(&mut self, id: u64) {
+        self.waiters.retain(|(i, _)| *i != id);
+    }
+
+    #[must_use]
+    fn take_waiters(&mut self) -> Vec<(u64, Waker)> {
+        std::mem::take(&mut self.waiters)
+    }
+}
+
+fn wake(waiters: Vec<(u64, Waker)>) {
+    for (_, w) in waiters {
+        w.wake();
+    }
+}
+
+/// State shared by a [`Lease`], its loss signals and its renewal loop.
+pub(crate) struct Shared {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) key: String,
+    pub(crate) token: Token,
+    pub(crate) ttl: Ttl,
+    pub(crate) op_timeout: Duration,
+    pub(crate) fence: Option<u64>,
+    pub(crate) renew_interval: Option<Duration>,
+    state: Mutex<State>,
+}
+
+/// How one extension round ended.
+enum Extension {
+    Extended {
+        started: Instant,
+        valid_until: Instant,
+    },
+    NotHeld,
+    Failed(Option<QuorumError>),
+}
+
+impl Shared {
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        key: String,
+        token: Token,
+        ttl: Ttl,
+        op_timeout: Duration,
+        fence: Option<u64>,
+        renew_interval: Option<Duration>,
+        round_started: Instant,
+        valid_until: Instant,
+    ) -> Self {
+        Self {
+            engine,
+            key,
+            token,
+            ttl,
+            op_timeout,
+            fence,
+            renew_interval,
+            state: Mutex::new(State {
+                valid_until,
+                round_started,
+                lost: None,
+                at_risk: false,
+                ended: false,
+                renewing: false,
+                extending: false,
+                waiters: Vec::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now(&self) -> Instant {
+        self.engine.timer.now()
+    }
+
+    /// Marks the lease lost (first reason wins) and wakes every waiter.
+    fn mark_lost(&self, reason: LossReason) -> LossReason {
+        let (reason, waiters) = {
+            let mut st = self.lock();
+            let reason = *st.lost.get_or_insert(reason);
+            (reason, st.take_waiters())
+        };
+        wake(waiters);
+        reason
+    }
+
+    /// The validity deadline if the lease is still held at `now`; otherwise the loss reason (marking an
+    /// expiry as a loss).
+    fn current(&self, now: Instant) -> Result<Instant, LossReason> {
+        let st = self.lock();
+        if let Some(reason) = st.lost {
+            return Err(reason);
+        }
+        if st.ended {
+            return Err(LossReason::Released);
+        }
+        if now >= st.valid_until {
+            drop(st);
+            return Err(self.mark_lost(LossReason::Expired));
+        }
+        Ok(st.valid_until)
+    }
+
+    fn lost_error(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
+        Error::Lost {
+            key: self.key.clone(),
+            reason,
+            source,
+        }
+    }
+
+    /// Gives the lease up: marks it lost and deletes our token wherever it may remain.
+    async fn give_up(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
+        let reason = self.mark_lost(reason);
+        self.engine
+            .cleanup(&self.key, &self.token, self.op_timeout, None)
+            .await;
+        self.lost_error(reason, source)
+    }
+
+    /// Waits until no other extension of this lease is in flight, then claims the right to extend.
+    async fn extend_permit(self: &Arc<Self>) -> ExtendPermit {
+        let id = waiter_id();
+        let mut registered = Deregister { shared: self, id };
+        std::future::poll_fn(|cx| {
+            let mut st = registered.shared.lock();
+            if st.extending {
+                st.register(id, cx.waker());
+                Poll::Pending
+            } else {
+                st.extending = true;
+                Poll::Ready(())
+            }
+        })
+        .await;
+        registered.id = 0;
+        ExtendPermit {
+            shared: Arc::clone(self),
+        }
+    }
+
+    /// One extension round with `ttl`, bounded by `timeout`.
+    async fn extend_once(&self, ttl: Ttl, timeout: Duration) -> Extension {
+        let engine = &self.engine;
+        let r = engine
+            .extend_round(&self.key, &self.token, ttl, timeout)
+            .await;
+        let n = engine.nodes.len();
+        if r.tally.verdict() == Verdict::Quorum {
+            return match deadline_after_round(
+                r.started,
+                r.ended,
+                ttl,
+                engine.config.get_drift_factor(),
+            ) {
+                Some(valid_until) => Extension::Extended {
+                    started: r.started,
+                    valid_until,
+                },
+                None => Extension::Failed(None),
+            };
+        }
+        if r.tally.no() > n - engine.quorum() {
+            return Extension::NotHeld;
+        }
+        Extension::Failed(Some(QuorumError::new(
+            Operation::Extend,
+            r.tally.yes(),
+            r.tally.required(),
+            r.tally.errors(),
+        )))
+    }
+
+    /// Records a successful extension unless the lease was lost or expired meanwhile.
+    fn apply(&self, started: Instant, valid_until: Instant) -> Result<(), LossReason> {
+        let now = self.now();
+        let mut st = self.lock();
+        if let Some(reason) = st.lost {
+            return Err(reason);
+        }
+        if now >= st.valid_until {
+            drop(st);
+            return Err(self.mark_lost(LossReason::Expired));
+        }
+        st.valid_until = valid_until;
+        st.round_started = started;
+        st.at_risk = false;
+        Ok(())
+    }
+
+    fn set_at_risk(&self) {
+        self.lock().at_risk = true;
+    }
+
+    /// Claims the single renewal loop of this lease; `false` if one already runs.
+    pub(crate) fn claim_renewal(&self) -> bool {
+        let mut st = self.lock();
+        !std::mem::replace(&mut st.renewing, true)
+    }
+
+    fn unclaim_renewal(&self) {
+        self.lock().renewing = false;
+    }
+
+    /// Ends the lease locally (release or drop): stops renewal, resolves loss signals. Returns the loss
+    /// reason if the lease was already lost or expired.
+    fn end(&self) -> Option<LossReason> {
+        let now = self.now();
+        let (prior, waiters) = {
+            let mut st = self.lock();
+            let prior = st
+                .lost
+                .or_else(|| (now >= st.valid_until).then_some(LossReason::Expired));
+            st.ended = true;
+            (prior, st.take_waiters())
+        };
+        wake(waiters);
+        prior
+    }
+
+    /// Automatic renewal until the lease ends or is lost.
+    pub(crate) async fn renew(self: Arc<Self>, interval: Duration) {
+        let engine = Arc::clone(&self.engine);
+        let schedule =
+            RenewalSchedule::new(interval, engine.config.get_retry_delay(), self.op_timeout);
+        let mut step = {
+            let st = self.lock();
+            schedule.after_success(st.round_started, st.valid_until)
+        };
+        loop {
+            let at = match step {
+                RenewalStep::RenewAt(t) | RenewalStep::LostAt(t) => t,
+            };
+            engine.timer.sleep_until(at).await;
+            let permit = self.extend_permit().await;
+            let now = self.now();
+            let valid_until = match self.current(now) {
+                Ok(v) => v,
+                Err(LossReason::Released) => return,
+                Err(reason) => {
+                    drop(permit);
+                    let _ = self.give_up(reason, None).await;
+                    return;
+                }
+            };
+            if matches!(step, RenewalStep::LostAt(_)) {
+                // A manual extension moved the deadline since we planned to give up: plan afresh.
+                let started = self.lock().round_started;
+                step = schedule.after_success(started, valid_until);
+                continue;
+            }
+            let Some(timeout) = schedule.round_timeout(now, valid_until) else {
+                drop(permit);
+                let _ = self.give_up(LossReason::Expired, None).await;
+                return;
+            };
+            match self.extend_once(self.ttl, timeout).await {
+                Extension::Extended {
+                    started,
+                    valid_until,
+                } => {
+                    if self.apply(started, valid_until).is_err() {
+                        drop(permit);
+                        let _ = self.give_up(LossReason::Expired, None).await;
+                        return;
+                    }
+                    step = schedule.after_success(started, valid_until);
+                }
+                Extension::NotHeld => {
+                    drop(permit);
+                    let _ = self.give_up(LossReason::NotHeld, None).await;
+                    return;
+                }
+                Extension::Failed(_) => {
+                    self.set_at_risk();
+                    step = schedule.after_failure(self.now(), valid_until);
+                }
+            }
+        }
+    }
+
+    /// Resolves once the lease has ended locally (released or dropped).
+    pub(crate) async fn ended(self: Arc<Self>) {
+        let id = waiter_id();
+        let registered = Deregister { shared: &self, id };
+        std::future::poll_fn(|cx| {
+            let mut st = registered.shared.lock();
+            if st.ended {
+                Poll::Ready(())
+            } else {
+                st.register(id, cx.waker());
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+}
+
+/// Removes a waiter's waker when its future is dropped.
+struct Deregister<'a> {
+    shared: &'a Shared,
+    id: u64,
+}
+
+impl Drop for Deregister<'_> {
+    fn drop(&mut self) {
+        if self.id != 0 {
+            self.shared.lock().deregister(self.id);
+        }
+    }
+}
+
+/// The right to run one extension round; released (and waiters woken) on drop, including cancellation.
+struct ExtendPermit {
+    shared: Arc<Shared>,
+}
+
+impl Drop for ExtendPermit {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut st = self.shared.lock();
+            st.extending = false;
+            st.take_waiters()
+        };
+        wake(waiters);
+    }
+}
+
+/// Clears the renewal claim of a scoped [`Lease::run`] when it ends or is dropped.
+struct RenewalClaim<'a>(&'a Shared);
+
+impl Drop for RenewalClaim<'_> {
+    fn drop(&mut self) {
+        self.0.unclaim_renewal();
+    }
+}
+
+/// A lease this process holds.
+///
+/// A `Lease` is proof of a successful acquisition, valid until [`valid_until`](Self::valid_until) unless
+/// extended. Releasing consumes it, so "release twice" or "extend after release" cannot be written.
+///
+/// # Renewal
+/// A lock described with [`auto_renew`](crate::Lock::auto_renew) is renewed
+/// - in the background, if the manager has a [spawner](crate::LockManager::with_spawner); or
+/// - while [`run`](Self::run) executes a future (no spawning at all; the recommended form).
+///
+/// Otherwise nothing renews it and it is lost at its validity deadline unless [`extend`](Self::extend)ed.
+///
+/// # Dropping
+/// Dropping a lease stops its renewal and resolves its [`LossSignal`]s. If the manager has a spawner, the
+/// key is also deleted in the background; otherwise it expires after its TTL. Prefer [`release`](Self::release).
+pub struct Lease {
+    shared: Arc<Shared>,
+    armed: bool,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.shared.key)
+            .field("token", &self.shared.token)
+            .field("fencing_token", &self.shared.fence)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl Lease {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            armed: true,
+        }
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    /// The ownership token of this acquisition (print it only through its redacting `Debug`/`Display`).
+    pub fn token(&self) -> &Token {
+        &self.shared.token
+    }
+
+    /// The fencing token issued with this lease, for locks described with [`fenced`](crate::Lock::fenced).
+    ///
+    /// Every acquisition of the lock receives a larger number than all earlier ones. Pass it to the protected
+    /// resource and have it reject writes carrying a smaller number than the largest it has seen: that is what
+    /// stops a paused or partitioned former holder. Extension never changes it.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.shared.fence
+    }
+
+    /// The instant (on the manager's timer) after which the lease must be considered lost unless extended.
+    pub fn valid_until(&self) -> Instant {
+        self.shared.lock().valid_until
+    }
+
+    /// Validity left now; zero once lost.
+    pub fn remaining(&self) -> Duration {
+        match self.shared.current(self.shared.now()) {
+            Ok(until) => until.saturating_duration_since(self.shared.now()),
+            Err(_) => Duration::ZERO,
+        }
+    }
+
+    /// What the holder may assume right now.
+    pub fn state(&self) -> LeaseState {
+        let at_risk = self.shared.lock().at_risk;
+        match self.shared.current(self.shared.now()) {
+            Ok(_) if at_risk => LeaseState::AtRisk,
+            Ok(_) => LeaseState::Held,
+            Err(reason) => LeaseState::Lost(reason),
+        }
+    }
+
+    /// `true` while the lease is held (including while at risk).
+    pub fn is_held(&self) -> bool {
+        !matches!(self.state(), LeaseState::Lost(_))
+    }
+
+    /// A future that resolves, with the reason, once the lease is lost, released or dropped, and stays
+    /// resolved. Cloneable; each clone waits independently.
+    ///
+    /// It resolves no later than the validity deadline even if nothing renews or polls the lease.
+    pub fn lost(&self) -> LossSignal {
+        LossSignal::new(Arc::clone(&self.shared))
+    }
+
+    /// Extends the lease to `ttl` from now on a majority (single mode: its one node), by compare-and-pexpire.
+    ///
+    /// Never re-creates an expired key and never issues a new fencing token. Does not change the TTL later
+    /// automatic renewals use.
+    ///
+    /// # Errors
+    /// - [`Error::Config`] for an invalid `ttl` (zero, too long, within the drift allowance), before any
+    ///   command is sent;
+    /// - [`Error::Lost`] if the lease was already lost, or if this extension failed: the nodes no longer hold
+    ///   it ([`LossReason::NotHeld`]), or too few nodes answered in time or too little validity remained
+    ///   ([`LossReason::ExtendFailed`], with the node errors as `source`). After a failed extension the lease
+    ///   is given up and its token deleted from every node that may still hold it.
+    pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
+        let engine = &self.shared.engine;
+        let ttl_wire = engine.config.check_expiry(ttl)?;
+        let op_timeout = self
+            .shared
+            .op_timeout
+            .min(engine.config.operation_timeout_for(ttl));
+        let permit = self.shared.extend_permit().await;
+        let now = self.shared.now();
+        let valid_until = self
+            .shared
+            .current(now)
+            .map_err(|reason| self.shared.lost_error(reason, None))?;
+        let timeout = op_timeout.min(valid_until.saturating_duration_since(now));
+        let outcome = self.shared.extend_once(ttl_wire, timeout).await;
+        match outcome {
+            Extension::Extended {
+                started,
+                valid_until,
+            } => self
+                .shared
+                .apply(started, valid_until)
+                .map_err(|reason| self.shared.lost_error(reason, None)),
+            Extension::NotHeld => {
+                drop(permit);
+                Err(self.shared.give_up(LossReason::NotHeld, None).await)
+            }
+            Extension::Failed(source) => {
+                drop(permit);
+                Err(self.shared.give_up(LossReason::ExtendFailed, source).await)
+            }
+        }
+    }
+
+    /// Releases the lease: compare-and-delete of its token on every node, waiting for each up to the operation
+    /// timeout. The lease ends (renewal stops, loss signals resolve) as soon as this starts, whatever the
+    /// outcome.
+    ///
+    /// # Errors
+    /// - [`Error::Lost`] if the lease had been lost before the release (expired, taken over, or deleted): work
+    ///   done under it may have overlapped another holder;
+    /// - [`Error::Quorum`] if too few nodes answered to tell whether the lease was still held (the remaining
+    ///   keys expire by their TTL).
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.armed = false;
+        let shared = Arc::clone(&self.shared);
+        drop(self);
+        let prior = shared.end();
+        let engine = &shared.engine;
+        let mut guard = CleanupOnDrop::new(engine, &shared.key, &shared.token, shared.op_timeout);
+        let r = engine
+            .release_round(&shared.key, &shared.token, shared.op_timeout, None)
+            .await;
+        guard.disarm();
+        if let Some(reason) = prior {
+            return Err(shared.lost_error(reason, None));
+        }
+        let n = engine.nodes.len();
+        if r.tally.yes() >= engine.quorum() {
+            Ok(())
+        } else if r.tally.no() > n - engine.quorum() {
+            Err(shared.lost_error(LossReason::NotHeld, None))
+        } else {
+            Err(Error::Quorum(QuorumError::new(
+                Operation::Release,
+                r.tally.yes(),
+                r.tally.required(),
+                r.tally.errors(),
+            )))
+        }
+    }
+
+    /// Runs `work` while holding the lease, renewing it meanwhile if its lock was described with
+    /// [`auto_renew`](crate::Lock::auto_renew) (and no background renewal runs), and stops it as soon as the
+    /// lease is lost.
+    ///
+    /// Nothing is spawned: renewal runs inside this future, interleaved with `work`. The lease stays held when
+    /// `run` returns; release it afterwards.
+    ///
+    /// # Errors
+    /// [`Error::Lost`] if the lease is lost before `work` completes; `work` is dropped at that point.
+    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+        let shared = &self.shared;
+        let mut signal = self.lost();
+        let mut work = pin!(work);
+        let claimed = shared.renew_interval.is_some() && shared.claim_renewal();
+        let _claim = claimed.then(|| RenewalClaim(shared));
+        let mut renewal: Option<Pin<Box<dyn Future<Output = ()> + Send>>> =
+            match shared.renew_interval {
+                Some(interval) if claimed => Some(Box::pin(Arc::clone(shared).renew(interval))),
+                _ => None,
+            };
+        std::future::poll_fn(|cx| {
+            if let Some(r) = renewal.as_mut() {
+                if r.as_mut().poll(cx).is_ready() {
+                    renewal = None;
+                }
+            }
+            if let Poll::Ready(reason) = Pin::new(&mut signal).poll(cx) {
+                return Poll::Ready(Err(shared.lost_error(reason, None)));
+            }
+            work.as_mut().poll(cx).map(Ok)
+        })
+        .await
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.armed {
+            let prior = self.shared.end();
+            if prior.is_none() {
+                self.shared.engine.spawn_cleanup(
+                    &self.shared.key,
+                    &self.shared.token,
+                    self.shared.op_timeout,
+                );
+            }
+        }
+    }
+}
+
+/// Spawns a background compare-and-delete if dropped while armed (a cancelled acquisition or release).
+pub(crate) struct CleanupOnDrop<'a> {
+    engine: &'a Arc<Engine>,
+    key: &'a str,
+    token: &'a Token,
+    timeout: Duration,
+    armed: bool,
+}
+
+impl<'a> CleanupOnDrop<'a> {
+    pub(crate) fn new(
+        engine: &'a Arc<Engine>,
+        key: &'a str,
+        token: &'a Token,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            engine,
+            key,
+            token,
+            timeout,
+            armed: true,
+        }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for CleanupOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.engine
+                .spawn_cleanup(self.key, self.token, self.timeout);
+        }
+    }
+}
+
+/// Resolves when a lease is lost, released or dropped; see [`Lease::lost`].
+///
+/// Polling it after it resolved returns the same reason again.
+pub struct LossSignal {
+    shared: Arc<Shared>,
+    id: u64,
+    sleep: Option<(Instant, Sleep)>,
+}
+
+impl LossSignal {
+    fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            id: waiter_id(),
+            sleep: None,
+        }
+    }
+
+    /// Whether the signal has fired, without waiting.
+    pub fn is_lost(&self) -> bool {
+        self.shared.current(self.shared.now()).is_err()
+    }
+}
+
+impl Clone for LossSignal {
+    fn clone(&self) -> Self {
+        Self::new(Arc::clone(&self.shared))
+    }
+}
+
+impl fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LossSignal")
+            .field("key", &self.shared.key)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl Future for LossSignal {
+    type Output = LossReason;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<LossReason> {
+        let this = &mut *self;
+        loop {
+            let deadline = {
+                let now = this.shared.now();
+                match this.shared.current(now) {
+                    Err(reason) => return Poll::Ready(reason),
+                    Ok(deadline) => {
+                        this.shared.lock().register(this.id, cx.waker());
+                        deadline
+                    }
+                }
+            };
+            let sleep = match &mut this.sleep {
+                Some((at, sleep)) if *at == deadline => sleep,
+                slot => {
+                    let sleep = this.shared.engine.timer.sleep_until(deadline);
+                    &mut slot.insert((deadline, sleep)).1
+                }
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // The deadline passed (or moved): re-check; `current` marks the expiry.
+            this.sleep = None;
+        }
+    }
+}
+
+impl Drop for LossSignal {
+    fn drop(&mut self) {
+        self.shared.lock().deregister(self.id);
+    }
+}

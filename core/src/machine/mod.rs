@@ -1,0 +1,20 @@
+//! The pure, sans-I/O machines behind the driver.
+//!
+//! Nothing here reads a clock, sleeps, draws from a global random source or talks to a node: time arrives as
+//! an [`Instant`](std::time::Instant) argument, randomness from a seeded [`Jitter`], replies through
+//! `handle_*` methods, and decisions leave as plain values. The async driver composes them; tests drive them
+//! directly with arbitrary times.
+//!
+//! - [`validity`]: drift allowance and the validity of a lease after a round.
+//! - [`Tally`]: counts the replies of one fan-out round and says when the round is decided.
+//! - [`Backoff`]: the pause between acquisition attempts, with seeded jitter.
+//! - [`RenewalSchedule`]: when to renew next, and when a failing renewal turns into a loss.
+
+mod quorum;
+mod renewal;
+mod retry;
+pub mod validity;
+
+pub use quorum::{Reply, Tally, Verdict, WaitFor, quorum};
+pub use renewal::{RenewalSchedule, RenewalStep};
+pub use retry::{Backoff, Jitter};

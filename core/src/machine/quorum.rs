@@ -1,0 +1,247 @@
+//! Counting the replies of one fan-out round.
+
+use crate::node::NodeError;
+
+/// The majority of `n` nodes: `floor(n / 2) + 1`.
+pub const fn quorum(n: usize) -> usize {
+    n / 2 + 1
+}
+
+/// One node's answer in a round.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// The node did what was asked (acquired, extended, deleted).
+    Yes,
+    /// The node definitively refused: held by another token (acquire) or not held by ours (extend, release).
+    No,
+    /// The node could not report an outcome.
+    Failed(NodeError),
+}
+
+/// How long a round waits for replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitFor {
+    /// Stop as soon as the outcome is certain: a quorum said yes, or too many said no or failed for a quorum
+    /// to remain possible (acquire, extend). Calls still pending are abandoned.
+    Decision,
+    /// Wait for every node or the timeout (release and cleanup, which must reach every node they can).
+    All,
+}
+
+/// The state of a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// More replies could still change the outcome.
+    Pending,
+    /// At least a quorum said yes.
+    Quorum,
+    /// A quorum of yes is no longer possible.
+    NoQuorum,
+}
+
+/// The tally of one round of calls to `n` nodes.
+///
+/// Call protocol: create it when the round's first request is sent; feed each reply to
+/// [`handle_reply`](Self::handle_reply) (in any order, once per node); after each, ask
+/// [`is_done`](Self::is_done) whether to stop waiting; at the round's deadline call
+/// [`handle_timeout`](Self::handle_timeout), which turns every missing reply into an ambiguous timeout.
+/// Then read the counts and [`verdict`](Self::verdict).
+#[derive(Debug, Clone)]
+pub struct Tally {
+    replies: Vec<Option<Reply>>,
+    required: usize,
+    wait: WaitFor,
+}
+
+impl Tally {
+    /// A tally for `n` nodes needing `required` yes votes.
+    pub fn new(n: usize, required: usize, wait: WaitFor) -> Self {
+        Self {
+            replies: vec![None; n],
+            required,
+            wait,
+        }
+    }
+
+    /// Records the reply of node `index`. A second reply for the same node, or an index out of range, is
+    /// ignored (the first answer stands).
+    pub fn handle_reply(&mut self, index: usize, reply: Reply) {
+        if let Some(slot @ None) = self.replies.get_mut(index) {
+            *slot = Some(reply);
+        }
+    }
+
+    /// Marks every node that has not replied as failed with `error` (normally an ambiguous timeout).
+    pub fn handle_timeout(&mut self, error: &NodeError) {
+        for slot in &mut self.replies {
+            if slot.is_none() {
+                *slot = Some(Reply::Failed(error.clone()));
+            }
+        }
+    }
+
+    /// Nodes that answered yes.
+    pub fn yes(&self) -> usize {
+        self.count(|r| matches!(r, Reply::Yes))
+    }
+
+    /// Nodes that answered no.
+    pub fn no(&self) -> usize {
+        self.count(|r| matches!(r, Reply::No))
+    }
+
+    /// Nodes that have not answered yet.
+    pub fn pending(&self) -> usize {
+        self.replies.iter().filter(|r| r.is_none()).count()
+    }
+
+    /// The yes votes needed.
+    pub fn required(&self) -> usize {
+        self.required
+    }
+
+    /// Indices of the nodes that answered `Yes`.
+    pub fn yes_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| matches!(r, Some(Reply::Yes)).then_some(i))
+    }
+
+    /// Indices of the nodes that did not answer a definite `No` (they may hold our token).
+    pub fn not_refused_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| (!matches!(r, Some(Reply::No))).then_some(i))
+    }
+
+    /// The failures, by node index.
+    pub fn errors(&self) -> Vec<(usize, NodeError)> {
+        self.replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r {
+                Some(Reply::Failed(e)) => Some((i, e.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether any node failed with an outcome that may have been applied.
+    pub fn any_ambiguous(&self) -> bool {
+        self.replies
+            .iter()
+            .any(|r| matches!(r, Some(Reply::Failed(e)) if e.is_ambiguous()))
+    }
+
+    /// The verdict so far.
+    pub fn verdict(&self) -> Verdict {
+        if self.yes() >= self.required {
+            Verdict::Quorum
+        } else if self.yes() + self.pending() < self.required {
+            Verdict::NoQuorum
+        } else {
+            Verdict::Pending
+        }
+    }
+
+    /// Whether the driver may stop waiting for replies.
+    pub fn is_done(&self) -> bool {
+        match self.wait {
+            WaitFor::All => self.pending() == 0,
+            WaitFor::Decision => self.pending() == 0 || self.verdict() != Verdict::Pending,
+        }
+    }
+
+    fn count(&self, f: impl Fn(&Reply) -> bool) -> usize {
+        self.replies.iter().flatten().filter(|r| f(r)).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::NodeErrorKind;
+    use proptest::prelude::*;
+
+    fn err() -> NodeError {
+        NodeError::not_applied(NodeErrorKind::Connection, "refused")
+    }
+
+    #[test]
+    fn quorum_is_a_strict_majority() {
+        assert_eq!(quorum(1), 1);
+        assert_eq!(quorum(3), 2);
+        assert_eq!(quorum(5), 3);
+        assert_eq!(quorum(7), 4);
+    }
+
+    #[test]
+    fn decision_round_stops_at_quorum() {
+        let mut t = Tally::new(5, 3, WaitFor::Decision);
+        t.handle_reply(0, Reply::Yes);
+        t.handle_reply(3, Reply::Yes);
+        assert!(!t.is_done());
+        t.handle_reply(4, Reply::Yes);
+        assert!(t.is_done());
+        assert_eq!(t.verdict(), Verdict::Quorum);
+        assert_eq!(t.yes_indices().collect::<Vec<_>>(), vec![0, 3, 4]);
+    }
+
+    #[test]
+    fn decision_round_stops_when_quorum_is_impossible() {
+        let mut t = Tally::new(3, 2, WaitFor::Decision);
+        t.handle_reply(1, Reply::No);
+        assert!(!t.is_done());
+        t.handle_reply(2, Reply::Failed(err()));
+        assert!(t.is_done());
+        assert_eq!(t.verdict(), Verdict::NoQuorum);
+        assert_eq!(t.not_refused_indices().collect::<Vec<_>>(), vec![0, 2]);
+    }
+
+    #[test]
+    fn all_round_waits_for_everyone() {
+        let mut t = Tally::new(3, 2, WaitFor::All);
+        t.handle_reply(0, Reply::Yes);
+        t.handle_reply(1, Reply::Yes);
+        assert!(!t.is_done());
+        t.handle_timeout(&NodeError::timed_out(std::time::Duration::from_millis(5)));
+        assert!(t.is_done());
+        assert!(t.any_ambiguous());
+        assert_eq!(t.errors().len(), 1);
+        assert_eq!(t.errors()[0].0, 2);
+    }
+
+    #[test]
+    fn duplicate_and_out_of_range_replies_are_ignored() {
+        let mut t = Tally::new(1, 1, WaitFor::Decision);
+        t.handle_reply(0, Reply::No);
+        t.handle_reply(0, Reply::Yes);
+        t.handle_reply(7, Reply::Yes);
+        assert_eq!(t.yes(), 0);
+        assert_eq!(t.verdict(), Verdict::NoQuorum);
+    }
+
+    proptest! {
+        #[test]
+        fn verdict_agrees_with_counts(replies in proptest::collection::vec(0u8..4, 1..9)) {
+            let n = replies.len();
+            let mut t = Tally::new(n, quorum(n), WaitFor::Decision);
+            for (i, r) in replies.iter().enumerate() {
+                match r {
+                    0 => t.handle_reply(i, Reply::Yes),
+                    1 => t.handle_reply(i, Reply::No),
+                    2 => t.handle_reply(i, Reply::Failed(err())),
+                    _ => {}
+                }
+            }
+            prop_assert_eq!(t.yes() + t.no() + t.errors().len() + t.pending(), n);
+            match t.verdict() {
+                Verdict::Quorum => prop_assert!(t.yes() >= quorum(n)),
+                Verdict::NoQuorum => prop_assert!(t.yes() + t.pending() < quorum(n)),
+                Verdict::Pending => prop_assert!(t.yes() < quorum(n) && t.yes() + t.pending() >= quorum(n)),
+            }
+        }
+    }
+}

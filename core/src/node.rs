@@ -1,0 +1,493 @@
+//! The [`RedisNode`] trait: one logical Redis authority and the four atomic operations a lease needs.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::token::Token;
+
+/// A time-to-live in whole milliseconds, as sent to Redis (`PX`, `PEXPIRE`).
+///
+/// Always at least 1 ms and at most [`Ttl::MAX`], so a node never sends `PX 0` (an error) or `PEXPIRE 0`
+/// (which deletes the key), and adding it to a clock reading cannot overflow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ttl(u64);
+
+impl Ttl {
+    /// The largest TTL redlease sends: 2^46 ms, a little over 2,200 years.
+    ///
+    /// Redis rejects expirations that overflow its own millisecond clock; this bound keeps far inside that.
+    pub const MAX: Ttl = Ttl(1 << 46);
+
+    /// A TTL from a duration, rounded *up* to whole milliseconds (Redis keeps the key at least as long as asked).
+    ///
+    /// Returns `None` for a zero duration or one above [`Ttl::MAX`].
+    pub fn from_duration(duration: Duration) -> Option<Ttl> {
+        if duration.is_zero() {
+            return None;
+        }
+        let whole = duration.as_millis();
+        let millis = if duration.subsec_nanos() % 1_000_000 == 0 {
+            whole
+        } else {
+            whole.saturating_add(1)
+        };
+        let millis = u64::try_from(millis).ok()?;
+        (millis <= Self::MAX.0).then_some(Ttl(millis))
+    }
+
+    /// A TTL of `millis` milliseconds; `None` for zero or above [`Ttl::MAX`].
+    pub fn from_millis(millis: u64) -> Option<Ttl> {
+        (millis > 0 && millis <= Self::MAX.0).then_some(Ttl(millis))
+    }
+
+    /// The TTL in milliseconds, the unit of `PX` and `PEXPIRE`. Always ≥ 1.
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    /// The TTL as a [`Duration`].
+    pub fn as_duration(self) -> Duration {
+        Duration::from_millis(self.0)
+    }
+}
+
+/// What [`RedisNode::inspect`] found under a key.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyState {
+    /// The raw value stored under the key.
+    pub value: Vec<u8>,
+    /// Remaining time to live; `None` when the key has no expiry (never the case for keys redlease writes).
+    pub ttl: Option<Duration>,
+}
+
+impl KeyState {
+    /// A key state, for node implementations.
+    pub fn new(value: impl Into<Vec<u8>>, ttl: Option<Duration>) -> Self {
+        Self {
+            value: value.into(),
+            ttl,
+        }
+    }
+
+    /// Whether the key holds `token`.
+    pub fn holds(&self, token: &Token) -> bool {
+        token.matches(&self.value)
+    }
+}
+
+impl fmt::Debug for KeyState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The value may be somebody's ownership token: show only a prefix.
+        let prefix = String::from_utf8_lossy(&self.value[..self.value.len().min(4)]).into_owned();
+        f.debug_struct("KeyState")
+            .field("value", &format_args!("{prefix}…"))
+            .field("ttl", &self.ttl)
+            .finish()
+    }
+}
+
+/// One logical Redis authority: a standalone server, a primary with its replicas behind failover, or one Redis
+/// Cluster (each key routed to its slot's primary).
+///
+/// Every method is **one atomic server-side operation** (a single command or a Lua script). The core relies on
+/// the contracts below and on nothing else; a user's own node passes the conformance suite in
+/// `redlease-testkit` when it keeps them.
+///
+/// # Errors and ambiguity
+///
+/// A method returns `Err` only when it could not learn the outcome. The [`NodeError`] says whether the command
+/// was **definitely not applied** (refused connection, a Redis error reply such as `NOSCRIPT`, `OOM` or
+/// `READONLY`) or is **ambiguous** (it may have been sent and applied: a timeout or a connection dropped after
+/// writing). Classify honestly: the core never counts an ambiguous outcome as success, and its cleanup and
+/// retry logic is built to stay correct when an ambiguous command was in fact applied. Do not re-send a
+/// command whose outcome is unknown; report it as ambiguous instead.
+///
+/// # Cancellation
+///
+/// The core bounds every call by its operation timeout by dropping the future. Dropping it must leave the
+/// connection usable for later calls (a multiplexed connection or a pool does this; a single connection
+/// that would read a stale reply does not).
+///
+/// # Example: a node of your own
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::sync::Mutex;
+/// use std::time::Instant;
+/// use redlease::{KeyState, NodeError, RedisNode, Token, Ttl, async_trait};
+///
+/// /// A toy single-process "Redis": a map from key to (value, expiry).
+/// #[derive(Default)]
+/// struct MapNode {
+///     keys: Mutex<HashMap<String, (String, Instant)>>,
+///     fences: Mutex<HashMap<String, u64>>,
+/// }
+///
+/// impl MapNode {
+///     fn live(keys: &mut HashMap<String, (String, Instant)>, key: &str) -> Option<String> {
+///         match keys.get(key) {
+///             Some((v, at)) if *at > Instant::now() => Some(v.clone()),
+///             Some(_) => { keys.remove(key); None }
+///             None => None,
+///         }
+///     }
+/// }
+///
+/// #[async_trait]
+/// impl RedisNode for MapNode {
+///     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+///         let mut keys = self.keys.lock().unwrap();
+///         match Self::live(&mut keys, key) {
+///             Some(v) if v != token.as_str() => Ok(false),
+///             _ => {
+///                 keys.insert(key.into(), (token.as_str().into(), Instant::now() + ttl.as_duration()));
+///                 Ok(true)
+///             }
+///         }
+///     }
+///
+///     async fn acquire_fenced(&self, key: &str, fence_key: &str, token: &Token, ttl: Ttl)
+///         -> Result<Option<u64>, NodeError>
+///     {
+///         let mut keys = self.keys.lock().unwrap();
+///         let mut fences = self.fences.lock().unwrap();
+///         match Self::live(&mut keys, key) {
+///             Some(v) if v != token.as_str() => Ok(None),
+///             Some(_) => {
+///                 keys.insert(key.into(), (token.as_str().into(), Instant::now() + ttl.as_duration()));
+///                 Ok(fences.get(fence_key).copied())
+///             }
+///             None => {
+///                 let fence = fences.entry(fence_key.into()).or_insert(0);
+///                 *fence += 1;
+///                 keys.insert(key.into(), (token.as_str().into(), Instant::now() + ttl.as_duration()));
+///                 Ok(Some(*fence))
+///             }
+///         }
+///     }
+///
+///     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+///         let mut keys = self.keys.lock().unwrap();
+///         if Self::live(&mut keys, key).as_deref() == Some(token.as_str()) {
+///             keys.remove(key);
+///             return Ok(true);
+///         }
+///         Ok(false)
+///     }
+///
+///     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+///         let mut keys = self.keys.lock().unwrap();
+///         if Self::live(&mut keys, key).as_deref() == Some(token.as_str()) {
+///             keys.insert(key.into(), (token.as_str().into(), Instant::now() + ttl.as_duration()));
+///             return Ok(true);
+///         }
+///         Ok(false)
+///     }
+///
+///     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+///         let mut keys = self.keys.lock().unwrap();
+///         let expiry = keys.get(key).map(|(_, at)| *at);
+///         Ok(Self::live(&mut keys, key).map(|v| {
+///             let ttl = expiry.map(|at| at.saturating_duration_since(Instant::now()));
+///             KeyState::new(v, ttl)
+///         }))
+///     }
+/// }
+///
+/// let manager = redlease::LockManager::single(MapNode::default(), redlease::Config::default()).unwrap();
+/// # let _ = manager;
+/// ```
+#[async_trait]
+pub trait RedisNode: Send + Sync {
+    /// Takes the lock if it is free, or confirms that this acquisition already holds it.
+    ///
+    /// Atomically: if `key` does not exist, `SET key token PX ttl` and return `true`; if `key` holds exactly
+    /// `token` (a retry of this acquisition whose earlier reply was lost), reset its TTL to `ttl` and return
+    /// `true`; otherwise change nothing and return `false` (contended).
+    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError>;
+
+    /// Takes the lock and issues a fencing token, in one atomic step.
+    ///
+    /// Atomically: if `key` does not exist, `INCR fence_key`, `SET key token PX ttl` and return the incremented
+    /// value; if `key` holds exactly `token`, reset its TTL to `ttl` and return the current value of
+    /// `fence_key` (the number issued to this acquisition, or a larger one); otherwise change nothing and
+    /// return `None`. `fence_key` is never deleted or given a TTL, so numbers only grow. Everything that could
+    /// fail (wrong types, an exhausted counter) is checked before the first write, so an error never leaves a
+    /// lock key behind. On Redis Cluster both keys must hash to one slot (`{tag}`).
+    async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<u64>, NodeError>;
+
+    /// Compare-and-delete: atomically, if `key` holds exactly `token`, delete it and return `true`; otherwise
+    /// change nothing and return `false`. Never touches a key holding another value.
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError>;
+
+    /// Compare-and-pexpire: atomically, if `key` holds exactly `token`, set its TTL to `ttl` and return `true`;
+    /// otherwise change nothing and return `false`. Never creates a key: an expired lease stays expired.
+    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError>;
+
+    /// Reads the value and remaining TTL of `key` (for tools and tests; the lease algorithms never call it).
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError>;
+
+    /// A stable identity of the server behind this node (e.g. `redis://10.0.0.5:6379/0`), used to reject a
+    /// Redlock topology that names one server twice. `None` (the default) when unknown.
+    fn endpoint(&self) -> Option<String> {
+        None
+    }
+}
+
+macro_rules! forward_node {
+    ($($ty:ty),*) => {$(
+        #[async_trait]
+        impl<N: RedisNode + ?Sized> RedisNode for $ty {
+            async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+                (**self).acquire(key, token, ttl).await
+            }
+            async fn acquire_fenced(
+                &self,
+                key: &str,
+                fence_key: &str,
+                token: &Token,
+                ttl: Ttl,
+            ) -> Result<Option<u64>, NodeError> {
+                (**self).acquire_fenced(key, fence_key, token, ttl).await
+            }
+            async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+                (**self).release(key, token).await
+            }
+            async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+                (**self).extend(key, token, ttl).await
+            }
+            async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+                (**self).inspect(key).await
+            }
+            fn endpoint(&self) -> Option<String> {
+                (**self).endpoint()
+            }
+        }
+    )*};
+}
+
+forward_node!(Arc<N>, Box<N>);
+
+/// Whether a failed node operation may have taken effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Applied {
+    /// The command definitely did not change anything (it was never sent, or Redis refused it).
+    No,
+    /// The command may have been executed: it was (or may have been) sent, and no reply arrived.
+    Unknown,
+}
+
+/// What went wrong on a node, coarse enough for the core to reason about and for users to decide how to react.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NodeErrorKind {
+    /// Could not connect, or the connection is closed. Reconnecting may help.
+    Connection,
+    /// No reply within the operation timeout (the command may have been applied).
+    Timeout,
+    /// An I/O error on an established connection.
+    Io,
+    /// The server has not loaded the script (`NOSCRIPT`) and loading it failed.
+    NoScript,
+    /// The server is out of memory (`OOM`).
+    OutOfMemory,
+    /// The node is a read-only replica (`READONLY`): the topology points at the wrong server.
+    ReadOnly,
+    /// Authentication or authorisation failed (`NOAUTH`, `WRONGPASS`, `NOPERM`). Retrying will not help.
+    Auth,
+    /// Keys of one operation hash to different Cluster slots (`CROSSSLOT`), found by the server or before sending.
+    CrossSlot,
+    /// The Cluster is reconfiguring or down (`TRYAGAIN`, `CLUSTERDOWN`, `MOVED`/`ASK` not followed).
+    Cluster,
+    /// The server is busy running a script (`BUSY`) or loading its dataset (`LOADING`), or its primary is down
+    /// (`MASTERDOWN`). Usually transient.
+    Busy,
+    /// A key holds a value of the wrong type (`WRONGTYPE`), e.g. a fence key that is not an integer.
+    WrongType,
+    /// The reply did not have the expected shape.
+    Protocol,
+    /// Anything else.
+    Other,
+}
+
+impl NodeErrorKind {
+    /// A short lowercase name, used in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Connection => "connection",
+            Self::Timeout => "timeout",
+            Self::Io => "i/o",
+            Self::NoScript => "noscript",
+            Self::OutOfMemory => "out of memory",
+            Self::ReadOnly => "read-only replica",
+            Self::Auth => "authentication",
+            Self::CrossSlot => "cross-slot",
+            Self::Cluster => "cluster",
+            Self::Busy => "busy",
+            Self::WrongType => "wrong type",
+            Self::Protocol => "protocol",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// An operation on one node that could not report its outcome.
+///
+/// Carries the [`kind`](Self::kind), whether the command [may have been applied](Self::applied), a message
+/// (never containing tokens or credentials) and the underlying client error as its [`source`](StdError::source).
+#[derive(Debug, Clone)]
+pub struct NodeError {
+    kind: NodeErrorKind,
+    applied: Applied,
+    message: Cow<'static, str>,
+    source: Option<Arc<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl NodeError {
+    /// An error after which the command definitely did not take effect.
+    pub fn not_applied(kind: NodeErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            kind,
+            applied: Applied::No,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error after which the command may or may not have taken effect.
+    pub fn ambiguous(kind: NodeErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            kind,
+            applied: Applied::Unknown,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// The error raised by the core when a node did not answer within the operation timeout.
+    pub fn timed_out(after: Duration) -> Self {
+        Self::ambiguous(
+            NodeErrorKind::Timeout,
+            format!("no reply within the operation timeout of {after:?}"),
+        )
+    }
+
+    /// Attaches the underlying error (e.g. the client library's), reported by [`source`](StdError::source).
+    pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// The coarse kind of failure.
+    pub fn kind(&self) -> NodeErrorKind {
+        self.kind
+    }
+
+    /// Whether the command may have been applied.
+    pub fn applied(&self) -> Applied {
+        self.applied
+    }
+
+    /// `true` when the command may have taken effect although no reply arrived.
+    pub fn is_ambiguous(&self) -> bool {
+        self.applied == Applied::Unknown
+    }
+
+    /// The human-readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for NodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let applied = match self.applied {
+            Applied::No => "not applied",
+            Applied::Unknown => "outcome unknown",
+        };
+        write!(
+            f,
+            "{} error ({applied}): {}",
+            self.kind.as_str(),
+            self.message
+        )
+    }
+}
+
+impl StdError for NodeError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_rounds_up_to_whole_milliseconds() {
+        assert_eq!(
+            Ttl::from_duration(Duration::from_micros(1))
+                .unwrap()
+                .as_millis(),
+            1
+        );
+        assert_eq!(
+            Ttl::from_duration(Duration::from_micros(1500))
+                .unwrap()
+                .as_millis(),
+            2
+        );
+        assert_eq!(
+            Ttl::from_duration(Duration::from_millis(30_000))
+                .unwrap()
+                .as_millis(),
+            30_000
+        );
+    }
+
+    #[test]
+    fn ttl_rejects_zero_and_huge() {
+        assert_eq!(Ttl::from_duration(Duration::ZERO), None);
+        assert_eq!(Ttl::from_duration(Duration::MAX), None);
+        assert_eq!(Ttl::from_millis(0), None);
+        assert_eq!(Ttl::from_millis(Ttl::MAX.as_millis() + 1), None);
+        assert_eq!(Ttl::from_millis(Ttl::MAX.as_millis()), Some(Ttl::MAX));
+    }
+
+    #[test]
+    fn node_error_reports_source_and_ambiguity() {
+        let io = std::io::Error::other("reset");
+        let err = NodeError::ambiguous(NodeErrorKind::Io, "connection reset").with_source(io);
+        assert!(err.is_ambiguous());
+        assert_eq!(err.source().unwrap().to_string(), "reset");
+        assert_eq!(
+            err.to_string(),
+            "i/o error (outcome unknown): connection reset"
+        );
+        assert!(!NodeError::not_applied(NodeErrorKind::Auth, "x").is_ambiguous());
+    }
+
+    #[test]
+    fn key_state_debug_hides_the_value() {
+        let token = Token::random().unwrap();
+        let state = KeyState::new(token.as_str(), Some(Duration::from_secs(1)));
+        assert!(!format!("{state:?}").contains(token.as_str()));
+        assert!(state.holds(&token));
+    }
+}

@@ -1,0 +1,114 @@
+//! Ownership tokens.
+
+use std::fmt;
+
+/// Number of random bytes in a [`Token`].
+pub const TOKEN_BYTES: usize = 20;
+
+/// The random ownership token of one acquisition.
+///
+/// 20 bytes (160 bits) from the operating system's CSPRNG, hex-encoded into 40 lowercase characters. One token
+/// identifies one acquisition (not a process or a host); a Redlock acquisition writes the same token to every
+/// node, and retries of the same acquisition reuse it so that they recognise their own earlier writes.
+///
+/// A token is a capability: whoever knows it can release or extend the lease. `Debug` and `Display` therefore
+/// show only its first four characters (`Token(1a2b…)`); [`Token::as_str`] gives the full text to nodes.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Token {
+    hex: String,
+}
+
+impl Token {
+    /// Draws a fresh token from the operating system's random number generator.
+    ///
+    /// # Errors
+    /// [`TokenError`] when the operating system cannot supply randomness (for example a sandbox without
+    /// `getrandom(2)` before the entropy pool is ready). No fallback to weaker randomness is attempted.
+    pub fn random() -> Result<Self, TokenError> {
+        let mut bytes = [0u8; TOKEN_BYTES];
+        getrandom::fill(&mut bytes).map_err(|e| TokenError {
+            message: e.to_string(),
+        })?;
+        Ok(Self {
+            hex: hex::encode(bytes),
+        })
+    }
+
+    /// The full 40-character hexadecimal text, as stored in Redis.
+    pub fn as_str(&self) -> &str {
+        &self.hex
+    }
+
+    /// Whether a value read back from Redis is this token.
+    pub fn matches(&self, value: &[u8]) -> bool {
+        self.hex.as_bytes() == value
+    }
+
+    /// A short, non-secret prefix for logs and error messages.
+    pub fn redacted(&self) -> &str {
+        self.hex.get(..4).unwrap_or("")
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Token({}…)", self.redacted())
+    }
+}
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}…", self.redacted())
+    }
+}
+
+/// The operating system could not supply random bytes for a [`Token`].
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the operating system random number generator failed: {message}")]
+pub struct TokenError {
+    message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn tokens_are_forty_lowercase_hex_characters() {
+        let token = Token::random().unwrap();
+        assert_eq!(token.as_str().len(), 40);
+        assert!(
+            token
+                .as_str()
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+    }
+
+    #[test]
+    fn hundred_thousand_tokens_are_distinct() {
+        let mut seen = HashSet::with_capacity(100_000);
+        for _ in 0..100_000 {
+            assert!(seen.insert(Token::random().unwrap().as_str().to_owned()));
+        }
+    }
+
+    #[test]
+    fn debug_and_display_never_print_the_whole_token() {
+        let token = Token::random().unwrap();
+        let debug = format!("{token:?}");
+        let display = format!("{token}");
+        assert!(!debug.contains(token.as_str()));
+        assert!(!display.contains(token.as_str()));
+        assert!(debug.contains(token.redacted()));
+    }
+
+    #[test]
+    fn matches_compares_the_full_value() {
+        let token = Token::random().unwrap();
+        assert!(token.matches(token.as_str().as_bytes()));
+        assert!(!token.matches(&token.as_str().as_bytes()[..39]));
+        assert!(!token.matches(Token::random().unwrap().as_str().as_bytes()));
+    }
+}
