@@ -1,0 +1,385 @@
+//! A conformance suite for [`RedisNode`] implementations.
+//!
+//! [`run`] exercises every operation's contract (ownership checks, TTL handling, fencing, expiry, never
+//! re-creating a key) through the trait alone, under a fresh random key prefix, and returns the first
+//! deviation. Run it against your own node in one call:
+//!
+//! ```
+//! use redlease::SystemTimer;
+//! use redlease_testkit::{block_on, conformance, MemoryNode};
+//!
+//! let node = MemoryNode::new();
+//! block_on(conformance::run(&node, &SystemTimer)).unwrap();
+//! ```
+//!
+//! Expiry is observed by sleeping on `timer` for about 150 ms in total (instant under virtual time). All keys
+//! share one `{hash tag}`, so a Redis Cluster node passes too.
+
+use std::fmt;
+use std::time::Duration;
+
+use redlease::{NodeError, RedisNode, Timer, Token, Ttl};
+
+/// A contract the node under test broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The case that failed.
+    pub case: &'static str,
+    /// What was expected and what happened.
+    pub message: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "conformance case {:?} failed: {}",
+            self.case, self.message
+        )
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// The names of the cases [`run`] checks, in order.
+pub const CASES: &[&str] = &[
+    "acquire_free_key",
+    "acquire_held_key_is_contended",
+    "acquire_own_token_again_resets_ttl",
+    "release_only_own_token",
+    "extend_only_own_token_and_never_creates",
+    "keys_expire_and_stay_expired",
+    "fenced_acquire_counts_up",
+    "fenced_contention_changes_nothing",
+    "fenced_own_token_retry_reuses_the_fence",
+    "fenced_bad_counter_fails_before_writing",
+    "ttl_edges",
+    "unusual_key_names",
+];
+
+struct Ctx<'a> {
+    node: &'a dyn RedisNode,
+    timer: &'a dyn Timer,
+    prefix: String,
+    case: &'static str,
+}
+
+type Outcome = Result<(), Failure>;
+
+impl Ctx<'_> {
+    fn key(&self, name: &str) -> String {
+        format!("{}{}:{}", self.prefix, self.case, name)
+    }
+
+    fn fail(&self, message: impl Into<String>) -> Failure {
+        Failure {
+            case: self.case,
+            message: message.into(),
+        }
+    }
+
+    fn ensure(&self, cond: bool, message: impl FnOnce() -> String) -> Outcome {
+        if cond {
+            Ok(())
+        } else {
+            Err(self.fail(message()))
+        }
+    }
+
+    fn ok<T>(&self, op: &str, r: Result<T, NodeError>) -> Result<T, Failure> {
+        r.map_err(|e| self.fail(format!("{op} returned an error: {e}")))
+    }
+
+    async fn sleep(&self, d: Duration) {
+        let at = self.timer.now() + d;
+        self.timer.sleep_until(at).await;
+    }
+
+    /// Asserts the key holds `token` with a TTL in `(ttl - slack, ttl]`.
+    async fn expect_held(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Duration,
+        slack: Duration,
+    ) -> Outcome {
+        let state = self.ok("inspect", self.node.inspect(key).await)?;
+        let Some(state) = state else {
+            return Err(self.fail(format!("expected {key} to hold our token, found no key")));
+        };
+        self.ensure(state.holds(token), || format!("{key} holds another value"))?;
+        let Some(left) = state.ttl else {
+            return Err(self.fail(format!("{key} has no TTL")));
+        };
+        self.ensure(left <= ttl && left + slack > ttl, || {
+            format!(
+                "{key} TTL {left:?} not within ({:?}, {ttl:?}]",
+                ttl.saturating_sub(slack)
+            )
+        })
+    }
+
+    async fn expect_absent(&self, key: &str) -> Outcome {
+        let state = self.ok("inspect", self.node.inspect(key).await)?;
+        self.ensure(state.is_none(), || {
+            format!("expected {key} to be absent, found {state:?}")
+        })
+    }
+
+    async fn fence_value(&self, fence_key: &str) -> Result<Option<u64>, Failure> {
+        let state = self.ok("inspect", self.node.inspect(fence_key).await)?;
+        match state {
+            None => Ok(None),
+            Some(s) => {
+                self.ensure(s.ttl.is_none(), || {
+                    format!("fence key {fence_key} has a TTL {:?}", s.ttl)
+                })?;
+                std::str::from_utf8(&s.value)
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .map(Some)
+                    .ok_or_else(|| self.fail(format!("fence key {fence_key} is not an integer")))
+            }
+        }
+    }
+}
+
+fn ttl(ms: u64) -> Ttl {
+    Ttl::from_millis(ms).unwrap_or(Ttl::MAX)
+}
+
+fn token() -> Result<Token, Failure> {
+    Token::random().map_err(|e| Failure {
+        case: "setup",
+        message: e.to_string(),
+    })
+}
+
+const LONG: u64 = 10_000;
+const SLACK: Duration = Duration::from_millis(500);
+
+/// Runs every case against `node`, sleeping on `timer` to observe expiry.
+///
+/// # Errors
+/// The first [`Failure`].
+pub async fn run(node: &dyn RedisNode, timer: &dyn Timer) -> Result<(), Failure> {
+    let run_id = token()?;
+    let prefix = format!("redlease:conformance:{{{}}}:", &run_id.as_str()[..12]);
+    for &case in CASES {
+        let ctx = Ctx {
+            node,
+            timer,
+            prefix: prefix.clone(),
+            case,
+        };
+        run_case(&ctx).await?;
+    }
+    Ok(())
+}
+
+async fn run_case(c: &Ctx<'_>) -> Outcome {
+    let node = c.node;
+    let long = Duration::from_millis(LONG);
+    match c.case {
+        "acquire_free_key" => {
+            let (k, t) = (c.key("lock"), token()?);
+            let got = c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            c.ensure(got, || "acquire on a free key returned false".into())?;
+            c.expect_held(&k, &t, long, SLACK).await
+        }
+        "acquire_held_key_is_contended" => {
+            let (k, owner, other) = (c.key("lock"), token()?, token()?);
+            c.ok("acquire", node.acquire(&k, &owner, ttl(LONG)).await)?;
+            c.sleep(Duration::from_millis(20)).await;
+            let got = c.ok("acquire", node.acquire(&k, &other, ttl(LONG * 2)).await)?;
+            c.ensure(!got, || "a second token acquired a held key".into())?;
+            // Value unchanged and TTL not reset by the failed attempt.
+            c.expect_held(&k, &owner, long - Duration::from_millis(20), SLACK)
+                .await
+        }
+        "acquire_own_token_again_resets_ttl" => {
+            let (k, t) = (c.key("lock"), token()?);
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            let again = c.ok("acquire", node.acquire(&k, &t, ttl(LONG * 3)).await)?;
+            c.ensure(again, || {
+                "re-acquiring with the holder's own token returned false".into()
+            })?;
+            c.expect_held(&k, &t, long * 3, SLACK).await
+        }
+        "release_only_own_token" => {
+            let (k, owner, other) = (c.key("lock"), token()?, token()?);
+            c.ok("acquire", node.acquire(&k, &owner, ttl(LONG)).await)?;
+            let foreign = c.ok("release", node.release(&k, &other).await)?;
+            c.ensure(!foreign, || {
+                "release with a foreign token returned true".into()
+            })?;
+            c.expect_held(&k, &owner, long, SLACK).await?;
+            let own = c.ok("release", node.release(&k, &owner).await)?;
+            c.ensure(own, || {
+                "release with the owner's token returned false".into()
+            })?;
+            c.expect_absent(&k).await?;
+            let twice = c.ok("release", node.release(&k, &owner).await)?;
+            c.ensure(!twice, || "a second release returned true".into())
+        }
+        "extend_only_own_token_and_never_creates" => {
+            let (k, owner, other) = (c.key("lock"), token()?, token()?);
+            c.ok("acquire", node.acquire(&k, &owner, ttl(LONG)).await)?;
+            let foreign = c.ok("extend", node.extend(&k, &other, ttl(LONG * 5)).await)?;
+            c.ensure(!foreign, || {
+                "extend with a foreign token returned true".into()
+            })?;
+            c.expect_held(&k, &owner, long, SLACK).await?;
+            let own = c.ok("extend", node.extend(&k, &owner, ttl(LONG * 5)).await)?;
+            c.ensure(own, || {
+                "extend with the owner's token returned false".into()
+            })?;
+            c.expect_held(&k, &owner, long * 5, SLACK).await?;
+            let shorter = c.ok("extend", node.extend(&k, &owner, ttl(LONG / 2)).await)?;
+            c.ensure(shorter, || "extend to a shorter TTL returned false".into())?;
+            c.expect_held(&k, &owner, long / 2, SLACK).await?;
+            let missing = c.key("missing");
+            let created = c.ok("extend", node.extend(&missing, &owner, ttl(LONG)).await)?;
+            c.ensure(!created, || "extend of a missing key returned true".into())?;
+            c.expect_absent(&missing).await
+        }
+        "keys_expire_and_stay_expired" => {
+            let (k, owner, next) = (c.key("lock"), token()?, token()?);
+            c.ok("acquire", node.acquire(&k, &owner, ttl(60)).await)?;
+            c.sleep(Duration::from_millis(150)).await;
+            c.expect_absent(&k).await?;
+            let extended = c.ok("extend", node.extend(&k, &owner, ttl(LONG)).await)?;
+            c.ensure(!extended, || "extend after expiry returned true".into())?;
+            c.expect_absent(&k).await?;
+            let released = c.ok("release", node.release(&k, &owner).await)?;
+            c.ensure(!released, || "release after expiry returned true".into())?;
+            let taken = c.ok("acquire", node.acquire(&k, &next, ttl(LONG)).await)?;
+            c.ensure(taken, || "acquire after expiry returned false".into())?;
+            let stale = c.ok("release", node.release(&k, &owner).await)?;
+            c.ensure(!stale, || {
+                "the expired owner's release deleted the new owner's key".into()
+            })?;
+            c.expect_held(&k, &next, long, SLACK).await
+        }
+        "fenced_acquire_counts_up" => {
+            let (k, f) = (c.key("lock"), c.key("fence"));
+            let mut last = 0;
+            for round in 0..5 {
+                let t = token()?;
+                let fence = c.ok(
+                    "acquire_fenced",
+                    node.acquire_fenced(&k, &f, &t, ttl(LONG)).await,
+                )?;
+                let Some(fence) = fence else {
+                    return Err(c.fail(format!(
+                        "fenced acquire of a free key returned None in round {round}"
+                    )));
+                };
+                c.ensure(fence == last + 1, || {
+                    format!("fence {fence} after {last}: expected exactly +1")
+                })?;
+                c.ensure(c_fence_eq(c.fence_value(&f).await?, fence), || {
+                    "stored fence differs".into()
+                })?;
+                c.expect_held(&k, &t, long, SLACK).await?;
+                c.ok("release", node.release(&k, &t).await)?;
+                last = fence;
+            }
+            Ok(())
+        }
+        "fenced_contention_changes_nothing" => {
+            let (k, f) = (c.key("lock"), c.key("fence"));
+            let (owner, other) = (token()?, token()?);
+            let first = c.ok(
+                "acquire_fenced",
+                node.acquire_fenced(&k, &f, &owner, ttl(LONG)).await,
+            )?;
+            c.ensure(first == Some(1), || {
+                format!("first fence was {first:?}, expected Some(1)")
+            })?;
+            let second = c.ok(
+                "acquire_fenced",
+                node.acquire_fenced(&k, &f, &other, ttl(LONG * 2)).await,
+            )?;
+            c.ensure(second.is_none(), || {
+                format!("contended fenced acquire returned {second:?}")
+            })?;
+            c.ensure(c_fence_eq(c.fence_value(&f).await?, 1), || {
+                "contention changed the fence".into()
+            })?;
+            c.expect_held(&k, &owner, long, SLACK).await
+        }
+        "fenced_own_token_retry_reuses_the_fence" => {
+            let (k, f, t) = (c.key("lock"), c.key("fence"), token()?);
+            let first = c.ok(
+                "acquire_fenced",
+                node.acquire_fenced(&k, &f, &t, ttl(LONG)).await,
+            )?;
+            let retry = c.ok(
+                "acquire_fenced",
+                node.acquire_fenced(&k, &f, &t, ttl(LONG * 2)).await,
+            )?;
+            c.ensure(first.is_some() && retry == first, || {
+                format!("a retry with the holder's token returned {retry:?} after {first:?}")
+            })?;
+            c.ensure(c_fence_eq(c.fence_value(&f).await?, 1), || {
+                "a retry incremented the fence".into()
+            })?;
+            c.expect_held(&k, &t, long * 2, SLACK).await
+        }
+        "fenced_bad_counter_fails_before_writing" => {
+            let (k, f, t) = (c.key("lock"), c.key("fence"), token()?);
+            // Store a non-integer (a token) under the fence key through the trait itself.
+            c.ok("acquire", node.acquire(&f, &token()?, ttl(LONG)).await)?;
+            let r = node.acquire_fenced(&k, &f, &t, ttl(LONG)).await;
+            match r {
+                Err(e) => c.ensure(!e.is_ambiguous(), || {
+                    format!("a rejected script reported an ambiguous error: {e}")
+                })?,
+                Ok(v) => {
+                    return Err(c.fail(format!(
+                        "fenced acquire with a non-integer fence returned {v:?}"
+                    )));
+                }
+            }
+            c.expect_absent(&k).await
+        }
+        "ttl_edges" => {
+            let (k, t) = (c.key("short"), token()?);
+            c.ok("acquire", node.acquire(&k, &t, ttl(1)).await)?;
+            c.sleep(Duration::from_millis(20)).await;
+            c.expect_absent(&k).await?;
+            let (k, t) = (c.key("huge"), token()?);
+            let got = c.ok("acquire", node.acquire(&k, &t, Ttl::MAX).await)?;
+            c.ensure(got, || "acquire with Ttl::MAX returned false".into())?;
+            c.expect_held(&k, &t, Ttl::MAX.as_duration(), Duration::from_secs(60))
+                .await?;
+            let ext = c.ok("extend", node.extend(&k, &t, Ttl::MAX).await)?;
+            c.ensure(ext, || "extend with Ttl::MAX returned false".into())?;
+            c.ok("release", node.release(&k, &t).await).map(|_| ())
+        }
+        "unusual_key_names" => {
+            for name in [
+                "spaces in name",
+                "ünïcødé",
+                "{braces}",
+                "colon:and:more",
+                "\"quotes\"",
+                "x",
+            ] {
+                let (k, t) = (c.key(name), token()?);
+                let got = c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+                c.ensure(got, || format!("acquire of key {k:?} returned false"))?;
+                c.expect_held(&k, &t, long, SLACK).await?;
+                let released = c.ok("release", node.release(&k, &t).await)?;
+                c.ensure(released, || format!("release of key {k:?} returned false"))?;
+            }
+            Ok(())
+        }
+        other => Err(c.fail(format!("unknown case {other}"))),
+    }
+}
+
+fn c_fence_eq(stored: Option<u64>, expected: u64) -> bool {
+    stored == Some(expected)
+}

@@ -1,0 +1,468 @@
+//! Recording what lease holders believed, and checking it for overlaps.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// One thing a client observed about a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EventKind {
+    /// The client acquired the lock; valid until the instant, with this fencing token.
+    Acquired {
+        /// Validity deadline reported by the lease.
+        valid_until: Instant,
+        /// Fencing token, if the lock is fenced.
+        fence: Option<u64>,
+    },
+    /// An extension or renewal succeeded, moving the validity deadline.
+    Extended {
+        /// The new validity deadline.
+        valid_until: Instant,
+    },
+    /// The client learned that the lease was lost (loss signal, failed extension, failed `run`).
+    Lost,
+    /// The client started releasing the lease (it stopped believing it holds it).
+    Released,
+}
+
+/// A recorded event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// Which client (any stable number the test chooses).
+    pub client: u64,
+    /// The lock key.
+    pub lock: String,
+    /// When it happened (on the clock the leases use).
+    pub at: Instant,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// A violation found by [`History::check`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Violation {
+    /// Two clients believed they held one lock at the same time.
+    Overlap {
+        /// The lock.
+        lock: String,
+        /// The earlier holder and its believed interval, relative to the first event.
+        first: (u64, std::time::Duration, std::time::Duration),
+        /// The later holder and its believed interval.
+        second: (u64, std::time::Duration, std::time::Duration),
+    },
+    /// A fencing token did not exceed the previous holder's.
+    FenceNotIncreasing {
+        /// The lock.
+        lock: String,
+        /// The previous token.
+        previous: u64,
+        /// The offending token.
+        next: u64,
+    },
+    /// A loss was reported after the lease's validity deadline.
+    LateLoss {
+        /// The lock.
+        lock: String,
+        /// The client.
+        client: u64,
+        /// How late, past the deadline.
+        late_by: std::time::Duration,
+    },
+    /// An event that does not fit the client's lease lifecycle (e.g. an extension while not holding).
+    Malformed(String),
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Overlap {
+                lock,
+                first,
+                second,
+            } => write!(
+                f,
+                "lock {lock:?}: client {} believed it held [{:?}, {:?}) while client {} believed it held [{:?}, {:?})",
+                first.0, first.1, first.2, second.0, second.1, second.2
+            ),
+            Self::FenceNotIncreasing {
+                lock,
+                previous,
+                next,
+            } => {
+                write!(
+                    f,
+                    "lock {lock:?}: fencing token {next} issued after {previous}"
+                )
+            }
+            Self::LateLoss {
+                lock,
+                client,
+                late_by,
+            } => {
+                write!(
+                    f,
+                    "lock {lock:?}: client {client} learned of its loss {late_by:?} after the deadline"
+                )
+            }
+            Self::Malformed(what) => write!(f, "malformed history: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// A thread-safe log of [`Event`]s, shared by clones.
+#[derive(Clone, Default)]
+pub struct History {
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl fmt::Debug for History {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "History({} events)", self.events().len())
+    }
+}
+
+/// A believed-held interval.
+#[derive(Debug, Clone, Copy)]
+struct Interval {
+    client: u64,
+    start: Instant,
+    end: Instant,
+    fence: Option<u64>,
+}
+
+impl History {
+    /// An empty history.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records an event.
+    pub fn record(&self, client: u64, lock: &str, at: Instant, kind: EventKind) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Event {
+                client,
+                lock: lock.to_owned(),
+                at,
+                kind,
+            });
+    }
+
+    /// All events in recording order.
+    pub fn events(&self) -> Vec<Event> {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Number of acquisitions recorded.
+    pub fn acquisitions(&self) -> usize {
+        self.events()
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Acquired { .. }))
+            .count()
+    }
+
+    /// Checks that no two believed-held intervals of one lock overlap, that fencing tokens strictly increase
+    /// in acquisition order, and that every loss was learned no later than its validity deadline.
+    ///
+    /// A client believes it holds a lease from `Acquired` until the earliest of `Lost`, `Released` and its
+    /// current validity deadline.
+    ///
+    /// # Errors
+    /// The first [`Violation`] found.
+    pub fn check(&self) -> Result<(), Violation> {
+        let events = self.events();
+        let Some(origin) = events.iter().map(|e| e.at).min() else {
+            return Ok(());
+        };
+        let mut by_lock: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+        for e in &events {
+            by_lock.entry(&e.lock).or_default().push(e);
+        }
+        for (lock, events) in by_lock {
+            let mut open: BTreeMap<u64, Interval> = BTreeMap::new();
+            let mut closed: Vec<Interval> = Vec::new();
+            for e in events {
+                match &e.kind {
+                    EventKind::Acquired { valid_until, fence } => {
+                        if open.contains_key(&e.client) {
+                            return Err(Violation::Malformed(format!(
+                                "client {} acquired {lock:?} twice without losing or releasing it",
+                                e.client
+                            )));
+                        }
+                        open.insert(
+                            e.client,
+                            Interval {
+                                client: e.client,
+                                start: e.at,
+                                end: *valid_until,
+                                fence: *fence,
+                            },
+                        );
+                    }
+                    EventKind::Extended { valid_until } => match open.get_mut(&e.client) {
+                        // An extension observed after the deadline does not revive belief.
+                        Some(iv) if e.at < iv.end => iv.end = *valid_until,
+                        Some(_) => {}
+                        None => {
+                            return Err(Violation::Malformed(format!(
+                                "client {} extended {lock:?} without holding it",
+                                e.client
+                            )));
+                        }
+                    },
+                    EventKind::Lost | EventKind::Released => {
+                        let Some(mut iv) = open.remove(&e.client) else {
+                            return Err(Violation::Malformed(format!(
+                                "client {} ended a lease on {lock:?} it did not hold",
+                                e.client
+                            )));
+                        };
+                        if e.kind == EventKind::Lost && e.at > iv.end {
+                            return Err(Violation::LateLoss {
+                                lock: lock.to_owned(),
+                                client: e.client,
+                                late_by: e.at - iv.end,
+                            });
+                        }
+                        iv.end = iv.end.min(e.at);
+                        closed.push(iv);
+                    }
+                }
+            }
+            closed.extend(open.into_values());
+            closed.sort_by_key(|iv| (iv.start, iv.client));
+            let rel = |t: Instant| t.saturating_duration_since(origin);
+            for pair in closed.windows(2) {
+                let (a, b) = (pair[0], pair[1]);
+                if let (Some(previous), Some(next)) = (a.fence, b.fence) {
+                    if next <= previous {
+                        return Err(Violation::FenceNotIncreasing {
+                            lock: lock.to_owned(),
+                            previous,
+                            next,
+                        });
+                    }
+                }
+            }
+            let mut latest: Option<Interval> = None;
+            for iv in closed {
+                if iv.end <= iv.start {
+                    continue;
+                }
+                if let Some(prev) = latest {
+                    if iv.start < prev.end {
+                        return Err(Violation::Overlap {
+                            lock: lock.to_owned(),
+                            first: (prev.client, rel(prev.start), rel(prev.end)),
+                            second: (iv.client, rel(iv.start), rel(iv.end)),
+                        });
+                    }
+                }
+                if latest.is_none_or(|p| iv.end > p.end) {
+                    latest = Some(iv);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn disjoint_holders_pass() {
+        let t0 = Instant::now();
+        let h = History::new();
+        h.record(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: Some(1),
+            },
+        );
+        h.record(1, "k", t0 + ms(50), EventKind::Released);
+        h.record(
+            2,
+            "k",
+            t0 + ms(60),
+            EventKind::Acquired {
+                valid_until: t0 + ms(160),
+                fence: Some(2),
+            },
+        );
+        h.record(2, "k", t0 + ms(160), EventKind::Lost);
+        assert_eq!(h.check(), Ok(()));
+    }
+
+    #[test]
+    fn overlap_is_found() {
+        let t0 = Instant::now();
+        let h = History::new();
+        h.record(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: None,
+            },
+        );
+        h.record(
+            2,
+            "k",
+            t0 + ms(60),
+            EventKind::Acquired {
+                valid_until: t0 + ms(160),
+                fence: None,
+            },
+        );
+        assert!(matches!(h.check(), Err(Violation::Overlap { .. })));
+    }
+
+    #[test]
+    fn extension_prolongs_belief() {
+        let t0 = Instant::now();
+        let h = History::new();
+        h.record(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: None,
+            },
+        );
+        h.record(
+            1,
+            "k",
+            t0 + ms(50),
+            EventKind::Extended {
+                valid_until: t0 + ms(200),
+            },
+        );
+        h.record(
+            2,
+            "k",
+            t0 + ms(150),
+            EventKind::Acquired {
+                valid_until: t0 + ms(300),
+                fence: None,
+            },
+        );
+        assert!(matches!(h.check(), Err(Violation::Overlap { .. })));
+    }
+
+    #[test]
+    fn expiry_ends_belief_without_an_event() {
+        let t0 = Instant::now();
+        let h = History::new();
+        h.record(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: Some(5),
+            },
+        );
+        h.record(
+            2,
+            "k",
+            t0 + ms(100),
+            EventKind::Acquired {
+                valid_until: t0 + ms(200),
+                fence: Some(6),
+            },
+        );
+        assert_eq!(h.check(), Ok(()));
+    }
+
+    #[test]
+    fn decreasing_fence_is_found() {
+        let t0 = Instant::now();
+        let h = History::new();
+        h.record(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(10),
+                fence: Some(5),
+            },
+        );
+        h.record(
+            2,
+            "k",
+            t0 + ms(20),
+            EventKind::Acquired {
+                valid_until: t0 + ms(30),
+                fence: Some(5),
+            },
+        );
+        assert!(matches!(
+            h.check(),
+            Err(Violation::FenceNotIncreasing { .. })
+        ));
+    }
+
+    #[test]
+    fn late_loss_is_found() {
+        let t0 = Instant::now();
+        let h = History::new();
+        h.record(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(10),
+                fence: None,
+            },
+        );
+        h.record(1, "k", t0 + ms(11), EventKind::Lost);
+        assert!(matches!(h.check(), Err(Violation::LateLoss { .. })));
+    }
+
+    #[test]
+    fn locks_are_checked_separately() {
+        let t0 = Instant::now();
+        let h = History::new();
+        h.record(
+            1,
+            "a",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: None,
+            },
+        );
+        h.record(
+            2,
+            "b",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: None,
+            },
+        );
+        assert_eq!(h.check(), Ok(()));
+    }
+}

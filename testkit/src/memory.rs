@@ -1,0 +1,273 @@
+//! An in-memory [`RedisNode`] with Redis semantics for redlease's operations.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use redlease::{
+    KeyState, NodeError, NodeErrorKind, RedisNode, SystemTimer, Timer, Token, Ttl, async_trait,
+};
+
+static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
+
+#[derive(Debug, Clone)]
+struct Entry {
+    value: Vec<u8>,
+    expires_at: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Store {
+    keys: HashMap<String, Entry>,
+}
+
+impl Store {
+    /// The live entry under `key`, removing it if it has expired (Redis' lazy expiry).
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+        let expired = self
+            .keys
+            .get(key)
+            .is_some_and(|e| e.expires_at.is_some_and(|at| now >= at));
+        if expired {
+            self.keys.remove(key);
+        }
+        self.keys.get_mut(key)
+    }
+}
+
+/// An in-memory Redis stand-in that implements the [`RedisNode`] contracts exactly, on an injectable clock.
+///
+/// Keys expire when the node's [`Timer`] reaches their deadline (`now >= expires_at`), like Redis' `PX`.
+/// Clones share one store: keep a clone to plant foreign values or inspect keys while a manager owns another.
+/// Every node created by [`new`](Self::new)/[`with_timer`](Self::with_timer) reports a distinct
+/// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones.
+#[derive(Clone)]
+pub struct MemoryNode {
+    store: Arc<Mutex<Store>>,
+    timer: Arc<dyn Timer>,
+    id: u64,
+}
+
+impl fmt::Debug for MemoryNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MemoryNode(memory://{})", self.id)
+    }
+}
+
+impl Default for MemoryNode {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryNode {
+    /// A node on the system clock.
+    pub fn new() -> Self {
+        Self::with_timer(SystemTimer)
+    }
+
+    /// A node whose keys expire by `timer`'s clock (e.g. a [`VirtualClock`](crate::VirtualClock)).
+    pub fn with_timer(timer: impl Timer) -> Self {
+        Self {
+            store: Arc::default(),
+            timer: Arc::new(timer),
+            id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now(&self) -> Instant {
+        self.timer.now()
+    }
+
+    /// `SET key value [PX ttl]`, overwriting whatever is there (to plant a foreign owner in tests).
+    pub fn set(&self, key: &str, value: impl Into<Vec<u8>>, ttl: Option<Duration>) {
+        let expires_at = ttl.map(|ttl| self.now() + ttl);
+        self.lock().keys.insert(
+            key.to_owned(),
+            Entry {
+                value: value.into(),
+                expires_at,
+            },
+        );
+    }
+
+    /// `DEL key`; `true` if a live key was deleted.
+    pub fn del(&self, key: &str) -> bool {
+        let now = self.now();
+        let mut store = self.lock();
+        let live = store.live(key, now).is_some();
+        store.keys.remove(key);
+        live
+    }
+
+    /// `GET key`.
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+        let now = self.now();
+        self.lock().live(key, now).map(|e| e.value.clone())
+    }
+
+    /// `PTTL key`: `None` if the key is missing, `Some(None)` if it has no expiry.
+    pub fn pttl(&self, key: &str) -> Option<Option<Duration>> {
+        let now = self.now();
+        self.lock()
+            .live(key, now)
+            .map(|e| e.expires_at.map(|at| at.saturating_duration_since(now)))
+    }
+
+    /// Live keys that have no expiry (only fence counters should appear here).
+    pub fn keys_without_ttl(&self) -> Vec<String> {
+        let now = self.now();
+        let mut store = self.lock();
+        let names: Vec<String> = store.keys.keys().cloned().collect();
+        names
+            .into_iter()
+            .filter(|k| store.live(k, now).is_some_and(|e| e.expires_at.is_none()))
+            .collect()
+    }
+
+    /// Names of all live keys, sorted.
+    pub fn keys(&self) -> Vec<String> {
+        let now = self.now();
+        let mut store = self.lock();
+        let names: Vec<String> = store.keys.keys().cloned().collect();
+        let mut live: Vec<String> = names
+            .into_iter()
+            .filter(|k| store.live(k, now).is_some())
+            .collect();
+        live.sort();
+        live
+    }
+
+    /// `FLUSHALL`: forgets every key, fence counters included (like a restart without persistence).
+    pub fn flush(&self) {
+        self.lock().keys.clear();
+    }
+}
+
+fn expiry(now: Instant, ttl: Ttl) -> Option<Instant> {
+    now.checked_add(ttl.as_duration())
+}
+
+#[async_trait]
+impl RedisNode for MemoryNode {
+    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        match store.live(key, now) {
+            Some(entry) if token.matches(&entry.value) => {
+                entry.expires_at = expiry(now, ttl);
+                Ok(true)
+            }
+            Some(_) => Ok(false),
+            None => {
+                store.keys.insert(
+                    key.to_owned(),
+                    Entry {
+                        value: token.as_str().as_bytes().to_vec(),
+                        expires_at: expiry(now, ttl),
+                    },
+                );
+                Ok(true)
+            }
+        }
+    }
+
+    async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<u64>, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        // Validate the fence counter before any write, as the Lua script does.
+        let fence = match store.live(fence_key, now) {
+            None => 0,
+            Some(entry) => std::str::from_utf8(&entry.value)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .filter(|v| *v >= 0)
+                .ok_or_else(|| {
+                    NodeError::not_applied(
+                        NodeErrorKind::WrongType,
+                        "the fence key does not hold a non-negative integer",
+                    )
+                })? as u64,
+        };
+        match store.live(key, now) {
+            Some(entry) if token.matches(&entry.value) => {
+                entry.expires_at = expiry(now, ttl);
+                Ok(Some(fence))
+            }
+            Some(_) => Ok(None),
+            None => {
+                if fence >= i64::MAX as u64 {
+                    return Err(NodeError::not_applied(
+                        NodeErrorKind::Other,
+                        "the fence counter would overflow",
+                    ));
+                }
+                let next = fence + 1;
+                let fence_entry = store.keys.entry(fence_key.to_owned()).or_insert(Entry {
+                    value: Vec::new(),
+                    expires_at: None,
+                });
+                fence_entry.value = next.to_string().into_bytes();
+                store.keys.insert(
+                    key.to_owned(),
+                    Entry {
+                        value: token.as_str().as_bytes().to_vec(),
+                        expires_at: expiry(now, ttl),
+                    },
+                );
+                Ok(Some(next))
+            }
+        }
+    }
+
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        if store
+            .live(key, now)
+            .is_some_and(|e| token.matches(&e.value))
+        {
+            store.keys.remove(key);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        match store.live(key, now) {
+            Some(entry) if token.matches(&entry.value) => {
+                entry.expires_at = expiry(now, ttl);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+        let now = self.now();
+        Ok(self.lock().live(key, now).map(|e| {
+            KeyState::new(
+                e.value.clone(),
+                e.expires_at.map(|at| at.saturating_duration_since(now)),
+            )
+        }))
+    }
+
+    fn endpoint(&self) -> Option<String> {
+        Some(format!("memory://{}", self.id))
+    }
+}
