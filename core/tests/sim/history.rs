@@ -1,0 +1,144 @@
+use std::time::Duration;
+
+use redlease::Timer;
+use redlease::machine::Jitter;
+use redlease_testkit::{EventKind, History, RandomFaults, VirtualClock, for_each_seed};
+
+use crate::support::*;
+
+async fn client(
+    id: u64,
+    lock: redlease::Lock,
+    history: History,
+    clock: VirtualClock,
+    mut rng: Jitter,
+    horizon: Duration,
+) {
+    let start = clock.now();
+    let pause = |rng: &mut Jitter, max_ms: u64| ms(rng.next_u64() % max_ms + 1);
+    while clock.now() - start < horizon {
+        let lease = match lock.acquire_within(secs(3)).await {
+            Ok(lease) => lease,
+            Err(_) => {
+                let d = pause(&mut rng, 500);
+                clock.sleep_until(clock.now() + d).await;
+                continue;
+            }
+        };
+        let key = lease.key().to_owned();
+        history.record(
+            id,
+            &key,
+            clock.now(),
+            EventKind::Acquired {
+                valid_until: lease.valid_until(),
+                fence: lease.fencing_token(),
+            },
+        );
+        let rounds = rng.next_u64() % 5;
+        let nap = pause(&mut rng, 2_500);
+        let work = async {
+            for _ in 0..rounds {
+                clock.sleep_until(clock.now() + nap).await;
+                if lease.extend(secs(2)).await.is_err() {
+                    return false;
+                }
+                history.record(
+                    id,
+                    &key,
+                    clock.now(),
+                    EventKind::Extended {
+                        valid_until: lease.valid_until(),
+                    },
+                );
+            }
+            true
+        };
+        let kept = matches!(lease.run(work).await, Ok(true));
+        let kind = if kept {
+            EventKind::Released
+        } else {
+            EventKind::Lost
+        };
+        history.record(id, &key, clock.now(), kind);
+        let _ = lease.release().await;
+    }
+}
+
+#[test]
+fn history_checker_finds_no_overlap_over_500_seeds_with_random_faults() {
+    let mut total = 0;
+    for_each_seed(0..500, |seed| {
+        let mut rng = Jitter::from_seed(seed);
+        let n = [1usize, 3, 5][(seed % 3) as usize];
+        let config = config()
+            .expiry(secs(2))
+            .retry_delay(ms(50))
+            .jitter_seed(seed);
+        let mut c = Cluster::new(n, seed, config);
+        for (i, f) in c.faults.iter().enumerate() {
+            f.random(
+                RandomFaults::new(seed * 7 + i as u64, 0.05, 0.02, 0.05, ms(30)).slow_reply(0.02),
+            );
+        }
+        let history = History::new();
+        let mut lock = c.manager.lock("resource");
+        if n == 1 {
+            lock = lock.fenced("resource:fence");
+        }
+        let clients = 2 + rng.next_u64() % 4;
+        for id in 0..clients {
+            let rng = c.sim.rng();
+            c.sim.spawn(client(
+                id,
+                lock.clone(),
+                history.clone(),
+                c.clock.clone(),
+                rng,
+                secs(30),
+            ));
+        }
+        assert!(
+            c.sim.run_until_idle(secs(120)),
+            "seed {seed}: clients did not finish"
+        );
+        if let Err(v) = history.check() {
+            let events = history.events();
+            let tail: Vec<_> = events.iter().rev().take(12).collect();
+            panic!("seed {seed}: {v}\nlast events: {tail:#?}");
+        }
+        assert!(
+            history.acquisitions() > 0,
+            "seed {seed}: nobody ever acquired"
+        );
+        total += history.acquisitions();
+    });
+    assert!(total > 5_000, "only {total} acquisitions over 500 seeds");
+}
+
+#[test]
+fn history_checker_catches_an_unsafe_lock() {
+    // A "lock" that ignores the server: both clients believe they hold it at once. The checker must object.
+    let history = History::new();
+    let clock = VirtualClock::new();
+    let t0 = clock.now();
+    history.record(
+        1,
+        "r",
+        t0,
+        EventKind::Acquired {
+            valid_until: t0 + secs(2),
+            fence: Some(1),
+        },
+    );
+    history.record(
+        2,
+        "r",
+        t0 + secs(1),
+        EventKind::Acquired {
+            valid_until: t0 + secs(3),
+            fence: Some(2),
+        },
+    );
+    assert!(history.check().is_err());
+}

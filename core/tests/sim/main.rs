@@ -1,0 +1,9 @@
+//! The simulation tier: in-memory nodes, injected faults and virtual time. No sockets, no sleeps.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+mod acquire;
+mod cancel;
+mod config;
+mod history;
+mod renewal;
+mod support;

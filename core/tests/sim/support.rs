@@ -1,0 +1,106 @@
+use std::time::Duration;
+
+use redlease::{Config, LockManager, RedisNode, Timer};
+use redlease_testkit::{Faults, FaultyNode, MemoryNode, Sim, VirtualClock};
+
+/// N in-memory nodes behind fault wrappers, a manager over them, all on one virtual clock.
+pub(crate) struct Cluster {
+    pub(crate) sim: Sim,
+    pub(crate) clock: VirtualClock,
+    pub(crate) nodes: Vec<MemoryNode>,
+    pub(crate) faults: Vec<Faults>,
+    pub(crate) manager: LockManager,
+}
+
+pub(crate) fn config() -> Config {
+    Config::default().jitter_seed(1)
+}
+
+impl Cluster {
+    pub(crate) fn new(n: usize, seed: u64, config: Config) -> Self {
+        Self::build(n, seed, config, false)
+    }
+
+    /// Like `new`, with the simulation's spawner installed (detached renewal and background cleanup).
+    pub(crate) fn with_spawner(n: usize, seed: u64, config: Config) -> Self {
+        Self::build(n, seed, config, true)
+    }
+
+    fn build(n: usize, seed: u64, config: Config, spawner: bool) -> Self {
+        let sim = Sim::new(seed);
+        let clock = sim.clock();
+        let mut nodes = Vec::new();
+        let mut faults = Vec::new();
+        let mut wrapped = Vec::new();
+        for _ in 0..n {
+            let node = MemoryNode::with_timer(clock.clone());
+            let (faulty, f) = FaultyNode::new(node.clone(), clock.clone());
+            nodes.push(node);
+            faults.push(f);
+            wrapped.push(faulty);
+        }
+        let manager = if n == 1 {
+            LockManager::single(wrapped.pop().unwrap(), config)
+        } else {
+            LockManager::redlock(wrapped, config)
+        }
+        .unwrap()
+        .with_timer(clock.clone());
+        let manager = if spawner {
+            manager.with_spawner(sim.spawner())
+        } else {
+            manager
+        };
+        Self {
+            sim,
+            clock,
+            nodes,
+            faults,
+            manager,
+        }
+    }
+
+    pub(crate) fn now(&self) -> std::time::Instant {
+        self.clock.now()
+    }
+
+    /// Which nodes hold `key` with the value `value`.
+    pub(crate) fn holders(&self, key: &str, value: &str) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].get(key).as_deref() == Some(value.as_bytes()))
+            .collect()
+    }
+
+    /// Total node calls so far.
+    pub(crate) fn calls(&self) -> u64 {
+        self.faults.iter().map(Faults::total_calls).sum()
+    }
+
+    /// Asserts that every live key on every node except fence counters has a TTL.
+    pub(crate) fn assert_every_lock_key_has_ttl(&self) {
+        for (i, node) in self.nodes.iter().enumerate() {
+            for key in node.keys_without_ttl() {
+                assert!(key.contains("fence"), "node {i}: key {key:?} has no TTL");
+            }
+        }
+    }
+}
+
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+pub(crate) fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Reads a node's value through the trait, to be sure the in-memory view and the trait agree.
+#[allow(dead_code)]
+pub(crate) async fn value_of(node: &dyn RedisNode, key: &str) -> Option<Vec<u8>> {
+    node.inspect(key).await.unwrap().map(|s| s.value)
+}
+
+#[allow(dead_code)]
+pub(crate) fn sleep(clock: &VirtualClock, d: Duration) -> redlease::Sleep {
+    clock.sleep_until(clock.now() + d)
+}
