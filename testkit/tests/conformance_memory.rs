@@ -1,0 +1,91 @@
+//! The conformance suite against the in-memory node, on virtual and on real time, and proof that it catches
+//! a node that breaks a contract.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use redlease::{KeyState, NodeError, RedisNode, SystemTimer, Token, Ttl, async_trait};
+use redlease_testkit::{MemoryNode, Sim, block_on, conformance};
+
+#[test]
+fn memory_node_passes_on_virtual_time() {
+    let mut sim = Sim::new(1);
+    let clock = sim.clock();
+    let node = MemoryNode::with_timer(clock.clone());
+    sim.block_on(async { conformance::run(&node, &clock).await })
+        .unwrap();
+    // Only fence counters are left without a TTL.
+    for key in node.keys_without_ttl() {
+        assert!(key.ends_with(":fence"), "{key}");
+    }
+}
+
+#[test]
+fn memory_node_passes_on_real_time() {
+    block_on(conformance::run(&MemoryNode::new(), &SystemTimer)).unwrap();
+}
+
+/// A node with one deliberate bug, to show the suite notices.
+struct Broken {
+    inner: MemoryNode,
+    bug: &'static str,
+}
+
+#[async_trait]
+impl RedisNode for Broken {
+    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        if self.bug == "acquire ignores its own token" && self.inner.get(key).is_some() {
+            return Ok(false);
+        }
+        self.inner.acquire(key, token, ttl).await
+    }
+    async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<u64>, NodeError> {
+        self.inner.acquire_fenced(key, fence_key, token, ttl).await
+    }
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+        if self.bug == "release without compare" {
+            return Ok(self.inner.del(key));
+        }
+        self.inner.release(key, token).await
+    }
+    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        if self.bug == "extend re-creates" {
+            self.inner.set(key, token.as_str(), Some(ttl.as_duration()));
+            return Ok(true);
+        }
+        self.inner.extend(key, token, ttl).await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+        self.inner.inspect(key).await
+    }
+}
+
+#[test]
+fn suite_catches_broken_nodes() {
+    for (bug, case) in [
+        (
+            "acquire ignores its own token",
+            "acquire_own_token_again_resets_ttl",
+        ),
+        ("release without compare", "release_only_own_token"),
+        (
+            "extend re-creates",
+            "extend_only_own_token_and_never_creates",
+        ),
+    ] {
+        let mut sim = Sim::new(2);
+        let clock = sim.clock();
+        let node = Broken {
+            inner: MemoryNode::with_timer(clock.clone()),
+            bug,
+        };
+        let failure = sim
+            .block_on(async { conformance::run(&node, &clock).await })
+            .unwrap_err();
+        assert_eq!(failure.case, case, "{bug}: {failure}");
+    }
+}
