@@ -1,18 +1,29 @@
 //! [`RedisNode`](redlease::RedisNode) implementations for Redis client crates, one feature per client:
 //!
-//! - `redis`: redis-rs;
-//! - `fred`: fred.
+//! - `redis`: redis-rs, in [`redis`] ([`MultiplexedConnection`], [`ConnectionManager`] and the
+//!   async cluster connection);
+//! - `fred`: fred, in [`fred`] (`Client` and `Pool`, centralized or clustered).
 //!
-//! Each module re-exports its client crate so that versions match.
+//! Each module re-exports its client crate (`redlease_adapters::redis::redis`,
+//! `redlease_adapters::fred::fred`) so that versions match. (The modules themselves carry the crates' names,
+//! so the re-exports live inside them rather than at the crate root.)
+//!
+//! Both adapters run the same Lua scripts ([`scripts`]) as `EVALSHA` with a single `EVAL` fallback on
+//! `NOSCRIPT`, classify client errors into definite and ambiguous [`NodeError`](redlease::NodeError)s, and
+//! check Redis Cluster hash slots client-side ([`slot`]) before a fenced acquisition.
+//!
+//! [`MultiplexedConnection`]: https://docs.rs/redis/latest/redis/aio/struct.MultiplexedConnection.html
+//! [`ConnectionManager`]: https://docs.rs/redis/latest/redis/aio/struct.ConnectionManager.html
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// The redis-rs client crate, re-exported.
+pub mod scripts;
+pub mod slot;
+
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use redis;
+pub mod redis;
 
-/// The fred client crate, re-exported.
 #[cfg(feature = "fred")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fred")))]
-pub use fred;
+pub mod fred;

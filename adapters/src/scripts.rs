@@ -1,0 +1,368 @@
+//! The Lua scripts behind every adapter, their SHA-1 digests, and the interpretation of their replies.
+//!
+//! Each script is one atomic server-side operation implementing one method of
+//! [`RedisNode`](redlease::RedisNode) exactly. They are public so that a node for another client can reuse them
+//! verbatim (send `EVALSHA` with [`Script::sha1`], and on a `NOSCRIPT` reply send `EVAL` with
+//! [`Script::source`] once).
+//!
+//! # Design rules
+//!
+//! - **No shebang.** A script without `#!lua flags=...` is admitted under `maxmemory` pressure; only its
+//!   memory-growing commands (`SET`, `INCR`) are refused with `OOM`. So release (`DEL`) and extend
+//!   (`PEXPIRE`) keep working while the server is out of memory, and acquire fails cleanly.
+//! - **Validate before the first write.** Every check that can fail (wrong key type, a fence counter that is not
+//!   a non-negative integer or is exhausted) runs before any write, so an error reply never leaves a partial
+//!   effect. An error reply therefore always means "not applied".
+//! - **Keys in `KEYS`.** Both keys of the fenced acquire are declared, so Redis Cluster can route the script and
+//!   check that they share a slot.
+//! - **Exact fence numbers.** Lua numbers are doubles; the fence is returned as a bulk string read with `GET`,
+//!   so values above 2^53 survive.
+
+use std::time::Duration;
+
+use redlease::{KeyState, NodeError, NodeErrorKind};
+
+/// One of redlease's Lua scripts: its name (for messages), body and SHA-1 digest (as `SCRIPT LOAD` answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Script {
+    /// A short name used in error messages (`"acquire"`, `"release"`, …).
+    pub name: &'static str,
+    /// The Lua source, sent with `EVAL` after a `NOSCRIPT` reply.
+    pub source: &'static str,
+    /// The lowercase hex SHA-1 of [`source`](Self::source), sent with `EVALSHA`.
+    pub sha1: &'static str,
+}
+
+/// `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 when the lock is (now) ours, 0 when held by
+/// another value. A lock key of another type is a `WRONGTYPE` error (nothing written).
+pub const ACQUIRE: Script = Script {
+    name: "acquire",
+    source: r#"local cur = redis.call('GET', KEYS[1])
+if cur == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"#,
+    sha1: "a59ab7466326a677250f0894a7507450fecc1945",
+};
+
+/// `KEYS[1]` lock, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]` TTL in ms.
+///
+/// Returns the fence (a bulk string holding a decimal integer) when the lock is (now) ours, nil when it is held
+/// by another value. Error replies, all before any write: `WRONGTYPE` when either key has another type or the
+/// fence does not hold a non-negative decimal integer; `ERR` when the counter is exhausted (2^63-1) or when the
+/// lock holds our token but the fence key has disappeared (the issued number can no longer be confirmed).
+pub const ACQUIRE_FENCED: Script = Script {
+    name: "acquire_fenced",
+    source: r#"local fence = redis.call('GET', KEYS[2])
+if fence ~= false then
+  if fence ~= '0' and not string.find(fence, '^[1-9][0-9]*$') then
+    return redis.error_reply('WRONGTYPE fence key does not hold a non-negative integer')
+  end
+  if #fence > 19 or (#fence == 19 and fence >= '9223372036854775807') then
+    return redis.error_reply('ERR fence counter exhausted')
+  end
+end
+local cur = redis.call('GET', KEYS[1])
+if cur == false then
+  redis.call('INCR', KEYS[2])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return redis.call('GET', KEYS[2])
+end
+if cur == ARGV[1] then
+  if fence == false then
+    return redis.error_reply('ERR fence key missing while the lock holds this token')
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return fence
+end
+return false
+"#,
+    sha1: "697841cacb7f89dba69a3e2767067af6a315fc66",
+};
+
+/// Compare-and-delete. `KEYS[1]` lock, `ARGV[1]` token. Returns 1 if deleted, 0 otherwise (absent, another
+/// value, or a key of another type: never touched).
+pub const RELEASE: Script = Script {
+    name: "release",
+    source: r#"local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'string' and cur == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"#,
+    sha1: "ed91e7f6ae83acbb700682930faa2f1dcf9ebb93",
+};
+
+/// Compare-and-pexpire. `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 if the TTL was set, 0
+/// otherwise. Never creates a key.
+pub const EXTEND: Script = Script {
+    name: "extend",
+    source: r#"local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'string' and cur == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"#,
+    sha1: "0ef12642cb0b754794a4e6c36be8d1522a74ed30",
+};
+
+/// Reads value and TTL in one step. `KEYS[1]` key. Returns nil when absent, else `[value, pttl_ms]` (`pttl` is
+/// -1 for a key without expiry).
+pub const INSPECT: Script = Script {
+    name: "inspect",
+    source: r#"local cur = redis.call('GET', KEYS[1])
+if cur == false then
+  return false
+end
+return {cur, redis.call('PTTL', KEYS[1])}
+"#,
+    sha1: "0ac8a5fb3e6b7ce51bb8fdd38f52ff2920045c78",
+};
+
+/// All scripts, for loading or checking digests.
+pub const ALL: [Script; 5] = [ACQUIRE, ACQUIRE_FENCED, RELEASE, EXTEND, INSPECT];
+
+/// A client-neutral view of a script reply, built by each adapter from its client's value type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Nil,
+    Int(i64),
+    Bytes(Vec<u8>),
+    Array(Vec<Reply>),
+    /// Any other RESP type, by name.
+    Other(&'static str),
+}
+
+fn unexpected(script: &Script, reply: &Reply) -> NodeError {
+    // The reply of a script that ran: the command may have taken effect.
+    let shape = match reply {
+        Reply::Nil => "nil",
+        Reply::Int(_) => "an integer",
+        Reply::Bytes(_) => "a string",
+        Reply::Array(_) => "an array",
+        Reply::Other(name) => name,
+    };
+    NodeError::ambiguous(
+        NodeErrorKind::Protocol,
+        format!("unexpected reply to the {} script: {shape}", script.name),
+    )
+}
+
+fn parse_int(script: &Script, reply: &Reply) -> Result<i64, NodeError> {
+    match reply {
+        Reply::Int(n) => Ok(*n),
+        Reply::Bytes(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| unexpected(script, reply)),
+        _ => Err(unexpected(script, reply)),
+    }
+}
+
+/// Replies 1 / 0 of acquire, release and extend.
+pub(crate) fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeError> {
+    match parse_int(script, &reply)? {
+        1 => Ok(true),
+        0 => Ok(false),
+        _ => Err(unexpected(script, &reply)),
+    }
+}
+
+/// The fence string or nil of acquire_fenced.
+pub(crate) fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
+    let script = &ACQUIRE_FENCED;
+    match &reply {
+        Reply::Nil => Ok(None),
+        Reply::Bytes(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|n| *n >= 1)
+            .map(Some)
+            .ok_or_else(|| unexpected(script, &reply)),
+        Reply::Int(n) if *n >= 1 => Ok(Some(n.unsigned_abs())),
+        _ => Err(unexpected(script, &reply)),
+    }
+}
+
+/// The nil or `[value, pttl]` of inspect.
+pub(crate) fn parse_inspect(reply: Reply) -> Result<Option<KeyState>, NodeError> {
+    let script = &INSPECT;
+    match reply {
+        Reply::Nil => Ok(None),
+        Reply::Array(items) => match <[Reply; 2]>::try_from(items) {
+            Ok([Reply::Bytes(value), pttl]) => {
+                let ms = parse_int(script, &pttl)?;
+                let ttl = match ms {
+                    // -1: no expiry. (-2, key absent, cannot happen after GET found it.)
+                    -1 => None,
+                    ms if ms >= 0 => Some(Duration::from_millis(ms.unsigned_abs())),
+                    _ => return Err(unexpected(script, &pttl)),
+                };
+                Ok(Some(KeyState::new(value, ttl)))
+            }
+            Ok(other) => Err(unexpected(script, &Reply::Array(other.into()))),
+            Err(items) => Err(unexpected(script, &Reply::Array(items))),
+        },
+        other => Err(unexpected(script, &other)),
+    }
+}
+
+/// The kind of a Redis error reply, from its first token (`NOSCRIPT No matching script…` → `NoScript`).
+pub(crate) fn server_error_kind(code: &str) -> NodeErrorKind {
+    match code {
+        "NOSCRIPT" => NodeErrorKind::NoScript,
+        "OOM" => NodeErrorKind::OutOfMemory,
+        "READONLY" => NodeErrorKind::ReadOnly,
+        "NOPERM" | "NOAUTH" | "WRONGPASS" => NodeErrorKind::Auth,
+        "CROSSSLOT" => NodeErrorKind::CrossSlot,
+        "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK" => NodeErrorKind::Cluster,
+        "BUSY" | "LOADING" | "MASTERDOWN" => NodeErrorKind::Busy,
+        "WRONGTYPE" => NodeErrorKind::WrongType,
+        _ => NodeErrorKind::Other,
+    }
+}
+
+/// Whether `token` looks like a Redis error code: an uppercase ASCII word (`ERR`, `NOSCRIPT`, `WRONGPASS`).
+pub(crate) fn looks_like_error_code(token: &str) -> bool {
+    token.len() >= 2 && token.bytes().all(|b| b.is_ascii_uppercase())
+}
+
+/// A definite (not applied) error for a Redis error reply `line` (`CODE detail…`) to `script`.
+///
+/// Error replies never echo arguments, so the line carries no token; it is bounded in length anyway.
+pub(crate) fn server_error(script: &Script, line: &str) -> NodeError {
+    let code = line.split_whitespace().next().unwrap_or("");
+    let mut shown: String = line.chars().take(200).collect();
+    if shown.len() < line.len() {
+        shown.push('…');
+    }
+    NodeError::not_applied(
+        server_error_kind(code),
+        format!("the {} script was refused: {shown}", script.name),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_match_the_script_bodies() {
+        for script in ALL {
+            assert_eq!(
+                sha1_smol::Sha1::from(script.source).digest().to_string(),
+                script.sha1,
+                "SHA-1 constant of the {} script",
+                script.name
+            );
+        }
+    }
+
+    #[test]
+    fn scripts_have_no_shebang() {
+        for script in ALL {
+            assert!(!script.source.starts_with("#!"), "{}", script.name);
+        }
+    }
+
+    #[test]
+    fn server_errors_are_classified_by_their_first_token() {
+        let cases = [
+            ("NOSCRIPT No matching script", NodeErrorKind::NoScript),
+            ("OOM command not allowed", NodeErrorKind::OutOfMemory),
+            ("READONLY You can't write", NodeErrorKind::ReadOnly),
+            ("NOPERM this user has no permissions", NodeErrorKind::Auth),
+            ("NOAUTH Authentication required.", NodeErrorKind::Auth),
+            (
+                "WRONGPASS invalid username-password pair",
+                NodeErrorKind::Auth,
+            ),
+            ("CROSSSLOT Keys in request", NodeErrorKind::CrossSlot),
+            ("TRYAGAIN Multiple keys", NodeErrorKind::Cluster),
+            ("CLUSTERDOWN The cluster is down", NodeErrorKind::Cluster),
+            ("MOVED 3999 127.0.0.1:6381", NodeErrorKind::Cluster),
+            ("ASK 3999 127.0.0.1:6381", NodeErrorKind::Cluster),
+            ("BUSY Redis is busy running a script", NodeErrorKind::Busy),
+            ("LOADING Redis is loading", NodeErrorKind::Busy),
+            ("MASTERDOWN Link with MASTER is down", NodeErrorKind::Busy),
+            (
+                "WRONGTYPE Operation against a key",
+                NodeErrorKind::WrongType,
+            ),
+            ("ERR unknown command", NodeErrorKind::Other),
+        ];
+        for (line, kind) in cases {
+            let err = server_error(&ACQUIRE, line);
+            assert_eq!(err.kind(), kind, "{line}");
+            assert!(!err.is_ambiguous(), "{line}");
+        }
+    }
+
+    #[test]
+    fn long_error_lines_are_truncated() {
+        let line = format!("ERR {}", "x".repeat(1000));
+        let err = server_error(&RELEASE, &line);
+        assert!(err.message().len() < 300);
+    }
+
+    #[test]
+    fn flags_parse_integers_and_reject_other_shapes() {
+        assert!(parse_flag(&ACQUIRE, Reply::Int(1)).unwrap());
+        assert!(!parse_flag(&ACQUIRE, Reply::Int(0)).unwrap());
+        let err = parse_flag(&ACQUIRE, Reply::Int(2)).unwrap_err();
+        assert!(err.is_ambiguous());
+        assert_eq!(err.kind(), NodeErrorKind::Protocol);
+        assert!(parse_flag(&ACQUIRE, Reply::Nil).is_err());
+    }
+
+    #[test]
+    fn fences_parse_exactly_above_two_to_the_53() {
+        let big = (1u64 << 62) + 1;
+        assert_eq!(
+            parse_fence(Reply::Bytes(big.to_string().into_bytes())).unwrap(),
+            Some(big)
+        );
+        assert_eq!(parse_fence(Reply::Nil).unwrap(), None);
+        assert_eq!(parse_fence(Reply::Int(7)).unwrap(), Some(7));
+        assert!(parse_fence(Reply::Bytes(b"0".to_vec())).is_err());
+        assert!(parse_fence(Reply::Bytes(b"-3".to_vec())).is_err());
+        assert!(parse_fence(Reply::Int(0)).is_err());
+    }
+
+    #[test]
+    fn inspect_parses_value_and_ttl() {
+        let state = parse_inspect(Reply::Array(vec![
+            Reply::Bytes(b"abc".to_vec()),
+            Reply::Int(1500),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(state.value, b"abc");
+        assert_eq!(state.ttl, Some(Duration::from_millis(1500)));
+        let persistent = parse_inspect(Reply::Array(vec![
+            Reply::Bytes(b"v".to_vec()),
+            Reply::Int(-1),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(persistent.ttl, None);
+        assert_eq!(parse_inspect(Reply::Nil).unwrap(), None);
+        assert!(parse_inspect(Reply::Array(vec![Reply::Int(1)])).is_err());
+        assert!(parse_inspect(Reply::Int(1)).is_err());
+    }
+
+    #[test]
+    fn error_codes_are_uppercase_words() {
+        assert!(looks_like_error_code("NOSCRIPT"));
+        assert!(looks_like_error_code("ERR"));
+        assert!(!looks_like_error_code("Connection"));
+        assert!(!looks_like_error_code("E"));
+        assert!(!looks_like_error_code("Too"));
+    }
+}
