@@ -147,7 +147,7 @@ pub enum Error {
         reason: NotAcquiredReason,
         /// Node failures of the last attempt, if any.
         #[source]
-        last_error: Option<QuorumError>,
+        last_error: Option<Box<QuorumError>>,
     },
 
     /// The lease is no longer held.
@@ -159,17 +159,23 @@ pub enum Error {
         reason: LossReason,
         /// Node failures that led to the loss, if any.
         #[source]
-        source: Option<QuorumError>,
+        source: Option<Box<QuorumError>>,
     },
 
     /// Nodes failed so that the outcome of an operation is unknown (e.g. a release that reached too few nodes
     /// to say whether the lease was still held).
     #[error(transparent)]
-    Quorum(#[from] QuorumError),
+    Quorum(Box<QuorumError>),
 
     /// An ownership token could not be generated.
     #[error(transparent)]
     Token(#[from] TokenError),
+}
+
+impl From<QuorumError> for Error {
+    fn from(e: QuorumError) -> Self {
+        Error::Quorum(Box::new(e))
+    }
 }
 
 impl Error {
@@ -187,5 +193,29 @@ impl Error {
     /// `true` for [`Error::Lost`].
     pub fn is_lost(&self) -> bool {
         matches!(self, Error::Lost { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_stay_small_enough_to_return_by_value() {
+        assert!(std::mem::size_of::<Error>() <= 72, "{}", std::mem::size_of::<Error>());
+    }
+
+    #[test]
+    fn quorum_error_names_counts_and_first_node() {
+        let e = QuorumError::new(
+            Operation::Extend,
+            1,
+            2,
+            vec![(2, NodeError::timed_out(std::time::Duration::from_millis(5)))],
+        );
+        let text = e.to_string();
+        assert!(text.starts_with("extend reached 1 of 2 required nodes; 1 node(s) failed (node 2: timeout"), "{text}");
+        assert!(e.any_ambiguous());
+        assert!(std::error::Error::source(&e).is_some());
     }
 }

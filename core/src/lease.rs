@@ -83,6 +83,18 @@ pub(crate) struct Shared {
     state: Mutex<State>,
 }
 
+/// What a successful acquisition hands to its lease.
+pub(crate) struct Grant {
+    pub(crate) key: String,
+    pub(crate) token: Token,
+    pub(crate) ttl: Ttl,
+    pub(crate) op_timeout: Duration,
+    pub(crate) fence: Option<u64>,
+    pub(crate) renew_interval: Option<Duration>,
+    pub(crate) round_started: Instant,
+    pub(crate) valid_until: Instant,
+}
+
 /// How one extension round ended.
 enum Extension {
     Extended {
@@ -94,28 +106,18 @@ enum Extension {
 }
 
 impl Shared {
-    pub(crate) fn new(
-        engine: Arc<Engine>,
-        key: String,
-        token: Token,
-        ttl: Ttl,
-        op_timeout: Duration,
-        fence: Option<u64>,
-        renew_interval: Option<Duration>,
-        round_started: Instant,
-        valid_until: Instant,
-    ) -> Self {
+    pub(crate) fn new(engine: Arc<Engine>, grant: Grant) -> Self {
         Self {
             engine,
-            key,
-            token,
-            ttl,
-            op_timeout,
-            fence,
-            renew_interval,
+            key: grant.key,
+            token: grant.token,
+            ttl: grant.ttl,
+            op_timeout: grant.op_timeout,
+            fence: grant.fence,
+            renew_interval: grant.renew_interval,
             state: Mutex::new(State {
-                valid_until,
-                round_started,
+                valid_until: grant.valid_until,
+                round_started: grant.round_started,
                 lost: None,
                 at_risk: false,
                 ended: false,
@@ -168,7 +170,7 @@ impl Shared {
         Error::Lost {
             key: self.key.clone(),
             reason,
-            source,
+            source: source.map(Box::new),
         }
     }
 
@@ -567,12 +569,13 @@ impl Lease {
         } else if r.tally.no() > n - engine.quorum() {
             Err(shared.lost_error(LossReason::NotHeld, None))
         } else {
-            Err(Error::Quorum(QuorumError::new(
+            Err(QuorumError::new(
                 Operation::Release,
                 r.tally.yes(),
                 r.tally.required(),
                 r.tally.errors(),
-            )))
+            )
+            .into())
         }
     }
 

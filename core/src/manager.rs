@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::config::{Config, ConfigError};
 use crate::driver::{Engine, Mode, Spawn};
 use crate::error::{Error, NotAcquiredReason, Operation, QuorumError};
-use crate::lease::{CleanupOnDrop, Lease, Shared};
+use crate::lease::{CleanupOnDrop, Grant, Lease, Shared};
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{Backoff, Jitter, Verdict};
 use crate::node::{RedisNode, Ttl};
@@ -420,12 +420,12 @@ impl Lock {
                 guard.disarm();
                 let errors = r.tally.errors();
                 let last_error = (!errors.is_empty()).then(|| {
-                    QuorumError::new(
+                    Box::new(QuorumError::new(
                         Operation::Acquire,
                         r.tally.yes(),
                         r.tally.required(),
                         errors,
-                    )
+                    ))
                 });
                 return Err(Error::NotAcquired {
                     key: self.key.clone(),
@@ -448,14 +448,16 @@ impl Lock {
     ) -> Lease {
         let shared = Arc::new(Shared::new(
             Arc::clone(&self.engine),
-            self.key.clone(),
-            token,
-            plan.ttl,
-            plan.op_timeout,
-            fence,
-            self.auto_renew,
-            started,
-            valid_until,
+            Grant {
+                key: self.key.clone(),
+                token,
+                ttl: plan.ttl,
+                op_timeout: plan.op_timeout,
+                fence,
+                renew_interval: self.auto_renew,
+                round_started: started,
+                valid_until,
+            },
         ));
         if let (Some(interval), Some(spawner)) = (self.auto_renew, &self.engine.spawner) {
             if shared.claim_renewal() {

@@ -1,4 +1,4 @@
-//! Test doubles for [redlease](redlease): make lock logic testable deterministically.
+//! Test doubles for [`redlease`]: make lock logic testable deterministically.
 //!
 //! - [`MemoryNode`]: an in-memory node with Redis semantics for redlease's operations, on any clock.
 //! - [`FaultyNode`] and [`Faults`]: latency, failures, hangs, lost replies and partitions around any node,
