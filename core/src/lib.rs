@@ -61,3 +61,8 @@ pub use manager::{Lock, LockManager};
 pub use node::{Applied, KeyState, NodeError, NodeErrorKind, RedisNode, Ttl};
 pub use time::{Sleep, SystemTimer, Timer};
 pub use token::{TOKEN_BYTES, Token, TokenError};
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

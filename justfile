@@ -1,0 +1,31 @@
+# Recipes mirror .ci/run step by step.
+
+default: ci
+
+# Everything CI runs, in the same order.
+ci:
+    .ci/run
+
+fmt:
+    cargo fmt --all -- --check
+
+lint:
+    cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+# The README's test command.
+test:
+    cargo test --workspace --all-features
+
+# Live tests require a redis-server binary; this fails instead of skipping when it is missing.
+test-live:
+    REDLEASE_REQUIRE_REDIS=1 cargo test --workspace --all-features
+
+docs:
+    RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
+
+# The core must not depend on a Redis client or an async runtime.
+deps:
+    ! cargo tree -p redlease -e normal --prefix none | grep -E '^(tokio|redis|fred|async-std|smol) '
+
+demo:
+    cargo run -p redlease-demo
