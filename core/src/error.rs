@@ -202,7 +202,11 @@ mod tests {
 
     #[test]
     fn errors_stay_small_enough_to_return_by_value() {
-        assert!(std::mem::size_of::<Error>() <= 72, "{}", std::mem::size_of::<Error>());
+        assert!(
+            std::mem::size_of::<Error>() <= 72,
+            "{}",
+            std::mem::size_of::<Error>()
+        );
     }
 
     #[test]
@@ -214,7 +218,12 @@ mod tests {
             vec![(2, NodeError::timed_out(std::time::Duration::from_millis(5)))],
         );
         let text = e.to_string();
-        assert!(text.starts_with("extend reached 1 of 2 required nodes; 1 node(s) failed (node 2: timeout"), "{text}");
+        assert!(
+            text.starts_with(
+                "extend reached 1 of 2 required nodes; 1 node(s) failed (node 2: timeout"
+            ),
+            "{text}"
+        );
         assert!(e.any_ambiguous());
         assert!(std::error::Error::source(&e).is_some());
     }

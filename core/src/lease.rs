@@ -713,15 +713,22 @@ impl Future for LossSignal {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<LossReason> {
         let this = &mut *self;
         loop {
+            let now = this.shared.now();
             let deadline = {
-                let now = this.shared.now();
-                match this.shared.current(now) {
-                    Err(reason) => return Poll::Ready(reason),
-                    Ok(deadline) => {
-                        this.shared.lock().register(this.id, cx.waker());
-                        deadline
-                    }
+                // Check and register under one lock, so a loss marked in between cannot be missed.
+                let mut st = this.shared.lock();
+                if let Some(reason) = st.lost {
+                    return Poll::Ready(reason);
                 }
+                if st.ended {
+                    return Poll::Ready(LossReason::Released);
+                }
+                if now >= st.valid_until {
+                    drop(st);
+                    return Poll::Ready(this.shared.mark_lost(LossReason::Expired));
+                }
+                st.register(this.id, cx.waker());
+                st.valid_until
             };
             let sleep = match &mut this.sleep {
                 Some((at, sleep)) if *at == deadline => sleep,
