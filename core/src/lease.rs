@@ -186,7 +186,7 @@ impl Shared {
     /// Waits until no other extension of this lease is in flight, then claims the right to extend.
     async fn extend_permit(self: &Arc<Self>) -> ExtendPermit {
         let id = waiter_id();
-        let mut registered = Deregister { shared: self, id };
+        let registered = Deregister { shared: self, id };
         std::future::poll_fn(|cx| {
             let mut st = registered.shared.lock();
             if st.extending {
@@ -198,7 +198,7 @@ impl Shared {
             }
         })
         .await;
-        registered.id = 0;
+        drop(registered);
         ExtendPermit {
             shared: Arc::clone(self),
         }
@@ -369,9 +369,7 @@ struct Deregister<'a> {
 
 impl Drop for Deregister<'_> {
     fn drop(&mut self) {
-        if self.id != 0 {
-            self.shared.lock().deregister(self.id);
-        }
+        self.shared.lock().deregister(self.id);
     }
 }
 
