@@ -15,7 +15,7 @@ fn every_occupancy_mask_succeeds_iff_free_nodes_reach_quorum() {
                 c.nodes[i].set("job", FOREIGN, Some(secs(60)));
             }
             let lock = c.manager.lock("job");
-            let result = c.sim.block_on(async move { lock.try_acquire().await });
+            let result = c.try_acquire(&lock);
             let free = n - occupied.len();
             let quorum = n / 2 + 1;
             match result {

@@ -65,43 +65,46 @@ async fn client(
     }
 }
 
+/// Runs `clients` clients against `n` faulty nodes for `horizon` of virtual time and returns their history.
+fn simulate(seed: u64, n: usize, clients: u64, horizon: Duration) -> History {
+    let config = config()
+        .expiry(secs(2))
+        .retry_delay(ms(50))
+        .jitter_seed(seed);
+    let mut c = Cluster::new(n, seed, config);
+    for (i, f) in c.faults.iter().enumerate() {
+        f.random(RandomFaults::new(seed * 7 + i as u64, 0.05, 0.02, 0.05, ms(30)).slow_reply(0.02));
+    }
+    let history = History::new();
+    let mut lock = c.manager.lock("resource");
+    if n == 1 {
+        lock = lock.fenced("resource:fence");
+    }
+    for id in 0..clients {
+        let rng = c.sim.rng();
+        c.sim.spawn(client(
+            id,
+            lock.clone(),
+            history.clone(),
+            c.clock.clone(),
+            rng,
+            horizon,
+        ));
+    }
+    assert!(
+        c.sim.run_until_idle(secs(120)),
+        "seed {seed}: clients did not finish"
+    );
+    history
+}
+
 #[test]
 fn history_checker_finds_no_overlap_over_500_seeds_with_random_faults() {
     let mut total = 0;
     for_each_seed(0..500, |seed| {
-        let mut rng = Jitter::from_seed(seed);
         let n = [1usize, 3, 5][(seed % 3) as usize];
-        let config = config()
-            .expiry(secs(2))
-            .retry_delay(ms(50))
-            .jitter_seed(seed);
-        let mut c = Cluster::new(n, seed, config);
-        for (i, f) in c.faults.iter().enumerate() {
-            f.random(
-                RandomFaults::new(seed * 7 + i as u64, 0.05, 0.02, 0.05, ms(30)).slow_reply(0.02),
-            );
-        }
-        let history = History::new();
-        let mut lock = c.manager.lock("resource");
-        if n == 1 {
-            lock = lock.fenced("resource:fence");
-        }
-        let clients = 2 + rng.next_u64() % 4;
-        for id in 0..clients {
-            let rng = c.sim.rng();
-            c.sim.spawn(client(
-                id,
-                lock.clone(),
-                history.clone(),
-                c.clock.clone(),
-                rng,
-                secs(30),
-            ));
-        }
-        assert!(
-            c.sim.run_until_idle(secs(120)),
-            "seed {seed}: clients did not finish"
-        );
+        let clients = 2 + Jitter::from_seed(seed).next_u64() % 4;
+        let history = simulate(seed, n, clients, secs(30));
         if let Err(v) = history.check() {
             let events = history.events();
             let tail: Vec<_> = events.iter().rev().take(12).collect();
@@ -145,34 +148,7 @@ fn history_checker_catches_an_unsafe_lock() {
 
 /// One seed's history, with instants made relative to the first event so two runs can be compared.
 fn replay(seed: u64) -> Vec<String> {
-    let config = config()
-        .expiry(secs(2))
-        .retry_delay(ms(50))
-        .jitter_seed(seed);
-    let mut c = Cluster::new(3, seed, config);
-    for (i, f) in c.faults.iter().enumerate() {
-        f.random(RandomFaults::new(
-            seed * 7 + i as u64,
-            0.05,
-            0.02,
-            0.05,
-            ms(30),
-        ));
-    }
-    let history = History::new();
-    let lock = c.manager.lock("resource");
-    for id in 0..4 {
-        let rng = c.sim.rng();
-        c.sim.spawn(client(
-            id,
-            lock.clone(),
-            history.clone(),
-            c.clock.clone(),
-            rng,
-            secs(20),
-        ));
-    }
-    assert!(c.sim.run_until_idle(secs(120)));
+    let history = simulate(seed, 3, 4, secs(20));
     let events = history.events();
     let origin = events.iter().map(|e| e.at).min().unwrap();
     let rel = |t: std::time::Instant| t.saturating_duration_since(origin);

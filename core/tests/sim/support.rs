@@ -60,6 +60,15 @@ impl Cluster {
         }
     }
 
+    /// One acquisition attempt of `lock`, run to completion on the simulation.
+    pub(crate) fn try_acquire(
+        &mut self,
+        lock: &redlease::Lock,
+    ) -> Result<redlease::Lease, redlease::Error> {
+        let lock = lock.clone();
+        self.sim.block_on(async move { lock.try_acquire().await })
+    }
+
     pub(crate) fn now(&self) -> std::time::Instant {
         self.clock.now()
     }
