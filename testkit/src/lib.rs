@@ -6,10 +6,12 @@
 //! - [`Sim`] and [`VirtualClock`]: a deterministic executor on virtual time; a 30-second lease lifecycle
 //!   runs in microseconds and a failing seed prints how to replay it.
 //! - [`History`]: records what lease holders believed and checks that no two overlapped.
+//! - [`proxy::FaultProxy`]: a TCP proxy that delays, blackholes, resets or drops replies, for live tests.
 //! - [`conformance`]: the contract suite any [`RedisNode`](redlease::RedisNode) can run in one call.
 #![forbid(unsafe_code)]
 
 pub mod conformance;
+pub mod proxy;
 mod fault;
 mod history;
 mod memory;

@@ -1,0 +1,267 @@
+//! A TCP fault proxy for live tests: put it between a client and a `redis-server` and break the link on
+//! purpose while the test runs.
+//!
+//! Modes ([`ProxyMode`]) switch instantly for every open and future connection: forward normally, add
+//! latency, blackhole (accept and never answer), or forward requests but drop the replies (the command runs,
+//! the client never learns it). [`FaultProxy::reset`] closes every open connection. Loopback only; plain
+//! std threads, so it works under any test runtime.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How the proxy treats traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ProxyMode {
+    /// Pass bytes through both ways.
+    Forward,
+    /// Hold every chunk of requests and replies this long before passing it on.
+    Latency(Duration),
+    /// Swallow requests and never answer (the server never sees them).
+    Blackhole,
+    /// Forward requests to the server but throw its replies away (applied, reply lost).
+    DropReplies,
+}
+
+struct Shared {
+    mode: Mutex<ProxyMode>,
+    streams: Mutex<Vec<TcpStream>>,
+    stop: AtomicBool,
+    accepted: AtomicU64,
+}
+
+impl Shared {
+    fn mode(&self) -> ProxyMode {
+        *self.mode.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn streams(&self) -> MutexGuard<'_, Vec<TcpStream>> {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running proxy from a free loopback port to `upstream`. Stops (closing every connection) on drop.
+pub struct FaultProxy {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for FaultProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultProxy")
+            .field("addr", &self.addr)
+            .field("upstream", &self.upstream)
+            .field("mode", &self.shared.mode())
+            .finish()
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy on `127.0.0.1:<free port>` forwarding to `upstream`.
+    ///
+    /// # Errors
+    /// When no loopback port can be bound.
+    pub fn start(upstream: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0))?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            mode: Mutex::new(ProxyMode::Forward),
+            streams: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            accepted: AtomicU64::new(0),
+        });
+        let acceptor = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("redlease-proxy-accept".into())
+                .spawn(move || accept_loop(listener, upstream, shared))?
+        };
+        Ok(Self {
+            addr,
+            upstream,
+            shared,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    /// The address clients should connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `redis://127.0.0.1:<port>` for the proxy's address.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// Switches every open and future connection to `mode`.
+    pub fn set_mode(&self, mode: ProxyMode) {
+        *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> ProxyMode {
+        self.shared.mode()
+    }
+
+    /// Closes every open connection (client and server side). New connections are still accepted.
+    pub fn reset(&self) {
+        for s in self.shared.streams().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.reset();
+        // Wake the acceptor so it notices the stop flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        if let Some(handle) = self.acceptor.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>) {
+    for client in listener.incoming() {
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(client) = client else { continue };
+        shared.accepted.fetch_add(1, Ordering::Relaxed);
+        let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(2)) else {
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        };
+        let _ = client.set_nodelay(true);
+        let _ = server.set_nodelay(true);
+        let clones = (
+            client.try_clone(),
+            server.try_clone(),
+            client.try_clone(),
+            server.try_clone(),
+        );
+        let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = clones else { continue };
+        shared.streams().extend([c3, s3]);
+        let up = Arc::clone(&shared);
+        let down = Arc::clone(&shared);
+        let _ = std::thread::Builder::new()
+            .name("redlease-proxy-up".into())
+            .spawn(move || pump(client, server, &up, Direction::Request));
+        let _ = std::thread::Builder::new()
+            .name("redlease-proxy-down".into())
+            .spawn(move || pump(s2, c2, &down, Direction::Reply));
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Request,
+    Reply,
+}
+
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, direction: Direction) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        match (shared.mode(), direction) {
+            (ProxyMode::Forward, _) => {}
+            (ProxyMode::Latency(d), _) => std::thread::sleep(d),
+            (ProxyMode::Blackhole, Direction::Request) => continue,
+            (ProxyMode::Blackhole, Direction::Reply) => continue,
+            (ProxyMode::DropReplies, Direction::Reply) => continue,
+            (ProxyMode::DropReplies, Direction::Request) => {}
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Both);
+    let _ = from.shutdown(Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server standing in for Redis.
+    fn echo() -> SocketAddr {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = stream.read(&mut buf) {
+                        if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn roundtrip(stream: &mut TcpStream, msg: &[u8]) -> std::io::Result<Vec<u8>> {
+        stream.write_all(msg)?;
+        let mut buf = vec![0u8; msg.len()];
+        stream.read_exact(&mut buf)?;
+        Ok(buf)
+    }
+
+    #[test]
+    fn modes_switch_while_connected() {
+        let proxy = FaultProxy::start(echo()).unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        assert_eq!(roundtrip(&mut c, b"ping").unwrap(), b"ping");
+
+        proxy.set_mode(ProxyMode::Latency(Duration::from_millis(50)));
+        let t = std::time::Instant::now();
+        assert_eq!(roundtrip(&mut c, b"slow").unwrap(), b"slow");
+        assert!(t.elapsed() >= Duration::from_millis(100), "latency both ways");
+
+        proxy.set_mode(ProxyMode::Blackhole);
+        assert!(roundtrip(&mut c, b"void").is_err(), "no answer while blackholed");
+
+        proxy.set_mode(ProxyMode::DropReplies);
+        assert!(roundtrip(&mut c, b"lost").is_err(), "the reply is dropped");
+
+        proxy.set_mode(ProxyMode::Forward);
+        let mut fresh = TcpStream::connect(proxy.addr()).unwrap();
+        fresh.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        assert_eq!(roundtrip(&mut fresh, b"back").unwrap(), b"back");
+        assert_eq!(proxy.accepted(), 2);
+    }
+
+    #[test]
+    fn reset_closes_open_connections() {
+        let proxy = FaultProxy::start(echo()).unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        assert_eq!(roundtrip(&mut c, b"x").unwrap(), b"x");
+        proxy.reset();
+        let mut buf = [0u8; 1];
+        let closed = matches!(c.read(&mut buf), Ok(0) | Err(_));
+        assert!(closed, "the connection was closed by the proxy");
+    }
+}
