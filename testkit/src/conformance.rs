@@ -53,6 +53,7 @@ pub const CASES: &[&str] = &[
     "fenced_contention_changes_nothing",
     "fenced_own_token_retry_reuses_the_fence",
     "fenced_bad_counter_fails_before_writing",
+    "fenced_own_token_without_counter_fails",
     "ttl_edges",
     "unusual_key_names",
 ];
@@ -343,6 +344,21 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 }
             }
             c.expect_absent(&k).await
+        }
+        "fenced_own_token_without_counter_fails" => {
+            let (k, f, t) = (c.key("lock"), c.key("fence"), token()?);
+            // The lock holds our token but no fence was ever issued for it: the number cannot be confirmed.
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            match node.acquire_fenced(&k, &f, &t, ttl(LONG * 2)).await {
+                Err(e) => c.ensure(!e.is_ambiguous(), || {
+                    format!("expected a definite error, got {e}")
+                })?,
+                Ok(v) => return Err(c.fail(format!("returned {v:?} without a fence counter"))),
+            }
+            c.ensure(c.fence_value(&f).await?.is_none(), || {
+                "the failed call created a fence".into()
+            })?;
+            c.expect_held(&k, &t, long, SLACK).await
         }
         "ttl_edges" => {
             let (k, t) = (c.key("short"), token()?);

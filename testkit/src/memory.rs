@@ -187,39 +187,50 @@ impl RedisNode for MemoryNode {
     ) -> Result<Option<u64>, NodeError> {
         let now = self.now();
         let mut store = self.lock();
-        // Validate the fence counter before any write, as the Lua script does.
+        // Validate everything before any write, as the Lua script does: an error never leaves a lock behind.
         let fence = match store.live(fence_key, now) {
-            None => 0,
-            Some(entry) => std::str::from_utf8(&entry.value)
-                .ok()
-                .and_then(|s| s.parse::<i64>().ok())
-                .filter(|v| *v >= 0)
-                .ok_or_else(|| {
-                    NodeError::not_applied(
-                        NodeErrorKind::WrongType,
-                        "the fence key does not hold a non-negative integer",
-                    )
-                })? as u64,
+            None => None,
+            Some(entry) => Some(
+                std::str::from_utf8(&entry.value)
+                    .ok()
+                    .filter(|s| {
+                        *s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit()))
+                    })
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        NodeError::not_applied(
+                            NodeErrorKind::WrongType,
+                            "the fence key does not hold a non-negative integer",
+                        )
+                    })?,
+            ),
         };
+        if fence.is_some_and(|f| f >= i64::MAX as u64) {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "the fence counter is exhausted",
+            ));
+        }
         match store.live(key, now) {
             Some(entry) if token.matches(&entry.value) => {
+                let Some(fence) = fence else {
+                    return Err(NodeError::not_applied(
+                        NodeErrorKind::Other,
+                        "the fence key is missing while the lock holds this token",
+                    ));
+                };
                 entry.expires_at = expiry(now, ttl);
                 Ok(Some(fence))
             }
             Some(_) => Ok(None),
             None => {
-                if fence >= i64::MAX as u64 {
-                    return Err(NodeError::not_applied(
-                        NodeErrorKind::Other,
-                        "the fence counter would overflow",
-                    ));
-                }
-                let next = fence + 1;
-                let fence_entry = store.keys.entry(fence_key.to_owned()).or_insert(Entry {
+                let next = fence.unwrap_or(0) + 1;
+                // INCR keeps whatever TTL the counter has (normally none).
+                let counter = store.keys.entry(fence_key.to_owned()).or_insert(Entry {
                     value: Vec::new(),
                     expires_at: None,
                 });
-                fence_entry.value = next.to_string().into_bytes();
+                counter.value = next.to_string().into_bytes();
                 store.keys.insert(
                     key.to_owned(),
                     Entry {
