@@ -1,0 +1,160 @@
+//! Redis Cluster: fenced locks with one hash tag work; keys in different slots are refused before sending.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redlease::{LockManager, NodeErrorKind, RedisNode, SystemTimer, Token, Ttl};
+use redlease_adapters::fred::FredNode;
+use redlease_adapters::fred::fred::prelude::{
+    Builder, ClientLike, Config as FredConfig, ServerConfig,
+};
+use redlease_adapters::redis::{ClusterNode, redis};
+use redlease_adapters::slot::hash_slot;
+use redlease_testkit::server::RedisCluster;
+
+use crate::common::{self, first_node_error};
+
+async fn redis_rs_node(cluster: &RedisCluster) -> ClusterNode {
+    let client = redis::cluster::ClusterClientBuilder::new(cluster.urls())
+        .retries(0)
+        .connection_timeout(Duration::from_millis(500))
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    ClusterNode::connect(&client).await.unwrap()
+}
+
+async fn fred_node(
+    cluster: &RedisCluster,
+) -> FredNode<redlease_adapters::fred::fred::clients::Client> {
+    let config = FredConfig {
+        server: ServerConfig::new_clustered(
+            cluster
+                .nodes()
+                .iter()
+                .map(|n| ("127.0.0.1".to_owned(), n.port()))
+                .collect::<Vec<_>>(),
+        ),
+        ..FredConfig::default()
+    };
+    let client = Builder::from_config(config).build().unwrap();
+    client.init().await.unwrap();
+    FredNode::new(client)
+}
+
+/// eval + evalsha calls over all nodes.
+fn script_calls(cluster: &RedisCluster) -> u64 {
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            n.cmd(&["INFO", "commandstats"])
+                .lines()
+                .filter(|l| l.starts_with("cmdstat_eval"))
+                .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_fenced_locks_with_one_hash_tag_work_and_cross_slot_keys_fail_before_sending() {
+    let Some(cluster) = RedisCluster::start_or_skip(
+        "cluster_fenced_locks_with_one_hash_tag_work_and_cross_slot_keys_fail_before_sending",
+    ) else {
+        return;
+    };
+    // Our slot computation agrees with the server's.
+    for key in [
+        "foo",
+        "bar",
+        "orders:{42}:lock",
+        "{}x",
+        "a{b}c{d}",
+        "redlease:{tag}:fence",
+        "",
+    ] {
+        let server_slot: u16 = cluster.nodes()[0]
+            .cmd(&["CLUSTER", "KEYSLOT", key])
+            .parse()
+            .unwrap();
+        assert_eq!(hash_slot(key.as_bytes()), server_slot, "{key:?}");
+    }
+
+    let nodes: Vec<(&str, Arc<dyn RedisNode>)> = vec![
+        ("redis-rs", Arc::new(redis_rs_node(&cluster).await)),
+        ("fred", Arc::new(fred_node(&cluster).await)),
+    ];
+    let token = Token::random().unwrap();
+    let ttl = Ttl::from_millis(2000).unwrap();
+    for (name, node) in nodes {
+        let manager =
+            LockManager::single(Arc::clone(&node), common::config(Duration::from_secs(2))).unwrap();
+        let (k, f) = (
+            format!("orders:{{{name}}}:lock"),
+            format!("orders:{{{name}}}:fence"),
+        );
+        let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
+        assert_eq!(lease.fencing_token(), Some(1), "{name}");
+        assert_eq!(
+            cluster.cmd_for_key(&k, &["GET", &k]),
+            lease.token().as_str()
+        );
+        lease.extend(Duration::from_secs(2)).await.unwrap();
+        lease.release().await.unwrap();
+        let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
+        assert_eq!(lease.fencing_token(), Some(2), "{name}");
+        lease.release().await.unwrap();
+
+        // Different slots: a clear CrossSlot error naming both keys, before any command is sent.
+        let (k2, f2) = (format!("{name}:plain:lock"), format!("{name}:plain:fence"));
+        assert_ne!(hash_slot(k2.as_bytes()), hash_slot(f2.as_bytes()));
+        let before = script_calls(&cluster);
+        let node_err = node
+            .acquire_fenced(&k2, &f2, &token, ttl)
+            .await
+            .unwrap_err();
+        assert_eq!(script_calls(&cluster), before, "{name}: a command was sent");
+        assert_eq!(node_err.kind(), NodeErrorKind::CrossSlot, "{name}");
+        assert!(!node_err.is_ambiguous());
+        assert!(
+            node_err.message().contains(&k2) && node_err.message().contains(&f2),
+            "{node_err}"
+        );
+        // Through the manager: the same error, reported as a failed acquisition (not contention).
+        let err = manager
+            .lock(&k2)
+            .fenced(&f2)
+            .try_acquire()
+            .await
+            .unwrap_err();
+        assert!(!err.is_contended(), "{name}: {err}");
+        let node_err = first_node_error(&err).unwrap_or_else(|| panic!("{name}: {err}"));
+        assert_eq!(node_err.kind(), NodeErrorKind::CrossSlot, "{name}");
+        assert_eq!(cluster.cmd_for_key(&k2, &["EXISTS", &k2]), "0");
+        assert_eq!(cluster.cmd_for_key(&f2, &["EXISTS", &f2]), "0");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_nodes_pass_the_conformance_suite() {
+    let Some(cluster) = RedisCluster::start_or_skip("cluster_nodes_pass_the_conformance_suite")
+    else {
+        return;
+    };
+    let node = redis_rs_node(&cluster).await;
+    redlease_testkit::conformance::run(&node, &SystemTimer)
+        .await
+        .unwrap();
+    let node = fred_node(&cluster).await;
+    redlease_testkit::conformance::run(&node, &SystemTimer)
+        .await
+        .unwrap();
+    // Plain (unfenced) keys in any slot are routed to their node.
+    let token = Token::random().unwrap();
+    let ttl = Ttl::from_millis(1000).unwrap();
+    for key in ["a", "b", "c", "d", "e"] {
+        assert!(node.acquire(key, &token, ttl).await.unwrap());
+        assert!(node.release(key, &token).await.unwrap());
+    }
+}

@@ -1,0 +1,16 @@
+//! Live tests against temporary `redis-server` processes (see `redlease_testkit::server`).
+//!
+//! Each test starts its own servers on free loopback ports and skips with a `SKIP live test …` line when no
+//! `redis-server` is installed (fails instead with `REDLEASE_REQUIRE_REDIS=1`).
+
+// Test helpers outside `#[test]` functions (node builders, occupancy checks) must fail loudly too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod auth;
+mod cluster;
+mod common;
+mod conformance;
+mod executor;
+mod redlock;
+mod scripts;
+mod single;

@@ -1,0 +1,181 @@
+//! Redlock over 3 and 5 independent servers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlease::{ConfigError, LockManager, RedisNode};
+use redlease_adapters::redis::{MultiplexedNode, redis};
+use redlease_testkit::server::RedisServers;
+
+use crate::common::{self, Backend, config};
+
+async fn nodes(servers: &RedisServers, backend: Backend) -> Vec<Arc<dyn RedisNode>> {
+    let mut out = Vec::new();
+    for server in servers.iter() {
+        out.push(common::node(backend, &server.url()).await);
+    }
+    out
+}
+
+async fn occupancy_masks(n: usize, backend: Backend) {
+    let name = format!("redlock_every_occupancy_mask_{n}_{backend:?}");
+    let Some(servers) = RedisServers::start_or_skip(&name, n) else {
+        return;
+    };
+    // A generous operation timeout: the first round on fresh connections can be slow on a loaded machine,
+    // and a node missing the round would turn a "free >= quorum" mask into a failure.
+    let cfg = config(Duration::from_secs(5)).operation_timeout(Duration::from_secs(1));
+    let manager = LockManager::redlock_dyn(nodes(&servers, backend).await, cfg).unwrap();
+    let quorum = n / 2 + 1;
+    for mask in 0u32..(1 << n) {
+        let k = format!("mask:{mask}:lock");
+        for i in 0..n {
+            if mask & (1 << i) != 0 {
+                servers[i].cmd(&["SET", &k, "foreign", "PX", "10000"]);
+            }
+        }
+        let free = n - mask.count_ones() as usize;
+        let result = manager.lock(&k).try_acquire().await;
+        match result {
+            Ok(lease) => {
+                assert!(
+                    free >= quorum,
+                    "{backend:?} n={n} mask={mask:b}: acquired with {free} free"
+                );
+                let mut ours = 0;
+                for i in 0..n {
+                    let value = servers[i].cmd(&["GET", &k]);
+                    if mask & (1 << i) != 0 {
+                        assert_eq!(value, "foreign", "{backend:?} mask={mask:b} node {i}");
+                    } else if value == lease.token().as_str() {
+                        ours += 1;
+                    } else {
+                        // A free node may have missed the round (slow under load); it holds nothing else.
+                        assert_eq!(value, "", "{backend:?} mask={mask:b} node {i}");
+                    }
+                }
+                assert!(
+                    ours >= quorum,
+                    "{backend:?} mask={mask:b}: our token on only {ours} nodes"
+                );
+                lease.release().await.unwrap();
+            }
+            Err(err) => {
+                assert!(
+                    free < quorum,
+                    "{backend:?} n={n} mask={mask:b}: {free} free but {err}"
+                );
+                assert!(err.is_contended(), "{backend:?} mask={mask:b}: {err}");
+            }
+        }
+        // Nothing of ours is left anywhere; foreign values are untouched.
+        for i in 0..n {
+            let expected = if mask & (1 << i) != 0 { "foreign" } else { "" };
+            assert_eq!(
+                servers[i].cmd(&["GET", &k]),
+                expected,
+                "{backend:?} mask={mask:b} node {i}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_on_three_servers_succeeds_iff_a_quorum_is_free_for_every_mask() {
+    occupancy_masks(3, Backend::RedisMultiplexed).await;
+    occupancy_masks(3, Backend::FredClient).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_on_five_servers_succeeds_iff_a_quorum_is_free_for_every_mask() {
+    occupancy_masks(5, Backend::RedisManager).await;
+    occupancy_masks(5, Backend::FredPool).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_survives_a_killed_minority_and_fails_fast_without_a_majority() {
+    for backend in [Backend::RedisManager, Backend::FredClient] {
+        let Some(mut servers) = RedisServers::start_or_skip(
+            "redlock_survives_a_killed_minority_and_fails_fast_without_a_majority",
+            5,
+        ) else {
+            return;
+        };
+        let cfg = config(Duration::from_secs(1)).operation_timeout(Duration::from_millis(150));
+        let manager = LockManager::redlock_dyn(nodes(&servers, backend).await, cfg).unwrap();
+
+        // Minority (2 of 5) killed: acquire, extend and release still work.
+        servers.get_mut(0).kill();
+        servers.get_mut(1).kill();
+        let lease = manager.lock("minority:lock").try_acquire().await.unwrap();
+        for i in 2..5 {
+            assert_eq!(
+                servers[i].cmd(&["GET", "minority:lock"]),
+                lease.token().as_str()
+            );
+        }
+        lease.extend(Duration::from_secs(1)).await.unwrap();
+        lease.release().await.unwrap();
+
+        // Majority (3 of 5) killed: fails within the time bound, leaves nothing behind.
+        servers.get_mut(2).kill();
+        let started = Instant::now();
+        let err = manager
+            .lock("majority:lock")
+            .try_acquire()
+            .await
+            .unwrap_err();
+        let elapsed = started.elapsed();
+        assert!(!err.is_contended(), "{backend:?}: {err}");
+        assert!(
+            elapsed < Duration::from_millis(700),
+            "{backend:?}: took {elapsed:?}"
+        );
+        assert_eq!(servers[3].cmd(&["EXISTS", "majority:lock"]), "0");
+        assert_eq!(servers[4].cmd(&["EXISTS", "majority:lock"]), "0");
+
+        // Heal: restart the killed servers (empty); nothing of ours anywhere, and the lock works again.
+        for i in 0..3 {
+            servers.get_mut(i).restart();
+        }
+        for i in 0..5 {
+            assert_eq!(servers[i].cmd(&["EXISTS", "majority:lock"]), "0");
+        }
+        let healed = Instant::now() + Duration::from_secs(3);
+        loop {
+            match manager.lock("healed:lock").try_acquire().await {
+                Ok(lease) => {
+                    lease.release().await.unwrap();
+                    break;
+                }
+                Err(err) => {
+                    assert!(
+                        Instant::now() < healed,
+                        "{backend:?}: never recovered: {err}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_rejects_one_server_named_twice_by_endpoint() {
+    let Some(servers) =
+        RedisServers::start_or_skip("redlock_rejects_one_server_named_twice_by_endpoint", 2)
+    else {
+        return;
+    };
+    let client = |i: usize| redis::Client::open(servers[i].url()).unwrap();
+    let a = MultiplexedNode::connect(&client(0)).await.unwrap();
+    let a_again = MultiplexedNode::connect(&client(0)).await.unwrap();
+    let b = MultiplexedNode::connect(&client(1)).await.unwrap();
+    assert_eq!(a.endpoint(), a_again.endpoint());
+    assert_ne!(a.endpoint(), b.endpoint());
+    let err = LockManager::redlock([a, a_again, b], config(Duration::from_secs(1))).unwrap_err();
+    assert!(matches!(err, ConfigError::Topology(_)), "{err}");
+    // fred derives its endpoint the same way.
+    let f0 = common::node(Backend::FredClient, &servers[0].url()).await;
+    assert_eq!(f0.endpoint(), Some(servers[0].url()));
+}

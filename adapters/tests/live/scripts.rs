@@ -1,0 +1,204 @@
+//! Script identity and the NOSCRIPT fallback.
+
+use std::time::Duration;
+
+use redlease::{RedisNode, Token, Ttl};
+use redlease_adapters::scripts;
+use redlease_testkit::server::RedisServer;
+
+use crate::common::{self, ALL_BACKENDS, key};
+
+#[test]
+fn every_precomputed_sha1_equals_script_load() {
+    let Some(server) = RedisServer::start_or_skip("every_precomputed_sha1_equals_script_load")
+    else {
+        return;
+    };
+    for script in scripts::ALL {
+        assert_eq!(
+            server.cmd(&["SCRIPT", "LOAD", script.source]),
+            script.sha1,
+            "{}",
+            script.name
+        );
+    }
+}
+
+/// `calls` and `failed_calls` of one command from `INFO commandstats`.
+fn stats(server: &RedisServer, command: &str) -> (u64, u64) {
+    let info = server.cmd(&["INFO", "commandstats"]);
+    let Some(line) = info
+        .lines()
+        .find(|l| l.starts_with(&format!("cmdstat_{command}:")))
+    else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    (field("calls"), field("failed_calls"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_between_operations_still_succeeds_executing_once() {
+    let Some(server) =
+        RedisServer::start_or_skip("script_flush_between_operations_still_succeeds_executing_once")
+    else {
+        return;
+    };
+    let ttl = Ttl::from_millis(5000).unwrap();
+    for backend in ALL_BACKENDS {
+        let node = common::node(backend, &server.url()).await;
+        let k = key("flush", backend);
+        let f = common::fence_of(&k);
+        let token = Token::random().unwrap();
+        let ops: [(&str, u8); 4] = [
+            ("acquire", 0),
+            ("acquire_fenced", 1),
+            ("extend", 2),
+            ("release", 3),
+        ];
+        for (name, op) in ops {
+            server.cmd(&["SCRIPT", "FLUSH"]);
+            server.cmd(&["CONFIG", "RESETSTAT"]);
+            match op {
+                0 => assert!(node.acquire(&k, &token, ttl).await.unwrap()),
+                1 => {
+                    server.cmd(&["DEL", &k]);
+                    assert_eq!(
+                        node.acquire_fenced(&k, &f, &token, ttl).await.unwrap(),
+                        Some(1)
+                    );
+                    // Executed once: the counter moved by exactly one.
+                    assert_eq!(server.cmd(&["GET", &f]), "1");
+                }
+                2 => assert!(node.extend(&k, &token, ttl).await.unwrap()),
+                _ => assert!(node.release(&k, &token).await.unwrap()),
+            }
+            // One EVALSHA refused with NOSCRIPT, then exactly one EVAL.
+            assert_eq!(
+                stats(&server, "evalsha"),
+                (1, 1),
+                "{backend:?} {name}: EVALSHA"
+            );
+            assert_eq!(stats(&server, "eval"), (1, 0), "{backend:?} {name}: EVAL");
+        }
+        assert_eq!(server.cmd(&["EXISTS", &k]), "0");
+        // With the scripts cached (acquire's was flushed since: load it again), only EVALSHA is sent.
+        assert!(node.acquire(&k, &token, ttl).await.unwrap());
+        assert!(node.release(&k, &token).await.unwrap());
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        assert!(node.acquire(&k, &token, ttl).await.unwrap());
+        assert!(node.release(&k, &token).await.unwrap());
+        assert_eq!(stats(&server, "evalsha"), (2, 0), "{backend:?}");
+        assert_eq!(stats(&server, "eval"), (0, 0), "{backend:?}");
+        server.cmd(&["DEL", &f]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_reads_value_and_ttl_atomically() {
+    let Some(server) = RedisServer::start_or_skip("inspect_reads_value_and_ttl_atomically") else {
+        return;
+    };
+    for backend in ALL_BACKENDS {
+        let node = common::node(backend, &server.url()).await;
+        let k = key("inspect", backend);
+        assert_eq!(node.inspect(&k).await.unwrap(), None);
+        server.cmd(&["SET", &k, "value", "PX", "3000"]);
+        let state = node.inspect(&k).await.unwrap().unwrap();
+        assert_eq!(state.value, b"value");
+        let ttl = state.ttl.unwrap();
+        assert!(
+            ttl > Duration::from_millis(2500) && ttl <= Duration::from_secs(3),
+            "{ttl:?}"
+        );
+        server.cmd(&["PERSIST", &k]);
+        assert_eq!(node.inspect(&k).await.unwrap().unwrap().ttl, None);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_types_and_exhausted_fences_fail_definitely_before_writing() {
+    let Some(server) = RedisServer::start_or_skip(
+        "wrong_types_and_exhausted_fences_fail_definitely_before_writing",
+    ) else {
+        return;
+    };
+    let ttl = Ttl::from_millis(5000).unwrap();
+    for backend in ALL_BACKENDS {
+        let node = common::node(backend, &server.url()).await;
+        let token = Token::random().unwrap();
+        let k = key("types", backend);
+        let f = common::fence_of(&k);
+        for (fence_value, kind) in [
+            ("not-a-number", redlease::NodeErrorKind::WrongType),
+            ("-1", redlease::NodeErrorKind::WrongType),
+            ("9223372036854775807", redlease::NodeErrorKind::Other),
+        ] {
+            server.cmd(&["SET", &f, fence_value]);
+            let err = node.acquire_fenced(&k, &f, &token, ttl).await.unwrap_err();
+            assert_eq!(err.kind(), kind, "{backend:?} {fence_value}: {err}");
+            assert!(!err.is_ambiguous());
+            assert_eq!(server.cmd(&["EXISTS", &k]), "0", "no lock key left behind");
+            assert_eq!(server.cmd(&["GET", &f]), fence_value);
+        }
+        server.cmd(&["DEL", &f]);
+        server.cmd(&["HSET", &k, "field", "1"]);
+        let err = node.acquire(&k, &token, ttl).await.unwrap_err();
+        assert_eq!(
+            err.kind(),
+            redlease::NodeErrorKind::WrongType,
+            "{backend:?}"
+        );
+        assert!(!err.is_ambiguous());
+        // Release and extend leave a key of another type alone and report "not ours".
+        assert!(!node.release(&k, &token).await.unwrap());
+        assert!(!node.extend(&k, &token, ttl).await.unwrap());
+        assert_eq!(server.cmd(&["TYPE", &k]), "hash");
+        server.cmd(&["DEL", &k]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_and_extend_work_under_oom_while_acquire_is_refused() {
+    let Some(server) =
+        RedisServer::start_or_skip("release_and_extend_work_under_oom_while_acquire_is_refused")
+    else {
+        return;
+    };
+    let ttl = Ttl::from_millis(5000).unwrap();
+    for backend in ALL_BACKENDS {
+        let node = common::node(backend, &server.url()).await;
+        let token = Token::random().unwrap();
+        let k = key("oom", backend);
+        assert!(node.acquire(&k, &token, ttl).await.unwrap());
+        // Load the scripts, then make every memory-growing command fail.
+        assert!(node.extend(&k, &token, ttl).await.unwrap());
+        assert!(node.release(&k, &token).await.unwrap());
+        assert!(node.acquire(&k, &token, ttl).await.unwrap());
+        server.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+        let other = Token::random().unwrap();
+        let err = node
+            .acquire(&format!("{k}:2"), &other, ttl)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.kind(),
+            redlease::NodeErrorKind::OutOfMemory,
+            "{backend:?}: {err}"
+        );
+        assert!(!err.is_ambiguous());
+        assert!(
+            node.extend(&k, &token, ttl).await.unwrap(),
+            "{backend:?}: extend under OOM"
+        );
+        assert!(
+            node.release(&k, &token).await.unwrap(),
+            "{backend:?}: release under OOM"
+        );
+        server.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+    }
+}

@@ -1,0 +1,667 @@
+//! Temporary `redis-server` processes for live tests: one ([`RedisServer`]), several independent ones
+//! ([`RedisServers`]) or a three-master Redis Cluster ([`RedisCluster`]), each on free loopback ports, without
+//! persistence, in its own temporary directory, and killed when dropped.
+//!
+//! Live tests skip when no `redis-server` binary is found, with a line saying so, and fail instead when the
+//! environment variable `REDLEASE_REQUIRE_REDIS=1` is set (CI sets it):
+//!
+//! ```no_run
+//! use redlease_testkit::server::RedisServer;
+//!
+//! let Some(server) = RedisServer::start_or_skip("acquire_free_key") else { return };
+//! server.cmd(&["SET", "k", "v"]);
+//! assert_eq!(server.cmd(&["GET", "k"]), "v");
+//! server.pause(); // SIGSTOP
+//! server.resume(); // SIGCONT
+//! server.restart(); // kill -9, then start again on the same port
+//! ```
+//!
+//! The binaries are looked up in `$REDIS_SERVER` / `$REDIS_CLI` (full paths), then on `PATH`. Only std is
+//! used: processes through [`std::process`], admin commands as raw RESP over a [`TcpStream`].
+//!
+//! These are test helpers: on any setup failure they panic with a message that says what went wrong
+//! (including the tail of the server's log).
+
+// Test helpers must fail loudly: a live test that cannot start its server should panic with a clear message.
+#![allow(clippy::panic, clippy::expect_used)]
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The environment variable that turns a missing `redis-server` from a skip into a failure.
+pub const REQUIRE_ENV: &str = "REDLEASE_REQUIRE_REDIS";
+
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn find_binary(env: &str, name: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env) {
+        let path = PathBuf::from(path);
+        return path.is_file().then_some(path);
+    }
+    let paths = std::env::var_os("PATH")?;
+    std::env::split_paths(&paths)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The `redis-server` binary: `$REDIS_SERVER`, else the first one on `PATH`.
+pub fn find_redis_server() -> Option<PathBuf> {
+    find_binary("REDIS_SERVER", "redis-server")
+}
+
+/// The `redis-cli` binary: `$REDIS_CLI`, else the first one on `PATH` (needed only by [`RedisCluster`]).
+pub fn find_redis_cli() -> Option<PathBuf> {
+    find_binary("REDIS_CLI", "redis-cli")
+}
+
+/// Whether missing Redis binaries must fail the test (`REDLEASE_REQUIRE_REDIS=1`).
+pub fn redis_required() -> bool {
+    std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1")
+}
+
+/// `true` when the live test `test` can run. Otherwise prints `SKIP live test <test>: redis-server not found`
+/// and returns `false`, or panics when `REDLEASE_REQUIRE_REDIS=1`.
+pub fn live_tests_enabled(test: &str) -> bool {
+    check_binaries(test, false)
+}
+
+fn check_binaries(test: &str, need_cli: bool) -> bool {
+    let missing = if find_redis_server().is_none() {
+        Some("redis-server")
+    } else if need_cli && find_redis_cli().is_none() {
+        Some("redis-cli")
+    } else {
+        None
+    };
+    match missing {
+        None => true,
+        Some(bin) if redis_required() => {
+            panic!(
+                "live test {test}: {bin} not found and {REQUIRE_ENV}=1 (set $REDIS_SERVER/$REDIS_CLI or PATH)"
+            )
+        }
+        Some(bin) => {
+            println!("SKIP live test {test}: {bin} not found");
+            eprintln!("SKIP live test {test}: {bin} not found");
+            false
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; a short race with other processes is possible, and
+/// [`RedisServer`] retries on another port if it loses it).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port on 127.0.0.1");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A unique directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(label: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "redlease-{label}-{}-{n}-{nanos}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("create temp dir {}: {e}", path.display()));
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// One RESP reply, as read by [`RedisServer::try_cmd`].
+#[derive(Debug)]
+enum Resp {
+    Text(String),
+    Int(i64),
+    Nil,
+    Array(Vec<Resp>),
+    Error(String),
+}
+
+impl fmt::Display for Resp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Resp::Text(s) => f.write_str(s),
+            Resp::Int(n) => write!(f, "{n}"),
+            Resp::Nil => Ok(()),
+            Resp::Error(e) => write!(f, "-{e}"),
+            Resp::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("\n")?;
+                    }
+                    write!(f, "{item}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn read_resp(reader: &mut impl BufRead) -> std::io::Result<Resp> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
+    }
+    let line = line.trim_end_matches(['\r', '\n']);
+    let (kind, rest) = line.split_at(line.len().min(1));
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad RESP line {line:?}"),
+        )
+    };
+    match kind {
+        "+" => Ok(Resp::Text(rest.to_owned())),
+        "-" => Ok(Resp::Error(rest.to_owned())),
+        ":" => rest.parse().map(Resp::Int).map_err(|_| bad()),
+        "$" => {
+            let len: i64 = rest.parse().map_err(|_| bad())?;
+            if len < 0 {
+                return Ok(Resp::Nil);
+            }
+            let mut buf = vec![0; usize::try_from(len).map_err(|_| bad())? + 2];
+            reader.read_exact(&mut buf)?;
+            buf.truncate(buf.len() - 2);
+            Ok(Resp::Text(String::from_utf8_lossy(&buf).into_owned()))
+        }
+        "*" => {
+            let len: i64 = rest.parse().map_err(|_| bad())?;
+            if len < 0 {
+                return Ok(Resp::Nil);
+            }
+            (0..len)
+                .map(|_| read_resp(reader))
+                .collect::<Result<_, _>>()
+                .map(Resp::Array)
+        }
+        _ => Err(bad()),
+    }
+}
+
+fn encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+/// Sends `commands` on one connection to `127.0.0.1:port`, returning the last reply.
+fn roundtrip(port: u16, commands: &[&[&str]], timeout: Duration) -> std::io::Result<Resp> {
+    let stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    let mut last = Resp::Nil;
+    for args in commands {
+        writer.write_all(&encode(args))?;
+        last = read_resp(&mut reader)?;
+    }
+    Ok(last)
+}
+
+/// A temporary `redis-server` on a free loopback port, killed (SIGKILL) when dropped.
+pub struct RedisServer {
+    bin: PathBuf,
+    port: u16,
+    extra: Vec<String>,
+    password: Option<String>,
+    child: Option<Child>,
+    dir: TempDir,
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .field("pid", &self.pid())
+            .field("dir", &self.dir.0)
+            .finish()
+    }
+}
+
+impl RedisServer {
+    /// Starts a server (`--port P --bind 127.0.0.1 --save "" --appendonly no --dir <tempdir>`) and waits until
+    /// it answers `PING`. Panics if `redis-server` is missing or does not start.
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra `redis-server` arguments (e.g. `["--requirepass", "pw"]`). A
+    /// `--requirepass` given here is used by [`cmd`](Self::cmd).
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        let bin = find_redis_server()
+            .unwrap_or_else(|| panic!("redis-server not found (set $REDIS_SERVER or PATH)"));
+        let extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        let password = extra
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| extra.get(i + 1).cloned());
+        let mut last_error = String::new();
+        // A port picked by `free_port` can be taken by someone else before redis binds it: retry elsewhere.
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                bin: bin.clone(),
+                port: free_port(),
+                extra: extra.clone(),
+                password: password.clone(),
+                child: None,
+                dir: TempDir::new("redis"),
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => last_error = e,
+            }
+        }
+        panic!("redis-server did not start: {last_error}");
+    }
+
+    /// [`start`](Self::start), or `None` after printing a skip line when `redis-server` is missing (panics
+    /// instead when `REDLEASE_REQUIRE_REDIS=1`).
+    pub fn start_or_skip(test: &str) -> Option<RedisServer> {
+        live_tests_enabled(test).then(Self::start)
+    }
+
+    /// [`start_with`](Self::start_with), or `None` after printing a skip line (see
+    /// [`start_or_skip`](Self::start_or_skip)).
+    pub fn start_with_or_skip(test: &str, args: &[&str]) -> Option<RedisServer> {
+        live_tests_enabled(test).then(|| Self::start_with(args))
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--port",
+            &self.port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--logfile",
+            "redis.log",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        args.push("--dir".into());
+        args.push(self.dir.0.display().to_string());
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let child = Command::new(&self.bin)
+            .args(self.args())
+            .current_dir(&self.dir.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", self.bin.display()))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(format!(
+                        "redis-server on port {} exited with {status}; log:\n{}",
+                        self.port,
+                        self.log_tail()
+                    ));
+                }
+            }
+            if let Ok(Resp::Text(pong)) = self.raw(&["PING"], Duration::from_millis(500)) {
+                if pong == "PONG" {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return Err(format!(
+                    "redis-server on port {} did not answer PING within {START_TIMEOUT:?}; log:\n{}",
+                    self.port,
+                    self.log_tail()
+                ));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// The last lines of the server's log file.
+    pub fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.0.join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://127.0.0.1:<port>/0` (without the password; see [`url_with_password`](Self::url_with_password)).
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// `redis://:<password>@127.0.0.1:<port>/0`.
+    pub fn url_with_password(&self, password: &str) -> String {
+        format!("redis://:{password}@127.0.0.1:{}/0", self.port)
+    }
+
+    /// The server's working directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.pid().expect("the server is not running");
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("run kill {signal} {pid}: {e}"));
+        assert!(status.success(), "kill {signal} {pid} failed: {status}");
+    }
+
+    /// Stops the process (SIGSTOP): it keeps its sockets but answers nothing until [`resume`](Self::resume).
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Continues a [`pause`](Self::pause)d process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Kills the process (SIGKILL) and reaps it. Its data is gone (no persistence). Idempotent.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the process (SIGKILL) and starts a fresh, empty one on the same port with the same arguments.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                // The port may still be held for a moment by the dying process.
+                Err(e) if Instant::now() > deadline => panic!("restart failed: {e}"),
+                Err(_) => thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Whether the process is running (not killed; a paused process counts as running).
+    pub fn is_running(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    fn raw(&self, args: &[&str], timeout: Duration) -> std::io::Result<Resp> {
+        match &self.password {
+            Some(pw) => roundtrip(self.port, &[&["AUTH", pw], args], timeout),
+            None => roundtrip(self.port, &[args], timeout),
+        }
+    }
+
+    /// Runs an admin command on a fresh connection (authenticating with the `--requirepass` given at start).
+    /// Returns the reply as text: strings as is, integers in decimal, nil as `""`, arrays one element per
+    /// line; an error reply is `Err` with its text (`"WRONGTYPE …"`).
+    ///
+    /// # Errors
+    /// The error reply, or the I/O error (e.g. a timeout of 5 s while the server is paused).
+    pub fn try_cmd(&self, args: &[&str]) -> Result<String, String> {
+        match self.raw(args, ADMIN_TIMEOUT) {
+            Ok(Resp::Error(e)) => Err(e),
+            Ok(reply) => Ok(reply.to_string()),
+            Err(e) => Err(format!(
+                "I/O error talking to redis on port {}: {e}",
+                self.port
+            )),
+        }
+    }
+
+    /// [`try_cmd`](Self::try_cmd) that panics on an error reply or I/O error.
+    pub fn cmd(&self, args: &[&str]) -> String {
+        self.try_cmd(args)
+            .unwrap_or_else(|e| panic!("redis command {args:?} on port {} failed: {e}", self.port))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `n` independent servers (e.g. for Redlock), all killed on drop. Indexes like a slice.
+#[derive(Debug)]
+pub struct RedisServers {
+    servers: Vec<RedisServer>,
+}
+
+impl RedisServers {
+    /// Starts `n` servers, concurrently.
+    pub fn start(n: usize) -> RedisServers {
+        let servers = thread::scope(|s| {
+            let handles: Vec<_> = (0..n).map(|_| s.spawn(RedisServer::start)).collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| panic!("a redis-server failed to start"))
+                })
+                .collect()
+        });
+        RedisServers { servers }
+    }
+
+    /// [`start`](Self::start), or `None` after printing a skip line when `redis-server` is missing.
+    pub fn start_or_skip(test: &str, n: usize) -> Option<RedisServers> {
+        live_tests_enabled(test).then(|| Self::start(n))
+    }
+
+    /// The URLs of all servers, in order.
+    pub fn urls(&self) -> Vec<String> {
+        self.servers.iter().map(RedisServer::url).collect()
+    }
+
+    /// The number of servers.
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    /// Mutable access to one server (to kill or restart it).
+    pub fn get_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.servers[i]
+    }
+
+    /// All servers.
+    pub fn iter(&self) -> std::slice::Iter<'_, RedisServer> {
+        self.servers.iter()
+    }
+}
+
+impl std::ops::Index<usize> for RedisServers {
+    type Output = RedisServer;
+    fn index(&self, i: usize) -> &RedisServer {
+        &self.servers[i]
+    }
+}
+
+impl std::ops::IndexMut<usize> for RedisServers {
+    fn index_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.servers[i]
+    }
+}
+
+/// A three-master Redis Cluster on loopback (no replicas), created with `redis-cli --cluster create`, ready
+/// (`cluster_state:ok` on every node) when [`start`](Self::start) returns. Killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// The number of masters.
+    pub const MASTERS: usize = 3;
+
+    /// Starts three cluster-enabled servers (each with an explicit free `--cluster-port`), joins them with
+    /// `redis-cli --cluster create … --cluster-replicas 0 --cluster-yes`, and waits for `cluster_state:ok`.
+    pub fn start() -> RedisCluster {
+        let cli = find_redis_cli()
+            .unwrap_or_else(|| panic!("redis-cli not found (set $REDIS_CLI or PATH)"));
+        let nodes: Vec<RedisServer> = thread::scope(|s| {
+            let handles: Vec<_> = (0..Self::MASTERS)
+                .map(|_| {
+                    s.spawn(|| {
+                        let bus = free_port().to_string();
+                        RedisServer::start_with(&[
+                            "--cluster-enabled",
+                            "yes",
+                            "--cluster-config-file",
+                            "nodes.conf",
+                            "--cluster-node-timeout",
+                            "2000",
+                            "--cluster-port",
+                            &bus,
+                        ])
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| panic!("a cluster node failed to start"))
+                })
+                .collect()
+        });
+        let mut args: Vec<String> = vec!["--cluster".into(), "create".into()];
+        args.extend(nodes.iter().map(RedisServer::addr));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"].map(String::from));
+        let out = Command::new(&cli)
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("run redis-cli --cluster create: {e}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    /// [`start`](Self::start), or `None` after printing a skip line when `redis-server` or `redis-cli` is
+    /// missing.
+    pub fn start_or_skip(test: &str) -> Option<RedisCluster> {
+        check_binaries(test, true).then(Self::start)
+    }
+
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ready = self.nodes.iter().all(|n| {
+                n.try_cmd(&["CLUSTER", "INFO"]).is_ok_and(|info| {
+                    info.contains("cluster_state:ok")
+                        && info.contains("cluster_slots_assigned:16384")
+                        && info.contains(&format!("cluster_known_nodes:{}", Self::MASTERS))
+                })
+            });
+            if ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not reach cluster_state:ok: {:?}",
+                self.nodes
+                    .iter()
+                    .map(|n| n.try_cmd(&["CLUSTER", "INFO"]))
+                    .collect::<Vec<_>>()
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The nodes' URLs (`redis://127.0.0.1:<port>/0`), in order.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Runs a command about `key` (named for messages) on each node in turn until one answers without a
+    /// `MOVED`/`ASK` redirection: on the owner of the key's slot.
+    pub fn cmd_for_key(&self, key: &str, args: &[&str]) -> String {
+        for node in &self.nodes {
+            match node.try_cmd(args) {
+                Ok(reply) => return reply,
+                Err(e) if e.starts_with("MOVED") || e.starts_with("ASK") => continue,
+                Err(e) => panic!("cluster command {args:?} for key {key:?} failed: {e}"),
+            }
+        }
+        panic!("no cluster node accepted {args:?} for key {key:?}")
+    }
+}
