@@ -6,6 +6,7 @@
 // Test helpers outside `#[test]` functions (node builders, occupancy checks) must fail loudly too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod ambiguity;
 mod auth;
 mod cluster;
 mod common;

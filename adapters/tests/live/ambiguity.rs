@@ -1,0 +1,158 @@
+//! Ambiguity: a command that reached the server but whose reply was lost is reported as ambiguous, never
+//! re-sent by the client, and recognised as ours by a retry; a refused connection is definite.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlease::{NodeErrorKind, RedisNode, Token, Ttl};
+use redlease_adapters::fred::FredNode;
+use redlease_adapters::redis::{RedisRsNode, redis};
+use redlease_adapters::scripts;
+use redlease_testkit::proxy::{FaultProxy, ProxyMode};
+use redlease_testkit::server::RedisServer;
+
+use crate::common::{self, ALL_BACKENDS, Backend};
+
+fn script_calls(server: &RedisServer) -> u64 {
+    server
+        .cmd(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_eval"))
+        .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reply_lost_after_execution_is_ambiguous_not_resent_and_a_retry_recognises_its_token() {
+    let Some(server) = RedisServer::start_or_skip(
+        "reply_lost_after_execution_is_ambiguous_not_resent_and_a_retry_recognises_its_token",
+    ) else {
+        return;
+    };
+    for script in scripts::ALL {
+        server.cmd(&["SCRIPT", "LOAD", script.source]);
+    }
+    let direct = common::node(Backend::RedisMultiplexed, &server.url()).await;
+    let ttl = Ttl::from_millis(5000).unwrap();
+    for backend in ALL_BACKENDS {
+        let proxy = FaultProxy::start(server.addr().parse().unwrap()).unwrap();
+        let node = common::node(backend, &format!("{}/0", proxy.url())).await;
+        let token = Token::random().unwrap();
+        let k = common::key("lost-reply", backend);
+        proxy.set_mode(ProxyMode::DropReplies);
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+        let call = {
+            let node = Arc::clone(&node);
+            let (k, token) = (k.clone(), token.clone());
+            tokio::spawn(async move { node.acquire(&k, &token, ttl).await })
+        };
+        // The request reaches the server and runs; then the connection drops without a reply.
+        let applied_by = Instant::now() + Duration::from_secs(2);
+        while server.cmd(&["EXISTS", &k]) == "0" {
+            assert!(
+                Instant::now() < applied_by,
+                "{backend:?}: the request never reached the server"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        proxy.reset();
+        // A client that re-sent the command after reconnecting would wait for the (dropped) reply forever.
+        let err = tokio::time::timeout(Duration::from_secs(2), call)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{backend:?}: no answer: the command was re-sent after reconnecting")
+            })
+            .unwrap()
+            .unwrap_err();
+        assert!(err.is_ambiguous(), "{backend:?}: {err}");
+        assert_eq!(server.cmd(&["GET", &k]), token.as_str());
+        // Not re-sent after the client reconnects.
+        proxy.set_mode(ProxyMode::Forward);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            script_calls(&server),
+            1,
+            "{backend:?}: the command was re-sent"
+        );
+        // A retry of the same acquisition recognises its own token.
+        assert!(
+            direct.acquire(&k, &token, ttl).await.unwrap(),
+            "{backend:?}"
+        );
+        assert!(direct.release(&k, &token).await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_response_timeouts_are_ambiguous_timeouts() {
+    let Some(server) =
+        RedisServer::start_or_skip("client_response_timeouts_are_ambiguous_timeouts")
+    else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr().parse().unwrap()).unwrap();
+    let url = format!("{}/0", proxy.url());
+    let ttl = Ttl::from_millis(5000).unwrap();
+    let token = Token::random().unwrap();
+
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_millis(150)));
+    let conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .unwrap();
+    let redis_node = RedisRsNode::new(conn);
+    let fred_client = common::fred_client(&url);
+    redlease_adapters::fred::fred::prelude::ClientLike::init(&fred_client)
+        .await
+        .unwrap();
+    let fred_node = FredNode::new(fred_client).with_command_timeout(Duration::from_millis(150));
+    let nodes: [(&str, &dyn RedisNode); 2] = [("redis-rs", &redis_node), ("fred", &fred_node)];
+
+    proxy.set_mode(ProxyMode::Blackhole);
+    for (name, node) in nodes {
+        let started = Instant::now();
+        let err = node.acquire("k", &token, ttl).await.unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Timeout, "{name}: {err}");
+        assert!(err.is_ambiguous(), "{name}");
+        assert!(started.elapsed() < Duration::from_secs(1), "{name}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_is_a_definite_connection_error() {
+    let Some(mut server) =
+        RedisServer::start_or_skip("a_refused_connection_is_a_definite_connection_error")
+    else {
+        return;
+    };
+    let ttl = Ttl::from_millis(5000).unwrap();
+    let token = Token::random().unwrap();
+    let mut nodes = Vec::new();
+    for backend in [
+        Backend::RedisManager,
+        Backend::FredClient,
+        Backend::FredPool,
+    ] {
+        nodes.push((backend, common::node(backend, &server.url()).await));
+    }
+    server.kill();
+    for (backend, node) in nodes {
+        // The first call may meet the dying connection (ambiguous); once the client knows the server is
+        // gone, calls are refused before sending.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let err = node.acquire("k", &token, ttl).await.unwrap_err();
+            if !err.is_ambiguous() {
+                assert_eq!(err.kind(), NodeErrorKind::Connection, "{backend:?}: {err}");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{backend:?}: still ambiguous: {err}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
