@@ -11,10 +11,11 @@
 #![forbid(unsafe_code)]
 
 pub mod conformance;
-pub mod proxy;
 mod fault;
 mod history;
 mod memory;
+pub mod proxy;
+pub mod server;
 mod sim;
 
 pub use fault::{Fault, Faults, FaultyNode, Op, RandomFaults};

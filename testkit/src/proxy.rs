@@ -153,7 +153,9 @@ fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
             client.try_clone(),
             server.try_clone(),
         );
-        let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = clones else { continue };
+        let (Ok(c2), Ok(s2), Ok(c3), Ok(s3)) = clones else {
+            continue;
+        };
         shared.streams().extend([c3, s3]);
         let up = Arc::clone(&shared);
         let down = Arc::clone(&shared);
@@ -232,23 +234,32 @@ mod tests {
     fn modes_switch_while_connected() {
         let proxy = FaultProxy::start(echo()).unwrap();
         let mut c = TcpStream::connect(proxy.addr()).unwrap();
-        c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
         assert_eq!(roundtrip(&mut c, b"ping").unwrap(), b"ping");
 
         proxy.set_mode(ProxyMode::Latency(Duration::from_millis(50)));
         let t = std::time::Instant::now();
         assert_eq!(roundtrip(&mut c, b"slow").unwrap(), b"slow");
-        assert!(t.elapsed() >= Duration::from_millis(100), "latency both ways");
+        assert!(
+            t.elapsed() >= Duration::from_millis(100),
+            "latency both ways"
+        );
 
         proxy.set_mode(ProxyMode::Blackhole);
-        assert!(roundtrip(&mut c, b"void").is_err(), "no answer while blackholed");
+        assert!(
+            roundtrip(&mut c, b"void").is_err(),
+            "no answer while blackholed"
+        );
 
         proxy.set_mode(ProxyMode::DropReplies);
         assert!(roundtrip(&mut c, b"lost").is_err(), "the reply is dropped");
 
         proxy.set_mode(ProxyMode::Forward);
         let mut fresh = TcpStream::connect(proxy.addr()).unwrap();
-        fresh.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        fresh
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
         assert_eq!(roundtrip(&mut fresh, b"back").unwrap(), b"back");
         assert_eq!(proxy.accepted(), 2);
     }
@@ -257,7 +268,8 @@ mod tests {
     fn reset_closes_open_connections() {
         let proxy = FaultProxy::start(echo()).unwrap();
         let mut c = TcpStream::connect(proxy.addr()).unwrap();
-        c.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
         assert_eq!(roundtrip(&mut c, b"x").unwrap(), b"x");
         proxy.reset();
         let mut buf = [0u8; 1];
