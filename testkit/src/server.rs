@@ -8,7 +8,7 @@
 //! ```no_run
 //! use redlease_testkit::server::RedisServer;
 //!
-//! let Some(server) = RedisServer::start_or_skip("acquire_free_key") else { return };
+//! let Some(mut server) = RedisServer::start_or_skip("acquire_free_key") else { return };
 //! server.cmd(&["SET", "k", "v"]);
 //! assert_eq!(server.cmd(&["GET", "k"]), "v");
 //! server.pause(); // SIGSTOP
