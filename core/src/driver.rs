@@ -212,19 +212,26 @@ impl Engine {
         .await
     }
 
-    /// Best-effort compare-and-delete of `token` on `nodes` (all when `None`); failures are ignored because
-    /// the keys expire by themselves.
+    /// Best-effort compare-and-delete of `token` on `nodes` (all when `None`); failures are tolerated because
+    /// the keys expire by themselves. Returns the indices of the nodes that answered, where our token is now
+    /// certainly gone.
     pub(crate) async fn cleanup(
         &self,
         key: &str,
         token: &Token,
         timeout: Duration,
         only: Option<&[usize]>,
-    ) {
+    ) -> Vec<usize> {
         if only.is_some_and(|o| o.is_empty()) {
-            return;
+            return Vec::new();
         }
-        let _ = self.release_round(key, token, timeout, only).await;
+        let r = self.release_round(key, token, timeout, only).await;
+        r.values
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| v.is_some().then_some(i))
+            .filter(|i| only.is_none_or(|o| o.contains(i)))
+            .collect()
     }
 
     /// Runs a compare-and-delete of `token` on every node in the background, if the user supplied a spawner.
@@ -237,7 +244,7 @@ impl Engine {
         let key = key.to_owned();
         let token = token.clone();
         spawner.spawn(Box::pin(async move {
-            engine.cleanup(&key, &token, timeout, None).await;
+            let _ = engine.cleanup(&key, &token, timeout, None).await;
         }));
     }
 }

@@ -177,7 +177,8 @@ impl Shared {
     /// Gives the lease up: marks it lost and deletes our token wherever it may remain.
     async fn give_up(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
         let reason = self.mark_lost(reason);
-        self.engine
+        let _ = self
+            .engine
             .cleanup(&self.key, &self.token, self.op_timeout, None)
             .await;
         self.lost_error(reason, source)

@@ -371,6 +371,7 @@ impl Lock {
         );
         let mut guard = CleanupOnDrop::new(engine, &self.key, &token, plan.op_timeout);
         let mut attempt = 0u32;
+        let mut dirty = vec![false; n];
         loop {
             attempt += 1;
             let mut timeout = plan.op_timeout;
@@ -404,11 +405,18 @@ impl Lock {
             } else {
                 NotAcquiredReason::TooFewNodes
             };
-            // Delete our token wherever it may have been written: every node that did not refuse us.
-            let targets: Vec<usize> = r.tally.not_refused_indices().collect();
-            engine
+            // Delete our token wherever this or an earlier attempt may have written it and no clean-up has
+            // confirmed it gone since. A definite refusal or a definitely-not-applied error left nothing.
+            for i in r.tally.maybe_applied_indices() {
+                dirty[i] = true;
+            }
+            let targets: Vec<usize> = (0..n).filter(|&i| dirty[i]).collect();
+            for i in engine
                 .cleanup(&self.key, &token, plan.op_timeout, Some(&targets))
-                .await;
+                .await
+            {
+                dirty[i] = false;
+            }
 
             let pause = backoff.next_pause();
             let now = engine.timer.now();

@@ -108,12 +108,17 @@ impl Tally {
             .filter_map(|(i, r)| matches!(r, Some(Reply::Yes)).then_some(i))
     }
 
-    /// Indices of the nodes that did not answer a definite `No` (they may hold our token).
-    pub fn not_refused_indices(&self) -> impl Iterator<Item = usize> + '_ {
+    /// Indices of the nodes where the operation may have taken effect: those that answered `Yes`, failed
+    /// ambiguously, or have not answered. A definite `No` or a definitely-not-applied failure is excluded.
+    pub fn maybe_applied_indices(&self) -> impl Iterator<Item = usize> + '_ {
         self.replies
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| (!matches!(r, Some(Reply::No))).then_some(i))
+            .filter_map(|(i, r)| match r {
+                Some(Reply::No) => None,
+                Some(Reply::Failed(e)) if !e.is_ambiguous() => None,
+                _ => Some(i),
+            })
     }
 
     /// The failures, by node index.
@@ -197,7 +202,16 @@ mod tests {
         t.handle_reply(2, Reply::Failed(err()));
         assert!(t.is_done());
         assert_eq!(t.verdict(), Verdict::NoQuorum);
-        assert_eq!(t.not_refused_indices().collect::<Vec<_>>(), vec![0, 2]);
+        // Node 0 has not answered, node 2 failed definitely: only node 0 may hold our write.
+        assert_eq!(t.maybe_applied_indices().collect::<Vec<_>>(), vec![0]);
+        let mut t = Tally::new(3, 2, WaitFor::All);
+        t.handle_reply(0, Reply::Yes);
+        t.handle_reply(
+            1,
+            Reply::Failed(NodeError::timed_out(std::time::Duration::from_millis(1))),
+        );
+        t.handle_reply(2, Reply::No);
+        assert_eq!(t.maybe_applied_indices().collect::<Vec<_>>(), vec![0, 1]);
     }
 
     #[test]

@@ -570,3 +570,52 @@ fn timer_is_the_only_clock() {
     assert_eq!(c.sim.block_on(signal), LossReason::Expired);
     assert_eq!(c.clock.now(), until);
 }
+
+#[test]
+fn definite_failures_send_no_cleanup_but_unconfirmed_writes_are_cleaned_later() {
+    // A definitely-not-applied error wrote nothing: no compare-and-delete is sent.
+    let mut c = Cluster::new(1, 17, config());
+    c.faults[0].script(
+        Op::Acquire,
+        [Fault::Fail(redlease::NodeErrorKind::CrossSlot)],
+    );
+    let err = c.try_acquire(&c.manager.lock("job")).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::NotAcquired {
+            reason: NotAcquiredReason::TooFewNodes,
+            ..
+        }
+    ));
+    assert_eq!(c.faults[0].calls(Op::Release), 0);
+
+    // Attempt 1 is applied but its reply lost, and its clean-up cannot reach the node. Attempt 2 fails
+    // definitely; the write of attempt 1 is still unconfirmed, so attempt 2's clean-up deletes it.
+    let mut c = Cluster::new(1, 18, config().attempts(2));
+    c.faults[0].script(
+        Op::Acquire,
+        [
+            Fault::ReplyLost,
+            Fault::Fail(redlease::NodeErrorKind::Connection),
+        ],
+    );
+    c.faults[0].script(
+        Op::Release,
+        [Fault::Fail(redlease::NodeErrorKind::Connection)],
+    );
+    let lock = c.manager.lock("job");
+    let err = c
+        .sim
+        .block_on(async move { lock.acquire().await })
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::NotAcquired { attempts: 2, .. }),
+        "{err:?}"
+    );
+    assert_eq!(c.faults[0].calls(Op::Release), 2);
+    assert_eq!(
+        c.nodes[0].get("job"),
+        None,
+        "the unconfirmed write was cleaned up"
+    );
+}
