@@ -14,11 +14,11 @@ lint:
 
 # The README's test command.
 test:
-    cargo test --workspace --all-features
+    cargo test --all-features
 
 # Live tests require a redis-server binary; this fails instead of skipping when it is missing.
 test-live:
-    REDLEASE_REQUIRE_REDIS=1 cargo test --workspace --all-features
+    REDLEASE_REQUIRE_REDIS=1 cargo test --all-features
 
 docs:
     RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
