@@ -13,5 +13,7 @@ mod common;
 mod conformance;
 mod executor;
 mod redlock;
+mod redlock_stall;
 mod scripts;
 mod single;
+mod split_vote;
