@@ -11,6 +11,7 @@ mod auth;
 mod cluster;
 mod common;
 mod conformance;
+mod examples;
 mod executor;
 mod redlock;
 mod redlock_stall;

@@ -1,0 +1,275 @@
+//! Renewal under faults: a stall shorter than the remaining validity makes the lease "at risk" and then held
+//! again; a failure that persists makes the loss signal fire by the validity deadline — before anyone else
+//! can take the lock.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use redlease::{Lease, LeaseState, LockManager, LossReason};
+use redlease_testkit::proxy::ProxyMode;
+use redlease_testkit::server::{RedisServer, RedisServers};
+
+use crate::common::{self, BACKENDS, Proxied, config, key};
+
+const TTL: Duration = Duration::from_millis(1000);
+const INTERVAL: Duration = Duration::from_millis(150);
+const OP: Duration = Duration::from_millis(100);
+const STALL: Duration = Duration::from_millis(400);
+
+/// Inside `lease.run`: stalls the servers for `STALL` with `pause`/`resume`, and returns the states seen
+/// (sampled every 5 ms) during the stall and until the lease is held again.
+async fn stall_and_watch(
+    lease: &Lease,
+    pause: impl Fn(),
+    resume: impl Fn(),
+) -> (Vec<LeaseState>, Option<Duration>) {
+    let mut states = Vec::new();
+    pause();
+    let stalled = Instant::now();
+    while stalled.elapsed() < STALL {
+        states.push(lease.state());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    resume();
+    let resumed = Instant::now();
+    let mut recovered = None;
+    while resumed.elapsed() < Duration::from_secs(2) {
+        let state = lease.state();
+        states.push(state);
+        if state == LeaseState::Held {
+            recovered = Some(resumed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (states, recovered)
+}
+
+fn check_transient(what: &str, states: &[LeaseState], recovered: Option<Duration>, lease: &Lease) {
+    assert!(
+        states.contains(&LeaseState::AtRisk),
+        "{what}: never at risk during a {STALL:?} stall: {states:?}"
+    );
+    assert!(
+        !states.iter().any(|s| matches!(s, LeaseState::Lost(_))),
+        "{what}: lost during a stall shorter than the validity: {states:?}"
+    );
+    let recovered = recovered.unwrap_or_else(|| panic!("{what}: not held again: {states:?}"));
+    // The next retry (20 ms pause) plus one round, with room for a loaded machine.
+    assert!(
+        recovered <= Duration::from_millis(20) + OP + Duration::from_millis(400),
+        "{what}: held again only after {recovered:?}"
+    );
+    assert!(!lease.lost().is_lost(), "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_again() {
+    let Some(server) = RedisServer::start_or_skip(
+        "a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_again",
+    ) else {
+        return;
+    };
+    common::preload(&server);
+    for backend in BACKENDS {
+        let node = common::node(backend, &server.url()).await;
+        let manager = LockManager::single(node, config(TTL, OP)).unwrap();
+        let k = key("transient", backend);
+        let lease = manager
+            .lock(&k)
+            .auto_renew(INTERVAL)
+            .try_acquire()
+            .await
+            .unwrap();
+        let (states, recovered) = lease
+            .run(async {
+                // Let one renewal succeed first.
+                tokio::time::sleep(INTERVAL + Duration::from_millis(50)).await;
+                stall_and_watch(&lease, || server.pause(), || server.resume()).await
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        check_transient(&format!("{backend:?}"), &states, recovered, &lease);
+        assert_eq!(common::get(&server, &k), lease.token().as_str());
+        lease.release().await.unwrap();
+        assert_eq!(common::get(&server, &k), "");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again() {
+    let Some(servers) = RedisServers::start_or_skip(
+        "redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again",
+        3,
+    ) else {
+        return;
+    };
+    for s in servers.iter() {
+        common::preload(s);
+    }
+    for backend in BACKENDS {
+        let nodes = common::nodes(backend, &servers.urls()).await;
+        let manager = LockManager::redlock_dyn(nodes, config(TTL, OP)).unwrap();
+        let k = key("transient-redlock", backend);
+        let lease = manager
+            .lock(&k)
+            .auto_renew(INTERVAL)
+            .try_acquire()
+            .await
+            .unwrap();
+        let (states, recovered) = lease
+            .run(async {
+                tokio::time::sleep(INTERVAL + Duration::from_millis(50)).await;
+                stall_and_watch(
+                    &lease,
+                    || {
+                        servers[0].pause();
+                        servers[1].pause();
+                    },
+                    || {
+                        servers[0].resume();
+                        servers[1].resume();
+                    },
+                )
+                .await
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+        check_transient(&format!("{backend:?} redlock"), &states, recovered, &lease);
+        lease.release().await.unwrap();
+        assert_eq!(
+            servers
+                .iter()
+                .map(|s| common::get(s, &k))
+                .collect::<String>(),
+            ""
+        );
+    }
+}
+
+/// Holds the lease through its proxies while they are blackholed on `hung` nodes, with a competitor taking
+/// the lock directly on the servers as soon as they let it. Returns (loss reason, when the loss signal
+/// fired, the lease's final validity deadline, when the competitor got the lock, whether "at risk" was seen).
+async fn persistent_failure(
+    set: &Proxied,
+    manager: &LockManager,
+    competitor: &LockManager,
+    k: &str,
+    hung: &[usize],
+) -> (LossReason, Instant, Instant, Instant, bool) {
+    let lease = manager
+        .lock(k)
+        .auto_renew(INTERVAL)
+        .try_acquire()
+        .await
+        .unwrap();
+    let signal = lease.lost();
+    let competitor_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let stop = Arc::new(AtomicBool::new(false));
+    let rival = {
+        let (competitor, k, at, stop) = (
+            competitor.clone(),
+            k.to_owned(),
+            Arc::clone(&competitor_at),
+            Arc::clone(&stop),
+        );
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(rival) = competitor.lock(&k).try_acquire().await {
+                    *at.lock().unwrap() = Some(Instant::now());
+                    let _ = rival.release().await;
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    for &i in hung {
+        set.proxies[i].set_mode(ProxyMode::Blackhole);
+    }
+    let mut at_risk = false;
+    let reason = lease
+        .run(async {
+            tokio::pin!(signal);
+            loop {
+                tokio::select! {
+                    reason = &mut signal => break reason,
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {
+                        at_risk |= lease.state() == LeaseState::AtRisk;
+                    }
+                }
+            }
+        })
+        .await;
+    let lost_at = Instant::now();
+    let reason = match reason {
+        Ok(reason) => reason,
+        // `run` itself noticed the loss first.
+        Err(redlease::Error::Lost { reason, .. }) => reason,
+        Err(e) => panic!("{e}"),
+    };
+    let valid_until = lease.valid_until();
+    // The competitor gets the lock once the servers expire our key.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while competitor_at.lock().unwrap().is_none() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    rival.await.unwrap();
+    let competitor_at = competitor_at
+        .lock()
+        .unwrap()
+        .expect("the competitor never got the lock");
+    (reason, lost_at, valid_until, competitor_at, at_risk)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_before_anyone_else_acquires()
+ {
+    for backend in BACKENDS {
+        for (n, hung) in [(1, &[0][..]), (3, &[0, 1][..])] {
+            let Some(set) = Proxied::start_or_skip(
+                "a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_before_anyone_else_acquires",
+                n,
+            ) else {
+                return;
+            };
+            // A drift allowance of 5 % (52 ms) is the margin between our deadline and the servers' expiry.
+            let cfg = config(TTL, OP).drift_factor(0.05);
+            let through_proxies = common::nodes(backend, &set.urls()).await;
+            let direct =
+                common::nodes(common::Backend::RedisMultiplexed, &set.servers.urls()).await;
+            let (manager, competitor) = if n == 1 {
+                (
+                    LockManager::single(Arc::clone(&through_proxies[0]), cfg.clone()).unwrap(),
+                    LockManager::single(Arc::clone(&direct[0]), cfg).unwrap(),
+                )
+            } else {
+                (
+                    LockManager::redlock_dyn(through_proxies, cfg.clone()).unwrap(),
+                    LockManager::redlock_dyn(direct, cfg).unwrap(),
+                )
+            };
+            let what = format!("{backend:?} n={n} hung={hung:?}");
+            let k = key(&format!("persistent-{n}"), backend);
+            let (reason, lost_at, valid_until, competitor_at, at_risk) =
+                persistent_failure(&set, &manager, &competitor, &k, hung).await;
+            assert!(at_risk, "{what}: never at risk before the loss");
+            assert_eq!(reason, LossReason::Expired, "{what}");
+            // The signal fires at the deadline (timer granularity and scheduling aside)...
+            assert!(
+                lost_at <= valid_until + Duration::from_millis(30),
+                "{what}: lost {:?} after the validity deadline",
+                lost_at - valid_until
+            );
+            // ...and, what matters, strictly before the competitor could take the lock.
+            assert!(
+                lost_at < competitor_at,
+                "{what}: competitor acquired {:?} before our loss signal",
+                lost_at - competitor_at
+            );
+        }
+    }
+}

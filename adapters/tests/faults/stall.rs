@@ -1,0 +1,164 @@
+//! A server stalled (SIGSTOP) during acquisition, single and Redlock: the result comes within the operation
+//! timeout plus one clean-up round, is never reported as contention, and once the server continues (SIGCONT)
+//! the late acquisition is followed by its clean-up, so nothing of ours is left.
+
+use std::time::{Duration, Instant};
+
+use redlease::{LockManager, NotAcquiredReason};
+use redlease_testkit::server::{RedisServer, RedisServers};
+
+use crate::common::{self, BACKENDS, config, get, key, not_acquired_reason, script_calls};
+
+const TTL: Duration = Duration::from_secs(10);
+const OP: Duration = Duration::from_millis(200);
+/// Scheduling slack on a loaded 2-core machine; the property is "bounded", not the exact bound.
+const SLACK: Duration = Duration::from_millis(400);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_server_fails_acquire_within_the_timeout_not_as_contention_and_is_cleaned_after_resume()
+ {
+    let Some(server) = RedisServer::start_or_skip(
+        "stalled_server_fails_acquire_within_the_timeout_not_as_contention_and_is_cleaned_after_resume",
+    ) else {
+        return;
+    };
+    common::preload(&server);
+    for backend in BACKENDS {
+        let node = common::node(backend, &server.url()).await;
+        let manager = LockManager::single(node, config(TTL, OP)).unwrap();
+        let k = key("stall-single", backend);
+        server.cmd(&["CONFIG", "RESETSTAT"]);
+
+        server.pause();
+        let started = Instant::now();
+        let result = manager.lock(&k).try_acquire().await;
+        let elapsed = started.elapsed();
+        server.resume();
+
+        let err = result.expect_err("acquired from a stopped server");
+        assert!(
+            !err.is_contended(),
+            "{backend:?}: stall reported as contention: {err}"
+        );
+        assert_eq!(
+            not_acquired_reason(&err),
+            Some(NotAcquiredReason::TooFewNodes),
+            "{backend:?}: {err}"
+        );
+        assert!(
+            common::any_ambiguous(&err),
+            "{backend:?}: a timeout is ambiguous: {err}"
+        );
+        assert!(
+            elapsed >= OP && elapsed <= 2 * OP + SLACK,
+            "{backend:?}: acquire took {elapsed:?} (round {OP:?} + clean-up {OP:?})"
+        );
+        // After SIGCONT the queued acquisition runs, then the queued clean-up deletes it: nothing remains,
+        // long before the 10 s TTL could explain it.
+        let cleaned = common::eventually(Duration::from_secs(3), || {
+            script_calls(&server) == 2 && get(&server, &k).is_empty()
+        })
+        .await;
+        assert!(
+            cleaned,
+            "{backend:?}: after resume: value {:?}, {} script calls (want acquire + clean-up)",
+            get(&server, &k),
+            script_calls(&server)
+        );
+        // The node answers correctly again.
+        let lease = manager.lock(&k).try_acquire().await.unwrap();
+        assert_eq!(get(&server, &k), lease.token().as_str(), "{backend:?}");
+        lease.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_with_a_stalled_minority_acquires_and_with_a_stalled_majority_fails_bounded_and_cleans_up()
+ {
+    let Some(servers) = RedisServers::start_or_skip(
+        "redlock_with_a_stalled_minority_acquires_and_with_a_stalled_majority_fails_bounded_and_cleans_up",
+        3,
+    ) else {
+        return;
+    };
+    for s in servers.iter() {
+        common::preload(s);
+    }
+    for backend in BACKENDS {
+        let nodes = common::nodes(backend, &servers.urls()).await;
+        let manager = LockManager::redlock_dyn(nodes, config(TTL, OP)).unwrap();
+
+        // Minority stalled: the other two decide the round without waiting for the stopped one.
+        let k = key("stall-minority", backend);
+        servers[0].pause();
+        let started = Instant::now();
+        let result = manager.lock(&k).try_acquire().await;
+        let elapsed = started.elapsed();
+        servers[0].resume();
+        let lease = result.unwrap_or_else(|e| panic!("{backend:?}: minority stall: {e}"));
+        assert!(
+            elapsed < OP,
+            "{backend:?}: waited {elapsed:?} for the stalled node"
+        );
+        assert!(
+            lease.remaining() > TTL - OP - Duration::from_millis(200) - SLACK,
+            "{backend:?}"
+        );
+        // The stalled node runs the queued acquisition on resume: it holds our token, nothing else.
+        let token = lease.token().as_str().to_owned();
+        assert!(
+            common::eventually(Duration::from_secs(2), || get(&servers[0], &k) == token).await,
+            "{backend:?}: stalled node holds {:?}",
+            get(&servers[0], &k)
+        );
+        for s in servers.iter() {
+            assert_eq!(get(s, &k), token, "{backend:?}");
+        }
+        lease.release().await.unwrap();
+        assert_eq!(servers.iter().map(|s| get(s, &k)).collect::<String>(), "");
+
+        // Majority stalled: fails within the bound, as too few nodes (not contention).
+        let k = key("stall-majority", backend);
+        for s in servers.iter() {
+            s.cmd(&["CONFIG", "RESETSTAT"]);
+        }
+        servers[0].pause();
+        servers[1].pause();
+        let started = Instant::now();
+        let result = manager.lock(&k).try_acquire().await;
+        let elapsed = started.elapsed();
+        // Before resuming: the healthy node was cleaned up by the failed attempt itself.
+        assert_eq!(
+            get(&servers[2], &k),
+            "",
+            "{backend:?}: healthy node not cleaned"
+        );
+        servers[0].resume();
+        servers[1].resume();
+        let err = result.expect_err("acquired with a stalled majority");
+        assert!(!err.is_contended(), "{backend:?}: {err}");
+        assert_eq!(
+            not_acquired_reason(&err),
+            Some(NotAcquiredReason::TooFewNodes),
+            "{backend:?}: {err}"
+        );
+        assert!(
+            elapsed >= OP && elapsed <= 2 * OP + SLACK,
+            "{backend:?}: took {elapsed:?}"
+        );
+        // The stalled nodes run acquisition then clean-up on resume: every node ends empty, each having run
+        // exactly the two scripts (no re-send).
+        let cleaned = common::eventually(Duration::from_secs(3), || {
+            servers
+                .iter()
+                .all(|s| script_calls(s) == 2 && get(s, &k).is_empty())
+        })
+        .await;
+        assert!(
+            cleaned,
+            "{backend:?}: values {:?}, script calls {:?}",
+            servers.iter().map(|s| get(s, &k)).collect::<Vec<_>>(),
+            servers.iter().map(script_calls).collect::<Vec<_>>()
+        );
+    }
+}

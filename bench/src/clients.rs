@@ -1,0 +1,612 @@
+//! The implementations under test behind one enum, so every scenario drives them identically: connect,
+//! one acquisition attempt, an acquisition that waits, release, and a lease that renews itself.
+
+use std::fmt::Display;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use distributed_lock_core::traits::{DistributedLock, LockHandle, LockProvider};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use redis::Value;
+use redis::aio::MultiplexedConnection;
+use redlease::{Config, Lease, LockManager, Task};
+use redlease_adapters::fred::ClientNode;
+use redlease_adapters::fred::fred::prelude::{Builder, ClientLike};
+use redlease_adapters::redis::MultiplexedNode;
+use redlease_adapters::scripts;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// Errors are reported as text: every client crate has its own error type.
+pub(crate) type Res<T> = Result<T, String>;
+
+/// `map_err` helper that prefixes a context.
+pub(crate) fn ctx<E: Display>(what: &'static str) -> impl FnOnce(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// An implementation under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Impl {
+    /// The floor: `SET NX PX`, then a compare-and-delete `EVALSHA`, on one redis-rs multiplexed connection per
+    /// node (concurrently on all nodes for Redlock).
+    Raw,
+    /// redlease over redis-rs (`MultiplexedNode`).
+    RedleaseRedis,
+    /// redlease over fred (`ClientNode`).
+    RedleaseFred,
+    /// redlease over the testkit's in-memory node (S7 only).
+    RedleaseMemory,
+    /// rslock 0.10 (redis-rs, Redlock).
+    Rslock,
+    /// distributed-lock-redis 0.2 (fred 9, Redlock).
+    Dlr,
+    /// async-redis-lock 0.4 (redis-rs, one node).
+    Arl,
+}
+
+impl Impl {
+    /// Every implementation, in table order.
+    pub(crate) const ALL: [Impl; 7] = [
+        Impl::Raw,
+        Impl::RedleaseRedis,
+        Impl::RedleaseFred,
+        Impl::RedleaseMemory,
+        Impl::Rslock,
+        Impl::Dlr,
+        Impl::Arl,
+    ];
+
+    /// The name used in the table and the JSON `impl` key.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Impl::Raw => "raw",
+            Impl::RedleaseRedis => "redlease/redis",
+            Impl::RedleaseFred => "redlease/fred",
+            Impl::RedleaseMemory => "redlease/memory",
+            Impl::Rslock => "rslock",
+            Impl::Dlr => "distributed-lock-redis",
+            Impl::Arl => "async-redis-lock",
+        }
+    }
+
+    /// Whether it can lock over several independent nodes (Redlock).
+    pub(crate) fn redlock(self) -> bool {
+        !matches!(self, Impl::Arl | Impl::RedleaseMemory)
+    }
+
+    /// Whether it talks to Redis at all.
+    pub(crate) fn networked(self) -> bool {
+        self != Impl::RedleaseMemory
+    }
+}
+
+/// Timing settings shared by every implementation in one scenario.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Setup {
+    /// Lease TTL.
+    pub(crate) ttl: Duration,
+    /// Bound on one round of node calls (where the implementation has one).
+    pub(crate) op_timeout: Duration,
+    /// Base pause between acquisition attempts while waiting for a held lock.
+    pub(crate) retry_delay: Duration,
+    /// Renewal interval of self-renewing leases.
+    pub(crate) renew_every: Duration,
+}
+
+/// A process-unique token for the raw floor: random prefix plus counter (no syscall per acquisition).
+struct TokenSource {
+    prefix: String,
+    next: AtomicU64,
+}
+
+impl TokenSource {
+    fn new() -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        Self {
+            prefix: format!("{:x}-{nanos:x}-", std::process::id()),
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{}{n:016x}", self.prefix)
+    }
+}
+
+/// The raw floor's client: one multiplexed connection per node and the preloaded scripts' digests.
+pub(crate) struct RawClient {
+    conns: Vec<MultiplexedConnection>,
+    setup: Setup,
+    ttl_ms: u64,
+    tokens: TokenSource,
+}
+
+/// A raw lock: where it was written and (S6) its renewal task.
+pub(crate) struct RawHeld {
+    key: String,
+    token: String,
+    renewal: Option<JoinHandle<()>>,
+}
+
+impl RawClient {
+    async fn connect(urls: &[String], setup: Setup) -> Res<Self> {
+        let mut conns = Vec::with_capacity(urls.len());
+        for url in urls {
+            let client = redis::Client::open(url.as_str()).map_err(ctx("raw: open"))?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(ctx("raw: connect"))?;
+            for script in [scripts::RELEASE, scripts::EXTEND] {
+                let sha: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script.source)
+                    .query_async(&mut conn)
+                    .await
+                    .map_err(ctx("raw: SCRIPT LOAD"))?;
+                if sha != script.sha1 {
+                    return Err(format!("raw: {} digest {sha} ≠ {}", script.name, script.sha1));
+                }
+            }
+            conns.push(conn);
+        }
+        Ok(Self {
+            conns,
+            setup,
+            ttl_ms: u64::try_from(setup.ttl.as_millis()).unwrap_or(u64::MAX),
+            tokens: TokenSource::new(),
+        })
+    }
+
+    fn quorum(&self) -> usize {
+        self.conns.len() / 2 + 1
+    }
+
+    async fn set_nx(mut conn: MultiplexedConnection, key: &str, token: &str, ttl_ms: u64) -> bool {
+        matches!(
+            redis::cmd("SET")
+                .arg(key)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .query_async::<Value>(&mut conn)
+                .await,
+            Ok(Value::Okay)
+        )
+    }
+
+    async fn evalsha(
+        mut conn: MultiplexedConnection,
+        sha: &'static str,
+        key: &str,
+        args: &[&str],
+    ) -> Res<i64> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(sha).arg(1).arg(key);
+        for a in args {
+            cmd.arg(*a);
+        }
+        cmd.query_async::<i64>(&mut conn)
+            .await
+            .map_err(ctx("raw: EVALSHA"))
+    }
+
+    /// One attempt: `SET NX PX` on every node at once; done at a majority of OKs, at a majority that can no
+    /// longer be reached, or at the operation timeout. On failure the partial writes are deleted.
+    async fn try_acquire(&self, key: &str) -> Res<Option<RawHeld>> {
+        let token = self.tokens.next();
+        let ok = if let [conn] = self.conns.as_slice() {
+            Self::set_nx(conn.clone(), key, &token, self.ttl_ms).await
+        } else {
+            let quorum = self.quorum();
+            let n = self.conns.len();
+            let mut calls: FuturesUnordered<_> = self
+                .conns
+                .iter()
+                .map(|c| Self::set_nx(c.clone(), key, &token, self.ttl_ms))
+                .collect();
+            let tally = async {
+                let (mut yes, mut no) = (0, 0);
+                while let Some(ok) = calls.next().await {
+                    if ok {
+                        yes += 1;
+                    } else {
+                        no += 1;
+                    }
+                    if yes >= quorum || no > n - quorum {
+                        break;
+                    }
+                }
+                yes >= quorum
+            };
+            tokio::time::timeout(self.setup.op_timeout, tally)
+                .await
+                .unwrap_or(false)
+        };
+        let held = RawHeld {
+            key: key.to_owned(),
+            token,
+            renewal: None,
+        };
+        if ok {
+            Ok(Some(held))
+        } else {
+            if self.conns.len() > 1 {
+                let _ = self.release(held).await;
+            }
+            Ok(None)
+        }
+    }
+
+    /// Compare-and-delete on every node at once, each bounded by the operation timeout.
+    async fn release(&self, held: RawHeld) -> Res<()> {
+        if let Some(task) = held.renewal {
+            task.abort();
+        }
+        let args = [held.token.as_str()];
+        if let [conn] = self.conns.as_slice() {
+            return Self::evalsha(conn.clone(), scripts::RELEASE.sha1, &held.key, &args)
+                .await
+                .map(drop);
+        }
+        let calls = self.conns.iter().map(|c| {
+            tokio::time::timeout(
+                self.setup.op_timeout,
+                Self::evalsha(c.clone(), scripts::RELEASE.sha1, &held.key, &args),
+            )
+        });
+        futures::future::join_all(calls).await;
+        Ok(())
+    }
+
+    /// The floor of automatic renewal: one task per lease, sleeping and sending a compare-and-pexpire.
+    async fn hold_renewing(&self, key: &str) -> Res<Option<RawHeld>> {
+        let Some(mut held) = self.try_acquire(key).await? else {
+            return Ok(None);
+        };
+        let conn = self.conns.first().cloned().ok_or("raw: no node")?;
+        let (key, token) = (held.key.clone(), held.token.clone());
+        let (every, ttl) = (self.setup.renew_every, self.ttl_ms.to_string());
+        held.renewal = Some(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let args = [token.as_str(), ttl.as_str()];
+                if Self::evalsha(conn.clone(), scripts::EXTEND.sha1, &key, &args).await != Ok(1) {
+                    return;
+                }
+            }
+        }));
+        Ok(Some(held))
+    }
+}
+
+/// A connected implementation.
+pub(crate) enum Client {
+    /// The raw floor.
+    Raw(RawClient),
+    /// redlease over either adapter (or the in-memory node).
+    Redlease(LockManager),
+    /// rslock: `once` makes a single attempt, `patient` retries until its attempts run out.
+    Rslock {
+        /// One attempt per call.
+        once: rslock::LockManager,
+        /// Many attempts, `retry_delay` apart (randomised by rslock).
+        patient: rslock::LockManager,
+        /// TTL of its locks.
+        ttl: Duration,
+    },
+    /// distributed-lock-redis.
+    Dlr(distributed_lock_redis::RedisLockProvider),
+    /// async-redis-lock.
+    Arl {
+        /// The locker (one reconnecting redis-rs connection).
+        locker: async_redis_lock::Locker,
+        /// Options with `timeout = 0`: one attempt.
+        once: async_redis_lock::Options,
+        /// Options with `timeout = patience`: waits, polling every `retry_delay`.
+        patient: async_redis_lock::Options,
+    },
+}
+
+/// A held lock of any implementation.
+pub(crate) enum Held {
+    /// Raw.
+    Raw(RawHeld),
+    /// redlease.
+    Redlease(Lease),
+    /// rslock.
+    Rslock(rslock::Lock),
+    /// rslock inside `LockManager::using`, which renews it: stop it by sending on `stop`.
+    RslockUsing {
+        /// Ends the routine, so `using` releases the lock.
+        stop: oneshot::Sender<()>,
+        /// The task running `using`.
+        task: JoinHandle<Res<()>>,
+    },
+    /// distributed-lock-redis.
+    Dlr(distributed_lock_redis::RedisLockHandle),
+    /// async-redis-lock.
+    Arl(async_redis_lock::Lock),
+}
+
+impl Held {
+    /// The inline size of the lock object a user would hold (heap parts are counted by the allocator).
+    pub(crate) fn inline_size(&self) -> usize {
+        match self {
+            Held::Raw(h) => std::mem::size_of_val(h),
+            Held::Redlease(h) => std::mem::size_of_val(h),
+            Held::Rslock(h) => std::mem::size_of_val(h),
+            Held::RslockUsing { stop, task } => {
+                std::mem::size_of_val(stop) + std::mem::size_of_val(task)
+            }
+            Held::Dlr(h) => std::mem::size_of_val(h),
+            Held::Arl(h) => std::mem::size_of_val(h),
+        }
+    }
+}
+
+/// A redlease configuration for `setup`, with a spawner on the current tokio runtime.
+fn redlease_config(setup: Setup) -> Config {
+    Config::default()
+        .expiry(setup.ttl)
+        .operation_timeout(setup.op_timeout)
+        .retry_delay(setup.retry_delay)
+}
+
+fn with_tokio_spawner(manager: LockManager) -> LockManager {
+    let handle = tokio::runtime::Handle::current();
+    manager.with_spawner(move |task: Task| {
+        handle.spawn(task);
+    })
+}
+
+fn redlease_manager<N: redlease::RedisNode + 'static>(
+    mut nodes: Vec<N>,
+    setup: Setup,
+) -> Res<LockManager> {
+    let config = redlease_config(setup);
+    let manager = if nodes.len() == 1 {
+        let node = nodes.pop().ok_or("no node")?;
+        LockManager::single(node, config)
+    } else {
+        LockManager::redlock(nodes, config)
+    }
+    .map_err(ctx("redlease: manager"))?;
+    Ok(with_tokio_spawner(manager))
+}
+
+/// A small, fast pseudo-random jitter source for the harness's own retry loops.
+fn jitter(base: Duration) -> Duration {
+    static STATE: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
+    let mut x = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    // base × (1 + U[0, 0.5)), like redlease's default jitter.
+    base + base.mul_f64((x % 1000) as f64 / 2000.0)
+}
+
+impl Client {
+    /// Connects `imp` to `urls` (one URL: single node; several: Redlock).
+    pub(crate) async fn connect(imp: Impl, urls: &[String], setup: Setup) -> Res<Client> {
+        match imp {
+            Impl::Raw => Ok(Client::Raw(RawClient::connect(urls, setup).await?)),
+            Impl::RedleaseRedis => {
+                let mut nodes = Vec::with_capacity(urls.len());
+                for url in urls {
+                    let client = redis::Client::open(url.as_str()).map_err(ctx("redis: open"))?;
+                    nodes.push(
+                        MultiplexedNode::connect(&client)
+                            .await
+                            .map_err(ctx("redis: connect"))?,
+                    );
+                }
+                Ok(Client::Redlease(redlease_manager(nodes, setup)?))
+            }
+            Impl::RedleaseFred => {
+                let mut nodes = Vec::with_capacity(urls.len());
+                for url in urls {
+                    let config = redlease_adapters::fred::fred::prelude::Config::from_url(url)
+                        .map_err(ctx("fred: config"))?;
+                    let client = Builder::from_config(config)
+                        .build()
+                        .map_err(ctx("fred: build"))?;
+                    client.init().await.map_err(ctx("fred: connect"))?;
+                    nodes.push(ClientNode::new(client));
+                }
+                Ok(Client::Redlease(redlease_manager(nodes, setup)?))
+            }
+            Impl::RedleaseMemory => Ok(Client::Redlease(redlease_manager(
+                vec![redlease_testkit::MemoryNode::new()],
+                setup,
+            )?)),
+            Impl::Rslock => {
+                let mut once = rslock::LockManager::new(urls.to_vec());
+                once.set_retry(1, setup.retry_delay);
+                let mut patient = once.clone();
+                patient.set_retry(u32::MAX, setup.retry_delay);
+                Ok(Client::Rslock {
+                    once,
+                    patient,
+                    ttl: setup.ttl,
+                })
+            }
+            Impl::Dlr => {
+                let provider = distributed_lock_redis::RedisLockProvider::builder()
+                    .urls(urls)
+                    .expiry(setup.ttl)
+                    .extension_cadence(setup.renew_every)
+                    // Its acquisition timeout is expiry − min_validity: make it the operation timeout.
+                    .min_validity(setup.ttl.saturating_sub(setup.op_timeout))
+                    .build()
+                    .await
+                    .map_err(ctx("distributed-lock-redis: connect"))?;
+                Ok(Client::Dlr(provider))
+            }
+            Impl::Arl => {
+                let url = match urls {
+                    [url] => url,
+                    _ => return Err("async-redis-lock locks on one node only".into()),
+                };
+                let locker = async_redis_lock::Locker::from_redis_url(url)
+                    .await
+                    .map_err(ctx("async-redis-lock: connect"))?;
+                let base = async_redis_lock::Options::new()
+                    .ttl(setup.ttl)
+                    .extend(setup.renew_every)
+                    .operation_timeout(setup.op_timeout)
+                    .retry(setup.retry_delay);
+                Ok(Client::Arl {
+                    locker,
+                    once: base.clone().timeout(Some(Duration::ZERO)),
+                    patient: base,
+                })
+            }
+        }
+    }
+
+    /// One acquisition attempt on `key`: `Ok(None)` when the lock is held by someone else.
+    pub(crate) async fn try_acquire(&self, key: &str) -> Res<Option<Held>> {
+        match self {
+            Client::Raw(raw) => Ok(raw.try_acquire(key).await?.map(Held::Raw)),
+            Client::Redlease(manager) => match manager.lock(key).try_acquire().await {
+                Ok(lease) => Ok(Some(Held::Redlease(lease))),
+                Err(e) if e.is_contended() => Ok(None),
+                Err(e) => Err(format!("redlease: {e}")),
+            },
+            Client::Rslock { once, ttl, .. } => match once.lock(key.as_bytes(), *ttl).await {
+                Ok(lock) => Ok(Some(Held::Rslock(lock))),
+                Err(rslock::LockError::Unavailable) => Ok(None),
+                Err(e) => Err(format!("rslock: {e}")),
+            },
+            Client::Dlr(provider) => provider
+                .create_lock(key)
+                .try_acquire()
+                .await
+                .map(|h| h.map(Held::Dlr))
+                .map_err(ctx("distributed-lock-redis")),
+            Client::Arl { locker, once, .. } => {
+                match locker.acquire_with_options(once, key).await {
+                    Ok(lock) => Ok(Some(Held::Arl(lock))),
+                    Err(async_redis_lock::Error::Timeout) => Ok(None),
+                    Err(e) => Err(format!("async-redis-lock: {e}")),
+                }
+            }
+        }
+    }
+
+    /// Waits up to `patience` for `key`, with the implementation's own retry loop where it has one (redlease,
+    /// rslock, async-redis-lock) and otherwise attempts `retry_delay` × (1 + U[0, ½)) apart.
+    pub(crate) async fn acquire_waiting(
+        &self,
+        key: &str,
+        patience: Duration,
+        retry_delay: Duration,
+    ) -> Res<Option<Held>> {
+        match self {
+            Client::Redlease(manager) => match manager.lock(key).acquire_within(patience).await {
+                Ok(lease) => Ok(Some(Held::Redlease(lease))),
+                Err(e) if e.is_contended() => Ok(None),
+                Err(e) => Err(format!("redlease: {e}")),
+            },
+            Client::Rslock { patient, ttl, .. } => {
+                match tokio::time::timeout(patience, patient.lock(key.as_bytes(), *ttl)).await {
+                    Ok(Ok(lock)) => Ok(Some(Held::Rslock(lock))),
+                    Ok(Err(rslock::LockError::Unavailable)) | Err(_) => Ok(None),
+                    Ok(Err(e)) => Err(format!("rslock: {e}")),
+                }
+            }
+            Client::Arl {
+                locker, patient, ..
+            } => {
+                let opts = patient.clone().timeout(Some(patience));
+                match locker.acquire_with_options(&opts, key).await {
+                    Ok(lock) => Ok(Some(Held::Arl(lock))),
+                    Err(async_redis_lock::Error::Timeout) => Ok(None),
+                    Err(e) => Err(format!("async-redis-lock: {e}")),
+                }
+            }
+            Client::Raw(_) | Client::Dlr(_) => {
+                let deadline = Instant::now() + patience;
+                loop {
+                    if let Some(held) = self.try_acquire(key).await? {
+                        return Ok(Some(held));
+                    }
+                    let pause = jitter(retry_delay);
+                    if Instant::now() + pause >= deadline {
+                        return Ok(None);
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    /// Releases `held` (which must come from this client).
+    pub(crate) async fn release(&self, held: Held) -> Res<()> {
+        match (self, held) {
+            (Client::Raw(raw), Held::Raw(h)) => raw.release(h).await,
+            (_, Held::Redlease(lease)) => lease.release().await.map_err(ctx("redlease: release")),
+            (_, Held::Rslock(lock)) => {
+                lock.release().await;
+                Ok(())
+            }
+            (_, Held::RslockUsing { stop, task }) => {
+                let _ = stop.send(());
+                task.await.map_err(ctx("rslock: using task"))?
+            }
+            (_, Held::Dlr(handle)) => handle
+                .release()
+                .await
+                .map_err(ctx("distributed-lock-redis: release")),
+            (_, Held::Arl(lock)) => lock.release().await.map_err(ctx("async-redis-lock: release")),
+            (_, Held::Raw(_)) => Err("a raw lock released through another client".into()),
+        }
+    }
+
+    /// Acquires `key` as a lease that renews itself every `setup.renew_every` until released.
+    ///
+    /// redlease: `Lock::auto_renew` with the tokio spawner; raw: one task per lease; distributed-lock-redis and
+    /// async-redis-lock: their own background extension; rslock: `LockManager::using`, which extends when the
+    /// validity is down to 500 ms.
+    pub(crate) async fn hold_renewing(self: &Arc<Self>, key: &str, setup: Setup) -> Res<Held> {
+        let held = match &**self {
+            Client::Raw(raw) => raw.hold_renewing(key).await?.map(Held::Raw),
+            Client::Redlease(manager) => {
+                match manager.lock(key).auto_renew(setup.renew_every).try_acquire().await {
+                    Ok(lease) => Some(Held::Redlease(lease)),
+                    Err(e) if e.is_contended() => None,
+                    Err(e) => return Err(format!("redlease: {e}")),
+                }
+            }
+            Client::Rslock { once, ttl, .. } => {
+                let (manager, ttl) = (once.clone(), *ttl);
+                let (stop, stopped) = oneshot::channel::<()>();
+                let (acquired, on_acquired) = oneshot::channel::<()>();
+                let key = key.as_bytes().to_vec();
+                let task = tokio::spawn(async move {
+                    manager
+                        .using(&key, ttl, async move || {
+                            let _ = acquired.send(());
+                            let _ = stopped.await;
+                        })
+                        .await
+                        .map_err(ctx("rslock: using"))
+                });
+                on_acquired
+                    .await
+                    .map_err(|_| "rslock: using ended before acquiring".to_owned())?;
+                Some(Held::RslockUsing { stop, task })
+            }
+            Client::Dlr(_) | Client::Arl { .. } => self.try_acquire(key).await?,
+        };
+        held.ok_or_else(|| format!("{key} is unexpectedly held by someone else"))
+    }
+}

@@ -1,0 +1,213 @@
+//! `redlease-bench`: redlease side by side with the raw Redis floor and peer lock crates.
+//!
+//! Starts its own `redis-server` processes on free loopback ports (never a server already running on the
+//! machine), runs scenarios S1–S7 for every implementation, prints a table and the issue's target checks, and
+//! writes a JSON array (one object per scenario and implementation) to `--out`.
+//!
+//! ```text
+//! redlease-bench [--quick] [--out PATH] [--only S1,S4] [--impl raw,redlease/redis]
+//! ```
+//!
+//! - S1 uncontended acquire + release on one node (p50/p99);
+//! - S2 the same on Redlock over 3 and 5 nodes;
+//! - S3 64 tasks on distinct keys through one client (pairs per second);
+//! - S4 three nodes, one blackholed by a fault proxy (acquisition p50/p99 against the operation timeout);
+//! - S5 8 tasks contending for one key (handoffs per second, release-to-acquisition gap);
+//! - S6 10,000 self-renewing leases (CPU µs per renewal, heap bytes per lease);
+//! - S7 heap allocations per acquire + release on the in-memory node.
+//!
+//! The counting global allocator (`stats_alloc`) wraps the system allocator for the whole process, so every
+//! implementation pays its (small, atomic-counter) overhead alike.
+
+mod clients;
+mod measure;
+mod report;
+mod scenarios;
+
+use std::alloc::System;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
+
+use clients::Impl;
+use report::Row;
+use scenarios::{Env, Plan};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
+
+/// The peer crates and clients, exactly as pinned in `bench/Cargo.toml` / `Cargo.lock`.
+const VERSIONS: &str = "redlease 0.1.0 (redis 1.8, fred 10.1); rslock =0.10.0; distributed-lock-redis =0.2.0 (fred 9); \
+                        async-redis-lock =0.4.0; tokio 1.x";
+
+/// Command-line options.
+struct Args {
+    quick: bool,
+    out: Option<PathBuf>,
+    only: Option<Vec<String>>,
+    impls: Option<Vec<String>>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        quick: false,
+        out: None,
+        only: None,
+        impls: None,
+    };
+    let mut it = std::env::args().skip(1);
+    let list = |v: Option<String>, flag: &str| -> Result<Vec<String>, String> {
+        v.map(|s| s.split(',').map(|x| x.trim().to_owned()).collect())
+            .ok_or_else(|| format!("{flag} needs a value"))
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => args.quick = true,
+            "--out" => args.out = Some(it.next().ok_or("--out needs a path")?.into()),
+            "--only" => args.only = Some(list(it.next(), "--only")?),
+            "--impl" => args.impls = Some(list(it.next(), "--impl")?),
+            "-h" | "--help" => {
+                return Err(
+                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…]"
+                        .into(),
+                );
+            }
+            other => return Err(format!("unknown argument {other:?} (try --help)")),
+        }
+    }
+    Ok(args)
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{model}, {cores} cores, Linux {}", kernel.trim())
+}
+
+fn run(args: &Args) -> Result<Vec<Row>, String> {
+    let plan = if args.quick { Plan::QUICK } else { Plan::FULL };
+    let wanted = |s: &str| args.only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
+    let impls: Vec<Impl> = Impl::ALL
+        .into_iter()
+        .filter(|i| args.impls.as_ref().is_none_or(|o| o.iter().any(|x| x == i.name())))
+        .collect();
+    let mut rows = Vec::new();
+
+    // S7 first, before any runtime or server thread exists to allocate concurrently.
+    let mut s7 = Vec::new();
+    if wanted("S7") {
+        for &imp in &impls {
+            s7.push(scenarios::allocations(&plan, imp));
+        }
+    }
+
+    if redlease_testkit::server::find_redis_server().is_none() {
+        return Err("redis-server not found (set $REDIS_SERVER or PATH)".into());
+    }
+    let env = Env {
+        servers: redlease_testkit::server::RedisServers::start(5),
+    };
+    let redis_version = env.servers[0]
+        .try_cmd(&["INFO", "server"])
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    println!("machine: {}", machine());
+    println!("redis-server {redis_version} ×5 on ports {:?}", env.servers.iter().map(|s| s.port()).collect::<Vec<_>>());
+    println!("versions: {VERSIONS}");
+    println!("plan: {}", if args.quick { "quick" } else { "full" });
+
+    let cpu = measure::CpuClock::new();
+    let mut step = |row: Row| {
+        eprintln!("  {} {:<23} done", row.scenario, row.imp);
+        rows.push(row);
+    };
+    if wanted("S1") {
+        for &imp in &impls {
+            step(scenarios::latency(&env, &plan, imp, 1));
+        }
+    }
+    if wanted("S2") {
+        for nodes in [3, 5] {
+            for &imp in &impls {
+                step(scenarios::latency(&env, &plan, imp, nodes));
+            }
+        }
+    }
+    if wanted("S3") {
+        for &imp in &impls {
+            step(scenarios::throughput(&env, &plan, imp));
+        }
+    }
+    if wanted("S4") {
+        for &imp in &impls {
+            step(scenarios::hung_node(&env, &plan, imp));
+        }
+    }
+    if wanted("S5") {
+        for &imp in &impls {
+            step(scenarios::contention(&env, &plan, imp));
+        }
+    }
+    if wanted("S6") {
+        for &imp in &impls {
+            step(scenarios::renewal(&env, &plan, imp, cpu));
+        }
+    }
+    rows.extend(s7);
+    Ok(rows)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = Instant::now();
+    let rows = match run(&args) {
+        Ok(rows) => rows,
+        Err(e) => {
+            eprintln!("benchmark failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!();
+    print!("{}", report::to_table(&rows));
+    println!();
+    println!("targets (issue 5):");
+    print!("{}", report::targets(&rows));
+    println!("total time: {:.1} s", started.elapsed().as_secs_f64());
+    let json = report::to_json(&rows);
+    match &args.out {
+        Some(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if let Err(e) = std::fs::create_dir_all(dir) {
+                    eprintln!("create {}: {e}", dir.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            if let Err(e) = std::fs::write(path, json) {
+                eprintln!("write {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+            println!("wrote {}", path.display());
+        }
+        None => print!("{json}"),
+    }
+    ExitCode::SUCCESS
+}

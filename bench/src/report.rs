@@ -1,0 +1,244 @@
+//! Result rows: the stdout table, the JSON array and the target checks.
+
+use std::fmt::Write as _;
+
+/// One (scenario, implementation) result. `None` figures are `null` in JSON and `-` in the table.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Row {
+    /// `"S1"` … `"S7"`.
+    pub(crate) scenario: &'static str,
+    /// The implementation's name (`"raw"`, `"redlease/redis"`, …).
+    pub(crate) imp: &'static str,
+    /// Redis nodes involved (`None` for the in-memory node).
+    pub(crate) nodes: Option<u32>,
+    /// Median latency in µs (S5: release-to-next-acquisition gap).
+    pub(crate) p50_us: Option<f64>,
+    /// 99th percentile latency in µs (S5: gap).
+    pub(crate) p99_us: Option<f64>,
+    /// Operations per second (S3: acquire + release pairs; S5: handoffs).
+    pub(crate) ops_per_s: Option<f64>,
+    /// S4: the operation timeout bounding one acquisition round, in µs.
+    pub(crate) bound_us: Option<f64>,
+    /// S6: heap bytes per held, renewing lease.
+    pub(crate) bytes_per_lease: Option<f64>,
+    /// S6: process CPU time per renewal, in µs.
+    pub(crate) cpu_us_per_renewal: Option<f64>,
+    /// S7: heap allocations per acquire + release.
+    pub(crate) allocs_per_op: Option<f64>,
+    /// How the figure was obtained, what bounds it, or why there is none.
+    pub(crate) note: String,
+}
+
+impl Row {
+    /// A row without figures.
+    pub(crate) fn new(scenario: &'static str, imp: &'static str, nodes: Option<u32>) -> Self {
+        Self {
+            scenario,
+            imp,
+            nodes,
+            ..Self::default()
+        }
+    }
+}
+
+fn num(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x.is_finite() => {
+            if x.fract() == 0.0 && x.abs() < 1e15 {
+                format!("{x:.0}")
+            } else {
+                format!("{x:.3}")
+            }
+        }
+        _ => "null".to_owned(),
+    }
+}
+
+fn string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The rows as a JSON array, one object per row, with the issue's keys.
+pub(crate) fn to_json(rows: &[Row]) -> String {
+    let mut out = String::from("[\n");
+    for (i, r) in rows.iter().enumerate() {
+        let nodes = r.nodes.map_or("null".to_owned(), |n| n.to_string());
+        let _ = write!(
+            out,
+            "  {{\"scenario\": {}, \"impl\": {}, \"nodes\": {nodes}, \"p50_us\": {}, \"p99_us\": {}, \
+             \"ops_per_s\": {}, \"bound_us\": {}, \"bytes_per_lease\": {}, \"cpu_us_per_renewal\": {}, \
+             \"allocs_per_op\": {}, \"note\": {}}}",
+            string(r.scenario),
+            string(r.imp),
+            num(r.p50_us),
+            num(r.p99_us),
+            num(r.ops_per_s),
+            num(r.bound_us),
+            num(r.bytes_per_lease),
+            num(r.cpu_us_per_renewal),
+            num(r.allocs_per_op),
+            string(&r.note),
+        );
+        out.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
+    }
+    out.push_str("]\n");
+    out
+}
+
+fn cell(v: Option<f64>, decimals: usize) -> String {
+    v.filter(|x| x.is_finite())
+        .map_or("-".to_owned(), |x| format!("{x:.decimals$}"))
+}
+
+/// The rows as a fixed-width text table.
+pub(crate) fn to_table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<3} {:<23} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8}  note",
+        "", "impl", "nodes", "p50 µs", "p99 µs", "ops/s", "bound µs", "B/lease", "CPU µs/r", "allocs"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<3} {:<23} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8}  {}",
+            r.scenario,
+            r.imp,
+            r.nodes.map_or("-".to_owned(), |n| n.to_string()),
+            cell(r.p50_us, 1),
+            cell(r.p99_us, 1),
+            cell(r.ops_per_s, 0),
+            cell(r.bound_us, 0),
+            cell(r.bytes_per_lease, 0),
+            cell(r.cpu_us_per_renewal, 2),
+            cell(r.allocs_per_op, 1),
+            r.note
+        );
+    }
+    out
+}
+
+fn find<'a>(rows: &'a [Row], scenario: &str, imp: &str, nodes: Option<u32>) -> Option<&'a Row> {
+    rows.iter()
+        .find(|r| r.scenario == scenario && r.imp == imp && (nodes.is_none() || r.nodes == nodes))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+fn verdict(ok: Option<bool>) -> &'static str {
+    match ok {
+        Some(true) => "met",
+        Some(false) => "MISSED",
+        None => "no data",
+    }
+}
+
+fn fmt_ratio(r: Option<f64>) -> String {
+    r.map_or("-".to_owned(), |r| format!("{r:.3}×"))
+}
+
+/// The issue's targets, checked against this run, for both adapters.
+pub(crate) fn targets(rows: &[Row]) -> String {
+    let mut out = String::new();
+    for imp in ["redlease/redis", "redlease/fred"] {
+        let s1 = find(rows, "S1", imp, Some(1)).and_then(|r| r.p50_us);
+        let raw1 = find(rows, "S1", "raw", Some(1)).and_then(|r| r.p50_us);
+        let r = ratio(s1, raw1);
+        let _ = writeln!(
+            out,
+            "{imp}: S1 p50 / raw p50 = {} (target ≤ 1.10×): {}",
+            fmt_ratio(r),
+            verdict(r.map(|r| r <= 1.10))
+        );
+        let s2 = find(rows, "S2", imp, Some(3)).and_then(|r| r.p50_us);
+        let rs = find(rows, "S2", "rslock", Some(3)).and_then(|r| r.p50_us);
+        let r = ratio(s2, s1);
+        let _ = writeln!(
+            out,
+            "{imp}: S2 3-node p50 / own S1 p50 = {} (target ≤ 1.3×): {}; vs rslock 3-node p50 {} µs: {}",
+            fmt_ratio(r),
+            verdict(r.map(|r| r <= 1.3)),
+            cell(rs, 1),
+            verdict(s2.zip(rs).map(|(a, b)| a < b))
+        );
+        let s3 = find(rows, "S3", imp, Some(1)).and_then(|r| r.ops_per_s);
+        let raw3 = find(rows, "S3", "raw", Some(1)).and_then(|r| r.ops_per_s);
+        let r = ratio(s3, raw3);
+        let _ = writeln!(
+            out,
+            "{imp}: S3 ops/s / raw ops/s = {} (target ≥ 0.9×): {}",
+            fmt_ratio(r),
+            verdict(r.map(|r| r >= 0.9))
+        );
+        let s4 = find(rows, "S4", imp, Some(3));
+        let p99 = s4.and_then(|r| r.p99_us);
+        let bound = s4.and_then(|r| r.bound_us);
+        let _ = writeln!(
+            out,
+            "{imp}: S4 p99 {} µs vs operation timeout {} µs + 5 ms: {}",
+            cell(p99, 1),
+            cell(bound, 0),
+            verdict(p99.zip(bound).map(|(p, b)| p <= b + 5000.0))
+        );
+        let s6 = find(rows, "S6", imp, Some(1)).and_then(|r| r.bytes_per_lease);
+        let _ = writeln!(
+            out,
+            "{imp}: S6 {} bytes per held lease (target ≤ 1024): {}",
+            cell(s6, 0),
+            verdict(s6.map(|b| b <= 1024.0))
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_has_every_key_and_nulls() {
+        let mut row = Row::new("S1", "raw", Some(1));
+        row.p50_us = Some(12.5);
+        row.note = "a \"quoted\" note".into();
+        let json = to_json(&[row, Row::new("S7", "rslock", None)]);
+        for key in [
+            "scenario",
+            "impl",
+            "nodes",
+            "p50_us",
+            "p99_us",
+            "ops_per_s",
+            "bound_us",
+            "bytes_per_lease",
+            "cpu_us_per_renewal",
+            "allocs_per_op",
+            "note",
+        ] {
+            assert_eq!(json.matches(&format!("\"{key}\":")).count(), 2, "{key}");
+        }
+        assert!(json.contains("\"p50_us\": 12.500"));
+        assert!(json.contains("\"nodes\": null"));
+        assert!(json.contains("a \\\"quoted\\\" note"));
+    }
+}

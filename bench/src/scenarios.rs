@@ -1,0 +1,578 @@
+//! Scenarios S1–S7. Each (scenario, implementation) runs on a fresh two-worker tokio runtime, so a peer's
+//! leftover tasks (hung requests, renewal loops) cannot disturb the next measurement.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use redlease::{Config, LockManager};
+use redlease_testkit::MemoryNode;
+use redlease_testkit::proxy::{FaultProxy, ProxyMode};
+use redlease_testkit::server::RedisServers;
+
+use crate::clients::{Client, Held, Impl, Res, Setup, ctx};
+use crate::measure::{self, CpuClock, Samples};
+use crate::report::Row;
+
+/// Sizes and durations of one run (`--quick` or full).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    /// Warm-up iterations before latency measurements (connections, script caches).
+    pub(crate) warmup: usize,
+    /// S1 measured acquire + release pairs.
+    pub(crate) s1_iters: usize,
+    /// S2 measured pairs per node count.
+    pub(crate) s2_iters: usize,
+    /// S3 measuring time.
+    pub(crate) s3_time: Duration,
+    /// S4 most acquisitions measured.
+    pub(crate) s4_iters: usize,
+    /// S4 time budget per implementation (slow peers stop early; the note gives the sample count).
+    pub(crate) s4_budget: Duration,
+    /// S5 measuring time.
+    pub(crate) s5_time: Duration,
+    /// S6 held leases.
+    pub(crate) s6_leases: usize,
+    /// S6 CPU measuring window.
+    pub(crate) s6_window: Duration,
+    /// S7 measured acquire + release pairs.
+    pub(crate) s7_iters: usize,
+}
+
+impl Plan {
+    /// The full run (`just bench`).
+    pub(crate) const FULL: Plan = Plan {
+        warmup: 1000,
+        s1_iters: 20_000,
+        s2_iters: 5_000,
+        s3_time: Duration::from_secs(5),
+        s4_iters: 2_000,
+        s4_budget: Duration::from_secs(10),
+        s5_time: Duration::from_secs(5),
+        s6_leases: 10_000,
+        s6_window: Duration::from_secs(6),
+        s7_iters: 20_000,
+    };
+
+    /// The short run (`just bench-quick`, under two minutes).
+    pub(crate) const QUICK: Plan = Plan {
+        warmup: 200,
+        s1_iters: 2_000,
+        s2_iters: 1_000,
+        s3_time: Duration::from_millis(1500),
+        s4_iters: 300,
+        s4_budget: Duration::from_secs(3),
+        s5_time: Duration::from_secs(2),
+        s6_leases: 10_000,
+        s6_window: Duration::from_secs(2),
+        s7_iters: 5_000,
+    };
+}
+
+/// Settings for latency and throughput scenarios: a TTL far longer than any run, so nothing renews or expires.
+const STEADY: Setup = Setup {
+    ttl: Duration::from_secs(10),
+    op_timeout: Duration::from_millis(500),
+    retry_delay: Duration::from_millis(5),
+    renew_every: Duration::from_secs(3),
+};
+
+/// S4's operation timeout: the bound on one round of calls, and on the hung node's share of it.
+pub(crate) const S4_OP_TIMEOUT: Duration = Duration::from_millis(100);
+/// How long one S4 acquisition may take before the implementation is reported as hanging.
+pub(crate) const HANG_BOUND: Duration = Duration::from_secs(2);
+/// redis-rs 1.x's default response timeout, the only bound rslock has on a silent node.
+const REDIS_RS_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// S6 settings: leases of 3 s renewed every second.
+const RENEWING: Setup = Setup {
+    ttl: Duration::from_secs(3),
+    op_timeout: Duration::from_millis(500),
+    retry_delay: Duration::from_millis(5),
+    renew_every: Duration::from_secs(1),
+};
+
+/// Concurrent tasks in S3.
+const S3_TASKS: usize = 64;
+/// Contending tasks in S5.
+const S5_TASKS: usize = 8;
+/// S5's critical section.
+const S5_CRITICAL: Duration = Duration::from_millis(1);
+
+/// Runs `f` on a fresh two-worker tokio runtime and shuts it down without waiting for stragglers.
+fn on_runtime<T, F, Fut>(f: F) -> Res<T>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Res<T>>,
+{
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(ctx("tokio runtime"))?;
+    let out = rt.block_on(f());
+    rt.shutdown_timeout(Duration::from_millis(200));
+    out
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// The Redis servers of a run: five independent ones on free loopback ports.
+pub(crate) struct Env {
+    /// The servers (S1, S3, S5, S6 use the first; S2 the first three or all five; S4 the first three).
+    pub(crate) servers: RedisServers,
+}
+
+impl Env {
+    fn urls(&self, n: usize) -> Vec<String> {
+        self.servers.urls().into_iter().take(n).collect()
+    }
+}
+
+/// Acquire + release pairs, one after the other, on one key: the latency of the pair.
+async fn pairs(client: &Client, key: &str, warmup: usize, iters: usize) -> Res<Samples> {
+    let mut samples = Samples::with_capacity(iters);
+    for i in 0..warmup + iters {
+        let t = Instant::now();
+        let held = client
+            .try_acquire(key)
+            .await?
+            .ok_or_else(|| format!("{key} unexpectedly held"))?;
+        client.release(held).await?;
+        if i >= warmup {
+            samples.push(t.elapsed());
+        }
+    }
+    Ok(samples)
+}
+
+/// S1 (`nodes == 1`) and S2: uncontended acquire + release latency.
+pub(crate) fn latency(env: &Env, plan: &Plan, imp: Impl, nodes: usize) -> Row {
+    let scenario = if nodes == 1 { "S1" } else { "S2" };
+    let mut row = Row::new(scenario, imp.name(), Some(nodes as u32));
+    if !imp.networked() {
+        row.note = "not measured: the in-memory node is for S7".into();
+        return row;
+    }
+    if nodes > 1 && !imp.redlock() {
+        row.note = "not applicable: single-node lock, no Redlock mode".into();
+        return row;
+    }
+    let iters = if nodes == 1 { plan.s1_iters } else { plan.s2_iters };
+    let urls = env.urls(nodes);
+    let result = on_runtime(|| async {
+        let client = Client::connect(imp, &urls, STEADY).await?;
+        pairs(&client, &format!("bench:{scenario}:{nodes}:{}", imp.name()), plan.warmup, iters).await
+    });
+    match result {
+        Ok(mut s) => {
+            row.p50_us = s.quantile_us(0.5);
+            row.p99_us = s.quantile_us(0.99);
+            row.note = format!(
+                "{} sequential acquire+release pairs on one key after {} warm-up; latency of the pair",
+                s.len(),
+                plan.warmup
+            );
+        }
+        Err(e) => row.note = format!("failed: {e}"),
+    }
+    row
+}
+
+/// S3: 64 tasks on distinct keys through one client; acquire + release pairs per second.
+pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
+    let mut row = Row::new("S3", imp.name(), Some(1));
+    if !imp.networked() {
+        row.note = "not measured: the in-memory node is for S7".into();
+        return row;
+    }
+    let urls = env.urls(1);
+    let result = on_runtime(|| async {
+        let client = Arc::new(Client::connect(imp, &urls, STEADY).await?);
+        let warm_per_task = (plan.warmup / S3_TASKS).max(2);
+        let mut tasks = Vec::with_capacity(S3_TASKS);
+        let start = Arc::new(tokio::sync::Barrier::new(S3_TASKS + 1));
+        let stop = Arc::new(AtomicBool::new(false));
+        for t in 0..S3_TASKS {
+            let (client, start, stop) = (Arc::clone(&client), Arc::clone(&start), Arc::clone(&stop));
+            let key = format!("bench:S3:{}:{t}", imp.name());
+            tasks.push(tokio::spawn(async move {
+                pairs(&client, &key, warm_per_task, 0).await?;
+                start.wait().await;
+                let mut samples = Samples::with_capacity(1 << 14);
+                while !stop.load(Ordering::Relaxed) {
+                    let t = Instant::now();
+                    let held = client
+                        .try_acquire(&key)
+                        .await?
+                        .ok_or_else(|| format!("{key} unexpectedly held"))?;
+                    client.release(held).await?;
+                    samples.push(t.elapsed());
+                }
+                Ok::<_, String>(samples)
+            }));
+        }
+        start.wait().await;
+        let t0 = Instant::now();
+        tokio::time::sleep(plan.s3_time).await;
+        stop.store(true, Ordering::Relaxed);
+        let mut all = Samples::default();
+        let mut ops = 0usize;
+        for task in tasks {
+            let s = task.await.map_err(ctx("S3 task"))??;
+            ops += s.len();
+            all.merge(s);
+        }
+        // Operations finished after the stop flag are counted, and so is the time they took.
+        let elapsed = t0.elapsed();
+        Ok((ops, elapsed, all))
+    });
+    match result {
+        Ok((ops, elapsed, mut all)) => {
+            row.ops_per_s = Some(ops as f64 / elapsed.as_secs_f64());
+            row.p50_us = all.quantile_us(0.5);
+            row.p99_us = all.quantile_us(0.99);
+            row.note = format!(
+                "{ops} acquire+release pairs by {S3_TASKS} tasks on distinct keys through one client in {:.2} s; \
+                 p50/p99 = latency of one pair under this load",
+                elapsed.as_secs_f64()
+            );
+        }
+        Err(e) => row.note = format!("failed: {e}"),
+    }
+    row
+}
+
+/// S4: three nodes, the first behind a blackholing proxy (accepts, never answers); acquisition latency.
+pub(crate) fn hung_node(env: &Env, plan: &Plan, imp: Impl) -> Row {
+    let mut row = Row::new("S4", imp.name(), Some(3));
+    if !imp.networked() {
+        row.note = "not measured: the in-memory node is for S7".into();
+        return row;
+    }
+    if !imp.redlock() {
+        row.note = "not applicable: single-node lock, no Redlock mode".into();
+        return row;
+    }
+    let bound = match imp {
+        Impl::Rslock => REDIS_RS_RESPONSE_TIMEOUT,
+        _ => S4_OP_TIMEOUT,
+    };
+    row.bound_us = Some(us(bound));
+    let setup = Setup {
+        op_timeout: S4_OP_TIMEOUT,
+        ..STEADY
+    };
+    let result = (|| {
+        let upstream = env.servers[0]
+            .addr()
+            .parse()
+            .map_err(ctx("server address"))?;
+        let proxy = FaultProxy::start(upstream).map_err(ctx("fault proxy"))?;
+        let mut urls = env.urls(3);
+        urls[0] = format!("{}/0", proxy.url());
+        let out = on_runtime(|| async {
+            let client = Arc::new(Client::connect(imp, &urls, setup).await?);
+            let key = format!("bench:S4:{}:warm", imp.name());
+            pairs(&client, &key, plan.warmup.min(100), 0).await?;
+            proxy.set_mode(ProxyMode::Blackhole);
+            let mut samples = Samples::with_capacity(plan.s4_iters);
+            let (mut not_acquired, mut errors, mut hung) = (0usize, 0usize, false);
+            let t0 = Instant::now();
+            for i in 0..plan.s4_iters {
+                if t0.elapsed() >= plan.s4_budget {
+                    break;
+                }
+                let key = format!("bench:S4:{}:{i}", imp.name());
+                let t = Instant::now();
+                let attempt = tokio::time::timeout(HANG_BOUND, client.try_acquire(&key)).await;
+                let took = t.elapsed();
+                match attempt {
+                    Err(_) => {
+                        hung = true;
+                        break;
+                    }
+                    Ok(Ok(Some(held))) => {
+                        samples.push(took);
+                        // Release in the background: S4 measures acquisition, and a release must wait for
+                        // the silent node up to its own bound.
+                        let client = Arc::clone(&client);
+                        tokio::spawn(async move {
+                            let _ = client.release(held).await;
+                        });
+                    }
+                    Ok(Ok(None)) => {
+                        samples.push(took);
+                        not_acquired += 1;
+                    }
+                    Ok(Err(_)) => {
+                        samples.push(took);
+                        errors += 1;
+                    }
+                }
+            }
+            Ok((samples, not_acquired, errors, hung))
+        });
+        drop(proxy);
+        out
+    })();
+    match result {
+        Ok((mut s, not_acquired, errors, hung)) => {
+            row.p50_us = s.quantile_us(0.5);
+            row.p99_us = s.quantile_us(0.99);
+            let bound_what = match imp {
+                Impl::Rslock => "bound: redis-rs's default 500 ms response timeout (rslock has no timeout of its own)",
+                Impl::Dlr => "bound: its acquire timeout, expiry − min_validity = 100 ms",
+                _ => "bound: the 100 ms operation timeout",
+            };
+            row.note = format!(
+                "{} acquisitions with node 0 blackholed ({not_acquired} not acquired, {errors} errors){}; {bound_what}",
+                s.len(),
+                if hung {
+                    format!("; HUNG: an acquisition did not return within {} s, stopped waiting", HANG_BOUND.as_secs())
+                } else {
+                    String::new()
+                }
+            );
+            if hung && s.len() == 0 {
+                row.p50_us = None;
+                row.p99_us = None;
+            }
+        }
+        Err(e) => row.note = format!("failed: {e}"),
+    }
+    row
+}
+
+/// S5: 8 tasks contend for one key, holding it 1 ms each time; handoffs per second and the gap from one
+/// holder's release (returned) to the next holder's acquisition (returned).
+pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
+    let mut row = Row::new("S5", imp.name(), Some(1));
+    if !imp.networked() {
+        row.note = "not measured: the in-memory node is for S7".into();
+        return row;
+    }
+    let urls = env.urls(1);
+    let result = on_runtime(|| async {
+        let client = Arc::new(Client::connect(imp, &urls, STEADY).await?);
+        let key = format!("bench:S5:{}", imp.name());
+        pairs(&client, &key, plan.warmup.min(100), 0).await?;
+        let seq = Arc::new(AtomicU64::new(0));
+        let holding = Arc::new(AtomicBool::new(false));
+        let overlaps = Arc::new(AtomicU64::new(0));
+        // Per handoff index: when the acquisition returned, and when its release returned.
+        let acquired: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+        let released: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+        let end = Instant::now() + plan.s5_time;
+        let mut tasks = Vec::with_capacity(S5_TASKS);
+        for _ in 0..S5_TASKS {
+            let (client, key, seq, holding, overlaps, acquired, released) = (
+                Arc::clone(&client),
+                key.clone(),
+                Arc::clone(&seq),
+                Arc::clone(&holding),
+                Arc::clone(&overlaps),
+                Arc::clone(&acquired),
+                Arc::clone(&released),
+            );
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let Some(held) = client
+                        .acquire_waiting(&key, Duration::from_secs(2), STEADY.retry_delay)
+                        .await?
+                    else {
+                        continue;
+                    };
+                    let at = Instant::now();
+                    let n = seq.fetch_add(1, Ordering::SeqCst);
+                    if holding.swap(true, Ordering::SeqCst) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    lock(&acquired).push((n, at));
+                    tokio::time::sleep(S5_CRITICAL).await;
+                    holding.store(false, Ordering::SeqCst);
+                    client.release(held).await?;
+                    lock(&released).push((n, Instant::now()));
+                }
+                Ok::<_, String>(())
+            }));
+        }
+        let t0 = Instant::now();
+        for task in tasks {
+            task.await.map_err(ctx("S5 task"))??;
+        }
+        let elapsed = t0.elapsed();
+        let mut acquired = std::mem::take(&mut *lock(&acquired));
+        let mut released = std::mem::take(&mut *lock(&released));
+        acquired.sort_unstable_by_key(|(n, _)| *n);
+        released.sort_unstable_by_key(|(n, _)| *n);
+        let mut gaps = Samples::with_capacity(acquired.len());
+        for (r, a) in released.iter().zip(acquired.iter().skip(1)) {
+            gaps.push(a.1.saturating_duration_since(r.1));
+        }
+        Ok((acquired.len(), elapsed, gaps, overlaps.load(Ordering::SeqCst)))
+    });
+    match result {
+        Ok((handoffs, elapsed, mut gaps, overlaps)) => {
+            row.ops_per_s = Some(handoffs as f64 / elapsed.as_secs_f64());
+            row.p50_us = gaps.quantile_us(0.5);
+            row.p99_us = gaps.quantile_us(0.99);
+            let retry = match imp {
+                Impl::RedleaseRedis | Impl::RedleaseFred | Impl::RedleaseMemory => {
+                    "acquire_within, retry 5 ms + 0–50 % jitter"
+                }
+                Impl::Rslock => "lock() with set_retry(∞, 5 ms): pauses U[0, 5 ms)",
+                Impl::Arl => "its own retry loop, 5 ms apart",
+                Impl::Raw | Impl::Dlr => "harness loop: try, then 5 ms + 0–50 % jitter",
+            };
+            row.note = format!(
+                "{handoffs} handoffs among {S5_TASKS} tasks holding 1 ms each in {:.2} s; p50/p99 = gap from a \
+                 release returning to the next acquisition returning; waiting: {retry}{}",
+                elapsed.as_secs_f64(),
+                if overlaps > 0 {
+                    format!("; {overlaps} OVERLAPPING holds observed")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        Err(e) => row.note = format!("failed: {e}"),
+    }
+    row
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// S6: 10,000 held leases renewing themselves: heap bytes per lease, CPU per renewal.
+pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
+    let mut row = Row::new("S6", imp.name(), Some(1));
+    if !imp.networked() {
+        row.note = "not measured: the in-memory node is for S7".into();
+        return row;
+    }
+    let urls = env.urls(1);
+    let server = &env.servers[0];
+    let n = plan.s6_leases;
+    let result = on_runtime(|| async {
+        let client = Arc::new(Client::connect(imp, &urls, RENEWING).await?);
+        for i in 0..64 {
+            let held = client.hold_renewing(&format!("bench:S6:{}:warm{i}", imp.name()), RENEWING).await?;
+            client.release(held).await?;
+        }
+        let mut held: Vec<Held> = Vec::with_capacity(n);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let heap0 = measure::live_bytes(&measure::heap());
+        let rss0 = measure::resident_bytes()?;
+        let acquiring = Instant::now();
+        let mut stream = futures::stream::iter(0..n)
+            .map(|i| {
+                let client = Arc::clone(&client);
+                let key = format!("bench:S6:{}:{i}", imp.name());
+                async move { client.hold_renewing(&key, RENEWING).await }
+            })
+            .buffer_unordered(64);
+        while let Some(h) = stream.next().await {
+            held.push(h?);
+        }
+        drop(stream);
+        let acquire_time = acquiring.elapsed();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let heap1 = measure::live_bytes(&measure::heap());
+        let rss1 = measure::resident_bytes()?;
+        let inline: usize = held.iter().map(Held::inline_size).sum();
+        let bytes = (heap1 - heap0) as f64 / n as f64 + inline as f64 / n as f64;
+        let rss = (rss1 as f64 - rss0 as f64) / n as f64;
+
+        let calls0 = measure::script_calls(&server.try_cmd(&["INFO", "commandstats"])?);
+        let cpu0 = cpu.now()?;
+        let t0 = Instant::now();
+        tokio::time::sleep(plan.s6_window).await;
+        let cpu1 = cpu.now()?;
+        let window = t0.elapsed();
+        let calls1 = measure::script_calls(&server.try_cmd(&["INFO", "commandstats"])?);
+        let renewals = calls1.saturating_sub(calls0);
+
+        let still = held.len();
+        let mut releasing = futures::stream::iter(held.drain(..))
+            .map(|h| {
+                let client = Arc::clone(&client);
+                async move { client.release(h).await }
+            })
+            .buffer_unordered(64);
+        let mut release_errors = 0usize;
+        while let Some(r) = releasing.next().await {
+            release_errors += usize::from(r.is_err());
+        }
+        Ok((bytes, rss, cpu1.saturating_sub(cpu0), window, renewals, acquire_time, still, release_errors))
+    });
+    match result {
+        Ok((bytes, rss, cpu_time, window, renewals, acquire_time, still, release_errors)) => {
+            row.bytes_per_lease = Some(bytes);
+            row.cpu_us_per_renewal = (renewals > 0).then(|| us(cpu_time) / renewals as f64);
+            row.note = format!(
+                "{still} leases (TTL 3 s) acquired in {:.2} s; {renewals} renewals (server-side script calls) in a \
+                 {:.2} s window, process CPU {:.0} ms (tick {} ms); heap delta per lease incl. the lease object; \
+                 RSS delta {rss:.0} B/lease; {release_errors} release errors; cadence: {}",
+                acquire_time.as_secs_f64(),
+                window.as_secs_f64(),
+                cpu_time.as_secs_f64() * 1e3,
+                cpu.resolution().as_millis(),
+                match imp {
+                    Impl::Rslock => "rslock's `using` extends at validity − 500 ms (~2.5 s)",
+                    _ => "every 1 s",
+                }
+            );
+        }
+        Err(e) => row.note = format!("failed: {e}"),
+    }
+    row
+}
+
+/// S7: heap allocations per acquire + release of redlease on the in-memory node (single mode, no spawner).
+pub(crate) fn allocations(plan: &Plan, imp: Impl) -> Row {
+    let mut row = Row::new("S7", imp.name(), None);
+    if imp != Impl::RedleaseMemory {
+        row.note = "not applicable: no in-memory backend".into();
+        return row;
+    }
+    let result = (|| {
+        let manager = LockManager::single(MemoryNode::new(), Config::default())
+            .map_err(ctx("redlease: manager"))?;
+        let lock = manager.lock("bench:S7");
+        let run = |iters: usize| {
+            redlease_testkit::block_on(async {
+                for _ in 0..iters {
+                    let lease = lock.try_acquire().await.map_err(ctx("acquire"))?;
+                    lease.release().await.map_err(ctx("release"))?;
+                }
+                Ok::<(), String>(())
+            })
+        };
+        run(plan.warmup)?;
+        let before = measure::heap();
+        run(plan.s7_iters)?;
+        let after = measure::heap();
+        Ok::<_, String>((before, after))
+    })();
+    match result {
+        Ok((before, after)) => {
+            let per = |a: usize, b: usize| (b.saturating_sub(a)) as f64 / plan.s7_iters as f64;
+            row.allocs_per_op = Some(per(before.allocations, after.allocations));
+            row.note = format!(
+                "{} try_acquire+release pairs on MemoryNode (one Lock reused, testkit block_on); also {:.1} \
+                 reallocations and {:.0} bytes allocated per pair",
+                plan.s7_iters,
+                per(before.reallocations, after.reallocations),
+                per(before.bytes_allocated, after.bytes_allocated)
+            );
+        }
+        Err(e) => row.note = format!("failed: {e}"),
+    }
+    row
+}
