@@ -1,0 +1,216 @@
+//! Multi-process contention: several `redlease-worker` OS processes contend for one lock on the same
+//! temporary servers, each doing a non-atomic read-modify-write of a counter under the lock.
+//!
+//! Must hold: every round has exactly one holder (every counter value is read by exactly one holder), no update
+//! is lost (final counter = total rounds), the reported holder intervals (`CLOCK_REALTIME`, shared by all
+//! processes) never overlap, and in single mode the fencing tokens increase in holding order. A control run
+//! without the lock shows that the counter check does detect lost updates.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use redlease_testkit::server::RedisServers;
+use support::{Worker, field};
+
+#[derive(Debug, Clone)]
+struct Hold {
+    id: String,
+    start: u128,
+    end: u128,
+    read: i64,
+    fence: Option<u64>,
+    held: bool,
+}
+
+fn parse_hold(line: &str) -> Hold {
+    let fence: String = field(line, "fence");
+    Hold {
+        id: field(line, "id"),
+        start: field(line, "start"),
+        end: field(line, "end"),
+        read: field(line, "read"),
+        fence: fence.parse().ok(),
+        held: field(line, "held"),
+    }
+}
+
+/// Runs `procs` workers for `rounds` rounds each and returns their holds and the final counter.
+fn run_workers(
+    servers: &RedisServers,
+    mode: &str,
+    procs: usize,
+    rounds: u64,
+    unlocked: bool,
+) -> (Vec<Hold>, i64) {
+    let urls = servers.urls().join(",");
+    let fence_key = if mode == "single" { "chaos:fence" } else { "" };
+    let rounds_text = rounds.to_string();
+    let mut workers: Vec<Worker> = (0..procs)
+        .map(|i| {
+            let seed = (i + 1).to_string();
+            Worker::spawn(
+                &format!("p{i}"),
+                &[
+                    "--role",
+                    "contend",
+                    "--mode",
+                    mode,
+                    "--nodes",
+                    &urls,
+                    "--rounds",
+                    &rounds_text,
+                    "--fence-key",
+                    fence_key,
+                    "--seed",
+                    &seed,
+                    "--unlocked",
+                    if unlocked { "true" } else { "false" },
+                ],
+            )
+        })
+        .collect();
+    // Start them together, so that they really contend.
+    for w in &mut workers {
+        w.expect("READY", Duration::from_secs(30));
+    }
+    for w in &mut workers {
+        w.send("go");
+    }
+    let mut holds = Vec::new();
+    for w in &mut workers {
+        w.expect("DONE", Duration::from_secs(180));
+        w.wait_success(Duration::from_secs(10));
+        let mine: Vec<Hold> = w
+            .seen
+            .iter()
+            .filter(|l| l.starts_with("HOLD"))
+            .map(|l| parse_hold(l))
+            .collect();
+        assert_eq!(
+            mine.len() as u64,
+            rounds,
+            "worker {} reported {} rounds",
+            w.name,
+            mine.len()
+        );
+        holds.extend(mine);
+    }
+    let counter: i64 = servers[0]
+        .cmd(&["GET", "chaos:counter"])
+        .parse()
+        .unwrap_or(0);
+    (holds, counter)
+}
+
+fn show(h: &Hold, origin: u128) -> String {
+    format!(
+        "{} [{:.3} ms, {:.3} ms) read {} fence {:?}",
+        h.id,
+        (h.start - origin) as f64 / 1e6,
+        (h.end - origin) as f64 / 1e6,
+        h.read,
+        h.fence
+    )
+}
+
+fn contention(test: &str, mode: &str, n_servers: usize, procs: usize, rounds: u64) {
+    let Some(servers) = RedisServers::start_or_skip(test, n_servers) else {
+        return;
+    };
+    let t0 = std::time::Instant::now();
+    let (mut holds, counter) = run_workers(&servers, mode, procs, rounds, false);
+    let total = procs as i64 * rounds as i64;
+    holds.sort_by_key(|h| h.start);
+    let origin = holds[0].start;
+
+    // Every holder still believed it held the lease when it finished its update (the TTL is 10 s, the work
+    // a few ms): the non-overlap below is promised only for believed intervals.
+    for h in &holds {
+        assert!(h.held, "{mode}: the lease lapsed during a round: {h:?}");
+    }
+    // Holder intervals from different processes never overlap.
+    for pair in holds.windows(2) {
+        assert!(
+            pair[1].start >= pair[0].end,
+            "{mode}: two holders at once:\n  {}\n  {}",
+            show(&pair[0], origin),
+            show(&pair[1], origin)
+        );
+    }
+    // Exactly one holder per round: each counter value was read by exactly one holder, in holding order.
+    let reads: Vec<i64> = holds.iter().map(|h| h.read).collect();
+    let expected: Vec<i64> = (0..total).collect();
+    assert_eq!(
+        reads, expected,
+        "{mode}: counter values read in holding order"
+    );
+    // No update lost.
+    assert_eq!(counter, total, "{mode}: lost updates");
+    // Fencing tokens (single mode) strictly increase in holding order.
+    if mode == "single" {
+        for pair in holds.windows(2) {
+            let (a, b) = (pair[0].fence.unwrap(), pair[1].fence.unwrap());
+            assert!(b > a, "{mode}: fence {b} after {a}");
+        }
+    }
+    // The processes really contended: the lock changed hands between processes many times.
+    let handovers = holds.windows(2).filter(|p| p[0].id != p[1].id).count();
+    assert!(
+        handovers >= procs,
+        "{mode}: only {handovers} handovers between processes; no real contention"
+    );
+    // Every lease was released: nothing is left on any server.
+    for s in servers.iter() {
+        assert_eq!(
+            s.cmd(&["EXISTS", "chaos:lock"]),
+            "0",
+            "{mode}: a lock key left"
+        );
+    }
+    eprintln!(
+        "{test}: {procs} processes x {rounds} rounds, {handovers} handovers, {:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn single_mode_processes_hold_one_at_a_time_and_lose_no_counter_update() {
+    contention(
+        "single_mode_processes_hold_one_at_a_time_and_lose_no_counter_update",
+        "single",
+        1,
+        4,
+        100,
+    );
+}
+
+#[test]
+fn redlock_processes_on_three_servers_hold_one_at_a_time_and_lose_no_counter_update() {
+    contention(
+        "redlock_processes_on_three_servers_hold_one_at_a_time_and_lose_no_counter_update",
+        "redlock",
+        3,
+        4,
+        50,
+    );
+}
+
+#[test]
+fn without_the_lock_the_same_processes_lose_counter_updates() {
+    // The control experiment: the checks above are able to fail.
+    let test = "without_the_lock_the_same_processes_lose_counter_updates";
+    let Some(servers) = RedisServers::start_or_skip(test, 1) else {
+        return;
+    };
+    let (mut holds, counter) = run_workers(&servers, "single", 4, 50, true);
+    holds.sort_by_key(|h| h.start);
+    let overlaps = holds.windows(2).filter(|p| p[1].start < p[0].end).count();
+    assert!(
+        counter < 200,
+        "4 unlocked processes x 50 read-modify-writes lost no update (counter {counter})"
+    );
+    assert!(overlaps > 0, "unlocked intervals never overlapped");
+}
