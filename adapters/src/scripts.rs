@@ -18,6 +18,8 @@
 //! - **Exact fence numbers.** Lua numbers are doubles; the fence is returned as a bulk string read with `GET`,
 //!   so values above 2^53 survive.
 
+// The reply interpretation below serves the client modules; without a client feature only the scripts are used.
+#![cfg_attr(not(any(feature = "redis", feature = "fred")), allow(dead_code))]
 use std::time::Duration;
 
 use redlease::{KeyState, NodeError, NodeErrorKind};
@@ -229,6 +231,7 @@ pub(crate) fn server_error_kind(code: &str) -> NodeErrorKind {
 }
 
 /// Whether `token` looks like a Redis error code: an uppercase ASCII word (`ERR`, `NOSCRIPT`, `WRONGPASS`).
+#[cfg_attr(not(feature = "fred"), allow(dead_code))]
 pub(crate) fn looks_like_error_code(token: &str) -> bool {
     token.len() >= 2 && token.bytes().all(|b| b.is_ascii_uppercase())
 }
