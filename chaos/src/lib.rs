@@ -16,6 +16,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redlease::machine::Jitter;
+use redlease_adapters::fred::{FredNode, fred};
 use redlease_adapters::redis::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redlease_adapters::redis::redis::{self, RedisResult};
 use redlease_adapters::redis::{ManagedNode, MultiplexedNode, RedisRsNode};
@@ -123,6 +124,30 @@ pub async fn managed_node(
         .set_max_delay(Duration::from_millis(100));
     let conn: ConnectionManager = client.get_connection_manager_with_config(config).await?;
     Ok(RedisRsNode::new(conn).with_endpoint(endpoint))
+}
+
+/// A fred client node for `url` (through a fault proxy in the soak): connection and internal command timeouts
+/// of `timeout`, reconnecting every 20 ms without limit. redlease's fred node sends every lock command at most
+/// once and fails fast while disconnected.
+///
+/// # Errors
+/// When the client cannot be built or its first connection fails.
+pub async fn fred_node(
+    url: &str,
+    timeout: Duration,
+) -> Result<FredNode<fred::clients::Client>, fred::error::Error> {
+    use fred::prelude::{Builder, ClientLike, Config as FredConfig, ReconnectPolicy};
+    let config = FredConfig::from_url(url)?;
+    let mut builder = Builder::from_config(config);
+    builder
+        .with_connection_config(|c| {
+            c.connection_timeout = timeout;
+            c.internal_command_timeout = timeout;
+        })
+        .set_policy(ReconnectPolicy::new_constant(0, 20));
+    let client = builder.build()?;
+    client.init().await?;
+    Ok(FredNode::new(client))
 }
 
 /// A seeded pseudo-random generator (SplitMix64, redlease's jitter generator) with the helpers the nemesis and
