@@ -29,3 +29,11 @@ deps:
 
 demo:
     cargo run -p redlease-demo
+
+# Benchmarks against the raw Redis floor and peer crates (needs redis-server); writes target/bench/full.json.
+bench:
+    cargo run -p redlease-bench --release -- --out target/bench/full.json
+
+# The short benchmark run (under two minutes); writes target/bench/quick.json.
+bench-quick:
+    cargo run -p redlease-bench --release -- --quick --out target/bench/quick.json

@@ -151,7 +151,10 @@ impl RawClient {
                     .await
                     .map_err(ctx("raw: SCRIPT LOAD"))?;
                 if sha != script.sha1 {
-                    return Err(format!("raw: {} digest {sha} ≠ {}", script.name, script.sha1));
+                    return Err(format!(
+                        "raw: {} digest {sha} ≠ {}",
+                        script.name, script.sha1
+                    ));
                 }
             }
             conns.push(conn);
@@ -288,6 +291,10 @@ impl RawClient {
 }
 
 /// A connected implementation.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per measurement; boxing would add an indirection to every measured call of one variant"
+)]
 pub(crate) enum Client {
     /// The raw floor.
     Raw(RawClient),
@@ -316,6 +323,10 @@ pub(crate) enum Client {
 }
 
 /// A held lock of any implementation.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "boxing would add one allocation per acquisition to some implementations and not to others"
+)]
 pub(crate) enum Held {
     /// Raw.
     Raw(RawHeld),
@@ -360,11 +371,40 @@ fn redlease_config(setup: Setup) -> Config {
         .retry_delay(setup.retry_delay)
 }
 
+/// A [`redlease::Timer`] on tokio's timer wheel (the documented production alternative to the default
+/// [`redlease::SystemTimer`], which runs every sleep through `futures-timer`'s global helper thread).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TokioTimer;
+
+impl redlease::Timer for TokioTimer {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> redlease::Sleep {
+        Box::pin(tokio::time::sleep_until(deadline.into()))
+    }
+}
+
+/// The inline size of the last future redlease handed to the spawn hook (S6: the renewal task).
+pub(crate) static LAST_TASK_SIZE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
+/// Whether redlease managers get [`TokioTimer`] (`--redlease-timer tokio`) instead of the default timer.
+pub(crate) static TOKIO_TIMER: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 fn with_tokio_spawner(manager: LockManager) -> LockManager {
     let handle = tokio::runtime::Handle::current();
-    manager.with_spawner(move |task: Task| {
+    let manager = manager.with_spawner(move |task: Task| {
+        LAST_TASK_SIZE.store(std::mem::size_of_val(&*task), Ordering::Relaxed);
         handle.spawn(task);
-    })
+    });
+    if TOKIO_TIMER.load(Ordering::Relaxed) {
+        manager.with_timer(TokioTimer)
+    } else {
+        manager
+    }
 }
 
 fn redlease_manager<N: redlease::RedisNode + 'static>(
@@ -566,7 +606,10 @@ impl Client {
                 .release()
                 .await
                 .map_err(ctx("distributed-lock-redis: release")),
-            (_, Held::Arl(lock)) => lock.release().await.map_err(ctx("async-redis-lock: release")),
+            (_, Held::Arl(lock)) => lock
+                .release()
+                .await
+                .map_err(ctx("async-redis-lock: release")),
             (_, Held::Raw(_)) => Err("a raw lock released through another client".into()),
         }
     }
@@ -580,7 +623,12 @@ impl Client {
         let held = match &**self {
             Client::Raw(raw) => raw.hold_renewing(key).await?.map(Held::Raw),
             Client::Redlease(manager) => {
-                match manager.lock(key).auto_renew(setup.renew_every).try_acquire().await {
+                match manager
+                    .lock(key)
+                    .auto_renew(setup.renew_every)
+                    .try_acquire()
+                    .await
+                {
                     Ok(lease) => Some(Held::Redlease(lease)),
                     Err(e) if e.is_contended() => None,
                     Err(e) => return Err(format!("redlease: {e}")),

@@ -5,7 +5,7 @@
 //! writes a JSON array (one object per scenario and implementation) to `--out`.
 //!
 //! ```text
-//! redlease-bench [--quick] [--out PATH] [--only S1,S4] [--impl raw,redlease/redis]
+//! redlease-bench [--quick] [--out PATH] [--only S1,S4] [--impl raw,redlease/redis] [--redlease-timer system|tokio]
 //! ```
 //!
 //! - S1 uncontended acquire + release on one node (p50/p99);
@@ -48,6 +48,7 @@ struct Args {
     out: Option<PathBuf>,
     only: Option<Vec<String>>,
     impls: Option<Vec<String>>,
+    tokio_timer: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -56,6 +57,7 @@ fn parse_args() -> Result<Args, String> {
         out: None,
         only: None,
         impls: None,
+        tokio_timer: false,
     };
     let mut it = std::env::args().skip(1);
     let list = |v: Option<String>, flag: &str| -> Result<Vec<String>, String> {
@@ -68,9 +70,14 @@ fn parse_args() -> Result<Args, String> {
             "--out" => args.out = Some(it.next().ok_or("--out needs a path")?.into()),
             "--only" => args.only = Some(list(it.next(), "--only")?),
             "--impl" => args.impls = Some(list(it.next(), "--impl")?),
+            "--redlease-timer" => match it.next().as_deref() {
+                Some("tokio") => args.tokio_timer = true,
+                Some("system") => args.tokio_timer = false,
+                _ => return Err("--redlease-timer takes `system` (the default) or `tokio`".into()),
+            },
             "-h" | "--help" => {
                 return Err(
-                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…]"
+                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio]"
                         .into(),
                 );
             }
@@ -97,7 +104,11 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
     let wanted = |s: &str| args.only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
     let impls: Vec<Impl> = Impl::ALL
         .into_iter()
-        .filter(|i| args.impls.as_ref().is_none_or(|o| o.iter().any(|x| x == i.name())))
+        .filter(|i| {
+            args.impls
+                .as_ref()
+                .is_none_or(|o| o.iter().any(|x| x == i.name()))
+        })
         .collect();
     let mut rows = Vec::new();
 
@@ -125,9 +136,26 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         })
         .unwrap_or_else(|| "unknown".into());
     println!("machine: {}", machine());
-    println!("redis-server {redis_version} ×5 on ports {:?}", env.servers.iter().map(|s| s.port()).collect::<Vec<_>>());
+    println!(
+        "load average at start: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!(
+        "redis-server {redis_version} ×5 on ports {:?}",
+        env.servers.iter().map(|s| s.port()).collect::<Vec<_>>()
+    );
     println!("versions: {VERSIONS}");
     println!("plan: {}", if args.quick { "quick" } else { "full" });
+    println!(
+        "redlease timer: {}",
+        if args.tokio_timer {
+            "tokio (LockManager::with_timer)"
+        } else {
+            "SystemTimer (the default: futures-timer)"
+        }
+    );
 
     let cpu = measure::CpuClock::new();
     let mut step = |row: Row| {
@@ -135,15 +163,15 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         rows.push(row);
     };
     if wanted("S1") {
-        for &imp in &impls {
-            step(scenarios::latency(&env, &plan, imp, 1));
-        }
+        scenarios::latency(&env, &plan, &impls, 1)
+            .into_iter()
+            .for_each(&mut step);
     }
     if wanted("S2") {
         for nodes in [3, 5] {
-            for &imp in &impls {
-                step(scenarios::latency(&env, &plan, imp, nodes));
-            }
+            scenarios::latency(&env, &plan, &impls, nodes)
+                .into_iter()
+                .for_each(&mut step);
         }
     }
     if wanted("S3") {
@@ -166,6 +194,17 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
             step(scenarios::renewal(&env, &plan, imp, cpu));
         }
     }
+    if wanted("S1") {
+        match scenarios::attribution(&env, &plan) {
+            Ok(lines) => {
+                println!("attribution (one redis-rs connection, sequential):");
+                for line in lines {
+                    println!("  {line}");
+                }
+            }
+            Err(e) => println!("attribution failed: {e}"),
+        }
+    }
     rows.extend(s7);
     Ok(rows)
 }
@@ -178,6 +217,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    clients::TOKIO_TIMER.store(args.tokio_timer, std::sync::atomic::Ordering::Relaxed);
     let started = Instant::now();
     let rows = match run(&args) {
         Ok(rows) => rows,
@@ -195,11 +235,11 @@ fn main() -> ExitCode {
     let json = report::to_json(&rows);
     match &args.out {
         Some(path) => {
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                if let Err(e) = std::fs::create_dir_all(dir) {
-                    eprintln!("create {}: {e}", dir.display());
-                    return ExitCode::FAILURE;
-                }
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+                && let Err(e) = std::fs::create_dir_all(dir)
+            {
+                eprintln!("create {}: {e}", dir.display());
+                return ExitCode::FAILURE;
             }
             if let Err(e) = std::fs::write(path, json) {
                 eprintln!("write {}: {e}", path.display());

@@ -21,7 +21,8 @@ impl Samples {
 
     /// Records one duration.
     pub(crate) fn push(&mut self, d: Duration) {
-        self.ns.push(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        self.ns
+            .push(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
     }
 
     /// Moves every sample of `other` into `self`.

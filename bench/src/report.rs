@@ -112,7 +112,16 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
     let _ = writeln!(
         out,
         "{:<3} {:<23} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8}  note",
-        "", "impl", "nodes", "p50 µs", "p99 µs", "ops/s", "bound µs", "B/lease", "CPU µs/r", "allocs"
+        "",
+        "impl",
+        "nodes",
+        "p50 µs",
+        "p99 µs",
+        "ops/s",
+        "bound µs",
+        "B/lease",
+        "CPU µs/r",
+        "allocs"
     );
     for r in rows {
         let _ = writeln!(

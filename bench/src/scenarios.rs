@@ -39,6 +39,8 @@ pub(crate) struct Plan {
     pub(crate) s6_window: Duration,
     /// S7 measured acquire + release pairs.
     pub(crate) s7_iters: usize,
+    /// S1/S2 rounds over all implementations.
+    pub(crate) rounds: usize,
 }
 
 impl Plan {
@@ -54,6 +56,7 @@ impl Plan {
         s6_leases: 10_000,
         s6_window: Duration::from_secs(6),
         s7_iters: 20_000,
+        rounds: 5,
     };
 
     /// The short run (`just bench-quick`, under two minutes).
@@ -66,8 +69,10 @@ impl Plan {
         s4_budget: Duration::from_secs(3),
         s5_time: Duration::from_secs(2),
         s6_leases: 10_000,
-        s6_window: Duration::from_secs(2),
+        // Longer than rslock's renewal cadence (~2.5 s), so its leases renew inside the window.
+        s6_window: Duration::from_secs(3),
         s7_iters: 5_000,
+        rounds: 3,
     };
 }
 
@@ -150,44 +155,82 @@ async fn pairs(client: &Client, key: &str, warmup: usize, iters: usize) -> Res<S
     Ok(samples)
 }
 
-/// S1 (`nodes == 1`) and S2: uncontended acquire + release latency.
-pub(crate) fn latency(env: &Env, plan: &Plan, imp: Impl, nodes: usize) -> Row {
+/// S1 (`nodes == 1`) and S2: uncontended acquire + release latency, for every implementation in `impls`.
+///
+/// The pairs are measured in `plan.rounds` rounds that visit the implementations in rotating order, so a
+/// slow phase of the machine (another process, frequency changes) is shared by all of them rather than
+/// landing on one.
+pub(crate) fn latency(env: &Env, plan: &Plan, impls: &[Impl], nodes: usize) -> Vec<Row> {
     let scenario = if nodes == 1 { "S1" } else { "S2" };
-    let mut row = Row::new(scenario, imp.name(), Some(nodes as u32));
-    if !imp.networked() {
-        row.note = "not measured: the in-memory node is for S7".into();
-        return row;
-    }
-    if nodes > 1 && !imp.redlock() {
-        row.note = "not applicable: single-node lock, no Redlock mode".into();
-        return row;
-    }
-    let iters = if nodes == 1 { plan.s1_iters } else { plan.s2_iters };
+    let total = if nodes == 1 {
+        plan.s1_iters
+    } else {
+        plan.s2_iters
+    };
+    let per_round = total.div_ceil(plan.rounds);
     let urls = env.urls(nodes);
-    let result = on_runtime(|| async {
-        let client = Client::connect(imp, &urls, STEADY).await?;
-        pairs(&client, &format!("bench:{scenario}:{nodes}:{}", imp.name()), plan.warmup, iters).await
-    });
-    match result {
-        Ok(mut s) => {
-            row.p50_us = s.quantile_us(0.5);
-            row.p99_us = s.quantile_us(0.99);
-            row.note = format!(
-                "{} sequential acquire+release pairs on one key after {} warm-up; latency of the pair",
-                s.len(),
+    let mut results: Vec<(Impl, Result<Samples, String>)> = impls
+        .iter()
+        .map(|&imp| (imp, Ok(Samples::with_capacity(per_round * plan.rounds))))
+        .collect();
+    for round in 0..plan.rounds {
+        let len = results.len();
+        for k in 0..len {
+            let (imp, acc) = &mut results[(k + round) % len];
+            let imp = *imp;
+            if !imp.networked() || (nodes > 1 && !imp.redlock()) {
+                continue;
+            }
+            let Ok(samples) = acc else { continue };
+            let key = format!("bench:{scenario}:{nodes}:{}", imp.name());
+            let warmup = if round == 0 {
                 plan.warmup
-            );
+            } else {
+                plan.warmup / 10
+            };
+            match on_runtime(|| async {
+                let client = Client::connect(imp, &urls, STEADY).await?;
+                pairs(&client, &key, warmup, per_round).await
+            }) {
+                Ok(s) => samples.merge(s),
+                Err(e) => *acc = Err(e),
+            }
         }
-        Err(e) => row.note = format!("failed: {e}"),
     }
-    row
+    results
+        .into_iter()
+        .map(|(imp, result)| {
+            let mut row = Row::new(scenario, imp.name(), Some(nodes as u32));
+            if !imp.networked() {
+                row.note = "not measured: the in-memory node is for S6 (memory) and S7".into();
+            } else if nodes > 1 && !imp.redlock() {
+                row.note = "not applicable: single-node lock, no Redlock mode".into();
+            } else {
+                match result {
+                    Ok(mut s) => {
+                        row.p50_us = s.quantile_us(0.5);
+                        row.p99_us = s.quantile_us(0.99);
+                        row.note = format!(
+                            "{} sequential acquire+release pairs on one key in {} interleaved rounds after {} \
+                             warm-up; latency of the pair",
+                            s.len(),
+                            plan.rounds,
+                            plan.warmup
+                        );
+                    }
+                    Err(e) => row.note = format!("failed: {e}"),
+                }
+            }
+            row
+        })
+        .collect()
 }
 
 /// S3: 64 tasks on distinct keys through one client; acquire + release pairs per second.
 pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
     let mut row = Row::new("S3", imp.name(), Some(1));
     if !imp.networked() {
-        row.note = "not measured: the in-memory node is for S7".into();
+        row.note = "not measured: the in-memory node is for S6 (memory) and S7".into();
         return row;
     }
     let urls = env.urls(1);
@@ -198,7 +241,8 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
         let start = Arc::new(tokio::sync::Barrier::new(S3_TASKS + 1));
         let stop = Arc::new(AtomicBool::new(false));
         for t in 0..S3_TASKS {
-            let (client, start, stop) = (Arc::clone(&client), Arc::clone(&start), Arc::clone(&stop));
+            let (client, start, stop) =
+                (Arc::clone(&client), Arc::clone(&start), Arc::clone(&stop));
             let key = format!("bench:S3:{}:{t}", imp.name());
             tasks.push(tokio::spawn(async move {
                 pairs(&client, &key, warm_per_task, 0).await?;
@@ -251,7 +295,7 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
 pub(crate) fn hung_node(env: &Env, plan: &Plan, imp: Impl) -> Row {
     let mut row = Row::new("S4", imp.name(), Some(3));
     if !imp.networked() {
-        row.note = "not measured: the in-memory node is for S7".into();
+        row.note = "not measured: the in-memory node is for S6 (memory) and S7".into();
         return row;
     }
     if !imp.redlock() {
@@ -325,7 +369,9 @@ pub(crate) fn hung_node(env: &Env, plan: &Plan, imp: Impl) -> Row {
             row.p50_us = s.quantile_us(0.5);
             row.p99_us = s.quantile_us(0.99);
             let bound_what = match imp {
-                Impl::Rslock => "bound: redis-rs's default 500 ms response timeout (rslock has no timeout of its own)",
+                Impl::Rslock => {
+                    "bound: redis-rs's default 500 ms response timeout (rslock has no timeout of its own)"
+                }
                 Impl::Dlr => "bound: its acquire timeout, expiry − min_validity = 100 ms",
                 _ => "bound: the 100 ms operation timeout",
             };
@@ -333,7 +379,10 @@ pub(crate) fn hung_node(env: &Env, plan: &Plan, imp: Impl) -> Row {
                 "{} acquisitions with node 0 blackholed ({not_acquired} not acquired, {errors} errors){}; {bound_what}",
                 s.len(),
                 if hung {
-                    format!("; HUNG: an acquisition did not return within {} s, stopped waiting", HANG_BOUND.as_secs())
+                    format!(
+                        "; HUNG: an acquisition did not return within {} s, stopped waiting",
+                        HANG_BOUND.as_secs()
+                    )
                 } else {
                     String::new()
                 }
@@ -353,7 +402,7 @@ pub(crate) fn hung_node(env: &Env, plan: &Plan, imp: Impl) -> Row {
 pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
     let mut row = Row::new("S5", imp.name(), Some(1));
     if !imp.networked() {
-        row.note = "not measured: the in-memory node is for S7".into();
+        row.note = "not measured: the in-memory node is for S6 (memory) and S7".into();
         return row;
     }
     let urls = env.urls(1);
@@ -414,7 +463,12 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
         for (r, a) in released.iter().zip(acquired.iter().skip(1)) {
             gaps.push(a.1.saturating_duration_since(r.1));
         }
-        Ok((acquired.len(), elapsed, gaps, overlaps.load(Ordering::SeqCst)))
+        Ok((
+            acquired.len(),
+            elapsed,
+            gaps,
+            overlaps.load(Ordering::SeqCst),
+        ))
     });
     match result {
         Ok((handoffs, elapsed, mut gaps, overlaps)) => {
@@ -451,43 +505,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// S6: 10,000 held leases renewing themselves: heap bytes per lease, CPU per renewal.
 pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
-    let mut row = Row::new("S6", imp.name(), Some(1));
     if !imp.networked() {
-        row.note = "not measured: the in-memory node is for S7".into();
-        return row;
+        return renewal_memory(plan, imp);
     }
+    let mut row = Row::new("S6", imp.name(), Some(1));
     let urls = env.urls(1);
     let server = &env.servers[0];
     let n = plan.s6_leases;
     let result = on_runtime(|| async {
         let client = Arc::new(Client::connect(imp, &urls, RENEWING).await?);
         for i in 0..64 {
-            let held = client.hold_renewing(&format!("bench:S6:{}:warm{i}", imp.name()), RENEWING).await?;
+            let held = client
+                .hold_renewing(&format!("bench:S6:{}:warm{i}", imp.name()), RENEWING)
+                .await?;
             client.release(held).await?;
         }
-        let mut held: Vec<Held> = Vec::with_capacity(n);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let heap0 = measure::live_bytes(&measure::heap());
-        let rss0 = measure::resident_bytes()?;
         let acquiring = Instant::now();
-        let mut stream = futures::stream::iter(0..n)
-            .map(|i| {
-                let client = Arc::clone(&client);
-                let key = format!("bench:S6:{}:{i}", imp.name());
-                async move { client.hold_renewing(&key, RENEWING).await }
-            })
-            .buffer_unordered(64);
-        while let Some(h) = stream.next().await {
-            held.push(h?);
-        }
-        drop(stream);
+        let (bytes, rss, mut held) = hold_many(&client, n, imp, true).await?;
         let acquire_time = acquiring.elapsed();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let heap1 = measure::live_bytes(&measure::heap());
-        let rss1 = measure::resident_bytes()?;
-        let inline: usize = held.iter().map(Held::inline_size).sum();
-        let bytes = (heap1 - heap0) as f64 / n as f64 + inline as f64 / n as f64;
-        let rss = (rss1 as f64 - rss0 as f64) / n as f64;
 
         let calls0 = measure::script_calls(&server.try_cmd(&["INFO", "commandstats"])?);
         let cpu0 = cpu.now()?;
@@ -499,17 +534,17 @@ pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
         let renewals = calls1.saturating_sub(calls0);
 
         let still = held.len();
-        let mut releasing = futures::stream::iter(held.drain(..))
-            .map(|h| {
-                let client = Arc::clone(&client);
-                async move { client.release(h).await }
-            })
-            .buffer_unordered(64);
-        let mut release_errors = 0usize;
-        while let Some(r) = releasing.next().await {
-            release_errors += usize::from(r.is_err());
-        }
-        Ok((bytes, rss, cpu1.saturating_sub(cpu0), window, renewals, acquire_time, still, release_errors))
+        let release_errors = release_all(&client, std::mem::take(&mut held)).await;
+        Ok((
+            bytes,
+            rss,
+            cpu1.saturating_sub(cpu0),
+            window,
+            renewals,
+            acquire_time,
+            still,
+            release_errors,
+        ))
     });
     match result {
         Ok((bytes, rss, cpu_time, window, renewals, acquire_time, still, release_errors)) => {
@@ -527,6 +562,92 @@ pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
                     Impl::Rslock => "rslock's `using` extends at validity − 500 ms (~2.5 s)",
                     _ => "every 1 s",
                 }
+            );
+        }
+        Err(e) => row.note = format!("failed: {e}"),
+    }
+    row
+}
+
+/// Acquires `n` leases (`renewing`: self-renewing ones) with 64 acquisitions in flight, and returns the heap
+/// bytes per lease (including the inline size of the lease object), the RSS growth per lease and the leases.
+async fn hold_many(
+    client: &Arc<Client>,
+    n: usize,
+    imp: Impl,
+    renewing: bool,
+) -> Res<(f64, f64, Vec<Held>)> {
+    let mut held: Vec<Held> = Vec::with_capacity(n);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let heap0 = measure::live_bytes(&measure::heap());
+    let rss0 = measure::resident_bytes()?;
+    let mut stream = futures::stream::iter(0..n)
+        .map(|i| {
+            let client = Arc::clone(client);
+            let key = format!("bench:S6:{}:{renewing}:{i}", imp.name());
+            async move {
+                if renewing {
+                    client.hold_renewing(&key, RENEWING).await
+                } else {
+                    client
+                        .try_acquire(&key)
+                        .await?
+                        .ok_or_else(|| format!("{key} unexpectedly held"))
+                }
+            }
+        })
+        .buffer_unordered(64);
+    while let Some(h) = stream.next().await {
+        held.push(h?);
+    }
+    drop(stream);
+    // Let the acquisitions' transient buffers go before reading the heap.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let heap1 = measure::live_bytes(&measure::heap());
+    let rss1 = measure::resident_bytes()?;
+    let inline: usize = held.iter().map(Held::inline_size).sum();
+    let bytes = ((heap1 - heap0) as f64 + inline as f64) / n as f64;
+    let rss = (rss1 as f64 - rss0 as f64) / n as f64;
+    Ok((bytes, rss, held))
+}
+
+/// Releases every lease in `held`, 64 at a time; returns the number of failed releases.
+async fn release_all(client: &Arc<Client>, held: Vec<Held>) -> usize {
+    let mut releasing = futures::stream::iter(held)
+        .map(|h| {
+            let client = Arc::clone(client);
+            async move { client.release(h).await }
+        })
+        .buffer_unordered(64);
+    let mut errors = 0usize;
+    while let Some(r) = releasing.next().await {
+        errors += usize::from(r.is_err());
+    }
+    errors
+}
+
+/// S6 on the in-memory node: the heap cost of a lease without any network client, with and without its
+/// renewal task (no CPU figure: there is no server to count renewals).
+fn renewal_memory(plan: &Plan, imp: Impl) -> Row {
+    let mut row = Row::new("S6", imp.name(), None);
+    let n = plan.s6_leases;
+    let result = on_runtime(|| async {
+        let client = Arc::new(Client::connect(imp, &[], RENEWING).await?);
+        let (renewing, _, held) = hold_many(&client, n, imp, true).await?;
+        let task = crate::clients::LAST_TASK_SIZE.load(Ordering::Relaxed);
+        let errors = release_all(&client, held).await;
+        let (plain, _, held) = hold_many(&client, n, imp, false).await?;
+        let errors = errors + release_all(&client, held).await;
+        Ok((renewing, plain, errors, task))
+    });
+    match result {
+        Ok((renewing, plain, errors, task)) => {
+            row.bytes_per_lease = Some(renewing);
+            row.note = format!(
+                "{n} self-renewing leases on MemoryNode (no client buffers): {renewing:.0} B each, of which the \
+                 lease without auto_renew is {plain:.0} B and the spawned renewal task the rest (its future alone: \
+                 {task} B inline, boxed by redlease, then moved into a tokio task); {errors} release \
+                 errors; CPU not measured (no server to count renewals)"
             );
         }
         Err(e) => row.note = format!("failed: {e}"),
@@ -558,15 +679,30 @@ pub(crate) fn allocations(plan: &Plan, imp: Impl) -> Row {
         let before = measure::heap();
         run(plan.s7_iters)?;
         let after = measure::heap();
-        Ok::<_, String>((before, after))
+        // The inline sizes of redlease's public futures: what a task awaiting them (or a renewal loop nesting
+        // the same rounds) carries, before any allocation of its own.
+        let sizes = redlease_testkit::block_on(async {
+            let lease = lock.try_acquire().await.map_err(ctx("acquire"))?;
+            let sizes = (
+                std::mem::size_of_val(&lock.try_acquire()),
+                std::mem::size_of_val(&lease.extend(Duration::from_secs(30))),
+                std::mem::size_of_val(&lease.lost()),
+            );
+            let release = lease.release();
+            let sizes = (sizes.0, sizes.1, sizes.2, std::mem::size_of_val(&release));
+            release.await.map_err(ctx("release"))?;
+            Ok::<_, String>(sizes)
+        })?;
+        Ok::<_, String>((before, after, sizes))
     })();
     match result {
-        Ok((before, after)) => {
+        Ok((before, after, (acquire, extend, lost, release))) => {
             let per = |a: usize, b: usize| (b.saturating_sub(a)) as f64 / plan.s7_iters as f64;
             row.allocs_per_op = Some(per(before.allocations, after.allocations));
             row.note = format!(
                 "{} try_acquire+release pairs on MemoryNode (one Lock reused, testkit block_on); also {:.1} \
-                 reallocations and {:.0} bytes allocated per pair",
+                 reallocations and {:.0} bytes allocated per pair; future sizes: try_acquire {acquire} B, \
+                 extend {extend} B, release {release} B, LossSignal {lost} B",
                 plan.s7_iters,
                 per(before.reallocations, after.reallocations),
                 per(before.bytes_allocated, after.bytes_allocated)
@@ -575,4 +711,122 @@ pub(crate) fn allocations(plan: &Plan, imp: Impl) -> Row {
         Err(e) => row.note = format!("failed: {e}"),
     }
     row
+}
+
+/// `usec_per_call` of `command` in an `INFO commandstats` text.
+fn usec_per_call(info: &str, command: &str) -> Option<f64> {
+    let prefix = format!("cmdstat_{command}:");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        })
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Attribution of the S1 gap: the raw floor's pair (`SET NX PX` + release script) against the same pair with
+/// redlease's acquire script instead of `SET NX PX`, on one redis-rs connection, with Redis' own CPU time
+/// per command. Separates what the server spends on the script from what the client spends.
+pub(crate) fn attribution(env: &Env, plan: &Plan) -> Res<Vec<String>> {
+    let url = env.urls(1).pop().ok_or("no server")?;
+    let iters = plan.s1_iters / 2;
+    on_runtime(|| async {
+        let client = redis::Client::open(url.as_str()).map_err(ctx("open"))?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(ctx("connect"))?;
+        for script in [
+            redlease_adapters::scripts::ACQUIRE,
+            redlease_adapters::scripts::RELEASE,
+        ] {
+            let _: String = redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(script.source)
+                .query_async(&mut conn)
+                .await
+                .map_err(ctx("SCRIPT LOAD"))?;
+        }
+        let mut lines = Vec::new();
+        let mut release_us = None;
+        for script_acquire in [false, true] {
+            let mut samples = Samples::with_capacity(iters);
+            for i in 0..plan.warmup + iters {
+                if i == plan.warmup {
+                    let _: String = redis::cmd("CONFIG")
+                        .arg("RESETSTAT")
+                        .query_async(&mut conn)
+                        .await
+                        .map_err(ctx("CONFIG RESETSTAT"))?;
+                }
+                let token = format!("attribution-token-{i:024}");
+                let t = Instant::now();
+                let acquired = if script_acquire {
+                    redis::cmd("EVALSHA")
+                        .arg(redlease_adapters::scripts::ACQUIRE.sha1)
+                        .arg(1)
+                        .arg("bench:attribution")
+                        .arg(&token)
+                        .arg(10_000)
+                        .query_async::<i64>(&mut conn)
+                        .await
+                        .map_err(ctx("EVALSHA acquire"))?
+                        == 1
+                } else {
+                    redis::cmd("SET")
+                        .arg("bench:attribution")
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(10_000)
+                        .query_async::<redis::Value>(&mut conn)
+                        .await
+                        .map_err(ctx("SET"))?
+                        == redis::Value::Okay
+                };
+                let released = redis::cmd("EVALSHA")
+                    .arg(redlease_adapters::scripts::RELEASE.sha1)
+                    .arg(1)
+                    .arg("bench:attribution")
+                    .arg(&token)
+                    .query_async::<i64>(&mut conn)
+                    .await
+                    .map_err(ctx("EVALSHA release"))?;
+                if !acquired || released != 1 {
+                    return Err("attribution: the key was not free".into());
+                }
+                if i >= plan.warmup {
+                    samples.push(t.elapsed());
+                }
+            }
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await
+                .map_err(ctx("INFO"))?;
+            let evalsha = usec_per_call(&info, "evalsha");
+            let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+            let p50 = samples.quantile_us(0.5);
+            if script_acquire {
+                // EVALSHA's average now covers acquire and release scripts in equal numbers.
+                let acquire = evalsha.zip(release_us).map(|(avg, rel)| 2.0 * avg - rel);
+                lines.push(format!(
+                    "raw pair with redlease's acquire script instead of SET NX PX: p50 {} µs; Redis CPU per acquire \
+                     script ≈ {} µs",
+                    fmt(p50),
+                    fmt(acquire)
+                ));
+            } else {
+                release_us = evalsha;
+                lines.push(format!(
+                    "raw pair (SET NX PX + release script): p50 {} µs; Redis CPU per SET {} µs, per release script {} µs",
+                    fmt(p50),
+                    fmt(usec_per_call(&info, "set")),
+                    fmt(evalsha)
+                ));
+            }
+        }
+        Ok(lines)
+    })
 }
