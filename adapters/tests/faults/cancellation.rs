@@ -16,9 +16,12 @@ use redlease_testkit::server::RedisServers;
 use crate::common::{self, BACKENDS, Backend, Rng, config, get, script_calls};
 
 const ITERATIONS_PER_BACKEND: u32 = 500;
-const TTL: Duration = Duration::from_millis(1000);
+/// Long enough that a key found gone within `CLEANED_WITHIN` was deleted, not expired.
+const TTL: Duration = Duration::from_millis(2000);
 const OP: Duration = Duration::from_millis(200);
 const INTERVAL: Duration = Duration::from_millis(50);
+/// A background clean-up is one round, bounded by the operation timeout (plus scheduling slack).
+const CLEANED_WITHIN: Duration = Duration::from_millis(600);
 
 #[derive(Debug, Clone, Copy)]
 enum Op {
@@ -148,10 +151,9 @@ async fn check_connections(
 /// With a spawner, an abandoned acquisition or lease is deleted in the background.
 async fn check_cleaned(setup: &Setup, redlock: bool, key: &str, what: &str) {
     let n = setup.servers(redlock);
-    let gone = common::eventually(
-        Duration::from_millis(2 * OP.as_millis() as u64 + 600),
-        || (0..n).all(|i| get(&setup.servers[i], key).is_empty()),
-    )
+    let gone = common::eventually(CLEANED_WITHIN, || {
+        (0..n).all(|i| get(&setup.servers[i], key).is_empty())
+    })
     .await;
     assert!(gone, "{what}: the spawner did not clean up");
 }

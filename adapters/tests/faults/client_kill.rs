@@ -13,7 +13,10 @@ use std::time::{Duration, Instant};
 use redlease::{RedisNode, Token, Ttl};
 use redlease_testkit::server::RedisServer;
 
-use crate::common::{self, Backend, get, script_calls};
+use redlease_adapters::fred::FredNode;
+use redlease_adapters::fred::fred::prelude::ClientLike;
+
+use crate::common::{self, get, script_calls};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
@@ -64,15 +67,15 @@ struct Tally {
 async fn one(
     server: &RedisServer,
     node: &Arc<dyn RedisNode>,
-    backend: Backend,
+    backend: &str,
     op: Op,
     kill_first: bool,
     round: u32,
     tally: &mut Tally,
 ) {
-    let what = format!("{backend:?} {op:?} kill_first={kill_first} round={round}");
+    let what = format!("{backend} {op:?} kill_first={kill_first} round={round}");
     let ttl = Ttl::from_millis(10_000).unwrap();
-    let k = format!("kill:{{{backend:?}}}:{op:?}:{kill_first}:{round}");
+    let k = format!("kill:{{{backend}}}:{op:?}:{kill_first}:{round}");
     let token = Token::random().unwrap();
     if op == Op::Release {
         server.cmd(&["SET", &k, token.as_str(), "PX", "10000"]);
@@ -194,17 +197,35 @@ async fn client_kill_with_a_command_in_flight_never_yields_a_wrong_answer_and_th
         return;
     };
     common::preload(&server);
-    // Reconnecting clients only: a redis-rs MultiplexedConnection never reconnects after a kill.
+    // Reconnecting clients only: a redis-rs MultiplexedConnection never reconnects after a kill. fred runs
+    // twice: as built (`fail_fast`), and with `with_fail_fast(false)`, where only `max_attempts: 1` stands
+    // between a closed connection and a replay.
+    let mut cases: Vec<(String, Arc<dyn RedisNode>)> = Vec::new();
     for backend in common::RECONNECTING {
-        let node = common::node(backend, &server.url()).await;
+        cases.push((
+            format!("{backend:?}"),
+            common::node(backend, &server.url()).await,
+        ));
+    }
+    let client = common::fred_client(&server.url());
+    client.init().await.unwrap();
+    cases.push((
+        "FredClientNoFailFast".to_owned(),
+        Arc::new(FredNode::new(client).with_fail_fast(false)),
+    ));
+    for (name, node) in &cases {
         let mut tally = Tally::default();
         for round in 0..3 {
             for op in [Op::Acquire, Op::Release] {
                 for kill_first in [true, false] {
-                    one(&server, &node, backend, op, kill_first, round, &mut tally).await;
+                    one(&server, node, name, op, kill_first, round, &mut tally).await;
                 }
             }
         }
-        println!("{backend:?}: {tally:?}");
+        println!("{name}: {tally:?}");
+        assert!(
+            tally.error_run > 0,
+            "{name}: no iteration lost the reply of an executed command: {tally:?}"
+        );
     }
 }

@@ -245,3 +245,8 @@ pub(crate) fn seed() -> u64 {
             .unwrap_or(1),
     }
 }
+
+/// A fred client (not yet connected) for `url`, with the tests' timeouts and reconnection policy.
+pub(crate) fn fred_client(url: &str) -> redlease_adapters::fred::fred::clients::Client {
+    fred_builder(url).build().expect("fred client")
+}
