@@ -717,7 +717,8 @@ fn soak(test: &str, setup: Setup) {
     }
     // Not vacuous: the clients did acquire, extend and lose leases under the nemesis.
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    assert!(g(&stats.acquired) >= secs, "{summary}; {replay}");
+    // (About two acquisitions a second are typical; half of one a second leaves room for a loaded machine.)
+    assert!(g(&stats.acquired) >= secs / 2, "{summary}; {replay}");
     assert!(g(&stats.extended) > 0, "{summary}; {replay}");
     assert!(log.len() as u64 >= secs, "{summary}; {replay}");
 }
