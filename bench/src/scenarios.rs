@@ -56,7 +56,7 @@ impl Plan {
         s6_leases: 10_000,
         s6_window: Duration::from_secs(6),
         s7_iters: 20_000,
-        rounds: 5,
+        rounds: 10,
     };
 
     /// The short run (`just bench-quick`, under two minutes).
