@@ -887,8 +887,6 @@ fn immediate_restarts_of_a_redlock_majority_let_two_clients_hold_and_the_checker
 }
 
 #[test]
-#[ignore = "known issue in core (Engine::round, WaitFor::Decision): an acquisition stops at a quorum and \
-            drops the calls still pending; after NOSCRIPT the third server's EVAL is never sent"]
 fn a_redlock_acquisition_after_a_script_flush_writes_every_healthy_server() {
     let test = "a_redlock_acquisition_after_a_script_flush_writes_every_healthy_server";
     let Some(servers) = RedisServers::start_or_skip(test, 3) else {

@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
-use crate::machine::{Jitter, Reply, Tally, WaitFor};
+use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
 use crate::node::{NodeError, RedisNode, Ttl};
 use crate::time::SharedTimer;
 use crate::token::Token;
@@ -96,7 +96,9 @@ impl Engine {
             .enumerate()
             .map(|(i, node)| Some(op(i, node.as_ref())))
             .collect();
-        let mut sleep = self.timer.sleep_until(crate::time::add(started, timeout));
+        let deadline = crate::time::add(started, timeout);
+        let mut sleep = self.timer.sleep_until(deadline);
+        let mut grace: Option<crate::time::Sleep> = None;
 
         std::future::poll_fn(|cx| {
             for (i, slot) in calls.iter_mut().enumerate() {
@@ -114,8 +116,25 @@ impl Engine {
                     tally.handle_reply(i, reply);
                 }
             }
-            if tally.is_done() {
+            if tally.pending() == 0 {
                 return Poll::Ready(());
+            }
+            if tally.is_done() {
+                if tally.verdict() != Verdict::Quorum {
+                    return Poll::Ready(());
+                }
+                // Won: give the stragglers twice as long again as the quorum took (capped by the round's
+                // deadline), so healthy nodes that answer a little later (a cold script cache costs a
+                // second request) still get the key, while a hung node costs almost nothing.
+                let grace = grace.get_or_insert_with(|| {
+                    let now = self.timer.now();
+                    let took = now.saturating_duration_since(started);
+                    self.timer
+                        .sleep_until(crate::time::add(now, took.saturating_mul(2)).min(deadline))
+                });
+                if grace.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(());
+                }
             }
             if sleep.as_mut().poll(cx).is_ready() {
                 tally.handle_timeout(&NodeError::timed_out(timeout));
@@ -124,7 +143,7 @@ impl Engine {
             Poll::Pending
         })
         .await;
-        // Abandon calls still in flight (a decided round does not wait for stragglers).
+        // Abandon calls still in flight (a decided round waits for stragglers only briefly).
         drop(calls);
         RoundResult {
             tally,

@@ -619,3 +619,26 @@ fn definite_failures_send_no_cleanup_but_unconfirmed_writes_are_cleaned_later() 
         "the unconfirmed write was cleaned up"
     );
 }
+
+#[test]
+fn a_won_round_lets_slightly_slower_nodes_take_the_key_but_not_a_hung_one() {
+    // Nodes 0 and 1 answer after 10 ms, node 2 after 15 ms: node 2 still gets the key.
+    let mut c = Cluster::new(3, 19, config());
+    c.faults[0].script(Op::Acquire, [Fault::Delay(ms(10))]);
+    c.faults[1].script(Op::Acquire, [Fault::Delay(ms(10))]);
+    c.faults[2].script(Op::Acquire, [Fault::Delay(ms(15))]);
+    let start = c.now();
+    let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+    assert_eq!(c.now() - start, ms(15));
+    assert_eq!(c.holders("job", lease.token().as_str()), vec![0, 1, 2]);
+
+    // A hung node costs twice the quorum's time again, not the operation timeout.
+    let mut c = Cluster::new(3, 20, config());
+    c.faults[0].script(Op::Acquire, [Fault::Delay(ms(10))]);
+    c.faults[1].script(Op::Acquire, [Fault::Delay(ms(10))]);
+    c.faults[2].script(Op::Acquire, [Fault::Hang]);
+    let start = c.now();
+    let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+    assert_eq!(c.now() - start, ms(30));
+    assert_eq!(c.holders("job", lease.token().as_str()), vec![0, 1]);
+}
