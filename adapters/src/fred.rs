@@ -361,6 +361,25 @@ where
         scripts::parse_flag(&scripts::ACQUIRE, reply)
     }
 
+    /// `SET key token NX PX ttl`: one plain command for a token never sent before.
+    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
+        let client = self.client.with_options(&self.options());
+        let ttl = ttl.as_millis().to_string();
+        let args = vec![
+            Value::from(key),
+            Value::from(token.as_str()),
+            Value::from("NX"),
+            Value::from("PX"),
+            Value::from(ttl.as_str()),
+        ];
+        let reply = client
+            .custom::<Value, Value>(CustomCommand::new_static("SET", hash, false), args)
+            .await
+            .map_err(|e| classify(None, &e))?;
+        scripts::parse_set_nx(to_reply(reply))
+    }
+
     async fn acquire_fenced(
         &self,
         key: &str,

@@ -319,6 +319,21 @@ where
         scripts::parse_flag(&scripts::ACQUIRE, reply)
     }
 
+    /// `SET key token NX PX ttl`: one plain command for a token never sent before.
+    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let mut conn = self.conn.clone();
+        let reply = redis::cmd("SET")
+            .arg(key)
+            .arg(token.as_str())
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl.as_millis())
+            .query_async::<Value>(&mut conn)
+            .await
+            .map_err(|e| classify(None, &e))?;
+        scripts::parse_set_nx(to_reply(reply))
+    }
+
     async fn acquire_fenced(
         &self,
         key: &str,

@@ -176,6 +176,22 @@ pub(crate) fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeErro
     }
 }
 
+/// The reply of `SET key token NX PX ttl`: `OK` when set, nil when the key exists.
+pub(crate) fn parse_set_nx(reply: Reply) -> Result<bool, NodeError> {
+    match &reply {
+        Reply::Bytes(b) if b.as_slice() == b"OK" => Ok(true),
+        Reply::Nil => Ok(false),
+        _ => Err(unexpected(&SET_NX, &reply)),
+    }
+}
+
+/// Not a script: names `SET … NX PX` in messages about its reply.
+const SET_NX: Script = Script {
+    name: "SET NX",
+    source: "",
+    sha1: "",
+};
+
 /// The fence string or nil of acquire_fenced.
 pub(crate) fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
     let script = &ACQUIRE_FENCED;

@@ -153,7 +153,8 @@ impl Engine {
         }
     }
 
-    /// One acquisition round. `Some(fence)` values only come from fenced single-node acquisition.
+    /// One acquisition round. `Some(fence)` values only come from fenced single-node acquisition. `fresh`
+    /// says the token has never been sent (the first attempt), so a plain `SET NX` suffices.
     pub(crate) async fn acquire_round(
         &self,
         key: &str,
@@ -161,6 +162,7 @@ impl Engine {
         token: &Token,
         ttl: Ttl,
         timeout: Duration,
+        fresh: bool,
     ) -> RoundResult<Option<u64>> {
         match fence_key {
             Some(fence_key) => {
@@ -178,9 +180,12 @@ impl Engine {
                     timeout,
                     |_, node| {
                         Box::pin(async move {
-                            node.acquire(key, token, ttl)
-                                .await
-                                .map(|ok| ok.then_some(0))
+                            let taken = if fresh {
+                                node.acquire_fresh(key, token, ttl).await
+                            } else {
+                                node.acquire(key, token, ttl).await
+                            };
+                            taken.map(|ok| ok.then_some(0))
                         })
                     },
                     Option::is_some,

@@ -385,6 +385,7 @@ impl Lock {
                     &token,
                     plan.ttl,
                     timeout,
+                    attempt == 1,
                 )
                 .await;
             let reason = if r.tally.verdict() == Verdict::Quorum {

@@ -212,6 +212,16 @@ pub trait RedisNode: Send + Sync {
     /// `true`; otherwise change nothing and return `false` (contended).
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError>;
 
+    /// Takes the lock if it is free, for a token that has never been written anywhere.
+    ///
+    /// The first attempt of every acquisition uses a fresh random token, which no key can hold yet, so the
+    /// own-token branch of [`acquire`](Self::acquire) cannot apply and a plain `SET key token NX PX ttl`
+    /// (cheaper for the server than a script) has the same effect: `true` if set, `false` (nothing changed)
+    /// if the key exists. The default implementation calls [`acquire`](Self::acquire).
+    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.acquire(key, token, ttl).await
+    }
+
     /// Takes the lock and issues a fencing token, in one atomic step.
     ///
     /// Atomically: if `key` does not exist, `INCR fence_key`, `SET key token PX ttl` and return the incremented
@@ -252,6 +262,9 @@ macro_rules! forward_node {
         impl<N: RedisNode + ?Sized> RedisNode for $ty {
             async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
                 (**self).acquire(key, token, ttl).await
+            }
+            async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+                (**self).acquire_fresh(key, token, ttl).await
             }
             async fn acquire_fenced(
                 &self,

@@ -46,6 +46,7 @@ pub const CASES: &[&str] = &[
     "acquire_free_key",
     "acquire_held_key_is_contended",
     "acquire_own_token_again_resets_ttl",
+    "acquire_fresh_takes_only_a_free_key",
     "release_only_own_token",
     "extend_only_own_token_and_never_creates",
     "keys_expire_and_stay_expired",
@@ -206,6 +207,21 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 "re-acquiring with the holder's own token returned false".into()
             })?;
             c.expect_held(&k, &t, long * 3, SLACK).await
+        }
+        "acquire_fresh_takes_only_a_free_key" => {
+            let (k, owner, other) = (c.key("lock"), token()?, token()?);
+            let got = c.ok(
+                "acquire_fresh",
+                node.acquire_fresh(&k, &owner, ttl(LONG)).await,
+            )?;
+            c.ensure(got, || "acquire_fresh on a free key returned false".into())?;
+            c.expect_held(&k, &owner, long, SLACK).await?;
+            let again = c.ok(
+                "acquire_fresh",
+                node.acquire_fresh(&k, &other, ttl(LONG * 2)).await,
+            )?;
+            c.ensure(!again, || "acquire_fresh took a held key".into())?;
+            c.expect_held(&k, &owner, long, SLACK).await
         }
         "release_only_own_token" => {
             let (k, owner, other) = (c.key("lock"), token()?, token()?);

@@ -13,7 +13,7 @@ use std::time::Duration;
 use redlease::{Lease, LockManager, RedisNode};
 use redlease_testkit::server::RedisServers;
 
-use crate::common::{self, BACKENDS, Backend, Rng, config, get, script_calls};
+use crate::common::{self, BACKENDS, Backend, Rng, config, get, lock_calls};
 
 const ITERATIONS_PER_BACKEND: u32 = 500;
 /// Long enough that a key found gone within `CLEANED_WITHIN` was deleted, not expired.
@@ -288,9 +288,9 @@ async fn cancelling_at_random_await_points_leaves_working_connections_no_renewal
         // Let background clean-ups finish, then nothing may talk to the servers any more: a leftover renewal
         // would run every 50 ms.
         tokio::time::sleep(2 * OP).await;
-        let before: Vec<u64> = setup.servers.iter().map(script_calls).collect();
+        let before: Vec<u64> = setup.servers.iter().map(lock_calls).collect();
         tokio::time::sleep(6 * INTERVAL + OP).await;
-        let after: Vec<u64> = setup.servers.iter().map(script_calls).collect();
+        let after: Vec<u64> = setup.servers.iter().map(lock_calls).collect();
         assert_eq!(
             before, after,
             "seed={seed} {backend:?}: script calls continued after every future was dropped"

@@ -113,6 +113,17 @@ pub(crate) fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
+/// Lock commands executed since the last `CONFIG RESETSTAT`: scripts and the plain `SET NX PX` that the
+/// first attempt of an acquisition sends (the test's own admin commands must not use `SET` meanwhile).
+pub(crate) fn lock_calls(server: &RedisServer) -> u64 {
+    server
+        .cmd(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_eval") || l.starts_with("cmdstat_set:"))
+        .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
 /// The value under `key` on `server` (`""` when missing).
 pub(crate) fn get(server: &RedisServer, key: &str) -> String {
     server.cmd(&["GET", key])
@@ -206,8 +217,8 @@ impl Proxied {
         }
     }
 
-    pub(crate) fn script_calls(&self) -> Vec<u64> {
-        self.servers.iter().map(script_calls).collect()
+    pub(crate) fn lock_calls(&self) -> Vec<u64> {
+        self.servers.iter().map(lock_calls).collect()
     }
 }
 

@@ -76,7 +76,7 @@ async fn redlock_lost_replies_on_a_minority_still_acquire_and_release_and_on_a_m
             set.values(&k)
         );
         // Each node ran exactly acquire + release: nothing was re-sent.
-        assert_eq!(set.script_calls(), vec![2, 2, 2], "{backend:?}");
+        assert_eq!(set.lock_calls(), vec![2, 2, 2], "{backend:?}");
 
         // Majority: nodes 0 and 1 execute but never answer.
         let k = key("lost-majority", backend);
@@ -114,7 +114,7 @@ async fn redlock_lost_replies_on_a_minority_still_acquire_and_release_and_on_a_m
             "{backend:?}: left {:?}",
             set.values(&k)
         );
-        assert_eq!(set.script_calls(), vec![2, 2, 2], "{backend:?}");
+        assert_eq!(set.lock_calls(), vec![2, 2, 2], "{backend:?}");
 
         // Heal: forward again and cut the connections that lost replies. Reconnecting clients work again;
         // a redis-rs MultiplexedConnection never reconnects (documented), so it is not healed.

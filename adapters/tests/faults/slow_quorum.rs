@@ -90,7 +90,7 @@ async fn redlock_slow_majority_applies_the_set_but_acquisition_fails_without_val
             "{backend:?}: {:?}",
             set.values(&k)
         );
-        assert_eq!(set.script_calls(), vec![2, 2, 2], "{backend:?}");
+        assert_eq!(set.lock_calls(), vec![2, 2, 2], "{backend:?}");
 
         // Without the latency the same lock is acquired normally.
         set.proxies[0].set_mode(ProxyMode::Forward);

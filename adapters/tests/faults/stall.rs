@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use redlease::{LockManager, NotAcquiredReason};
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-use crate::common::{self, BACKENDS, config, get, key, not_acquired_reason, script_calls};
+use crate::common::{self, BACKENDS, config, get, key, lock_calls, not_acquired_reason};
 
 const TTL: Duration = Duration::from_secs(10);
 const OP: Duration = Duration::from_millis(200);
@@ -56,14 +56,14 @@ async fn stalled_server_fails_acquire_within_the_timeout_not_as_contention_and_i
         // After SIGCONT the queued acquisition runs, then the queued clean-up deletes it: nothing remains,
         // long before the 10 s TTL could explain it.
         let cleaned = common::eventually(Duration::from_secs(3), || {
-            script_calls(&server) == 2 && get(&server, &k).is_empty()
+            lock_calls(&server) == 2 && get(&server, &k).is_empty()
         })
         .await;
         assert!(
             cleaned,
             "{backend:?}: after resume: value {:?}, {} script calls (want acquire + clean-up)",
             get(&server, &k),
-            script_calls(&server)
+            lock_calls(&server)
         );
         // The node answers correctly again.
         let lease = manager.lock(&k).try_acquire().await.unwrap();
@@ -151,14 +151,14 @@ async fn redlock_with_a_stalled_minority_acquires_and_with_a_stalled_majority_fa
         let cleaned = common::eventually(Duration::from_secs(3), || {
             servers
                 .iter()
-                .all(|s| script_calls(s) == 2 && get(s, &k).is_empty())
+                .all(|s| lock_calls(s) == 2 && get(s, &k).is_empty())
         })
         .await;
         assert!(
             cleaned,
             "{backend:?}: values {:?}, script calls {:?}",
             servers.iter().map(|s| get(s, &k)).collect::<Vec<_>>(),
-            servers.iter().map(script_calls).collect::<Vec<_>>()
+            servers.iter().map(lock_calls).collect::<Vec<_>>()
         );
     }
 }
