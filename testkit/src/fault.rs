@@ -321,6 +321,12 @@ impl<N: RedisNode> RedisNode for FaultyNode<N> {
             .await
     }
 
+    /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own fast path.
+    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.run(Op::Acquire, self.inner.acquire_fresh(key, token, ttl))
+            .await
+    }
+
     async fn acquire_fenced(
         &self,
         key: &str,
