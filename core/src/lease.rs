@@ -305,7 +305,7 @@ impl Shared {
                 Err(LossReason::Released) => return,
                 Err(reason) => {
                     drop(permit);
-                    let _ = self.give_up(reason, None).await;
+                    let _ = Box::pin(self.give_up(reason, None)).await;
                     return;
                 }
             };
@@ -317,24 +317,26 @@ impl Shared {
             }
             let Some(timeout) = schedule.round_timeout(now, valid_until) else {
                 drop(permit);
-                let _ = self.give_up(LossReason::Expired, None).await;
+                let _ = Box::pin(self.give_up(LossReason::Expired, None)).await;
                 return;
             };
-            match self.extend_once(self.ttl, timeout).await {
+            // Boxed: a lease spends nearly all its life asleep between rounds, and thousands may be held at once,
+            // so the round's state lives on the heap only while a round runs.
+            match Box::pin(self.extend_once(self.ttl, timeout)).await {
                 Extension::Extended {
                     started,
                     valid_until,
                 } => {
                     if self.apply(started, valid_until).is_err() {
                         drop(permit);
-                        let _ = self.give_up(LossReason::Expired, None).await;
+                        let _ = Box::pin(self.give_up(LossReason::Expired, None)).await;
                         return;
                     }
                     step = schedule.after_success(started, valid_until);
                 }
                 Extension::NotHeld => {
                     drop(permit);
-                    let _ = self.give_up(LossReason::NotHeld, None).await;
+                    let _ = Box::pin(self.give_up(LossReason::NotHeld, None)).await;
                     return;
                 }
                 Extension::Failed(_) => {

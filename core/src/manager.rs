@@ -470,22 +470,17 @@ impl Lock {
         ));
         if let (Some(interval), Some(spawner)) = (self.auto_renew, &self.engine.spawner) {
             if shared.claim_renewal() {
-                let renewal = Arc::clone(&shared).renew(interval);
-                let ended = Arc::clone(&shared).ended();
-                spawner.spawn(Box::pin(async move {
-                    let mut renewal = std::pin::pin!(renewal);
-                    let mut ended = std::pin::pin!(ended);
-                    std::future::poll_fn(|cx| {
-                        if renewal.as_mut().poll(cx).is_ready()
-                            || ended.as_mut().poll(cx).is_ready()
-                        {
-                            std::task::Poll::Ready(())
-                        } else {
-                            std::task::Poll::Pending
-                        }
-                    })
-                    .await;
-                }));
+                // Polled side by side without an async block: moving two futures into one would keep both
+                // the captured and the pinned copy in its state, doubling what every held lease costs.
+                let mut renewal = Box::pin(Arc::clone(&shared).renew(interval));
+                let mut ended = Box::pin(Arc::clone(&shared).ended());
+                spawner.spawn(Box::pin(std::future::poll_fn(move |cx| {
+                    if renewal.as_mut().poll(cx).is_ready() || ended.as_mut().poll(cx).is_ready() {
+                        std::task::Poll::Ready(())
+                    } else {
+                        std::task::Poll::Pending
+                    }
+                })));
             }
         }
         Lease::new(shared)
