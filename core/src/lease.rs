@@ -51,7 +51,11 @@ impl State {
         match self.waiters.iter_mut().find(|(i, _)| *i == id) {
             Some((_, w)) if w.will_wake(waker) => {}
             Some((_, w)) => w.clone_from(waker),
-            None => self.waiters.push((id, waker.clone())),
+            None => {
+                // Usually the only waiter: don't let the first push reserve room for four.
+                self.waiters.reserve_exact(1);
+                self.waiters.push((id, waker.clone()));
+            }
         }
     }
 
@@ -284,11 +288,16 @@ impl Shared {
         prior
     }
 
-    /// Automatic renewal until the lease ends or is lost.
+    /// Automatic renewal until the lease ends (released or dropped) or is lost.
+    ///
+    /// A renewal round already in flight when the lease ends runs to its end (bounded by the operation
+    /// timeout; compare-and-pexpire cannot resurrect a released key); no new round starts after it.
     pub(crate) async fn renew(self: Arc<Self>, interval: Duration) {
-        let engine = Arc::clone(&self.engine);
-        let schedule =
-            RenewalSchedule::new(interval, engine.config.get_retry_delay(), self.op_timeout);
+        let schedule = RenewalSchedule::new(
+            interval,
+            self.engine.config.get_retry_delay(),
+            self.op_timeout,
+        );
         let mut step = {
             let st = self.lock();
             schedule.after_success(st.round_started, st.valid_until)
@@ -297,7 +306,9 @@ impl Shared {
             let at = match step {
                 RenewalStep::RenewAt(t) | RenewalStep::LostAt(t) => t,
             };
-            engine.timer.sleep_until(at).await;
+            if !self.sleep_unless_ended(at).await {
+                return;
+            }
             let permit = self.extend_permit().await;
             let now = self.now();
             let valid_until = match self.current(now) {
@@ -347,20 +358,22 @@ impl Shared {
         }
     }
 
-    /// Resolves once the lease has ended locally (released or dropped).
-    pub(crate) async fn ended(self: Arc<Self>) {
+    /// Sleeps until `at`; returns `false` early if the lease ends meanwhile.
+    async fn sleep_unless_ended(&self, at: Instant) -> bool {
         let id = waiter_id();
-        let registered = Deregister { shared: &self, id };
+        let registered = Deregister { shared: self, id };
+        let mut sleep = self.engine.timer.sleep_until(at);
         std::future::poll_fn(|cx| {
-            let mut st = registered.shared.lock();
-            if st.ended {
-                Poll::Ready(())
-            } else {
+            {
+                let mut st = registered.shared.lock();
+                if st.ended {
+                    return Poll::Ready(false);
+                }
                 st.register(id, cx.waker());
-                Poll::Pending
             }
+            sleep.as_mut().poll(cx).map(|()| true)
         })
-        .await;
+        .await
     }
 }
 

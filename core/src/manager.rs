@@ -470,17 +470,8 @@ impl Lock {
         ));
         if let (Some(interval), Some(spawner)) = (self.auto_renew, &self.engine.spawner) {
             if shared.claim_renewal() {
-                // Polled side by side without an async block: moving two futures into one would keep both
-                // the captured and the pinned copy in its state, doubling what every held lease costs.
-                let mut renewal = Box::pin(Arc::clone(&shared).renew(interval));
-                let mut ended = Box::pin(Arc::clone(&shared).ended());
-                spawner.spawn(Box::pin(std::future::poll_fn(move |cx| {
-                    if renewal.as_mut().poll(cx).is_ready() || ended.as_mut().poll(cx).is_ready() {
-                        std::task::Poll::Ready(())
-                    } else {
-                        std::task::Poll::Pending
-                    }
-                })));
+                // Boxed once: the renewal loop stops by itself when the lease ends.
+                spawner.spawn(Box::pin(Arc::clone(&shared).renew(interval)));
             }
         }
         Lease::new(shared)

@@ -15,7 +15,8 @@ pub const TOKEN_BYTES: usize = 20;
 /// show only its first four characters (`Token(1a2b…)`); [`Token::as_str`] gives the full text to nodes.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Token {
-    hex: String,
+    // Inline rather than a `String`: every held lease keeps one, and thousands may be held at once.
+    hex: [u8; TOKEN_BYTES * 2],
 }
 
 impl Token {
@@ -29,24 +30,27 @@ impl Token {
         getrandom::fill(&mut bytes).map_err(|e| TokenError {
             message: e.to_string(),
         })?;
-        Ok(Self {
-            hex: hex::encode(bytes),
-        })
+        let mut hex = [0u8; TOKEN_BYTES * 2];
+        hex::encode_to_slice(bytes, &mut hex).map_err(|e| TokenError {
+            message: e.to_string(),
+        })?;
+        Ok(Self { hex })
     }
 
     /// The full 40-character hexadecimal text, as stored in Redis.
     pub fn as_str(&self) -> &str {
-        &self.hex
+        // Always ASCII hex digits, written by `hex::encode_to_slice`.
+        std::str::from_utf8(&self.hex).unwrap_or_default()
     }
 
     /// Whether a value read back from Redis is this token.
     pub fn matches(&self, value: &[u8]) -> bool {
-        self.hex.as_bytes() == value
+        self.hex.as_slice() == value
     }
 
     /// A short, non-secret prefix for logs and error messages.
     pub fn redacted(&self) -> &str {
-        self.hex.get(..4).unwrap_or("")
+        self.as_str().get(..4).unwrap_or("")
     }
 }
 
