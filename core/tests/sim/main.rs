@@ -3,6 +3,7 @@
 
 mod acquire;
 mod cancel;
+mod clock_jump;
 mod config;
 mod history;
 mod renewal;
