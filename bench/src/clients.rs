@@ -371,8 +371,8 @@ fn redlease_config(setup: Setup) -> Config {
         .retry_delay(setup.retry_delay)
 }
 
-/// A [`redlease::Timer`] on tokio's timer wheel (the documented production alternative to the default
-/// [`redlease::SystemTimer`], which runs every sleep through `futures-timer`'s global helper thread).
+/// A [`redlease::Timer`] on tokio's timer wheel, to compare with the default [`redlease::SystemTimer`]
+/// (redlease's own shared timer thread).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct TokioTimer;
 

@@ -153,7 +153,7 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         if args.tokio_timer {
             "tokio (LockManager::with_timer)"
         } else {
-            "SystemTimer (the default: futures-timer)"
+            "SystemTimer (the default: redlease's timer thread)"
         }
     );
 
