@@ -642,3 +642,40 @@ fn a_won_round_lets_slightly_slower_nodes_take_the_key_but_not_a_hung_one() {
     assert_eq!(c.now() - start, ms(30));
     assert_eq!(c.holders("job", lease.token().as_str()), vec![0, 1]);
 }
+
+#[test]
+fn an_acquisition_dropped_mid_round_is_cleaned_up_in_the_background_with_a_spawner() {
+    for with_spawner in [true, false] {
+        let mut c = if with_spawner {
+            Cluster::with_spawner(3, 21, config())
+        } else {
+            Cluster::new(3, 21, config())
+        };
+        // Every node applies the SET at once but answers only 50 ms later.
+        for f in &c.faults {
+            f.script(Op::Acquire, [Fault::SlowReply(ms(50))]);
+        }
+        let lock = c.manager.lock("job").expiry(secs(10));
+        let clock = c.clock.clone();
+        let mut acquire = Box::pin(async move {
+            let _ = lock.try_acquire().await;
+        });
+        // Poll until the SETs are applied, then drop the acquisition at 10 ms.
+        let mut stop = clock.sleep_until(clock.now() + ms(10));
+        c.sim.block_on(std::future::poll_fn(|cx| {
+            let _ = acquire.as_mut().poll(cx);
+            stop.as_mut().poll(cx)
+        }));
+        drop(acquire);
+        assert_eq!(c.nodes.iter().filter(|n| n.get("job").is_some()).count(), 3);
+        c.sim.run_for(secs(1));
+        let left = c.nodes.iter().filter(|n| n.get("job").is_some()).count();
+        if with_spawner {
+            assert_eq!(left, 0, "the spawned clean-up deleted the abandoned writes");
+        } else {
+            assert_eq!(left, 3, "without a spawner the keys wait for their TTL");
+            c.sim.run_for(secs(10));
+            assert_eq!(c.nodes.iter().filter(|n| n.get("job").is_some()).count(), 0);
+        }
+    }
+}
