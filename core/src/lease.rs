@@ -292,15 +292,13 @@ impl Shared {
     ///
     /// A renewal round already in flight when the lease ends runs to its end (bounded by the operation
     /// timeout; compare-and-pexpire cannot resurrect a released key); no new round starts after it.
-    pub(crate) async fn renew(self: Arc<Self>, interval: Duration) {
-        let schedule = RenewalSchedule::new(
-            interval,
-            self.engine.config.get_retry_delay(),
-            self.op_timeout,
-        );
+    pub(crate) async fn renew(self: Arc<Self>) {
+        // The schedule is rebuilt from the lease's fields where needed instead of living in this future's
+        // state: thousands of these futures may sleep at once.
         let mut step = {
             let st = self.lock();
-            schedule.after_success(st.round_started, st.valid_until)
+            self.schedule()
+                .after_success(st.round_started, st.valid_until)
         };
         loop {
             let at = match step {
@@ -323,10 +321,10 @@ impl Shared {
             if matches!(step, RenewalStep::LostAt(_)) {
                 // A manual extension moved the deadline since we planned to give up: plan afresh.
                 let started = self.lock().round_started;
-                step = schedule.after_success(started, valid_until);
+                step = self.schedule().after_success(started, valid_until);
                 continue;
             }
-            let Some(timeout) = schedule.round_timeout(now, valid_until) else {
+            let Some(timeout) = self.schedule().round_timeout(now, valid_until) else {
                 drop(permit);
                 let _ = Box::pin(self.give_up(LossReason::Expired, None)).await;
                 return;
@@ -343,7 +341,7 @@ impl Shared {
                         let _ = Box::pin(self.give_up(LossReason::Expired, None)).await;
                         return;
                     }
-                    step = schedule.after_success(started, valid_until);
+                    step = self.schedule().after_success(started, valid_until);
                 }
                 Extension::NotHeld => {
                     drop(permit);
@@ -352,28 +350,58 @@ impl Shared {
                 }
                 Extension::Failed(_) => {
                     self.set_at_risk();
-                    step = schedule.after_failure(self.now(), valid_until);
+                    step = self.schedule().after_failure(self.now(), valid_until);
                 }
             }
         }
     }
 
-    /// Sleeps until `at`; returns `false` early if the lease ends meanwhile.
-    async fn sleep_unless_ended(&self, at: Instant) -> bool {
-        let id = waiter_id();
-        let registered = Deregister { shared: self, id };
-        let mut sleep = self.engine.timer.sleep_until(at);
-        std::future::poll_fn(|cx| {
-            {
-                let mut st = registered.shared.lock();
-                if st.ended {
-                    return Poll::Ready(false);
-                }
-                st.register(id, cx.waker());
+    /// The renewal schedule of this lease (only called for leases with an automatic-renewal interval).
+    fn schedule(&self) -> RenewalSchedule {
+        RenewalSchedule::new(
+            self.renew_interval.unwrap_or(self.ttl.as_duration() / 3),
+            self.engine.config.get_retry_delay(),
+            self.op_timeout,
+        )
+    }
+
+    /// Sleeps until `at`; resolves to `false` early if the lease ends meanwhile.
+    fn sleep_unless_ended(&self, at: Instant) -> SleepUnlessEnded<'_> {
+        SleepUnlessEnded {
+            shared: self,
+            id: waiter_id(),
+            sleep: self.engine.timer.sleep_until(at),
+        }
+    }
+}
+
+/// See [`Shared::sleep_unless_ended`]. A named future rather than an `async fn`, because it sits inside every
+/// sleeping renewal loop and its state should be only what it needs.
+struct SleepUnlessEnded<'a> {
+    shared: &'a Shared,
+    id: u64,
+    sleep: Sleep,
+}
+
+impl Future for SleepUnlessEnded<'_> {
+    type Output = bool;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+        let this = &mut *self;
+        {
+            let mut st = this.shared.lock();
+            if st.ended {
+                return Poll::Ready(false);
             }
-            sleep.as_mut().poll(cx).map(|()| true)
-        })
-        .await
+            st.register(this.id, cx.waker());
+        }
+        this.sleep.as_mut().poll(cx).map(|()| true)
+    }
+}
+
+impl Drop for SleepUnlessEnded<'_> {
+    fn drop(&mut self) {
+        self.shared.lock().deregister(self.id);
     }
 }
 
@@ -610,7 +638,7 @@ impl Lease {
         let _claim = claimed.then(|| RenewalClaim(shared));
         let mut renewal: Option<Pin<Box<dyn Future<Output = ()> + Send>>> =
             match shared.renew_interval {
-                Some(interval) if claimed => Some(Box::pin(Arc::clone(shared).renew(interval))),
+                Some(_) if claimed => Some(Box::pin(Arc::clone(shared).renew())),
                 _ => None,
             };
         std::future::poll_fn(|cx| {

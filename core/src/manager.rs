@@ -468,10 +468,10 @@ impl Lock {
                 valid_until,
             },
         ));
-        if let (Some(interval), Some(spawner)) = (self.auto_renew, &self.engine.spawner) {
+        if let (Some(_), Some(spawner)) = (self.auto_renew, &self.engine.spawner) {
             if shared.claim_renewal() {
                 // Boxed once: the renewal loop stops by itself when the lease ends.
-                spawner.spawn(Box::pin(Arc::clone(&shared).renew(interval)));
+                spawner.spawn(Box::pin(Arc::clone(&shared).renew()));
             }
         }
         Lease::new(shared)
