@@ -74,9 +74,15 @@ impl Engine {
 
     /// Calls `op` on every node concurrently and collects replies until the tally is done or `timeout` passes.
     /// `yes` decides whether a successful value counts as a yes vote.
+    ///
+    /// With `grace`, a round won by a quorum still lets the remaining nodes answer for twice the time the quorum
+    /// took (see below). Rounds of single commands need none: a command already handed to the connection is
+    /// sent and applied even when its reply is abandoned; a script may need a second request (`EVAL` after
+    /// `NOSCRIPT`) that only happens while its future is polled.
     pub(crate) async fn round<'a, T, Op, Yes>(
         &'a self,
         wait: WaitFor,
+        grace: bool,
         timeout: Duration,
         op: Op,
         yes: Yes,
@@ -98,7 +104,7 @@ impl Engine {
             .collect();
         let deadline = crate::time::add(started, timeout);
         let mut sleep = self.timer.sleep_until(deadline);
-        let mut grace: Option<crate::time::Sleep> = None;
+        let mut grace_sleep: Option<crate::time::Sleep> = None;
 
         std::future::poll_fn(|cx| {
             for (i, slot) in calls.iter_mut().enumerate() {
@@ -120,19 +126,19 @@ impl Engine {
                 return Poll::Ready(());
             }
             if tally.is_done() {
-                if tally.verdict() != Verdict::Quorum {
+                if !grace || tally.verdict() != Verdict::Quorum {
                     return Poll::Ready(());
                 }
                 // Won: give the stragglers twice as long again as the quorum took (capped by the round's
                 // deadline), so healthy nodes that answer a little later (a cold script cache costs a
                 // second request) still get the key, while a hung node costs almost nothing.
-                let grace = grace.get_or_insert_with(|| {
+                let grace_sleep = grace_sleep.get_or_insert_with(|| {
                     let now = self.timer.now();
                     let took = now.saturating_duration_since(started);
                     self.timer
                         .sleep_until(crate::time::add(now, took.saturating_mul(2)).min(deadline))
                 });
-                if grace.as_mut().poll(cx).is_ready() {
+                if grace_sleep.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(());
                 }
             }
@@ -168,6 +174,7 @@ impl Engine {
             Some(fence_key) => {
                 self.round(
                     WaitFor::Decision,
+                    true,
                     timeout,
                     |_, node| node.acquire_fenced(key, fence_key, token, ttl),
                     Option::is_some,
@@ -175,8 +182,10 @@ impl Engine {
                 .await
             }
             None => {
+                // A fresh acquisition is one plain `SET NX` per node: no grace needed (see `round`).
                 self.round(
                     WaitFor::Decision,
+                    !fresh,
                     timeout,
                     |_, node| {
                         Box::pin(async move {
@@ -205,6 +214,7 @@ impl Engine {
     ) -> RoundResult<bool> {
         self.round(
             WaitFor::Decision,
+            true,
             timeout,
             |_, node| node.extend(key, token, ttl),
             |ok| *ok,
@@ -222,6 +232,7 @@ impl Engine {
     ) -> RoundResult<bool> {
         self.round(
             WaitFor::All,
+            false,
             timeout,
             |i, node| {
                 if only.is_none_or(|only| only.contains(&i)) {
