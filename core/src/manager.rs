@@ -371,7 +371,8 @@ impl Lock {
         );
         let mut guard = CleanupOnDrop::new(engine, &self.key, &token, plan.op_timeout);
         let mut attempt = 0u32;
-        let mut dirty = vec![false; n];
+        // Allocated on the first failed attempt only: the common path never needs it.
+        let mut dirty: Vec<bool> = Vec::new();
         loop {
             attempt += 1;
             let mut timeout = plan.op_timeout;
@@ -408,6 +409,7 @@ impl Lock {
             };
             // Delete our token wherever this or an earlier attempt may have written it and no clean-up has
             // confirmed it gone since. A definite refusal or a definitely-not-applied error left nothing.
+            dirty.resize(n, false);
             for i in r.tally.maybe_applied_indices() {
                 dirty[i] = true;
             }
