@@ -62,6 +62,7 @@ use fred::types::config::{Options, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
 use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
 
+use crate::ops::{self, Transport};
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
 
@@ -310,7 +311,13 @@ where
             ..Options::default()
         }
     }
+}
 
+#[async_trait]
+impl<C> Transport for FredNode<C>
+where
+    C: ClientLike + Clone + Send + Sync + 'static,
+{
     async fn eval(
         &self,
         script: &Script,
@@ -346,6 +353,27 @@ where
         };
         result.map(to_reply).map_err(|e| classify(Some(script), &e))
     }
+
+    async fn set_nx_px(&self, key: &str, value: &str, ttl_ms: u64) -> Result<Reply, NodeError> {
+        let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
+        let client = self.client.with_options(&self.options());
+        let args = vec![
+            Value::from(key),
+            Value::from(value),
+            Value::from("NX"),
+            Value::from("PX"),
+            Value::from(ttl_ms.to_string()),
+        ];
+        client
+            .custom::<Value, Value>(CustomCommand::new_static("SET", hash, false), args)
+            .await
+            .map(to_reply)
+            .map_err(|e| classify(None, &e))
+    }
+
+    fn clustered(&self) -> bool {
+        self.cluster
+    }
 }
 
 #[async_trait]
@@ -354,30 +382,11 @@ where
     C: ClientLike + Clone + Send + Sync + 'static,
 {
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let ttl = ttl.as_millis().to_string();
-        let reply = self
-            .eval(&scripts::ACQUIRE, &[key], &[token.as_str(), &ttl])
-            .await?;
-        scripts::parse_flag(&scripts::ACQUIRE, reply)
+        ops::acquire(self, key, token, ttl).await
     }
 
-    /// `SET key token NX PX ttl`: one plain command for a token never sent before.
     async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
-        let client = self.client.with_options(&self.options());
-        let ttl = ttl.as_millis().to_string();
-        let args = vec![
-            Value::from(key),
-            Value::from(token.as_str()),
-            Value::from("NX"),
-            Value::from("PX"),
-            Value::from(ttl.as_str()),
-        ];
-        let reply = client
-            .custom::<Value, Value>(CustomCommand::new_static("SET", hash, false), args)
-            .await
-            .map_err(|e| classify(None, &e))?;
-        scripts::parse_set_nx(to_reply(reply))
+        ops::acquire_fresh(self, key, token, ttl).await
     }
 
     async fn acquire_fenced(
@@ -387,38 +396,19 @@ where
         token: &Token,
         ttl: Ttl,
     ) -> Result<Option<u64>, NodeError> {
-        if self.cluster {
-            slot::check_same_slot(key, fence_key)?;
-        }
-        let ttl = ttl.as_millis().to_string();
-        let reply = self
-            .eval(
-                &scripts::ACQUIRE_FENCED,
-                &[key, fence_key],
-                &[token.as_str(), &ttl],
-            )
-            .await?;
-        scripts::parse_fence(reply)
+        ops::acquire_fenced(self, key, fence_key, token, ttl).await
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-        let reply = self
-            .eval(&scripts::RELEASE, &[key], &[token.as_str()])
-            .await?;
-        scripts::parse_flag(&scripts::RELEASE, reply)
+        ops::release(self, key, token).await
     }
 
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let ttl = ttl.as_millis().to_string();
-        let reply = self
-            .eval(&scripts::EXTEND, &[key], &[token.as_str(), &ttl])
-            .await?;
-        scripts::parse_flag(&scripts::EXTEND, reply)
+        ops::extend(self, key, token, ttl).await
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-        let reply = self.eval(&scripts::INSPECT, &[key], &[]).await?;
-        scripts::parse_inspect(reply)
+        ops::inspect(self, key).await
     }
 
     fn endpoint(&self) -> Option<String> {

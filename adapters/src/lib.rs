@@ -17,6 +17,8 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(any(feature = "redis", feature = "fred"))]
+mod ops;
 pub mod scripts;
 pub mod slot;
 

@@ -59,8 +59,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
 
+use crate::ops::{self, Transport};
 use crate::scripts::{self, Reply, Script};
-use crate::slot;
 
 /// The redis-rs client crate, re-exported so that versions match.
 pub use ::redis;
@@ -264,7 +264,8 @@ fn to_reply(value: Value) -> Reply {
     }
 }
 
-impl<C> RedisRsNode<C>
+#[async_trait]
+impl<C> Transport for RedisRsNode<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -272,7 +273,7 @@ where
         &self,
         script: &Script,
         keys: &[&str],
-        args: &[&[u8]],
+        args: &[&str],
     ) -> Result<Reply, NodeError> {
         let mut conn = self.conn.clone();
         let build = |verb: &str, body: &str| {
@@ -300,6 +301,24 @@ where
         };
         result.map(to_reply).map_err(|e| classify(Some(script), &e))
     }
+
+    async fn set_nx_px(&self, key: &str, value: &str, ttl_ms: u64) -> Result<Reply, NodeError> {
+        let mut conn = self.conn.clone();
+        redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async::<Value>(&mut conn)
+            .await
+            .map(to_reply)
+            .map_err(|e| classify(None, &e))
+    }
+
+    fn clustered(&self) -> bool {
+        self.cluster
+    }
 }
 
 #[async_trait]
@@ -308,30 +327,11 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let ttl = ttl.as_millis().to_string();
-        let reply = self
-            .eval(
-                &scripts::ACQUIRE,
-                &[key],
-                &[token.as_str().as_bytes(), ttl.as_bytes()],
-            )
-            .await?;
-        scripts::parse_flag(&scripts::ACQUIRE, reply)
+        ops::acquire(self, key, token, ttl).await
     }
 
-    /// `SET key token NX PX ttl`: one plain command for a token never sent before.
     async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let mut conn = self.conn.clone();
-        let reply = redis::cmd("SET")
-            .arg(key)
-            .arg(token.as_str())
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl.as_millis())
-            .query_async::<Value>(&mut conn)
-            .await
-            .map_err(|e| classify(None, &e))?;
-        scripts::parse_set_nx(to_reply(reply))
+        ops::acquire_fresh(self, key, token, ttl).await
     }
 
     async fn acquire_fenced(
@@ -341,42 +341,19 @@ where
         token: &Token,
         ttl: Ttl,
     ) -> Result<Option<u64>, NodeError> {
-        if self.cluster {
-            slot::check_same_slot(key, fence_key)?;
-        }
-        let ttl = ttl.as_millis().to_string();
-        let reply = self
-            .eval(
-                &scripts::ACQUIRE_FENCED,
-                &[key, fence_key],
-                &[token.as_str().as_bytes(), ttl.as_bytes()],
-            )
-            .await?;
-        scripts::parse_fence(reply)
+        ops::acquire_fenced(self, key, fence_key, token, ttl).await
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-        let reply = self
-            .eval(&scripts::RELEASE, &[key], &[token.as_str().as_bytes()])
-            .await?;
-        scripts::parse_flag(&scripts::RELEASE, reply)
+        ops::release(self, key, token).await
     }
 
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let ttl = ttl.as_millis().to_string();
-        let reply = self
-            .eval(
-                &scripts::EXTEND,
-                &[key],
-                &[token.as_str().as_bytes(), ttl.as_bytes()],
-            )
-            .await?;
-        scripts::parse_flag(&scripts::EXTEND, reply)
+        ops::extend(self, key, token, ttl).await
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-        let reply = self.eval(&scripts::INSPECT, &[key], &[]).await?;
-        scripts::parse_inspect(reply)
+        ops::inspect(self, key).await
     }
 
     fn endpoint(&self) -> Option<String> {
