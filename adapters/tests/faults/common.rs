@@ -5,72 +5,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlease::{Config, Error, NotAcquiredReason, RedisNode};
-use redlease_adapters::fred::FredNode;
-use redlease_adapters::fred::fred::prelude::{
-    Builder, ClientLike, Config as FredConfig, ReconnectPolicy,
-};
-use redlease_adapters::redis::{MultiplexedNode, RedisRsNode, redis};
 use redlease_adapters::scripts;
 use redlease_testkit::proxy::FaultProxy;
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-/// The kinds of node the fault tests run against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Backend {
-    /// redis-rs `MultiplexedConnection`: never reconnects, so it is used where the faulty connection is not
-    /// needed again (or where no bytes are lost).
-    RedisMultiplexed,
-    /// redis-rs `ConnectionManager`: reconnects, for scenarios that heal a connection the proxy cut.
-    RedisManager,
-    /// fred `Client`: reconnects; redlease sends every command with `max_attempts: 1` and `fail_fast`.
-    FredClient,
-}
+#[path = "../shared/backends.rs"]
+mod backends;
+pub(crate) use backends::{Backend, fred_builder, node};
 
 /// redis-rs multiplexed and fred client: the two adapters in their most common form.
 pub(crate) const BACKENDS: [Backend; 2] = [Backend::RedisMultiplexed, Backend::FredClient];
 
 /// The reconnecting backends, for scenarios whose connection must work again after a cut.
 pub(crate) const RECONNECTING: [Backend; 2] = [Backend::RedisManager, Backend::FredClient];
-
-fn fred_builder(url: &str) -> Builder {
-    let config = FredConfig::from_url(url).expect("fred config from url");
-    let mut builder = Builder::from_config(config);
-    builder
-        .with_connection_config(|c| {
-            c.connection_timeout = Duration::from_millis(500);
-            c.internal_command_timeout = Duration::from_millis(500);
-        })
-        .set_policy(ReconnectPolicy::new_constant(0, 20));
-    builder
-}
-
-/// A connected node of `backend` for the server (or proxy) at `url`.
-pub(crate) async fn node(backend: Backend, url: &str) -> Arc<dyn RedisNode> {
-    let client = || redis::Client::open(url).expect("redis-rs client");
-    match backend {
-        Backend::RedisMultiplexed => Arc::new(
-            MultiplexedNode::connect(&client())
-                .await
-                .expect("multiplexed connect"),
-        ),
-        Backend::RedisManager => {
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(Duration::from_millis(500)))
-                .set_response_timeout(Some(Duration::from_millis(500)))
-                .set_number_of_retries(2);
-            let conn = client()
-                .get_connection_manager_with_config(config)
-                .await
-                .expect("connection manager");
-            Arc::new(RedisRsNode::new(conn).with_endpoint(url))
-        }
-        Backend::FredClient => {
-            let client = fred_builder(url).build().expect("fred client");
-            client.init().await.expect("fred init");
-            Arc::new(FredNode::new(client))
-        }
-    }
-}
 
 /// Nodes of `backend`, one per URL, in order.
 pub(crate) async fn nodes(backend: Backend, urls: &[String]) -> Vec<Arc<dyn RedisNode>> {

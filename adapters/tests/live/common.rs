@@ -1,23 +1,12 @@
 //! Shared helpers of the live tests: building nodes of every kind against temporary servers.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use redlease::{Config, NodeError, RedisNode};
-use redlease_adapters::fred::FredNode;
-use redlease_adapters::fred::fred::prelude::{
-    Builder, ClientLike, Config as FredConfig, ReconnectPolicy,
-};
-use redlease_adapters::redis::{MultiplexedNode, RedisRsNode, redis};
+use redlease::{Config, NodeError};
 
-/// The kinds of node the single-server tests run against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Backend {
-    RedisMultiplexed,
-    RedisManager,
-    FredClient,
-    FredPool,
-}
+#[path = "../shared/backends.rs"]
+mod backends;
+pub(crate) use backends::{Backend, fred_builder, node};
 
 pub(crate) const ALL_BACKENDS: [Backend; 4] = [
     Backend::RedisMultiplexed,
@@ -25,50 +14,6 @@ pub(crate) const ALL_BACKENDS: [Backend; 4] = [
     Backend::FredClient,
     Backend::FredPool,
 ];
-
-fn fred_builder(url: &str) -> Builder {
-    let config = FredConfig::from_url(url).expect("fred config from url");
-    let mut builder = Builder::from_config(config);
-    builder
-        .with_connection_config(|c| {
-            c.connection_timeout = Duration::from_millis(500);
-            c.internal_command_timeout = Duration::from_millis(500);
-        })
-        .set_policy(ReconnectPolicy::new_constant(0, 20));
-    builder
-}
-
-/// A connected node of `backend` for the server at `url`.
-pub(crate) async fn node(backend: Backend, url: &str) -> Arc<dyn RedisNode> {
-    match backend {
-        Backend::RedisMultiplexed => {
-            let client = redis::Client::open(url).expect("redis-rs client");
-            Arc::new(MultiplexedNode::connect(&client).await.expect("connect"))
-        }
-        Backend::RedisManager => {
-            let client = redis::Client::open(url).expect("redis-rs client");
-            let config = redis::aio::ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(Duration::from_millis(500)))
-                .set_response_timeout(Some(Duration::from_millis(500)))
-                .set_number_of_retries(2);
-            let conn = client
-                .get_connection_manager_with_config(config)
-                .await
-                .expect("connection manager");
-            Arc::new(RedisRsNode::new(conn).with_endpoint(url))
-        }
-        Backend::FredClient => {
-            let client = fred_builder(url).build().expect("fred client");
-            client.init().await.expect("fred init");
-            Arc::new(FredNode::new(client))
-        }
-        Backend::FredPool => {
-            let pool = fred_builder(url).build_pool(2).expect("fred pool");
-            pool.init().await.expect("fred pool init");
-            Arc::new(FredNode::new(pool))
-        }
-    }
-}
 
 /// A fred client (not yet connected) for `url`.
 pub(crate) fn fred_client(url: &str) -> redlease_adapters::fred::fred::clients::Client {
