@@ -19,18 +19,38 @@
 //! # Re-sending is switched off per command
 //!
 //! By default fred re-sends commands that were in flight when a connection closed, once it has reconnected
-//! (`ConnectionConfig::max_command_attempts`, default 3). A lock command re-sent blindly can run twice, and
-//! late: a repeated release reports "not held" after its first copy succeeded, and an acquire re-sent after
-//! redlease gave up re-takes the lock for nobody until its TTL runs out. So every command of a [`FredNode`]
-//! carries its own [`Options`]: `max_attempts: Some(1)` (written at most once; if its connection closes the
-//! caller gets the error instead of a replay) and `fail_fast: true` (when the client is not connected the
-//! command fails at once, unsent, instead of queueing until a reconnection that may come after redlease's
-//! timeout). The client's own settings for other commands are untouched.
+//! (`ConnectionConfig::max_command_attempts`, default 3), and follows cluster redirections. A lock command
+//! re-sent blindly can run twice, and late: a repeated release reports "not held" after its first copy
+//! succeeded, and an acquire re-sent after redlease gave up re-takes the lock for nobody until its TTL runs
+//! out. So every command of a [`FredNode`] carries its own [`Options`]: `max_attempts: Some(1)` (written at
+//! most once; if its connection closes the caller gets the error instead of a replay), `max_redirections:
+//! Some(0)` (a `MOVED`/`ASK` is the caller's definite [`NodeErrorKind::Cluster`] error; fred refreshes its
+//! slot map first, so the next command is routed correctly) and `fail_fast: true` (while the client is not
+//! connected the command fails at once, unsent, instead of queueing until a reconnection that may come after
+//! redlease's timeout). The client's own settings for other commands are untouched.
 //!
-//! A consequence on Redis Cluster: following a `MOVED`/`ASK` redirection is a second write attempt, which
-//! `max_attempts: Some(1)` refuses. After a resharding, the first command for a moved slot fails (reported as
-//! an ambiguous [`NodeErrorKind::Cluster`] error, because fred's "too many failed write attempts" does not
-//! say why) while fred refreshes its slot map; the next one is routed correctly.
+//! # Ordering
+//!
+//! Requests for one key sent by one node are applied in the order they were sent, or a stale one fails. A
+//! [`Client`] writes its commands in call order on one connection per server. A [`Pool`] would spread
+//! commands over its clients, and two commands for one key on two connections can be applied in either
+//! order; so a [`PoolNode`] sends every command for one key through one pool member, chosen by the key's
+//! hash slot ([`KeyRouted`]). After a reconnect, a command from the old connection may still be applied
+//! late, but its caller got an error (ambiguous), never a success.
+//!
+//! # Not connected, dead servers and starting while a server is down
+//!
+//! A [`FredNode`] checks the client's state before each command: while the client is not connected, or once
+//! the node has seen the connection fail and fred has not reported a new connection since, the command
+//! fails at once with a definite [`NodeErrorKind::Connection`] error (nothing sent). So after a server dies
+//! (`kill -9`) only the commands already in flight are ambiguous; later ones fail promptly. When the last
+//! connection attempt was refused for authentication (a wrong or rotated password) that error is
+//! [`NodeErrorKind::Auth`] instead.
+//!
+//! `init()` fails while the server is down. To start a service while some of its servers are down (Redlock
+//! survives a minority), build the node with [`FredNode::lazy`]: it calls `connect()` on first use (fred
+//! then keeps reconnecting with the client's `ReconnectPolicy`), and its calls fail definitely until the
+//! server is up.
 //!
 //! # Timeouts to set
 //!
@@ -43,37 +63,84 @@
 //!   `PerformanceConfig::default_command_timeout`) of about the operation timeout; it is reported as an
 //!   ambiguous [`NodeErrorKind::Timeout`].
 //!
+//! Set a `ReconnectPolicy` with a delay (not a tight loop): fred reconnects by itself, and with a refused
+//! password every attempt is a new connection the server sees.
+//!
+//! # The capability check
+//!
+//! Before the first acquisition (and again after a failed connection) the node checks that the user may run
+//! everything a lease needs (`EVAL`, `EVALSHA` and the commands inside the scripts), so that `try_acquire()`
+//! never hands out a lease it cannot extend or release; see [`crate::scripts::PROBE`] and
+//! [`FredNode::probe`].
+//!
 //! # Errors
 //!
-//! Redis error replies (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM`, `WRONGTYPE`, …), fail-fast refusals and
-//! refused connections are definite ([`NodeError::not_applied`]); I/O errors, timeouts and closed connections
-//! after writing are ambiguous. See [`node_error`].
+//! Redis error replies (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM`, `WRONGTYPE`, …), fail-fast refusals,
+//! redirections and refused connections are definite ([`NodeError::not_applied`]); I/O errors, timeouts and
+//! closed connections after writing are ambiguous. See [`node_error`].
 //!
 //! Every script goes out as `EVALSHA`; on a `NOSCRIPT` reply (a definite refusal) it is sent once more as
 //! `EVAL`, so it runs at most once. On a cluster each command is routed to the lock key's slot.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::ClientLike;
 use fred::types::config::{Options, ServerConfig};
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::{ClientState, ClusterHash, CustomCommand, Value};
 use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
 
-use crate::ops::{self, Transport};
+use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
 
 /// The fred client crate, re-exported so that versions match.
 pub use ::fred;
 
+/// A fred client a [`FredNode`] can send on, and which of its clients carries the commands for one key.
+///
+/// Implemented for [`Client`] (itself) and [`Pool`] (one member per key, by hash slot), so that every command
+/// for one key goes over one connection, in order.
+pub trait KeyRouted: ClientLike + Clone + Send + Sync + 'static {
+    /// The client that carries every command for `key`.
+    fn client_for_key(&self, key: &str) -> &Client;
+
+    /// Every client (the pool's members), for connecting and state checks.
+    fn all_clients(&self) -> Vec<&Client>;
+}
+
+impl KeyRouted for Client {
+    fn client_for_key(&self, _key: &str) -> &Client {
+        self
+    }
+
+    fn all_clients(&self) -> Vec<&Client> {
+        vec![self]
+    }
+}
+
+impl KeyRouted for Pool {
+    fn client_for_key(&self, key: &str) -> &Client {
+        let clients = self.clients();
+        let index = usize::from(slot::hash_slot(key.as_bytes())) % clients.len().max(1);
+        // A pool is never empty (fred refuses to build one), so `index` is in range.
+        clients.get(index).unwrap_or_else(|| self.next())
+    }
+
+    fn all_clients(&self) -> Vec<&Client> {
+        self.clients().iter().collect()
+    }
+}
+
 /// A [`RedisNode`] over a fred client `C`: a [`Client`] ([`ClientNode`]) or a [`Pool`] ([`PoolNode`]).
 ///
-/// Built with [`new`](Self::new), which reads the client's config to decide whether to check Redis Cluster
-/// hash slots and what [`endpoint`](RedisNode::endpoint) to report. Connect the client (`init`) before
-/// use; the node never connects or reconnects by itself.
+/// Built with [`new`](Self::new) for a connected client, or [`lazy`](Self::lazy) for one that connects on
+/// first use. Both read the client's config to decide whether to check Redis Cluster hash slots and what
+/// [`endpoint`](RedisNode::endpoint) to report.
 #[derive(Clone)]
 pub struct FredNode<C> {
     client: C,
@@ -81,11 +148,14 @@ pub struct FredNode<C> {
     cluster: bool,
     timeout: Option<Duration>,
     fail_fast: bool,
+    /// For [`lazy`](Self::lazy) nodes: whether `connect()` was called already.
+    connect_started: Option<Arc<AtomicBool>>,
+    probe: Probe,
 }
 
 /// A node over one fred [`Client`].
 pub type ClientNode = FredNode<Client>;
-/// A node over a fred [`Pool`] (each command goes to the pool's next client).
+/// A node over a fred [`Pool`] (every command for one key goes to the same pool member).
 pub type PoolNode = FredNode<Pool>;
 
 impl<C> fmt::Debug for FredNode<C> {
@@ -96,6 +166,7 @@ impl<C> fmt::Debug for FredNode<C> {
             .field("cluster", &self.cluster)
             .field("timeout", &self.timeout)
             .field("fail_fast", &self.fail_fast)
+            .field("lazy", &self.connect_started.is_some())
             .finish()
     }
 }
@@ -132,9 +203,10 @@ fn config_endpoint(config: &fred::types::config::Config) -> Option<String> {
     }
 }
 
-impl<C: ClientLike> FredNode<C> {
-    /// A node over `client` (a [`Client`] or a [`Pool`]). The cluster slot check is on for clustered configs;
-    /// the endpoint is derived from the config (host and port, never credentials).
+impl<C: KeyRouted> FredNode<C> {
+    /// A node over `client` (a [`Client`] or a [`Pool`]), which you connected (`init`). The cluster slot check
+    /// is on for clustered configs; the endpoint is derived from the config (host and port, never
+    /// credentials).
     pub fn new(client: C) -> Self {
         let config = client.client_config();
         Self {
@@ -143,7 +215,26 @@ impl<C: ClientLike> FredNode<C> {
             client,
             timeout: None,
             fail_fast: true,
+            connect_started: None,
+            probe: Probe::default(),
         }
+    }
+
+    /// A node over a client that is not connected yet: the first call starts fred's connection task
+    /// (`connect()`, so fred keeps reconnecting with the client's `ReconnectPolicy`) and waits for the first
+    /// connection up to the client's connection timeout. Building it sends nothing, so a Redlock service can
+    /// start while some servers are down; their calls fail definitely until they are up.
+    pub fn lazy(client: C) -> Self {
+        let mut node = Self::new(client);
+        node.connect_started = Some(Arc::new(AtomicBool::new(false)));
+        node
+    }
+
+    /// Runs the capability check now (it otherwise runs before the first acquisition), with `example_key`
+    /// standing for the lock keys (choose one your ACL key patterns allow), and remembers the answer until
+    /// a connection fails. A definite [`NodeErrorKind::Auth`] error names what the user may not run.
+    pub async fn probe(&self, example_key: &str) -> Result<(), NodeError> {
+        ops::check(self, example_key, None).await.map(|_| ())
     }
 }
 
@@ -184,25 +275,32 @@ impl<C> FredNode<C> {
 const FAIL_FAST_DETAILS: &str = "Connection closed unexpectedly.";
 
 /// Classifies a fred error into a [`NodeError`] for redlease (assuming the command was sent with
-/// `max_attempts: Some(1)`, as [`FredNode`] does).
+/// `max_attempts: Some(1)` and `max_redirections: Some(0)`, as [`FredNode`] does).
 ///
 /// - a Redis error reply (fred keeps the reply line, `CODE detail…`, as the details) → definite, kind from its
-///   code (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM`/`NOAUTH`/`WRONGPASS` → `Auth`, `MOVED`/`ASK`/`TRYAGAIN`/
-///   `CLUSTERDOWN` → `Cluster`, `BUSY`/`LOADING`/`MASTERDOWN` → `Busy`, `WRONGTYPE`, …);
+///   code (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM` → `Auth`, `MOVED`/`ASK`/`TRYAGAIN`/`CLUSTERDOWN` →
+///   `Cluster`, `BUSY`/`LOADING`/`MASTERDOWN` → `Busy`, `WRONGTYPE`, `FENCE` → `Fence`, …);
+/// - a refused authentication of the connection (`WRONGPASS`, `NOAUTH`) → definite `Auth`;
 /// - fail-fast refusal (client not connected) and refused connections → definite `Connection`;
+/// - "too many redirections" (the server answered `MOVED`/`ASK`, a refusal) → definite `Cluster`;
 /// - routing failures and backpressure (nothing written) → definite `Cluster` / `Busy`;
 /// - client-side argument or configuration errors → definite `Other`;
 /// - timeouts → ambiguous `Timeout`; I/O errors, closed connections and cancellations → ambiguous;
-/// - "too many failed write attempts" (a redirection that would need a second write) → ambiguous `Cluster`;
+/// - "too many failed write attempts" → ambiguous `Connection`: fred raises it when a command already written
+///   once is queued again, which happens to commands in flight when fred reconnects;
 /// - malformed replies → ambiguous `Protocol`; anything else → ambiguous `Other`.
 pub fn node_error(err: &FredError) -> NodeError {
     classify(None, err)
 }
 
+const TOO_MANY_REDIRECTIONS: &str = "Too many redirections.";
+
 fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
     let what = script.map_or("the command", |s| s.name);
     let details = err.details();
     let first = details.split_whitespace().next().unwrap_or("");
+    let connection_auth = *err.kind() == ErrorKind::Auth
+        && (matches!(first, "WRONGPASS" | "NOAUTH") || !scripts::looks_like_error_code(first));
     let server_reply = matches!(
         err.kind(),
         ErrorKind::Unknown
@@ -212,13 +310,13 @@ fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
             | ErrorKind::Cluster
             | ErrorKind::Config
     ) && scripts::looks_like_error_code(first);
-    let node_err = if server_reply {
-        let script = script.copied().unwrap_or(Script {
-            name: "command",
-            source: "",
-            sha1: "",
-        });
-        scripts::server_error(&script, details)
+    let node_err = if connection_auth {
+        NodeError::not_applied(
+            NodeErrorKind::Auth,
+            format!("{what}: the connection's authentication was refused ({details})"),
+        )
+    } else if server_reply {
+        scripts::server_error(script.unwrap_or(&scripts::COMMAND), details)
     } else {
         match err.kind() {
             ErrorKind::Canceled if details == FAIL_FAST_DETAILS => NodeError::not_applied(
@@ -239,9 +337,12 @@ fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
                 NodeErrorKind::Timeout,
                 format!("{what}: no reply before fred's command timeout"),
             ),
-            ErrorKind::Auth => NodeError::not_applied(
-                NodeErrorKind::Auth,
-                format!("{what}: authentication failed ({details})"),
+            ErrorKind::Routing if details == TOO_MANY_REDIRECTIONS => NodeError::not_applied(
+                NodeErrorKind::Cluster,
+                format!(
+                    "{what}: the server redirected the command (MOVED/ASK), which redlease does not follow; \
+                     fred refreshed its slot map, so the next call is routed anew"
+                ),
             ),
             ErrorKind::Routing => NodeError::not_applied(
                 NodeErrorKind::Cluster,
@@ -263,10 +364,10 @@ fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
             ),
             ErrorKind::Unknown if details.starts_with("Too many failed write attempts") => {
                 NodeError::ambiguous(
-                    NodeErrorKind::Cluster,
+                    NodeErrorKind::Connection,
                     format!(
-                        "{what}: fred needed a second write attempt (e.g. to follow a cluster redirection), \
-                         which redlease disables"
+                        "{what}: fred queued the command again after writing it once (a reconnection with the \
+                         command in flight); it may have been applied"
                     ),
                 )
             }
@@ -295,92 +396,109 @@ fn to_reply(value: Value) -> Reply {
     }
 }
 
-fn is_noscript(err: &FredError) -> bool {
-    err.details().split_whitespace().next() == Some("NOSCRIPT")
-}
-
-impl<C> FredNode<C>
-where
-    C: ClientLike + Clone + Send + Sync + 'static,
-{
+impl<C: KeyRouted> FredNode<C> {
     fn options(&self) -> Options {
         Options {
             max_attempts: Some(1),
+            max_redirections: Some(0),
             timeout: self.timeout,
             fail_fast: self.fail_fast,
             ..Options::default()
         }
     }
+
+    /// For a lazy node, starts fred's connection task once and waits (bounded by the connection timeout)
+    /// for the first connection.
+    async fn start(&self) {
+        let Some(started) = &self.connect_started else {
+            return;
+        };
+        if started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let wait = self.client.connection_config().connection_timeout;
+        let clients = self.client.all_clients();
+        for client in &clients {
+            if client.state() == ClientState::Disconnected {
+                drop(client.connect());
+            }
+        }
+        let connected = async {
+            for client in &clients {
+                let _ = client.wait_for_connect().await;
+            }
+        };
+        let _ = tokio::time::timeout(wait, connected).await;
+    }
+
+    /// Sends `cmd` with `values` once, through the client that carries `key`.
+    async fn send(
+        &self,
+        cmd: CustomCommand,
+        key: &str,
+        values: Vec<Value>,
+        what: &Script,
+    ) -> Result<Reply, NodeError> {
+        self.start().await;
+        let client = self.client.client_for_key(key);
+        client
+            .with_options(&self.options())
+            .custom::<Value, Value>(cmd, values)
+            .await
+            .map(to_reply)
+            .map_err(|e| classify(Some(what), &e))
+    }
 }
 
 #[async_trait]
-impl<C> Transport for FredNode<C>
-where
-    C: ClientLike + Clone + Send + Sync + 'static,
-{
-    async fn eval(
+impl<C: KeyRouted> Transport for FredNode<C> {
+    async fn script_once(
         &self,
+        verb: Verb,
         script: &Script,
         keys: &[&str],
         args: &[&str],
     ) -> Result<Reply, NodeError> {
+        let key = keys.first().copied().unwrap_or("");
         // Route by the first key's slot (all keys share it on a cluster; ignored otherwise).
-        let hash = ClusterHash::Custom(slot::hash_slot(
-            keys.first().map_or(&b""[..], |k| k.as_bytes()),
-        ));
-        let client = self.client.with_options(&self.options());
-        let build = |body: &str| {
-            let mut values: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-            values.push(Value::from(body));
-            values.push(Value::Integer(keys.len() as i64));
-            values.extend(keys.iter().map(|k| Value::from(*k)));
-            values.extend(args.iter().map(|a| Value::from(*a)));
-            values
+        let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
+        let body = match verb {
+            Verb::Eval => script.source,
+            Verb::EvalSha => script.sha1,
         };
-        let evalsha = CustomCommand::new_static("EVALSHA", hash.clone(), false);
-        let result = match client
-            .custom::<Value, Value>(evalsha, build(script.sha1))
-            .await
-        {
-            // NOSCRIPT is a refusal: nothing ran, so one EVAL cannot double-apply.
-            Err(e) if is_noscript(&e) => {
-                let eval = CustomCommand::new_static("EVAL", hash, false);
-                client
-                    .custom::<Value, Value>(eval, build(script.source))
-                    .await
-            }
-            other => other,
-        };
-        result.map(to_reply).map_err(|e| classify(Some(script), &e))
+        let mut values: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+        values.push(Value::from(body));
+        values.push(Value::Integer(keys.len() as i64));
+        values.extend(keys.iter().map(|k| Value::from(*k)));
+        values.extend(args.iter().map(|a| Value::from(*a)));
+        let cmd = CustomCommand::new_static(verb.as_str(), hash, false);
+        self.send(cmd, key, values, script).await
     }
 
-    async fn set_nx_px(&self, key: &str, value: &str, ttl_ms: u64) -> Result<Reply, NodeError> {
+    async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
-        let client = self.client.with_options(&self.options());
-        let args = vec![
-            Value::from(key),
-            Value::from(value),
-            Value::from("NX"),
-            Value::from("PX"),
-            Value::from(ttl_ms.to_string()),
-        ];
-        client
-            .custom::<Value, Value>(CustomCommand::new_static("SET", hash, false), args)
-            .await
-            .map(to_reply)
-            .map_err(|e| classify(None, &e))
+        let Some((name, rest)) = args.split_first() else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "an empty command (not sent)",
+            ));
+        };
+        let cmd = CustomCommand::new(name.to_string(), hash, false);
+        let values = rest.iter().map(|a| Value::from(*a)).collect();
+        self.send(cmd, key, values, what).await
     }
 
     fn clustered(&self) -> bool {
         self.cluster
     }
+
+    fn probe(&self) -> &Probe {
+        &self.probe
+    }
 }
 
 #[async_trait]
-impl<C> RedisNode for FredNode<C>
-where
-    C: ClientLike + Clone + Send + Sync + 'static,
-{
+impl<C: KeyRouted> RedisNode for FredNode<C> {
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         ops::acquire(self, key, token, ttl).await
     }
@@ -470,14 +588,36 @@ mod tests {
             ),
             (
                 ErrorKind::Unknown,
-                "ERR fence counter exhausted",
-                NodeErrorKind::Other,
+                "FENCE the fence counter f is exhausted",
+                NodeErrorKind::Fence,
+            ),
+            (
+                ErrorKind::Unknown,
+                "ERR The user executing the script can't run this command or subcommand",
+                NodeErrorKind::Auth,
+            ),
+            (
+                ErrorKind::Routing,
+                TOO_MANY_REDIRECTIONS,
+                NodeErrorKind::Cluster,
             ),
         ] {
             let err = node_error(&FredError::new(kind, line));
             assert_eq!(err.kind(), expected, "{line}");
             assert!(!err.is_ambiguous(), "{line}");
         }
+    }
+
+    #[test]
+    fn a_refused_connection_authentication_says_so() {
+        let err = node_error(&FredError::new(
+            ErrorKind::Auth,
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        ));
+        assert_eq!(err.kind(), NodeErrorKind::Auth);
+        assert!(!err.is_ambiguous());
+        assert!(err.message().contains("authentication"), "{err}");
+        assert!(!err.message().contains("script"), "{err}");
     }
 
     #[test]
@@ -508,7 +648,7 @@ mod tests {
             (
                 ErrorKind::Unknown,
                 "Too many failed write attempts.",
-                NodeErrorKind::Cluster,
+                NodeErrorKind::Connection,
             ),
             (
                 ErrorKind::Protocol,

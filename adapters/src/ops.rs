@@ -1,22 +1,179 @@
-//! The lock operations, written once on top of the two primitives each client adapter supplies.
+//! The lock operations, written once on top of the primitives each client adapter supplies, and the
+//! per-connection capability check that runs before a connection's first write.
+//!
+//! # The capability check
+//!
+//! Every operation but a fresh acquisition is a script, so a user who may not run `EVAL`/`EVALSHA` (or a
+//! command inside the scripts, such as `DEL`) could take a lock with a plain `SET` and then neither extend nor
+//! release it. So before the first acquisition on a connection, and again after the connection failed (a
+//! reconnecting client may then be talking to another server, or under a changed ACL), the adapter runs the
+//! [`PROBE`](scripts::PROBE) script once as `EVAL` and once as `EVALSHA` (proving both are permitted), with
+//! the lock key (and fence key) of that acquisition. The probe writes nothing; it reports the commands the
+//! scripts need that the ACL denies (on servers with `redis.acl_check_cmd`, Redis 7.0+), and whether the server
+//! accepts `SET … NX GET` (Redis 7.0+). A refusal is a definite [`NodeErrorKind::Auth`] error before anything
+//! is written; nothing is cached after a refusal, so a corrected ACL takes effect at the next call.
+//!
+//! The fresh acquisition then is `SET key token NX GET PX ttl` where the server accepts it (a key of another
+//! type is a `WRONGTYPE` error there, exactly as in the acquire script, so one attempt or three give the same
+//! answer), and the acquire script otherwise. Later capabilities (native compare-and-delete, …) extend the
+//! same probe and [`Caps`].
 
-use redlease::{KeyState, NodeError, Token, Ttl, async_trait};
+use std::sync::{Arc, Mutex};
+
+use redlease::{KeyState, NodeError, NodeErrorKind, Token, Ttl, async_trait};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
 
-/// What a client adapter provides: running one of our scripts, and a plain `SET NX PX`.
+/// Which script command to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verb {
+    /// `EVAL source …`
+    Eval,
+    /// `EVALSHA sha1 …`
+    EvalSha,
+}
+
+impl Verb {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Verb::Eval => "EVAL",
+            Verb::EvalSha => "EVALSHA",
+        }
+    }
+}
+
+/// What a connection was found to permit and support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Caps {
+    /// `SET key value NX GET …` is accepted (Redis 7.0+).
+    pub(crate) set_nx_get: bool,
+}
+
+/// The capability state of one connection, shared by the clones of a node.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Probe(Arc<Mutex<Option<Caps>>>);
+
+impl Probe {
+    fn get(&self) -> Option<Caps> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set(&self, caps: Caps) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(caps);
+    }
+
+    pub(crate) fn forget(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// What a client adapter provides: one script command and one plain command, each sent exactly once, with its
+/// errors classified.
 #[async_trait]
 pub(crate) trait Transport: Send + Sync {
-    /// Runs `script` with `keys` and `args`: `EVALSHA`, and exactly one `EVAL` after a `NOSCRIPT` reply.
-    async fn eval(&self, script: &Script, keys: &[&str], args: &[&str])
-    -> Result<Reply, NodeError>;
+    /// Sends `verb` (`EVAL` with the source, or `EVALSHA` with the digest) of `script` once.
+    async fn script_once(
+        &self,
+        verb: Verb,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<Reply, NodeError>;
 
-    /// `SET key value NX PX ttl_ms`, its reply as sent.
-    async fn set_nx_px(&self, key: &str, value: &str, ttl_ms: u64) -> Result<Reply, NodeError>;
+    /// Sends the plain command `args` (its name first) once, routed by `key`; `what` names it in messages.
+    async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError>;
 
     /// Whether the keys of one call must share a Redis Cluster slot (checked before anything is sent).
     fn clustered(&self) -> bool;
+
+    /// The capability state of the connection(s) this transport sends on.
+    fn probe(&self) -> &Probe;
+}
+
+/// After a failed connection the next acquisition checks again: the client may reconnect to another server.
+fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
+    if let Err(e) = &result {
+        if matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io) {
+            t.probe().forget();
+        }
+    }
+    result
+}
+
+/// Runs `script`: `EVALSHA`, and exactly one `EVAL` after a `NOSCRIPT` reply (a refusal: nothing ran).
+pub(crate) async fn eval(
+    t: &impl Transport,
+    script: &Script,
+    keys: &[&str],
+    args: &[&str],
+) -> Result<Reply, NodeError> {
+    let result = match t.script_once(Verb::EvalSha, script, keys, args).await {
+        Err(e) if e.kind() == NodeErrorKind::NoScript => {
+            t.script_once(Verb::Eval, script, keys, args).await
+        }
+        other => other,
+    };
+    note(t, result)
+}
+
+/// A refusal of the probe, reworded so that its message says why a lease cannot be taken.
+fn probe_refused(verb: Verb, err: NodeError) -> NodeError {
+    if err.kind() != NodeErrorKind::Auth {
+        return err;
+    }
+    let message = format!(
+        "capability check before the first write ({}): a lease needs EVAL, EVALSHA and the commands inside \
+         redlease's scripts; {}",
+        verb.as_str(),
+        err.message()
+    );
+    NodeError::not_applied(NodeErrorKind::Auth, message).with_source(err)
+}
+
+/// Runs the capability probe now with `key` (and `fence_key`) as the example keys, and remembers the answer.
+pub(crate) async fn check(
+    t: &impl Transport,
+    key: &str,
+    fence_key: Option<&str>,
+) -> Result<Caps, NodeError> {
+    let keys: Vec<&str> = std::iter::once(key).chain(fence_key).collect();
+    let script = &scripts::PROBE;
+    let first = note(t, t.script_once(Verb::Eval, script, &keys, &[]).await)
+        .map_err(|e| probe_refused(Verb::Eval, e))?;
+    let reply = match note(t, t.script_once(Verb::EvalSha, script, &keys, &[]).await) {
+        Ok(reply) => reply,
+        // Flushed in between: EVALSHA got past the ACL check to the script cache, which is what we learn.
+        Err(e) if e.kind() == NodeErrorKind::NoScript => first,
+        Err(e) => return Err(probe_refused(Verb::EvalSha, e)),
+    };
+    let caps = Caps {
+        set_nx_get: scripts::parse_flag(script, reply)?,
+    };
+    t.probe().set(caps);
+    Ok(caps)
+}
+
+async fn checked(
+    t: &impl Transport,
+    key: &str,
+    fence_key: Option<&str>,
+) -> Result<Caps, NodeError> {
+    match t.probe().get() {
+        Some(caps) => Ok(caps),
+        None => check(t, key, fence_key).await,
+    }
+}
+
+async fn acquire_script(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<bool, NodeError> {
+    let ttl = ttl.as_millis().to_string();
+    let reply = eval(t, &scripts::ACQUIRE, &[key], &[token.as_str(), &ttl]).await?;
+    scripts::parse_flag(&scripts::ACQUIRE, reply)
 }
 
 pub(crate) async fn acquire(
@@ -25,22 +182,29 @@ pub(crate) async fn acquire(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    let ttl = ttl.as_millis().to_string();
-    let reply = t
-        .eval(&scripts::ACQUIRE, &[key], &[token.as_str(), &ttl])
-        .await?;
-    scripts::parse_flag(&scripts::ACQUIRE, reply)
+    checked(t, key, None).await?;
+    acquire_script(t, key, token, ttl).await
 }
 
-/// `SET key token NX PX ttl`: one plain command for a token never sent before.
+/// A fresh acquisition: `SET key token NX GET PX ttl` where the server accepts it, else the acquire script.
 pub(crate) async fn acquire_fresh(
     t: &impl Transport,
     key: &str,
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    let reply = t.set_nx_px(key, token.as_str(), ttl.as_millis()).await?;
-    scripts::parse_set_nx(reply)
+    if !checked(t, key, None).await?.set_nx_get {
+        return acquire_script(t, key, token, ttl).await;
+    }
+    let ttl = ttl.as_millis().to_string();
+    let reply = t
+        .command(
+            &scripts::SET_NX,
+            key,
+            &["SET", key, token.as_str(), "NX", "GET", "PX", &ttl],
+        )
+        .await;
+    scripts::parse_set_nx_get(note(t, reply)?)
 }
 
 pub(crate) async fn acquire_fenced(
@@ -53,14 +217,15 @@ pub(crate) async fn acquire_fenced(
     if t.clustered() {
         slot::check_same_slot(key, fence_key)?;
     }
+    checked(t, key, Some(fence_key)).await?;
     let ttl = ttl.as_millis().to_string();
-    let reply = t
-        .eval(
-            &scripts::ACQUIRE_FENCED,
-            &[key, fence_key],
-            &[token.as_str(), &ttl],
-        )
-        .await?;
+    let reply = eval(
+        t,
+        &scripts::ACQUIRE_FENCED,
+        &[key, fence_key],
+        &[token.as_str(), &ttl],
+    )
+    .await?;
     scripts::parse_fence(reply)
 }
 
@@ -69,7 +234,7 @@ pub(crate) async fn release(
     key: &str,
     token: &Token,
 ) -> Result<bool, NodeError> {
-    let reply = t.eval(&scripts::RELEASE, &[key], &[token.as_str()]).await?;
+    let reply = eval(t, &scripts::RELEASE, &[key], &[token.as_str()]).await?;
     scripts::parse_flag(&scripts::RELEASE, reply)
 }
 
@@ -80,13 +245,11 @@ pub(crate) async fn extend(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
-    let reply = t
-        .eval(&scripts::EXTEND, &[key], &[token.as_str(), &ttl])
-        .await?;
+    let reply = eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await?;
     scripts::parse_flag(&scripts::EXTEND, reply)
 }
 
 pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
-    let reply = t.eval(&scripts::INSPECT, &[key], &[]).await?;
+    let reply = eval(t, &scripts::INSPECT, &[key], &[]).await?;
     scripts::parse_inspect(reply)
 }

@@ -330,6 +330,9 @@ pub enum NodeErrorKind {
     Busy,
     /// A key holds a value of the wrong type (`WRONGTYPE`), e.g. a fence key that is not an integer.
     WrongType,
+    /// The fence counter is unusable: not an integer, exhausted, given a TTL, or missing while the lock holds
+    /// our token. Retrying will not help.
+    Fence,
     /// The reply did not have the expected shape.
     Protocol,
     /// Anything else.
@@ -351,9 +354,18 @@ impl NodeErrorKind {
             Self::Cluster => "cluster",
             Self::Busy => "busy",
             Self::WrongType => "wrong type",
+            Self::Fence => "fence counter",
             Self::Protocol => "protocol",
             Self::Other => "other",
         }
+    }
+
+    /// Whether no retry can change the outcome: `Auth`, `CrossSlot`, `WrongType` and `Fence`.
+    pub fn is_permanent(self) -> bool {
+        matches!(
+            self,
+            Self::Auth | Self::CrossSlot | Self::WrongType | Self::Fence
+        )
     }
 }
 
