@@ -83,20 +83,21 @@
 //! `EVAL`, so it runs at most once. On a cluster each command is routed to the lock key's slot.
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
-use fred::interfaces::ClientLike;
-use fred::types::config::{Options, ServerConfig};
+use fred::interfaces::{ClientLike, EventInterface};
+use fred::types::config::{Options, Server, ServerConfig};
 use fred::types::{ClientState, ClusterHash, CustomCommand, Value};
 use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
 
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
+use tokio::sync::broadcast;
 
 /// The fred client crate, re-exported so that versions match.
 pub use ::fred;
@@ -106,33 +107,87 @@ pub use ::fred;
 /// Implemented for [`Client`] (itself) and [`Pool`] (one member per key, by hash slot), so that every command
 /// for one key goes over one connection, in order.
 pub trait KeyRouted: ClientLike + Clone + Send + Sync + 'static {
-    /// The client that carries every command for `key`.
-    fn client_for_key(&self, key: &str) -> &Client;
+    /// The clients commands are sent on: the client itself, or a pool's members.
+    fn members(&self) -> &[Client];
 
-    /// Every client (the pool's members), for connecting and state checks.
-    fn all_clients(&self) -> Vec<&Client>;
+    /// The index in [`members`](Self::members) of the client that carries every command for `key`.
+    fn member_for_key(&self, key: &str) -> usize {
+        usize::from(slot::hash_slot(key.as_bytes())) % self.members().len().max(1)
+    }
 }
 
 impl KeyRouted for Client {
-    fn client_for_key(&self, _key: &str) -> &Client {
-        self
-    }
-
-    fn all_clients(&self) -> Vec<&Client> {
-        vec![self]
+    fn members(&self) -> &[Client] {
+        std::slice::from_ref(self)
     }
 }
 
 impl KeyRouted for Pool {
-    fn client_for_key(&self, key: &str) -> &Client {
-        let clients = self.clients();
-        let index = usize::from(slot::hash_slot(key.as_bytes())) % clients.len().max(1);
-        // A pool is never empty (fred refuses to build one), so `index` is in range.
-        clients.get(index).unwrap_or_else(|| self.next())
+    fn members(&self) -> &[Client] {
+        self.clients()
+    }
+}
+
+/// What a node learned about one member client's connection from its errors and fred's notifications.
+struct Health {
+    /// Set when a command failed because the connection is gone; cleared by fred's next reconnection.
+    broken: AtomicBool,
+    reconnects: Mutex<broadcast::Receiver<Server>>,
+    errors: Mutex<broadcast::Receiver<(FredError, Option<Server>)>>,
+    /// The last connection error fred reported (kept: a later check may drain the channel first).
+    last_error: Mutex<Option<FredError>>,
+}
+
+impl Health {
+    fn new(client: &Client) -> Self {
+        Self {
+            broken: AtomicBool::new(false),
+            reconnects: Mutex::new(client.reconnect_rx()),
+            errors: Mutex::new(client.error_rx()),
+            last_error: Mutex::new(None),
+        }
     }
 
-    fn all_clients(&self) -> Vec<&Client> {
-        self.clients().iter().collect()
+    /// Whether fred reconnected since the last call (also after missed notifications).
+    fn reconnected(&self) -> bool {
+        let mut rx = self.reconnects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = false;
+        loop {
+            match rx.try_recv() {
+                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => seen = true,
+                Err(_) => return seen,
+            }
+        }
+    }
+
+    /// Whether fred reported connection errors since the last call; keeps the last one.
+    fn saw_errors(&self) -> bool {
+        let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rx = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = false;
+        loop {
+            match rx.try_recv() {
+                Ok((err, _)) => {
+                    *last = Some(err);
+                    seen = true;
+                }
+                Err(broadcast::error::TryRecvError::Lagged(_)) => seen = true,
+                Err(_) => return seen,
+            }
+        }
+    }
+
+    /// The last connection error fred reported since the last reconnection, if any.
+    fn last_error(&self) -> Option<FredError> {
+        self.saw_errors();
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn clear_last_error(&self) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -150,6 +205,8 @@ pub struct FredNode<C> {
     fail_fast: bool,
     /// For [`lazy`](Self::lazy) nodes: whether `connect()` was called already.
     connect_started: Option<Arc<AtomicBool>>,
+    /// One per member client, in [`KeyRouted::members`] order.
+    health: Arc<Vec<Health>>,
     probe: Probe,
 }
 
@@ -212,10 +269,11 @@ impl<C: KeyRouted> FredNode<C> {
         Self {
             endpoint: config_endpoint(&config),
             cluster: config.server.is_clustered(),
-            client,
             timeout: None,
             fail_fast: true,
             connect_started: None,
+            health: Arc::new(client.members().iter().map(Health::new).collect()),
+            client,
             probe: Probe::default(),
         }
     }
@@ -294,6 +352,8 @@ pub fn node_error(err: &FredError) -> NodeError {
 }
 
 const TOO_MANY_REDIRECTIONS: &str = "Too many redirections.";
+/// fred's answer when it has no connection to write a command on (checked before writing).
+const NO_ROUTE: &str = "Failed to route command.";
 
 fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
     let what = script.map_or("the command", |s| s.name);
@@ -362,6 +422,10 @@ fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
                 NodeErrorKind::Other,
                 format!("{what}: refused by the client before sending ({details})"),
             ),
+            ErrorKind::Unknown if details == NO_ROUTE => NodeError::not_applied(
+                NodeErrorKind::Connection,
+                format!("{what}: no connection to the server (not sent)"),
+            ),
             ErrorKind::Unknown if details.starts_with("Too many failed write attempts") => {
                 NodeError::ambiguous(
                     NodeErrorKind::Connection,
@@ -417,18 +481,22 @@ impl<C: KeyRouted> FredNode<C> {
             return;
         }
         let wait = self.client.connection_config().connection_timeout;
-        let clients = self.client.all_clients();
-        for client in &clients {
+        let clients = self.client.members();
+        for client in clients {
             if client.state() == ClientState::Disconnected {
                 drop(client.connect());
             }
         }
         let connected = async {
-            for client in &clients {
+            for client in clients {
                 let _ = client.wait_for_connect().await;
             }
         };
         let _ = tokio::time::timeout(wait, connected).await;
+        // The first connection is announced as a reconnection too: not one that heals a later failure.
+        for health in self.health.iter() {
+            health.reconnected();
+        }
     }
 
     /// Sends `cmd` with `values` once, through the client that carries `key`.
@@ -440,13 +508,74 @@ impl<C: KeyRouted> FredNode<C> {
         what: &Script,
     ) -> Result<Reply, NodeError> {
         self.start().await;
-        let client = self.client.client_for_key(key);
-        client
+        let index = self.client.member_for_key(key);
+        let (Some(client), Some(health)) =
+            (self.client.members().get(index), self.health.get(index))
+        else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                format!("{}: the fred pool has no client (not sent)", what.name),
+            ));
+        };
+        // fred announces a dropped connection on its error channel at once, while its state may still say
+        // "connected" and a command sent now would wait for the reconnection.
+        if health.saw_errors() {
+            health.broken.store(true, Ordering::Release);
+        }
+        if health.broken.load(Ordering::Acquire) {
+            if health.reconnected() {
+                health.broken.store(false, Ordering::Release);
+                health.clear_last_error();
+                self.probe.forget();
+            } else {
+                return Err(self.not_connected(what, health, true));
+            }
+        }
+        let result = client
             .with_options(&self.options())
             .custom::<Value, Value>(cmd, values)
             .await
             .map(to_reply)
-            .map_err(|e| classify(Some(what), &e))
+            .map_err(|e| classify(Some(what), &e));
+        match result {
+            Err(e) if e.kind() == NodeErrorKind::Connection => {
+                health.broken.store(true, Ordering::Release);
+                if e.is_ambiguous() {
+                    Err(e)
+                } else {
+                    Err(self.not_connected(what, health, false).with_source(e))
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The definite error of a command not sent because the connection is down: `Auth` when fred's last
+    /// connection attempt was refused for authentication, `Connection` otherwise.
+    fn not_connected(&self, what: &Script, health: &Health, known_broken: bool) -> NodeError {
+        if let Some(err) = health.last_error() {
+            let classified = classify(Some(what), &err);
+            if classified.kind() == NodeErrorKind::Auth {
+                return NodeError::not_applied(
+                    NodeErrorKind::Auth,
+                    format!(
+                        "{}: not sent: the client's last connection attempt was refused: {}",
+                        what.name,
+                        classified.message()
+                    ),
+                )
+                .with_source(err);
+            }
+        }
+        let why = if known_broken {
+            "the connection failed and fred has not reconnected since"
+        } else {
+            "the client is not connected"
+        };
+        NodeError::not_applied(
+            NodeErrorKind::Connection,
+            format!("{}: {why} (not sent)", what.name),
+        )
     }
 }
 

@@ -247,7 +247,9 @@ impl ClusterNode {
     /// [`retries(0)`](redis::cluster::ClusterClientBuilder::retries) (see the module docs: redis-rs otherwise
     /// re-sends lock commands). The client-side slot check is on. No endpoint is set: add one with
     /// [`with_endpoint`](RedisRsNode::with_endpoint) if needed.
-    pub async fn connect(builder: redis::cluster::ClusterClientBuilder) -> Result<Self, RedisError> {
+    pub async fn connect(
+        builder: redis::cluster::ClusterClientBuilder,
+    ) -> Result<Self, RedisError> {
         let client = builder.retries(0).build()?;
         let conn = client.get_async_connection().await?;
         Ok(Self::build(conn, true, true))
@@ -336,7 +338,6 @@ fn to_reply(value: Value) -> Reply {
         _ => Reply::Other("an unsupported RESP type"),
     }
 }
-
 
 fn script_cmd(verb: Verb, script: &Script, keys: &[&str], args: &[&str]) -> Cmd {
     let mut cmd = redis::cmd(verb.as_str());

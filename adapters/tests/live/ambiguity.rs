@@ -120,39 +120,61 @@ async fn client_response_timeouts_are_ambiguous_timeouts() {
     }
 }
 
+/// How long one call to a dead server may take: every backend's connection timeout is 500 ms, and a refused
+/// connection is answered by the kernel at once; a call that waits for a reply that can never come would take
+/// the whole response timeout (500 ms) or hang.
+const PROMPT: Duration = Duration::from_millis(400);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_connection_is_a_definite_connection_error() {
-    let Some(mut server) =
-        RedisServer::start_or_skip("a_refused_connection_is_a_definite_connection_error")
-    else {
+async fn after_the_server_died_every_backend_fails_promptly_and_definitely_without_sending() {
+    let Some(mut server) = RedisServer::start_or_skip(
+        "after_the_server_died_every_backend_fails_promptly_and_definitely_without_sending",
+    ) else {
         return;
     };
     let ttl = Ttl::from_millis(5000).unwrap();
     let token = Token::random().unwrap();
     let mut nodes = Vec::new();
-    for backend in [
-        Backend::RedisManager,
-        Backend::FredClient,
-        Backend::FredPool,
-    ] {
+    for backend in ALL_BACKENDS {
         nodes.push((backend, common::node(backend, &server.url()).await));
+    }
+    // Every connection is in use (and has run a script) before the server dies.
+    for (backend, node) in &nodes {
+        let k = common::key("before-kill", *backend);
+        assert!(node.acquire(&k, &token, ttl).await.unwrap(), "{backend:?}");
     }
     server.kill();
     for (backend, node) in nodes {
-        // The first call may meet the dying connection (ambiguous); once the client knows the server is
-        // gone, calls are refused before sending.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            let err = node.acquire("k", &token, ttl).await.unwrap_err();
-            if !err.is_ambiguous() {
+        // The first call may meet the dying connection (ambiguous); once the node knows the connection is
+        // gone, calls are refused before sending, promptly.
+        let mut definite = 0;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while definite < 5 {
+            let started = Instant::now();
+            let err = tokio::time::timeout(Duration::from_secs(5), node.acquire("k", &token, ttl))
+                .await
+                .unwrap_or_else(|_| panic!("{backend:?}: a call to a dead server hung"))
+                .unwrap_err();
+            let took = started.elapsed();
+            if err.is_ambiguous() {
+                assert_eq!(
+                    definite, 0,
+                    "{backend:?}: ambiguous after a definite refusal: {err}"
+                );
+            } else {
                 assert_eq!(err.kind(), NodeErrorKind::Connection, "{backend:?}: {err}");
-                break;
+                assert!(took < PROMPT, "{backend:?}: a refusal took {took:?}: {err}");
+                definite += 1;
             }
             assert!(
                 Instant::now() < deadline,
-                "{backend:?}: still ambiguous: {err}"
+                "{backend:?}: still ambiguous after 3 s: {err}"
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // Release and extend too: nothing can be sent, so nothing is ambiguous.
+        let err = node.release("k", &token).await.unwrap_err();
+        assert!(!err.is_ambiguous(), "{backend:?}: {err}");
+        let err = node.extend("k", &token, ttl).await.unwrap_err();
+        assert!(!err.is_ambiguous(), "{backend:?}: {err}");
     }
 }

@@ -15,13 +15,10 @@ use redlease_testkit::server::RedisCluster;
 use crate::common::{self, first_node_error};
 
 async fn redis_rs_node(cluster: &RedisCluster) -> ClusterNode {
-    let client = redis::cluster::ClusterClientBuilder::new(cluster.urls())
-        .retries(0)
+    let builder = redis::cluster::ClusterClientBuilder::new(cluster.urls())
         .connection_timeout(Duration::from_millis(500))
-        .response_timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
-    ClusterNode::connect(&client).await.unwrap()
+        .response_timeout(Duration::from_millis(500));
+    ClusterNode::connect(builder).await.unwrap()
 }
 
 async fn fred_node(
