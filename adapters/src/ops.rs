@@ -204,7 +204,18 @@ pub(crate) async fn acquire_fresh(
             &["SET", key, token.as_str(), "NX", "GET", "PX", &ttl],
         )
         .await;
-    scripts::parse_set_nx_get(note(t, reply)?)
+    match note(t, reply) {
+        Ok(reply) => scripts::parse_set_nx_get(reply),
+        // Word it as the acquire script does: the lock key is the problem.
+        Err(e) if e.kind() == NodeErrorKind::WrongType => Err(NodeError::not_applied(
+            NodeErrorKind::WrongType,
+            format!(
+                "the SET NX command was refused: WRONGTYPE the lock key {key} holds a value of another type"
+            ),
+        )
+        .with_source(e)),
+        Err(e) => Err(e),
+    }
 }
 
 pub(crate) async fn acquire_fenced(

@@ -13,6 +13,7 @@ mod common;
 mod conformance;
 mod examples;
 mod executor;
+mod permissions;
 mod redlock;
 mod redlock_stall;
 mod scripts;
