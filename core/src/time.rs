@@ -156,16 +156,6 @@ mod wheel {
     /// When a failed thread start was last retried (ms since the first attempt), to rate-limit retries.
     static LAST_TRY: AtomicU64 = AtomicU64::new(0);
 
-    #[cfg(test)]
-    pub(super) mod hooks {
-        //! Test hooks standing in for what a unit test cannot do to its own process.
-        use std::sync::atomic::{AtomicBool, AtomicU32};
-        /// A process id to report instead of the real one (0: the real one) — a simulated `fork()`.
-        pub(crate) static FAKE_PID: AtomicU32 = AtomicU32::new(0);
-        /// Makes starting the timer thread fail.
-        pub(crate) static FAIL_SPAWN: AtomicBool = AtomicBool::new(false);
-    }
-
     fn pid() -> u32 {
         #[cfg(test)]
         {
@@ -310,6 +300,16 @@ mod wheel {
         fn drop(&mut self) {
             self.unregister();
         }
+    }
+
+    #[cfg(test)]
+    pub(super) mod hooks {
+        //! Test hooks standing in for what a unit test cannot do to its own process.
+        use std::sync::atomic::{AtomicBool, AtomicU32};
+        /// A process id to report instead of the real one (0: the real one) — a simulated `fork()`.
+        pub(crate) static FAKE_PID: AtomicU32 = AtomicU32::new(0);
+        /// Makes starting the timer thread fail.
+        pub(crate) static FAIL_SPAWN: AtomicBool = AtomicBool::new(false);
     }
 }
 
