@@ -27,17 +27,60 @@ pub enum EventKind {
     Released,
 }
 
+/// What the client's own clock read at an event, when the client runs on a clock other than the one the
+/// history is kept on (for example a [`SkewedClock`](crate::SkewedClock)): lets [`History::check`] also
+/// assert that every loss was signalled by the deadline the client computed on its own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientView {
+    /// The client's clock reading when the event happened.
+    pub at: Instant,
+    /// For [`EventKind::Acquired`] and [`EventKind::Extended`]: the validity deadline on the client's clock
+    /// (what [`Lease::valid_until`](redlease::Lease::valid_until) reports there).
+    pub valid_until: Option<Instant>,
+}
+
+impl ClientView {
+    /// The client's clock read `at`; `valid_until` is its deadline for acquisitions and extensions.
+    pub fn new(at: Instant, valid_until: Option<Instant>) -> Self {
+        Self { at, valid_until }
+    }
+}
+
 /// A recorded event.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Event {
     /// Which client (any stable number the test chooses).
     pub client: u64,
     /// The lock key.
     pub lock: String,
-    /// When it happened (on the clock the leases use).
+    /// When it happened (on the history's clock, common to every client).
     pub at: Instant,
-    /// What happened.
+    /// What happened (deadlines on the history's clock).
     pub kind: EventKind,
+    /// The same event seen on the client's own clock, if it has one.
+    pub client_view: Option<ClientView>,
+}
+
+impl Event {
+    /// An event at `at` on the history's clock, with no client view.
+    pub fn new(client: u64, lock: impl Into<String>, at: Instant, kind: EventKind) -> Self {
+        Self {
+            client,
+            lock: lock.into(),
+            at,
+            kind,
+            client_view: None,
+        }
+    }
+
+    /// Adds what the client's own clock read.
+    #[must_use]
+    pub fn with_client_view(mut self, view: ClientView) -> Self {
+        self.client_view = Some(view);
+        self
+    }
 }
 
 /// A violation found by [`History::check`].
@@ -69,6 +112,15 @@ pub enum Violation {
         /// The client.
         client: u64,
         /// How late, past the deadline.
+        late_by: std::time::Duration,
+    },
+    /// A loss was signalled after the validity deadline the client computed on its own clock.
+    LateLossOnClientClock {
+        /// The lock.
+        lock: String,
+        /// The client.
+        client: u64,
+        /// How late, past the deadline, by the client's clock.
         late_by: std::time::Duration,
     },
     /// An event that does not fit the client's lease lifecycle (e.g. an extension while not holding).
@@ -107,6 +159,16 @@ impl fmt::Display for Violation {
                     "lock {lock:?}: client {client} learned of its loss {late_by:?} after the deadline"
                 )
             }
+            Self::LateLossOnClientClock {
+                lock,
+                client,
+                late_by,
+            } => {
+                write!(
+                    f,
+                    "lock {lock:?}: client {client} learned of its loss {late_by:?} after the deadline by its own clock"
+                )
+            }
             Self::Malformed(what) => write!(f, "malformed history: {what}"),
         }
     }
@@ -133,6 +195,8 @@ struct Interval {
     start: Instant,
     end: Instant,
     fence: Option<u64>,
+    /// The validity deadline on the client's own clock, when the events carry a client view.
+    local_end: Option<Instant>,
 }
 
 impl History {
@@ -143,15 +207,27 @@ impl History {
 
     /// Records an event.
     pub fn record(&self, client: u64, lock: &str, at: Instant, kind: EventKind) {
+        self.push(Event::new(client, lock, at, kind));
+    }
+
+    /// Records an event together with what the client's own clock read.
+    pub fn record_with_view(
+        &self,
+        client: u64,
+        lock: &str,
+        at: Instant,
+        kind: EventKind,
+        view: ClientView,
+    ) {
+        self.push(Event::new(client, lock, at, kind).with_client_view(view));
+    }
+
+    /// Records a built [`Event`].
+    pub fn push(&self, event: Event) {
         self.events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(Event {
-                client,
-                lock: lock.to_owned(),
-                at,
-                kind,
-            });
+            .push(event);
     }
 
     /// All events in recording order.
@@ -171,7 +247,8 @@ impl History {
     }
 
     /// Checks that no two believed-held intervals of one lock overlap, that fencing tokens strictly increase
-    /// in acquisition order, and that every loss was learned no later than its validity deadline.
+    /// in acquisition order, and that every loss was learned no later than its validity deadline — on the
+    /// history's clock, and also on the client's own clock for events that carry a [`ClientView`].
     ///
     /// A client believes it holds a lease from `Acquired` until the earliest of `Lost`, `Released` and its
     /// current validity deadline.
@@ -206,12 +283,18 @@ impl History {
                                 start: e.at,
                                 end: *valid_until,
                                 fence: *fence,
+                                local_end: e.client_view.and_then(|v| v.valid_until),
                             },
                         );
                     }
                     EventKind::Extended { valid_until } => match open.get_mut(&e.client) {
                         // An extension observed after the deadline does not revive belief.
-                        Some(iv) if e.at < iv.end => iv.end = *valid_until,
+                        Some(iv) if e.at < iv.end => {
+                            iv.end = *valid_until;
+                            if let Some(end) = e.client_view.and_then(|v| v.valid_until) {
+                                iv.local_end = Some(end);
+                            }
+                        }
                         Some(_) => {}
                         None => {
                             return Err(Violation::Malformed(format!(
@@ -233,6 +316,17 @@ impl History {
                                 client: e.client,
                                 late_by: e.at - iv.end,
                             });
+                        }
+                        if let (EventKind::Lost, Some(view), Some(end)) =
+                            (&e.kind, e.client_view, iv.local_end)
+                        {
+                            if view.at > end {
+                                return Err(Violation::LateLossOnClientClock {
+                                    lock: lock.to_owned(),
+                                    client: e.client,
+                                    late_by: view.at - end,
+                                });
+                            }
                         }
                         iv.end = iv.end.min(e.at);
                         closed.push(iv);
@@ -439,6 +533,61 @@ mod tests {
         );
         h.record(1, "k", t0 + ms(11), EventKind::Lost);
         assert!(matches!(h.check(), Err(Violation::LateLoss { .. })));
+    }
+
+    #[test]
+    fn late_loss_by_the_clients_own_clock_is_found() {
+        // The client's clock runs slow: on the history's clock the loss is on time, on its own it is late.
+        let t0 = Instant::now();
+        let local0 = t0 + ms(1_000);
+        let h = History::new();
+        h.record_with_view(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: None,
+            },
+            ClientView::new(local0, Some(local0 + ms(100))),
+        );
+        h.record_with_view(
+            1,
+            "k",
+            t0 + ms(50),
+            EventKind::Extended {
+                valid_until: t0 + ms(200),
+            },
+            ClientView::new(local0 + ms(50), Some(local0 + ms(150))),
+        );
+        h.record_with_view(
+            1,
+            "k",
+            t0 + ms(190),
+            EventKind::Lost,
+            ClientView::new(local0 + ms(160), None),
+        );
+        assert_eq!(
+            h.check(),
+            Err(Violation::LateLossOnClientClock {
+                lock: "k".into(),
+                client: 1,
+                late_by: ms(10),
+            })
+        );
+        // The same history signalled at 150 ms by the client's clock passes.
+        let ok = History::new();
+        for e in h.events() {
+            let e = match (&e.kind, e.client_view) {
+                (EventKind::Lost, Some(v)) => {
+                    Event::new(e.client, e.lock.clone(), e.at, EventKind::Lost)
+                        .with_client_view(ClientView::new(v.at - ms(10), None))
+                }
+                _ => e,
+            };
+            ok.push(e);
+        }
+        assert_eq!(ok.check(), Ok(()));
     }
 
     #[test]
