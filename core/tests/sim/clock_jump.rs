@@ -1,6 +1,8 @@
-//! A forward jump of the server's clock expires keys early: no client can prevent a second holder, and
-//! fencing is what keeps the stale holder's write out.
+//! Server clocks that disagree with the client's. A forward jump of the server's clock expires keys early: no
+//! client can prevent a second holder, and fencing is what keeps the stale holder's write out. A server clock
+//! that runs fast within the drift allowance is safe; with the allowance removed it is not.
 
+use redlease::machine::Jitter;
 use redlease::{Config, LockManager, Timer};
 use redlease_testkit::{EventKind, History, MemoryNode, Sim, Violation, VirtualClock};
 
@@ -86,4 +88,84 @@ fn a_server_clock_jump_lets_a_second_holder_in_and_fencing_rejects_the_stale_wri
     assert!(store.write(fb, "from B"));
     assert!(!store.write(fa, "from A (stale)"));
     assert_eq!(store.value, Some("from B"));
+}
+
+/// Clients that hold each lease to the end of its validity while others retry every 20-30 ms, against nodes
+/// whose clocks run fast by `rates`; returns whether the history checker found two holders at once.
+fn fast_node_clocks_overlap(seed: u64, rates: &[f64], drift_factor: f64) -> Option<Violation> {
+    let config = Config::default()
+        .expiry(secs(1))
+        .retry_delay(ms(20))
+        .drift_factor(drift_factor)
+        .jitter_seed(seed);
+    let mut c = Cluster::with_node_rates(seed, config, rates, false);
+    let mut lock = c.manager.lock("job");
+    if rates.len() == 1 {
+        lock = lock.fenced("job:fence");
+    }
+    let history = History::new();
+    for client in 0..3u64 {
+        let (lock, history, clock) = (lock.clone(), history.clone(), c.clock.clone());
+        c.sim.spawn(async move {
+            let end = clock.now() + secs(10);
+            while clock.now() < end {
+                let Ok(lease) = lock.acquire_within(secs(5)).await else {
+                    continue;
+                };
+                history.record(
+                    client,
+                    "job",
+                    clock.now(),
+                    EventKind::Acquired {
+                        valid_until: lease.valid_until(),
+                        fence: lease.fencing_token(),
+                    },
+                );
+                // Work until the last moment the lease promises, then let it lapse.
+                clock.sleep_until(lease.valid_until()).await;
+                history.record(client, "job", clock.now(), EventKind::Lost);
+                drop(lease);
+            }
+        });
+    }
+    assert!(c.sim.run_until_idle(secs(60)), "seed {seed}: clients stuck");
+    assert!(history.acquisitions() >= 8, "seed {seed}: too little contention");
+    history.check().err()
+}
+
+#[test]
+fn node_clocks_running_fast_within_the_drift_allowance_are_safe_and_zero_drift_is_not() {
+    // Config::drift_factor(0.0) is accepted: only the 2 ms floor remains.
+    Config::default().drift_factor(0.0).validate().unwrap();
+    let (mut safe, mut unsafe_zero, mut unsafe_beyond) = (0, 0, 0);
+    for seed in 0..60u64 {
+        // Every node fast by 0.6-0.8 %: a 1 s key ends 6-8 ms early by the clients' clock, within the
+        // default allowance of 1 % + 2 ms = 12 ms, beyond the bare 2 ms floor.
+        let mut rng = Jitter::from_seed(seed);
+        let n = if seed % 2 == 0 { 1 } else { 3 };
+        let rates: Vec<f64> = (0..n).map(|_| 0.006 + 0.002 * rng.next_unit()).collect();
+        if let Some(v) = fast_node_clocks_overlap(seed, &rates, 0.01) {
+            panic!("seed {seed}: default drift allowance, node rates {rates:?}: {v}");
+        }
+        safe += 1;
+        if let Some(v) = fast_node_clocks_overlap(seed, &rates, 0.0) {
+            assert!(matches!(v, Violation::Overlap { .. }), "seed {seed}: {v}");
+            unsafe_zero += 1;
+        }
+        // Nodes fast by 2 %: beyond what the default allowance covers.
+        let beyond: Vec<f64> = rates.iter().map(|r| r + 0.014).collect();
+        if fast_node_clocks_overlap(seed, &beyond, 0.01).is_some() {
+            unsafe_beyond += 1;
+        }
+    }
+    eprintln!("overlaps: zero drift {unsafe_zero}/60, 2 % fast {unsafe_beyond}/60");
+    assert_eq!(safe, 60);
+    assert!(
+        unsafe_zero >= 30,
+        "with drift 0 only {unsafe_zero} of 60 seeds overlapped"
+    );
+    assert!(
+        unsafe_beyond >= 30,
+        "with nodes 2 % fast only {unsafe_beyond} of 60 seeds overlapped"
+    );
 }

@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 use redlease::{Config, LockManager, RedisNode, Timer};
-use redlease_testkit::{Faults, FaultyNode, MemoryNode, Sim, VirtualClock};
+use redlease_testkit::cancel::SimHost;
+use redlease_testkit::{Faults, FaultyNode, MemoryNode, Sim, SkewedClock, VirtualClock};
 
 /// N in-memory nodes behind fault wrappers, a manager over them, all on one virtual clock.
 pub(crate) struct Cluster {
@@ -26,15 +27,41 @@ impl Cluster {
         Self::build(n, seed, config, true)
     }
 
+    /// Like `new` (`spawner`: like `with_spawner`), with node `i` expiring keys on a clock running
+    /// `rates[i]` fast (negative: slow) relative to the clients' clock.
+    pub(crate) fn with_node_rates(
+        seed: u64,
+        config: Config,
+        rates: &[f64],
+        spawner: bool,
+    ) -> Self {
+        Self::build_on(rates.len(), seed, config, spawner, |clock, i| {
+            MemoryNode::with_timer(SkewedClock::new(clock.clone(), rates[i]))
+        })
+    }
+
     fn build(n: usize, seed: u64, config: Config, spawner: bool) -> Self {
+        Self::build_on(n, seed, config, spawner, |clock, _| {
+            MemoryNode::with_timer(clock.clone())
+        })
+    }
+
+    fn build_on(
+        n: usize,
+        seed: u64,
+        config: Config,
+        spawner: bool,
+        node: impl Fn(&VirtualClock, usize) -> MemoryNode,
+    ) -> Self {
         let sim = Sim::new(seed);
         let clock = sim.clock();
         let mut nodes = Vec::new();
         let mut faults = Vec::new();
         let mut wrapped = Vec::new();
-        for _ in 0..n {
-            let node = MemoryNode::with_timer(clock.clone());
-            let (faulty, f) = FaultyNode::new(node.clone(), clock.clone());
+        for i in 0..n {
+            let node = node(&clock, i);
+            // Late requests run on the simulation's network spawner, never paused with a client.
+            let (faulty, f) = FaultyNode::with_spawner(node.clone(), clock.clone(), sim.spawner());
             nodes.push(node);
             faults.push(f);
             wrapped.push(faulty);
@@ -92,6 +119,12 @@ impl Cluster {
                 assert!(key.contains("fence"), "node {i}: key {key:?} has no TTL");
             }
         }
+    }
+}
+
+impl SimHost for Cluster {
+    fn sim(&mut self) -> &mut Sim {
+        &mut self.sim
     }
 }
 
