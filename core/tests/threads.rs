@@ -79,7 +79,11 @@ fn background_renewal_runs_on_a_thread_spawner() {
         .auto_renew(Duration::from_millis(100));
     let lease = block_on(lock.try_acquire()).unwrap();
     let first = lease.valid_until();
-    assert_eq!(threads.load(Ordering::SeqCst), 1, "renewal runs on a spawned thread");
+    assert_eq!(
+        threads.load(Ordering::SeqCst),
+        1,
+        "renewal runs on a spawned thread"
+    );
     let mut previous = first;
     for step in 1..=7u64 {
         clock.advance(Duration::from_millis(100));
@@ -141,7 +145,11 @@ fn tokens_differ_across_processes_and_every_bit_is_unbiased() {
         tokens.extend(mine);
     }
     let distinct: HashSet<&String> = tokens.iter().collect();
-    assert_eq!(distinct.len(), tokens.len(), "a token repeated across processes");
+    assert_eq!(
+        distinct.len(),
+        tokens.len(),
+        "a token repeated across processes"
+    );
     // Each of the 160 bits is set in half of the 10 000 tokens, within 6 standard deviations (50 each).
     let n = tokens.len() as f64;
     for bit in 0..TOKEN_BYTES * 8 {

@@ -218,7 +218,10 @@ mod tests {
         let node = MemoryNode::with_timer(SkewedClock::new(base.clone(), 0.02));
         node.set("k", "v", Some(Duration::from_secs(10)));
         base.advance(Duration::from_millis(9_804));
-        assert!(node.get("k").is_none(), "10 s / 1.02 = 9.804 s of base time");
+        assert!(
+            node.get("k").is_none(),
+            "10 s / 1.02 = 9.804 s of base time"
+        );
         node.set("k", "v", Some(Duration::from_secs(10)));
         base.advance(Duration::from_millis(9_800));
         assert!(node.get("k").is_some());

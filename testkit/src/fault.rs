@@ -587,11 +587,7 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
         Self::build(inner, Arc::new(timer), Some(Arc::new(spawner)))
     }
 
-    fn build(
-        inner: N,
-        timer: Arc<dyn Timer>,
-        spawner: Option<Arc<dyn Spawn>>,
-    ) -> (Self, Faults) {
+    fn build(inner: N, timer: Arc<dyn Timer>, spawner: Option<Arc<dyn Spawn>>) -> (Self, Faults) {
         let faults = Faults::default();
         (
             Self {
@@ -677,7 +673,11 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
         let (fault, latency, delivery) = self.faults.next(op);
         sleep_on(&*self.timer, latency).await;
         match fault {
-            None => self.send(op, delivery, Duration::ZERO, apply)?.reply(self, op).await,
+            None => {
+                self.send(op, delivery, Duration::ZERO, apply)?
+                    .reply(self, op)
+                    .await
+            }
             Some(Fault::Delay(d)) => {
                 sleep_on(&*self.timer, d).await;
                 self.send(op, delivery, Duration::ZERO, apply)?

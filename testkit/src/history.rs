@@ -25,6 +25,13 @@ pub enum EventKind {
     Lost,
     /// The client started releasing the lease (it stopped believing it holds it).
     Released,
+    /// The whole client was stopped (a GC pause, `SIGSTOP`; see [`Sim::pause`](crate::Sim::pause)) from
+    /// the event's instant until `until`, whatever lock the event names. A stopped client cannot learn of a
+    /// loss: a deadline that falls in a pause is checked against the pause's end instead.
+    Paused {
+        /// When the client ran again.
+        until: Instant,
+    },
 }
 
 /// What the client's own clock read at an event, when the client runs on a clock other than the one the
@@ -261,9 +268,30 @@ impl History {
             return Ok(());
         };
         let mut by_lock: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+        let mut pauses: BTreeMap<u64, Vec<(Instant, Instant)>> = BTreeMap::new();
         for e in &events {
-            by_lock.entry(&e.lock).or_default().push(e);
+            match e.kind {
+                EventKind::Paused { until } => {
+                    pauses.entry(e.client).or_default().push((e.at, until));
+                }
+                _ => by_lock.entry(&e.lock).or_default().push(e),
+            }
         }
+        // When a loss due at `deadline` can be signalled: then, or at the end of a pause covering it.
+        let due = |client: u64, deadline: Instant| -> (Instant, bool) {
+            let mut due = deadline;
+            let mut paused = false;
+            while let Some(end) = pauses.get(&client).and_then(|ws| {
+                ws.iter()
+                    .filter(|(from, until)| *from <= due && due < *until)
+                    .map(|(_, until)| *until)
+                    .max()
+            }) {
+                due = end;
+                paused = true;
+            }
+            (due, paused)
+        };
         for (lock, events) in by_lock {
             let mut open: BTreeMap<u64, Interval> = BTreeMap::new();
             let mut closed: Vec<Interval> = Vec::new();
@@ -310,15 +338,17 @@ impl History {
                                 e.client
                             )));
                         };
-                        if e.kind == EventKind::Lost && e.at > iv.end {
+                        let (due, paused) = due(e.client, iv.end);
+                        if e.kind == EventKind::Lost && e.at > due {
                             return Err(Violation::LateLoss {
                                 lock: lock.to_owned(),
                                 client: e.client,
-                                late_by: e.at - iv.end,
+                                late_by: e.at - due,
                             });
                         }
-                        if let (EventKind::Lost, Some(view), Some(end)) =
-                            (&e.kind, e.client_view, iv.local_end)
+                        // A pause is measured on the history's clock only.
+                        if let (EventKind::Lost, Some(view), Some(end), false) =
+                            (&e.kind, e.client_view, iv.local_end, paused)
                         {
                             if view.at > end {
                                 return Err(Violation::LateLossOnClientClock {
@@ -331,6 +361,7 @@ impl History {
                         iv.end = iv.end.min(e.at);
                         closed.push(iv);
                     }
+                    EventKind::Paused { .. } => {}
                 }
             }
             closed.extend(open.into_values());
@@ -588,6 +619,71 @@ mod tests {
             ok.push(e);
         }
         assert_eq!(ok.check(), Ok(()));
+    }
+
+    #[test]
+    fn a_loss_due_during_a_pause_may_be_signalled_when_the_pause_ends() {
+        let t0 = Instant::now();
+        let history = |lost_at: Duration| {
+            let h = History::new();
+            h.record(
+                1,
+                "k",
+                t0,
+                EventKind::Acquired {
+                    valid_until: t0 + ms(100),
+                    fence: None,
+                },
+            );
+            h.record(
+                1,
+                "",
+                t0 + ms(50),
+                EventKind::Paused {
+                    until: t0 + ms(120),
+                },
+            );
+            h.record(
+                1,
+                "",
+                t0 + ms(110),
+                EventKind::Paused {
+                    until: t0 + ms(150),
+                },
+            );
+            h.record(1, "k", t0 + lost_at, EventKind::Lost);
+            h
+        };
+        assert_eq!(history(ms(150)).check(), Ok(()));
+        assert_eq!(
+            history(ms(151)).check(),
+            Err(Violation::LateLoss {
+                lock: "k".into(),
+                client: 1,
+                late_by: ms(1),
+            })
+        );
+        // Another client's pause excuses nothing.
+        let h = History::new();
+        h.record(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: None,
+            },
+        );
+        h.record(
+            2,
+            "",
+            t0,
+            EventKind::Paused {
+                until: t0 + ms(500),
+            },
+        );
+        h.record(1, "k", t0 + ms(101), EventKind::Lost);
+        assert!(matches!(h.check(), Err(Violation::LateLoss { .. })));
     }
 
     #[test]

@@ -135,7 +135,10 @@ fn a_fifo_connection_applies_in_send_order_and_a_late_request_holds_back_the_nex
 #[test]
 fn a_pool_reorders_a_late_request_after_a_later_one() {
     let (mut n, token) = late_delete_then_set(Delivery::Pool);
-    assert_eq!(n.memory.get("k").as_deref(), Some(token.as_str().as_bytes()));
+    assert_eq!(
+        n.memory.get("k").as_deref(),
+        Some(token.as_str().as_bytes())
+    );
     n.sim.run_for(ms(600));
     // The SET overtook the delete, which then landed and deleted the key the SET relied on.
     assert_eq!(n.faults.reordered(), 1);
@@ -162,7 +165,11 @@ fn late_after_error_reports_an_ambiguous_error_at_once_and_applies_later() {
     n.sim.run_for(ms(699));
     assert_eq!(n.memory.pttl("k"), Some(Some(ms(301))));
     n.sim.run_for(ms(2));
-    assert_eq!(n.memory.pttl("k"), Some(Some(ms(4_999))), "extended at 700 ms");
+    assert_eq!(
+        n.memory.pttl("k"),
+        Some(Some(ms(4_999))),
+        "extended at 700 ms"
+    );
 }
 
 #[test]
@@ -194,7 +201,10 @@ fn hostile_random_faults_really_apply_late_and_reorder() {
         });
         assert!(n.sim.run_until_idle(ms(2_000)), "late requests drain");
         let late = n.faults.applied_after_caller_left(Op::Extend);
-        assert!(late > 20, "{delivery:?}: only {late} applies after the caller left");
+        assert!(
+            late > 20,
+            "{delivery:?}: only {late} applies after the caller left"
+        );
         if delivery == Delivery::Pool {
             assert!(n.faults.reordered() > 20, "{}", n.faults.reordered());
         } else {
@@ -224,13 +234,7 @@ fn a_paused_client_runs_nothing_while_others_and_time_go_on() {
     assert!(sim.is_paused(1) && !sim.is_paused(2));
     assert!(sim.run_until_idle(ms(5_000)));
     let ticks = ticks.lock().unwrap();
-    let of = |c: u64| -> Vec<Duration> {
-        ticks
-            .iter()
-            .filter(|t| t.0 == c)
-            .map(|t| t.1)
-            .collect()
-    };
+    let of = |c: u64| -> Vec<Duration> { ticks.iter().filter(|t| t.0 == c).map(|t| t.1).collect() };
     let two: Vec<Duration> = (1..=10).map(|i| ms(100 * i)).collect();
     assert_eq!(of(2), two, "client 2 is not disturbed");
     // Client 1 sleeps until 300 ms, is stopped until 750 ms, then goes on from there.
@@ -265,7 +269,11 @@ fn tasks_spawned_into_a_paused_client_wait_and_random_pauses_replay() {
     };
     assert_eq!(plan(9), plan(9));
     assert_ne!(plan(9), plan(10));
-    assert!(plan(9).iter().all(|&(at, d)| at <= ms(10_000) && d <= ms(300)));
+    assert!(
+        plan(9)
+            .iter()
+            .all(|&(at, d)| at <= ms(10_000) && d <= ms(300))
+    );
 }
 
 #[test]

@@ -198,12 +198,16 @@ fn fenced_contention_under_faults(seed: u64, delivery: Delivery) -> (History, Fa
             }
         });
     }
-    assert!(c.sim.run_until_idle(secs(36_000)), "seed {seed}: workers stuck");
+    assert!(
+        c.sim.run_until_idle(secs(36_000)),
+        "seed {seed}: workers stuck"
+    );
     (history, c.faults[0].clone())
 }
 
 #[test]
-fn fencing_tokens_strictly_increase_over_1000_acquisitions_with_retries_lost_replies_and_late_applies() {
+fn fencing_tokens_strictly_increase_over_1000_acquisitions_with_retries_lost_replies_and_late_applies()
+ {
     for (seed, delivery) in [(4u64, Delivery::Fifo), (5, Delivery::Pool)] {
         let (history, faults) = fenced_contention_under_faults(seed, delivery);
         // The faults really happened: ambiguous replies forced retries, and requests landed after their
@@ -222,7 +226,10 @@ fn fencing_tokens_strictly_increase_over_1000_acquisitions_with_retries_lost_rep
         assert!(history.acquisitions() >= 1000);
         let workers: std::collections::HashSet<u64> =
             history.events().iter().map(|e| e.client).collect();
-        assert!(workers.len() > 1, "acquisitions should be spread over workers");
+        assert!(
+            workers.len() > 1,
+            "acquisitions should be spread over workers"
+        );
         // Tokens strictly increase in acquisition order, and no two believed-held intervals overlap.
         if let Err(v) = history.check() {
             panic!("seed {seed} ({delivery:?}): {v}");
@@ -278,7 +285,10 @@ fn extend_release_renewal_and_run_are_bounded_on_a_hung_node(timeout: std::time:
     // extend: one extension round cut at the timeout, then the give-up clean-up, also cut at it.
     let (mut c, lease) = hung_after_acquire(50, false, false);
     let start = c.now();
-    let err = c.sim.block_on(async { lease.extend(secs(30)).await }).unwrap_err();
+    let err = c
+        .sim
+        .block_on(async { lease.extend(secs(30)).await })
+        .unwrap_err();
     let took = c.now() - start;
     assert!(
         took >= timeout && took <= timeout * 2,
@@ -299,7 +309,10 @@ fn extend_release_renewal_and_run_are_bounded_on_a_hung_node(timeout: std::time:
     // release: one round, cut at the timeout; it cannot tell whether the lease was held.
     let (mut c, lease) = hung_after_acquire(51, false, false);
     let start = c.now();
-    let err = c.sim.block_on(async move { lease.release().await }).unwrap_err();
+    let err = c
+        .sim
+        .block_on(async move { lease.release().await })
+        .unwrap_err();
     assert_eq!(c.now() - start, timeout, "{err:?}");
     assert!(matches!(err, Error::Quorum(_)), "{err:?}");
 
@@ -309,7 +322,11 @@ fn extend_release_renewal_and_run_are_bounded_on_a_hung_node(timeout: std::time:
     let deadline = lease.valid_until();
     let signal = lease.lost();
     let reason = c.sim.block_on(signal);
-    assert!(c.now() <= deadline, "loss signalled {:?} late", c.now() - deadline);
+    assert!(
+        c.now() <= deadline,
+        "loss signalled {:?} late",
+        c.now() - deadline
+    );
     assert!(
         matches!(reason, LossReason::Expired | LossReason::ExtendFailed),
         "{reason:?}"
@@ -317,7 +334,10 @@ fn extend_release_renewal_and_run_are_bounded_on_a_hung_node(timeout: std::time:
     let renewals = c.faults[0].calls(Op::Extend);
     assert!(renewals >= 2, "renewal kept trying: {renewals} rounds");
     drop(lease);
-    assert!(c.sim.run_until_idle(timeout * 4), "renewal and clean-up end");
+    assert!(
+        c.sim.run_until_idle(timeout * 4),
+        "renewal and clean-up end"
+    );
     let calls = c.calls();
     c.sim.run_for(secs(120));
     assert_eq!(c.calls(), calls);

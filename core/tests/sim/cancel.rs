@@ -105,7 +105,11 @@ fn settles(name: &str, env: &mut Env, cut: Cut, cleaned: bool) {
         extends_after, extends,
         "{name}, {cut:?}: renewal traffic after the lease ended"
     );
-    assert_eq!(c.calls(), calls, "{name}, {cut:?}: node traffic after settling");
+    assert_eq!(
+        c.calls(),
+        calls,
+        "{name}, {cut:?}: node traffic after settling"
+    );
     c.assert_every_lock_key_has_ttl();
     for (i, node) in c.nodes.iter().enumerate() {
         assert_eq!(
@@ -126,7 +130,10 @@ fn cut_everywhere(
     let polls = each_poll(setup, start, |env, cut| {
         settles(name, env, cut, cleaned(cut))
     });
-    assert!(polls >= 2, "{name}: completed in {polls} polls: nothing was cut inside it");
+    assert!(
+        polls >= 2,
+        "{name}: completed in {polls} polls: nothing was cut inside it"
+    );
     polls
 }
 
@@ -231,9 +238,7 @@ fn cancelling_run_with_renewal_at_every_await_point_leaves_nothing_behind() {
                 let lease = env.lease.take().unwrap();
                 let clock = env.c.clock.clone();
                 Box::pin(async move {
-                    let _ = lease
-                        .run(clock.sleep_until(clock.now() + secs(6)))
-                        .await;
+                    let _ = lease.run(clock.sleep_until(clock.now() + secs(6))).await;
                     let _ = lease.release().await;
                 })
             },

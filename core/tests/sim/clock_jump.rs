@@ -1,10 +1,13 @@
 //! Server clocks that disagree with the client's. A forward jump of the server's clock expires keys early: no
 //! client can prevent a second holder, and fencing is what keeps the stale holder's write out. A server clock
-//! that runs fast within the drift allowance is safe; with the allowance removed it is not.
+//! that runs fast within the drift allowance is safe; with the allowance removed it is not. And everything at
+//! once: skewed node clocks, paused clients, late and reordered requests.
 
 use redlease::machine::Jitter;
 use redlease::{Config, LockManager, Timer};
-use redlease_testkit::{EventKind, History, MemoryNode, Sim, Violation, VirtualClock};
+use redlease_testkit::{
+    EventKind, History, MemoryNode, Sim, Violation, VirtualClock, for_each_seed,
+};
 
 use crate::support::*;
 
@@ -129,7 +132,10 @@ fn fast_node_clocks_overlap(seed: u64, rates: &[f64], drift_factor: f64) -> Opti
         });
     }
     assert!(c.sim.run_until_idle(secs(60)), "seed {seed}: clients stuck");
-    assert!(history.acquisitions() >= 8, "seed {seed}: too little contention");
+    assert!(
+        history.acquisitions() >= 8,
+        "seed {seed}: too little contention"
+    );
     history.check().err()
 }
 
@@ -158,7 +164,6 @@ fn node_clocks_running_fast_within_the_drift_allowance_are_safe_and_zero_drift_i
             unsafe_beyond += 1;
         }
     }
-    eprintln!("overlaps: zero drift {unsafe_zero}/60, 2 % fast {unsafe_beyond}/60");
     assert_eq!(safe, 60);
     assert!(
         unsafe_zero >= 30,
@@ -168,4 +173,121 @@ fn node_clocks_running_fast_within_the_drift_allowance_are_safe_and_zero_drift_i
         unsafe_beyond >= 30,
         "with nodes 2 % fast only {unsafe_beyond} of 60 seeds overlapped"
     );
+}
+
+/// One client of [`everything_hostile`]: acquires, maybe extends once, holds, releases; a watcher task
+/// records the loss at the moment the lease's signal fires (not when the client's call returns).
+async fn hostile_client(
+    id: u64,
+    lock: redlease::Lock,
+    history: History,
+    clock: VirtualClock,
+    spawner: redlease_testkit::SimSpawner,
+    mut rng: Jitter,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let end = clock.now() + secs(30);
+    while clock.now() < end {
+        let Ok(lease) = lock.acquire_within(secs(3)).await else {
+            continue;
+        };
+        history.record(
+            id,
+            "r",
+            clock.now(),
+            EventKind::Acquired {
+                valid_until: lease.valid_until(),
+                fence: lease.fencing_token(),
+            },
+        );
+        let ended = Arc::new(AtomicBool::new(false));
+        let (watch, h, c, signal) = (ended.clone(), history.clone(), clock.clone(), lease.lost());
+        spawner.spawn(async move {
+            if signal.await != redlease::LossReason::Released && !watch.swap(true, SeqCst) {
+                h.record(id, "r", c.now(), EventKind::Lost);
+            }
+        });
+        if rng.next_u64() % 2 == 0 {
+            clock
+                .sleep_until(clock.now() + ms(rng.next_u64() % 1000))
+                .await;
+            if lease.extend(secs(2)).await.is_ok() {
+                history.record(
+                    id,
+                    "r",
+                    clock.now(),
+                    EventKind::Extended {
+                        valid_until: lease.valid_until(),
+                    },
+                );
+            }
+        }
+        clock
+            .sleep_until(clock.now() + ms(rng.next_u64() % 4000))
+            .await;
+        if !ended.swap(true, SeqCst) {
+            history.record(id, "r", clock.now(), EventKind::Released);
+        }
+        let _ = lease.release().await;
+    }
+}
+
+/// Four clients on their own task groups (randomly paused up to 3 s, four times in 30 s), nodes on clocks up
+/// to 0.8 % fast or slow, hostile random faults (late requests, pool reordering for even seeds); returns the
+/// checker's verdict.
+fn everything_hostile(seed: u64) -> Result<usize, Violation> {
+    use redlease_testkit::RandomFaults;
+    let n = [1usize, 3, 5][(seed % 3) as usize];
+    let mut rng = Jitter::from_seed(seed ^ 0xABCD);
+    let rates: Vec<f64> = (0..n)
+        .map(|_| 0.008 * (2.0 * rng.next_unit() - 1.0))
+        .collect();
+    let config = Config::default()
+        .expiry(secs(2))
+        .retry_delay(ms(50))
+        .jitter_seed(seed);
+    let mut c = Cluster::with_node_rates(seed, config, &rates, true);
+    for (i, f) in c.faults.iter().enumerate() {
+        f.random(RandomFaults::hostile(seed * 7 + i as u64));
+    }
+    let history = History::new();
+    for id in 0..4u64 {
+        let mut lock = c.client_manager(id).lock("r");
+        if n == 1 {
+            lock = lock.fenced("r:fence");
+        }
+        for (at, d) in c
+            .sim
+            .random_pauses(id, seed * 13 + id, secs(30), 4, secs(3))
+        {
+            history.record(id, "", at, EventKind::Paused { until: at + d });
+        }
+        let rng = c.sim.rng();
+        let task = hostile_client(
+            id,
+            lock,
+            history.clone(),
+            c.clock.clone(),
+            c.sim.client(id),
+            rng,
+        );
+        c.sim.client(id).spawn(task);
+    }
+    assert!(
+        c.sim.run_until_idle(secs(200)),
+        "seed {seed}: clients stuck"
+    );
+    history.check().map(|()| history.acquisitions())
+}
+
+#[test]
+#[ignore = "core defect: a stale clean-up deletes a retry's win (issue 8 defect 1); about 13 of 100 seeds overlap, none with FIFO delivery or without late clean-ups"]
+fn clients_paused_nodes_skewed_requests_late_and_reordered_never_overlap() {
+    let mut total = 0;
+    for_each_seed(0..100, |seed| match everything_hostile(seed) {
+        Ok(acquisitions) => total += acquisitions,
+        Err(v) => panic!("seed {seed}: {v}"),
+    });
+    assert!(total > 1_000, "only {total} acquisitions over 100 seeds");
 }

@@ -29,12 +29,7 @@ impl Cluster {
 
     /// Like `new` (`spawner`: like `with_spawner`), with node `i` expiring keys on a clock running
     /// `rates[i]` fast (negative: slow) relative to the clients' clock.
-    pub(crate) fn with_node_rates(
-        seed: u64,
-        config: Config,
-        rates: &[f64],
-        spawner: bool,
-    ) -> Self {
+    pub(crate) fn with_node_rates(seed: u64, config: Config, rates: &[f64], spawner: bool) -> Self {
         Self::build_on(rates.len(), seed, config, spawner, |clock, i| {
             MemoryNode::with_timer(SkewedClock::new(clock.clone(), rates[i]))
         })
@@ -98,6 +93,13 @@ impl Cluster {
 
     pub(crate) fn now(&self) -> std::time::Instant {
         self.clock.now()
+    }
+
+    /// A manager for client `id` over the same nodes, whose background tasks (renewal, clean-ups) run in that
+    /// client's task group, paused with it (`Sim::pause`).
+    #[allow(dead_code)]
+    pub(crate) fn client_manager(&self, id: u64) -> LockManager {
+        self.manager.clone().with_spawner(self.sim.client(id))
     }
 
     /// Which nodes hold `key` with the value `value`.
