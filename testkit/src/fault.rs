@@ -331,22 +331,26 @@ impl Faults {
         self.lock().reordered
     }
 
-    fn next(&self, op: Op) -> (Option<Fault>, Duration, Delivery) {
+    /// The fault for the next call of `op`, its pre-send latency, the delivery and the call's sequence number.
+    fn next(&self, op: Op) -> (Option<Fault>, Duration, Delivery, u64) {
         let mut plan = self.lock();
         *plan.calls.entry(op).or_default() += 1;
+        plan.next_seq += 1;
+        let seq = plan.next_seq;
         let delivery = plan.delivery;
         if plan.partitioned {
             return (
                 Some(Fault::Fail(NodeErrorKind::Connection)),
                 Duration::ZERO,
                 delivery,
+                seq,
             );
         }
         if let Some(fault) = plan.scripted.get_mut(&op).and_then(VecDeque::pop_front) {
-            return (Some(fault), Duration::ZERO, delivery);
+            return (Some(fault), Duration::ZERO, delivery, seq);
         }
         if let Some(fault) = plan.always.get(&op) {
-            return (Some(fault.clone()), Duration::ZERO, delivery);
+            return (Some(fault.clone()), Duration::ZERO, delivery, seq);
         }
         if let Some((random, rng)) = &mut plan.random {
             let latency = random.max_latency.mul_f64(rng.next_unit());
@@ -369,16 +373,9 @@ impl Faults {
                     break;
                 }
             }
-            return (fault, latency, delivery);
+            return (fault, latency, delivery, seq);
         }
-        (None, Duration::ZERO, delivery)
-    }
-
-    /// A sequence number for a request being sent.
-    fn send(&self) -> u64 {
-        let mut plan = self.lock();
-        plan.next_seq += 1;
-        plan.next_seq
+        (None, Duration::ZERO, delivery, seq)
     }
 
     fn count_applied(&self, op: Op, seq: u64, caller_left: bool, detached: bool) {
@@ -606,23 +603,23 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
         &self.faults
     }
 
-    /// Sends the request: applies it after `delay` (at once if zero and nothing is queued ahead of it on a
-    /// FIFO connection). Returns the reply if the request was applied inline, or a receiver for it.
-    fn send<T, A>(
+    /// Sends the request: `Inline` if it is to be applied at once by the caller's future (zero `delay` and
+    /// nothing queued ahead of it on a FIFO connection), else detached — built by `detach` as an owned
+    /// future and applied after `delay` on the spawner — with a receiver for the reply.
+    fn route<T, A>(
         &self,
-        op: Op,
-        delivery: Delivery,
+        (op, seq, delivery): (Op, u64, Delivery),
         delay: Duration,
-        apply: A,
-    ) -> Result<Sent<T>, NodeError>
+        detach: A,
+    ) -> Result<Route<T>, NodeError>
     where
         T: Send + 'static,
-        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>> + Send + 'static,
+        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
     {
-        let seq = self.faults.send();
         let fifo_busy = delivery == Delivery::Fifo && lock_wire(&self.wire).draining;
         if delay.is_zero() && !fifo_busy {
-            return Ok(Sent::Inline(apply(Arc::clone(&self.inner)), seq));
+            self.faults.count_applied(op, seq, false, false);
+            return Ok(Route::Inline);
         }
         let Some(spawner) = &self.spawner else {
             return Err(NodeError::not_applied(
@@ -631,11 +628,11 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
             ));
         };
         let (tx, rx) = reply_channel();
-        let inner = Arc::clone(&self.inner);
+        let apply = detach(Arc::clone(&self.inner));
         let faults = self.faults.clone();
         faults.lock().in_flight += 1;
         let job: Job = Box::pin(async move {
-            let reply = apply(inner).await;
+            let reply = apply.await;
             faults.count_applied(op, seq, tx.caller_left(), true);
             tx.send(reply);
         });
@@ -662,59 +659,72 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
                 }
             }
         }
-        Ok(Sent::Detached(rx))
+        Ok(Route::Detached(rx))
     }
 
-    async fn run<T, A>(&self, op: Op, apply: A) -> Reply<T>
+    /// Sends the request (see [`route`](Self::route)) and waits for its reply.
+    async fn deliver<T, F, A>(
+        &self,
+        call: (Op, u64, Delivery),
+        delay: Duration,
+        inline: F,
+        detach: A,
+    ) -> Reply<T>
     where
         T: Send + 'static,
-        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>> + Send + 'static,
+        F: Future<Output = Reply<T>>,
+        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
     {
-        let (fault, latency, delivery) = self.faults.next(op);
+        match self.route(call, delay, detach)? {
+            Route::Inline => inline.await,
+            Route::Detached(rx) => rx.await.unwrap_or_else(|| {
+                Err(NodeError::ambiguous(
+                    NodeErrorKind::Io,
+                    "FaultyNode: the late request was dropped by its executor",
+                ))
+            }),
+        }
+    }
+
+    /// Runs one call of `op`: `inline` is the call on the inner node, `detach` builds an owned copy of it for
+    /// a late apply (only invoked when one is needed, so a plain call clones nothing).
+    async fn run<T, F, A>(&self, op: Op, inline: F, detach: A) -> Reply<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = Reply<T>>,
+        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
+    {
+        let (fault, latency, delivery, seq) = self.faults.next(op);
+        let call = (op, seq, delivery);
         sleep_on(&*self.timer, latency).await;
         match fault {
-            None => {
-                self.send(op, delivery, Duration::ZERO, apply)?
-                    .reply(self, op)
-                    .await
-            }
+            None => self.deliver(call, Duration::ZERO, inline, detach).await,
             Some(Fault::Delay(d)) => {
                 sleep_on(&*self.timer, d).await;
-                self.send(op, delivery, Duration::ZERO, apply)?
-                    .reply(self, op)
-                    .await
+                self.deliver(call, Duration::ZERO, inline, detach).await
             }
             Some(Fault::Fail(kind)) => Err(NodeError::not_applied(kind, "injected failure")),
             Some(Fault::Hang) => std::future::pending().await,
             Some(Fault::ApplyThenHang) => {
-                let _ = self
-                    .send(op, delivery, Duration::ZERO, apply)?
-                    .reply(self, op)
-                    .await;
+                let _ = self.deliver(call, Duration::ZERO, inline, detach).await;
                 std::future::pending().await
             }
             Some(Fault::ReplyLost) => {
-                let _ = self
-                    .send(op, delivery, Duration::ZERO, apply)?
-                    .reply(self, op)
-                    .await;
+                let _ = self.deliver(call, Duration::ZERO, inline, detach).await;
                 Err(NodeError::ambiguous(
                     NodeErrorKind::Io,
                     "injected lost reply",
                 ))
             }
             Some(Fault::SlowReply(d)) => {
-                let result = self
-                    .send(op, delivery, Duration::ZERO, apply)?
-                    .reply(self, op)
-                    .await;
+                let result = self.deliver(call, Duration::ZERO, inline, detach).await;
                 sleep_on(&*self.timer, d).await;
                 result
             }
-            Some(Fault::Late(d)) => self.send(op, delivery, d, apply)?.reply(self, op).await,
+            Some(Fault::Late(d)) => self.deliver(call, d, inline, detach).await,
             Some(Fault::LateAfterError(d)) => {
                 // The receiver is dropped at once: the caller has left before the request lands.
-                drop(self.send(op, delivery, d.max(Duration::from_nanos(1)), apply)?);
+                drop(self.route(call, d.max(Duration::from_nanos(1)), detach)?);
                 Err(NodeError::ambiguous(
                     NodeErrorKind::Io,
                     "injected connection reset after the request was written",
@@ -724,45 +734,36 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
     }
 }
 
-/// A sent request: applied inline by the caller's future, or detached with a reply channel.
-enum Sent<T> {
-    Inline(BoxFuture<Reply<T>>, u64),
+/// Where a sent request is applied.
+enum Route<T> {
+    /// By the caller's future, now.
+    Inline,
+    /// Later, on the spawner; the reply arrives here.
     Detached(ReplyReceiver<Reply<T>>),
-}
-
-impl<T> Sent<T> {
-    async fn reply<N>(self, node: &FaultyNode<N>, op: Op) -> Reply<T> {
-        match self {
-            Sent::Inline(call, seq) => {
-                node.faults.count_applied(op, seq, false, false);
-                call.await
-            }
-            Sent::Detached(rx) => rx.await.unwrap_or_else(|| {
-                Err(NodeError::ambiguous(
-                    NodeErrorKind::Io,
-                    "FaultyNode: the late request was dropped by its executor",
-                ))
-            }),
-        }
-    }
 }
 
 #[async_trait]
 impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let (key, token) = (key.to_owned(), token.clone());
-        self.run(Op::Acquire, move |n| {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
+            let (key, token) = (key.to_owned(), token.clone());
             Box::pin(async move { n.acquire(&key, &token, ttl).await })
-        })
-        .await
+        };
+        self.run(Op::Acquire, self.inner.acquire(key, token, ttl), detach)
+            .await
     }
 
     /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own fast path.
     async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let (key, token) = (key.to_owned(), token.clone());
-        self.run(Op::Acquire, move |n| {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
+            let (key, token) = (key.to_owned(), token.clone());
             Box::pin(async move { n.acquire_fresh(&key, &token, ttl).await })
-        })
+        };
+        self.run(
+            Op::Acquire,
+            self.inner.acquire_fresh(key, token, ttl),
+            detach,
+        )
         .await
     }
 
@@ -773,35 +774,42 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
         token: &Token,
         ttl: Ttl,
     ) -> Result<Option<u64>, NodeError> {
-        let (key, fence_key, token) = (key.to_owned(), fence_key.to_owned(), token.clone());
-        self.run(Op::AcquireFenced, move |n| {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<Option<u64>>> {
+            let (key, fence_key, token) = (key.to_owned(), fence_key.to_owned(), token.clone());
             Box::pin(async move { n.acquire_fenced(&key, &fence_key, &token, ttl).await })
-        })
+        };
+        self.run(
+            Op::AcquireFenced,
+            self.inner.acquire_fenced(key, fence_key, token, ttl),
+            detach,
+        )
         .await
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-        let (key, token) = (key.to_owned(), token.clone());
-        self.run(Op::Release, move |n| {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
+            let (key, token) = (key.to_owned(), token.clone());
             Box::pin(async move { n.release(&key, &token).await })
-        })
-        .await
+        };
+        self.run(Op::Release, self.inner.release(key, token), detach)
+            .await
     }
 
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let (key, token) = (key.to_owned(), token.clone());
-        self.run(Op::Extend, move |n| {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
+            let (key, token) = (key.to_owned(), token.clone());
             Box::pin(async move { n.extend(&key, &token, ttl).await })
-        })
-        .await
+        };
+        self.run(Op::Extend, self.inner.extend(key, token, ttl), detach)
+            .await
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-        let key = key.to_owned();
-        self.run(Op::Inspect, move |n| {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<Option<KeyState>>> {
+            let key = key.to_owned();
             Box::pin(async move { n.inspect(&key).await })
-        })
-        .await
+        };
+        self.run(Op::Inspect, self.inner.inspect(key), detach).await
     }
 
     fn endpoint(&self) -> Option<String> {
