@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
-use crate::node::{NodeError, RedisNode, Ttl};
+use crate::node::{NodeError, NodeErrorKind, RedisNode, Ttl};
 use crate::time::SharedTimer;
 use crate::token::Token;
 
@@ -50,6 +50,7 @@ pub(crate) struct Engine {
     pub(crate) timer: SharedTimer,
     pub(crate) spawner: Option<Arc<dyn Spawn>>,
     pub(crate) jitter: Mutex<Jitter>,
+    pub(crate) hook: crate::observe::Hook,
 }
 
 /// The replies of one round, with their values where a node answered.
@@ -204,19 +205,39 @@ impl Engine {
         }
     }
 
-    /// One extension round.
+    /// One extension round. `unconfirmed[i]`, where given and non-zero, is the smallest TTL (ms) of an earlier
+    /// extension whose outcome is unknown on node `i`: if it is shorter than `ttl`, node `i`'s success is
+    /// reported as an ambiguous error instead, because that earlier request may still land and shorten the key.
     pub(crate) async fn extend_round(
         &self,
         key: &str,
         token: &Token,
         ttl: Ttl,
         timeout: Duration,
+        unconfirmed: Option<&[u64]>,
     ) -> RoundResult<bool> {
         self.round(
             WaitFor::Decision,
             true,
             timeout,
-            |_, node| node.extend(key, token, ttl),
+            |i, node| {
+                let shorter_pending = unconfirmed
+                    .and_then(|u| u.get(i).copied())
+                    .is_some_and(|min| min != 0 && min < ttl.as_millis());
+                if !shorter_pending {
+                    return node.extend(key, token, ttl);
+                }
+                Box::pin(async move {
+                    match node.extend(key, token, ttl).await {
+                        Ok(true) => Err(NodeError::ambiguous(
+                            NodeErrorKind::Other,
+                            "extended, but not counted: an earlier, shorter extension of this lease may still \
+                             be applied on this node after it",
+                        )),
+                        other => other,
+                    }
+                })
+            },
             |ok| *ok,
         )
         .await
