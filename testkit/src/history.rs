@@ -5,6 +5,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use redlease::{EventKind as CoreEvent, LeaseEvent, Observer};
+
+use crate::SkewedClock;
+
 /// One thing a client observed about a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -87,6 +91,100 @@ impl Event {
     pub fn with_client_view(mut self, view: ClientView) -> Self {
         self.client_view = Some(view);
         self
+    }
+}
+
+/// An [`Observer`] that records the leases of one client's manager into a [`History`] under one client number
+/// (so that [`EventKind::Paused`] records of that client apply to them), optionally from the client's own
+/// [`SkewedClock`]: then every instant is converted to the clock's base (the history's clock) and the
+/// event also carries the client's view, so [`History::check`] asserts losses by the client's clock too.
+///
+/// Make one with [`History::recorder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, LockManager};
+/// use redlease_testkit::{History, MemoryNode, Sim, SkewedClock};
+///
+/// let mut sim = Sim::new(1);
+/// let client_clock = SkewedClock::new(sim.clock(), -0.002); // this client's clock runs 0.2 % slow
+/// let history = History::new();
+/// let manager = LockManager::single(MemoryNode::with_timer(sim.clock()), Config::default())
+///     .unwrap()
+///     .with_timer(client_clock.clone())
+///     .with_observer(history.recorder(7).on_clock(client_clock));
+/// let lock = manager.lock("job").expiry(Duration::from_secs(10));
+/// let lease = sim.block_on(lock.try_acquire()).unwrap();
+/// sim.block_on(lease.lost()); // it expires
+/// let events = history.events();
+/// assert_eq!(events.len(), 2);
+/// assert!(events.iter().all(|e| e.client == 7 && e.client_view.is_some()));
+/// assert_eq!(history.check(), Ok(()));
+/// ```
+#[derive(Clone)]
+pub struct ClientRecorder {
+    history: History,
+    client: u64,
+    clock: Option<SkewedClock>,
+}
+
+impl fmt::Debug for ClientRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientRecorder")
+            .field("client", &self.client)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl ClientRecorder {
+    /// The client's manager runs on `clock` (its [`with_timer`](redlease::LockManager::with_timer)), whose
+    /// base is the history's clock.
+    #[must_use]
+    pub fn on_clock(mut self, clock: SkewedClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+}
+
+impl Observer for ClientRecorder {
+    fn event(&self, event: &LeaseEvent<'_>) {
+        let (kind, local_until) = match event.kind {
+            CoreEvent::Acquired {
+                valid_until, fence, ..
+            } => (
+                EventKind::Acquired { valid_until, fence },
+                Some(valid_until),
+            ),
+            CoreEvent::Extended { valid_until, .. } => {
+                (EventKind::Extended { valid_until }, Some(valid_until))
+            }
+            CoreEvent::Lost { .. } => (EventKind::Lost, None),
+            CoreEvent::Released { .. } => (EventKind::Released, None),
+            _ => return,
+        };
+        let Some(clock) = &self.clock else {
+            self.history.record(self.client, event.key, event.at, kind);
+            return;
+        };
+        let global = |t: Instant| clock.base_at(t);
+        let kind = match kind {
+            EventKind::Acquired { valid_until, fence } => EventKind::Acquired {
+                valid_until: global(valid_until),
+                fence,
+            },
+            EventKind::Extended { valid_until } => EventKind::Extended {
+                valid_until: global(valid_until),
+            },
+            other => other,
+        };
+        self.history.record_with_view(
+            self.client,
+            event.key,
+            global(event.at),
+            kind,
+            ClientView::new(event.at, local_until),
+        );
     }
 }
 
@@ -227,6 +325,15 @@ impl History {
         view: ClientView,
     ) {
         self.push(Event::new(client, lock, at, kind).with_client_view(view));
+    }
+
+    /// An [`Observer`] for client `client`'s manager that records into this history; see [`ClientRecorder`].
+    pub fn recorder(&self, client: u64) -> ClientRecorder {
+        ClientRecorder {
+            history: self.clone(),
+            client,
+            clock: None,
+        }
     }
 
     /// Records a built [`Event`].

