@@ -95,6 +95,58 @@ impl Cluster {
         self.clock.now()
     }
 
+    /// Every hostile condition at once, from `seed`: `n` nodes on clocks up to 0.6 % fast or slow (within the
+    /// default 1 % drift allowance together with 0.2 % client clocks, see `hostile_client`), each with
+    /// `RandomFaults::hostile` (late requests, pool reordering for even seeds), and a network spawner.
+    #[allow(dead_code)]
+    pub(crate) fn hostile(n: usize, seed: u64, config: Config) -> Self {
+        let mut rng = redlease::machine::Jitter::from_seed(seed ^ 0xABCD);
+        let rates: Vec<f64> = (0..n)
+            .map(|_| 0.006 * (2.0 * rng.next_unit() - 1.0))
+            .collect();
+        let c = Self::with_node_rates(seed, config, &rates, true);
+        for (i, f) in c.faults.iter().enumerate() {
+            f.random(redlease_testkit::RandomFaults::hostile(
+                seed.wrapping_mul(7).wrapping_add(i as u64),
+            ));
+        }
+        c
+    }
+
+    /// Client `id` of a hostile run: its manager runs on its own clock (up to 0.2 % fast or slow, offset up to
+    /// 5 s), in its own task group, paused `pauses` times (up to 3 s each) within `horizon`, and reports to
+    /// `history` as client `id` on its own clock (pauses recorded too). Returns the manager and the client's
+    /// clock (sleep on it: the client's work runs on its own clock as well).
+    #[allow(dead_code)]
+    pub(crate) fn hostile_client(
+        &mut self,
+        id: u64,
+        history: &redlease_testkit::History,
+        horizon: Duration,
+        pauses: usize,
+    ) -> (LockManager, SkewedClock) {
+        let seed = self.sim.seed();
+        let mut rng = redlease::machine::Jitter::from_seed(seed ^ id.wrapping_mul(0x9E37_79B9));
+        let clock =
+            SkewedClock::random(self.clock.clone(), &mut rng, 0.002, Duration::from_secs(5));
+        let manager = self
+            .client_manager(id)
+            .with_timer(clock.clone())
+            .with_observer(history.recorder(id).on_clock(clock.clone()));
+        let windows =
+            self.sim
+                .random_pauses(id, rng.next_u64(), horizon, pauses, Duration::from_secs(3));
+        for (at, d) in windows {
+            history.record(
+                id,
+                "",
+                at,
+                redlease_testkit::EventKind::Paused { until: at + d },
+            );
+        }
+        (manager, clock)
+    }
+
     /// A manager for client `id` over the same nodes, whose background tasks (renewal, clean-ups) run in that
     /// client's task group, paused with it (`Sim::pause`).
     #[allow(dead_code)]
