@@ -83,9 +83,13 @@ pub enum Delivery {
     /// every request sent after it (head-of-line blocking); nothing is reordered.
     #[default]
     Fifo,
-    /// A connection pool (or a reconnect): each request travels on its own, so a late request is applied
-    /// after requests sent later — reordering within a window bounded by the late delay.
+    /// A connection pool: each request travels on its own, so a late request is applied after requests sent
+    /// later — reordering within a window bounded by the late delay.
     Pool,
+    /// One FIFO connection that reconnects after a reset ([`Fault::LateAfterError`]): the requests written
+    /// on the old connection (the reset one included) are still applied in their order, but requests sent
+    /// after the reset go over the new connection and may be applied before them.
+    Reconnecting,
 }
 
 /// Random faults drawn per call from a seed.
@@ -137,7 +141,8 @@ impl RandomFaults {
 
     /// Every fault mode at once, for seeded random runs: failures 3 %, hangs 2 %, lost replies 3 %, slow
     /// replies 2 %, late requests 5 % and late requests after an error 3 % (applied up to 1.5 s later),
-    /// latency up to 30 ms, and [`Delivery::Pool`] for even seeds, [`Delivery::Fifo`] for odd ones.
+    /// latency up to 30 ms, and by `seed % 3`: [`Delivery::Pool`] (0), [`Delivery::Fifo`] (1) or
+    /// [`Delivery::Reconnecting`] (2).
     ///
     /// Late requests need a node built with [`FaultyNode::with_spawner`]. The other hostile conditions of
     /// the simulator are set elsewhere: node clocks with [`SkewedClock::random`](crate::SkewedClock::random),
@@ -145,7 +150,7 @@ impl RandomFaults {
     ///
     /// ```
     /// use redlease_testkit::{Delivery, RandomFaults};
-    /// let faults = RandomFaults::hostile(4);
+    /// let faults = RandomFaults::hostile(3);
     /// assert_eq!(faults.delivery, Delivery::Pool);
     /// assert!(faults.late > 0.0 && faults.max_late > faults.max_latency);
     /// ```
@@ -154,10 +159,10 @@ impl RandomFaults {
             .slow_reply(0.02)
             .late(0.05, Duration::from_millis(1500))
             .late_after_error(0.03)
-            .delivery(if seed % 2 == 0 {
-                Delivery::Pool
-            } else {
-                Delivery::Fifo
+            .delivery(match seed % 3 {
+                0 => Delivery::Pool,
+                1 => Delivery::Fifo,
+                _ => Delivery::Reconnecting,
             })
     }
 
@@ -325,8 +330,9 @@ impl Faults {
         self.lock().in_flight
     }
 
-    /// Requests applied after a request sent later to this node had already been applied (only a
-    /// [`Delivery::Pool`] reorders).
+    /// Requests applied after a request sent later to this node had already been applied (a
+    /// [`Delivery::Pool`] reorders, and a [`Delivery::Reconnecting`] connection across a reset; a
+    /// [`Delivery::Fifo`] one never does).
     pub fn reordered(&self) -> u64 {
         self.lock().reordered
     }
@@ -522,7 +528,8 @@ pub struct FaultyNode<N> {
     faults: Faults,
     timer: Arc<dyn Timer>,
     spawner: Option<Arc<dyn Spawn>>,
-    wire: Arc<Mutex<Wire>>,
+    /// The current FIFO connection (replaced on a reset when [`Delivery::Reconnecting`]).
+    wire: Mutex<Arc<Mutex<Wire>>>,
 }
 
 impl<N: fmt::Debug> fmt::Debug for FaultyNode<N> {
@@ -592,7 +599,7 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
                 faults: faults.clone(),
                 timer,
                 spawner,
-                wire: Arc::default(),
+                wire: Mutex::default(),
             },
             faults,
         )
@@ -616,7 +623,8 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
         T: Send + 'static,
         A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
     {
-        let fifo_busy = delivery == Delivery::Fifo && lock_wire(&self.wire).draining;
+        let wire = Arc::clone(&self.wire.lock().unwrap_or_else(|p| p.into_inner()));
+        let fifo_busy = delivery != Delivery::Pool && lock_wire(&wire).draining;
         if delay.is_zero() && !fifo_busy {
             self.faults.count_applied(op, seq, false, false);
             return Ok(Route::Inline);
@@ -647,15 +655,12 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
             }
             _ => {
                 let start = {
-                    let mut w = lock_wire(&self.wire);
+                    let mut w = lock_wire(&wire);
                     w.queue.push_back((at, job));
                     !std::mem::replace(&mut w.draining, true)
                 };
                 if start {
-                    spawner.spawn(Box::pin(drain(
-                        Arc::clone(&self.wire),
-                        Arc::clone(&self.timer),
-                    )));
+                    spawner.spawn(Box::pin(drain(wire, Arc::clone(&self.timer))));
                 }
             }
         }
@@ -725,6 +730,10 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
             Some(Fault::LateAfterError(d)) => {
                 // The receiver is dropped at once: the caller has left before the request lands.
                 drop(self.route(call, d.max(Duration::from_nanos(1)), detach)?);
+                if delivery == Delivery::Reconnecting {
+                    // Later requests go over a new connection; the old one drains on its own.
+                    *self.wire.lock().unwrap_or_else(|p| p.into_inner()) = Arc::default();
+                }
                 Err(NodeError::ambiguous(
                     NodeErrorKind::Io,
                     "injected connection reset after the request was written",

@@ -147,6 +147,37 @@ fn a_pool_reorders_a_late_request_after_a_later_one() {
 }
 
 #[test]
+fn a_reconnecting_connection_keeps_order_until_a_reset_and_reorders_across_it() {
+    // A late request without a reset holds the connection: the next one waits behind it.
+    let (n, _) = late_delete_then_set(Delivery::Reconnecting);
+    assert_eq!(n.faults.reordered(), 0);
+    // After a reset the next request goes over a new connection and overtakes the one left on the old.
+    let mut n = net(8, Delivery::Reconnecting);
+    let token = Token::random().unwrap();
+    n.memory.set("k", token.as_str(), Some(ms(10_000)));
+    n.faults
+        .script(Op::Release, [Fault::LateAfterError(ms(1_000))]);
+    let (node, t) = (n.node.clone(), token.clone());
+    let start = n.clock.now();
+    n.sim.block_on(async move {
+        assert!(node.release("k", &t).await.unwrap_err().is_ambiguous());
+        assert!(node.acquire("k", &t, ttl(ms(10_000))).await.unwrap());
+    });
+    assert_eq!(n.clock.now(), start, "the new connection is not held back");
+    assert_eq!(
+        n.memory.get("k").as_deref(),
+        Some(token.as_str().as_bytes())
+    );
+    n.sim.run_for(ms(1_001));
+    assert_eq!(n.faults.reordered(), 1);
+    assert_eq!(
+        n.memory.get("k"),
+        None,
+        "the old connection's delete landed last"
+    );
+}
+
+#[test]
 fn late_after_error_reports_an_ambiguous_error_at_once_and_applies_later() {
     let mut n = net(4, Delivery::Pool);
     n.faults
@@ -186,7 +217,11 @@ fn a_late_fault_without_a_spawner_fails_with_a_clear_not_applied_error() {
 
 #[test]
 fn hostile_random_faults_really_apply_late_and_reorder() {
-    for (seed, delivery) in [(10u64, Delivery::Pool), (11, Delivery::Fifo)] {
+    for (seed, delivery) in [
+        (9u64, Delivery::Pool),
+        (10, Delivery::Fifo),
+        (11, Delivery::Reconnecting),
+    ] {
         let mut n = net(seed, delivery);
         let random = RandomFaults::hostile(seed);
         assert_eq!(random.delivery, delivery);
@@ -205,10 +240,14 @@ fn hostile_random_faults_really_apply_late_and_reorder() {
             late > 20,
             "{delivery:?}: only {late} applies after the caller left"
         );
-        if delivery == Delivery::Pool {
-            assert!(n.faults.reordered() > 20, "{}", n.faults.reordered());
-        } else {
+        if delivery == Delivery::Fifo {
             assert_eq!(n.faults.reordered(), 0);
+        } else {
+            assert!(
+                n.faults.reordered() > 20,
+                "{delivery:?}: {}",
+                n.faults.reordered()
+            );
         }
         assert_eq!(n.faults.in_flight(), 0);
     }

@@ -97,7 +97,8 @@ impl Cluster {
 
     /// Every hostile condition at once, from `seed`: `n` nodes on clocks up to 0.6 % fast or slow (within the
     /// default 1 % drift allowance together with 0.2 % client clocks, see `hostile_client`), each with
-    /// `RandomFaults::hostile` (late requests, pool reordering for even seeds), and a network spawner.
+    /// `RandomFaults::hostile` (late requests; pool, FIFO or reconnecting delivery by seed), and a network
+    /// spawner.
     #[allow(dead_code)]
     pub(crate) fn hostile(n: usize, seed: u64, config: Config) -> Self {
         let mut rng = redlease::machine::Jitter::from_seed(seed ^ 0xABCD);
