@@ -319,7 +319,7 @@ fn victim(c: &Cluster, kind: u64, fenced: bool) -> Boxed {
 
 #[test]
 fn cancelling_any_lease_future_at_every_await_point_under_hostile_faults_leaves_nothing_behind() {
-    for_each_seed(0..24, |seed| {
+    for_each_seed(0..96, |seed| {
         let n = [1usize, 3, 5][(seed % 3) as usize];
         let spawner = seed % 2 == 0;
         let kind = (seed / 2) % 4;
