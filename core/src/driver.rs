@@ -4,7 +4,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
@@ -59,6 +59,15 @@ pub(crate) struct RoundResult<T> {
     pub(crate) values: Vec<Option<T>>,
     pub(crate) started: Instant,
     pub(crate) ended: Instant,
+    /// Wall-clock readings at the start and end (see [`Timer::wall_now`](crate::Timer::wall_now)).
+    pub(crate) wall: (Option<SystemTime>, Option<SystemTime>),
+}
+
+impl<T> RoundResult<T> {
+    /// Whether the machine was suspended during the round, by more than `allowance`.
+    pub(crate) fn suspended(&self, allowance: Duration) -> bool {
+        crate::time::suspended((self.started, self.ended), self.wall, allowance)
+    }
 }
 
 impl Engine {
@@ -94,6 +103,7 @@ impl Engine {
         Yes: Fn(&T) -> bool,
     {
         let started = self.timer.now();
+        let wall_started = self.timer.wall_now();
         let n = self.nodes.len();
         let mut tally = Tally::new(n, self.quorum(), wait);
         let mut values: Vec<Option<T>> = (0..n).map(|_| None).collect();
@@ -157,6 +167,7 @@ impl Engine {
             values,
             started,
             ended: self.timer.now(),
+            wall: (wall_started, self.timer.wall_now()),
         }
     }
 

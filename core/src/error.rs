@@ -92,6 +92,10 @@ pub enum LossReason {
     ExtendFailed,
     /// The holder released the lease (or dropped it). Only reported by a [`LossSignal`](crate::LossSignal).
     Released,
+    /// The machine was suspended (the wall clock ran ahead of the monotonic clock by more than the drift
+    /// allowance): the servers' TTLs kept running meanwhile, so the lease cannot be trusted. See
+    /// [`Timer::wall_now`](crate::Timer::wall_now).
+    Suspended,
 }
 
 impl fmt::Display for LossReason {
@@ -101,6 +105,7 @@ impl fmt::Display for LossReason {
             Self::NotHeld => "the nodes no longer hold its token",
             Self::ExtendFailed => "an extension failed",
             Self::Released => "it was released",
+            Self::Suspended => "the machine was suspended while it was held",
         })
     }
 }

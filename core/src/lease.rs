@@ -6,7 +6,7 @@ use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::driver::Engine;
 use crate::error::{Error, LossReason, Operation, QuorumError};
@@ -40,6 +40,8 @@ fn waiter_id() -> u64 {
 struct State {
     valid_until: Instant,
     round_started: Instant,
+    /// The wall clock when `round_started` was read, to notice a suspend (see [`Timer::wall_now`]).
+    wall_started: Option<SystemTime>,
     lost: Option<LossReason>,
     /// The node failures behind the loss, if any (reported by [`Lease::run`]).
     loss_source: Option<Box<QuorumError>>,
@@ -109,6 +111,7 @@ pub(crate) struct Grant {
     pub(crate) id: LeaseId,
     pub(crate) acquired_at: Instant,
     pub(crate) round_started: Instant,
+    pub(crate) wall_started: Option<SystemTime>,
     pub(crate) valid_until: Instant,
 }
 
@@ -116,6 +119,7 @@ pub(crate) struct Grant {
 enum Extension {
     Extended {
         started: Instant,
+        wall_started: Option<SystemTime>,
         valid_until: Instant,
     },
     NotHeld,
@@ -137,6 +141,7 @@ impl Shared {
             state: Mutex::new(State {
                 valid_until: grant.valid_until,
                 round_started: grant.round_started,
+                wall_started: grant.wall_started,
                 lost: None,
                 loss_source: None,
                 at_risk: false,
@@ -219,7 +224,19 @@ impl Shared {
             drop(st);
             return Err(self.mark_lost(LossReason::Expired));
         }
+        if st.wall_started.is_some() {
+            let wall = (st.wall_started, self.engine.timer.wall_now());
+            if crate::time::suspended((st.round_started, now), wall, self.drift()) {
+                drop(st);
+                return Err(self.mark_lost(LossReason::Suspended));
+            }
+        }
         Ok(st.valid_until)
+    }
+
+    /// The drift allowance of this lease's TTL.
+    fn drift(&self) -> Duration {
+        crate::machine::validity::drift(self.ttl, self.engine.config.get_drift_factor())
     }
 
     fn lost_error(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
@@ -306,14 +323,18 @@ impl Shared {
             }
         }
         if r.tally.verdict() == Verdict::Quorum {
+            let drift = crate::machine::validity::drift(ttl, engine.config.get_drift_factor());
             return match deadline_after_round(
                 r.started,
                 r.ended,
                 ttl,
                 engine.config.get_drift_factor(),
-            ) {
+            )
+            .filter(|_| !r.suspended(drift))
+            {
                 Some(valid_until) => Extension::Extended {
                     started: r.started,
+                    wall_started: r.wall.0,
                     valid_until,
                 },
                 None => Extension::Failed(None),
@@ -335,6 +356,7 @@ impl Shared {
     fn apply(
         &self,
         started: Instant,
+        wall_started: Option<SystemTime>,
         valid_until: Instant,
         renewal: bool,
     ) -> Result<(), LossReason> {
@@ -353,6 +375,7 @@ impl Shared {
         let earlier = valid_until < st.valid_until;
         st.valid_until = valid_until;
         st.round_started = started;
+        st.wall_started = wall_started;
         st.at_risk = false;
         let waiters = if earlier {
             st.take_waiters()
@@ -477,9 +500,10 @@ impl Shared {
             match Box::pin(self.extend_once(self.ttl, timeout)).await {
                 Extension::Extended {
                     started,
+                    wall_started,
                     valid_until,
                 } => {
-                    match self.apply(started, valid_until, true) {
+                    match self.apply(started, wall_started, valid_until, true) {
                         Ok(()) => {}
                         Err(LossReason::Released) => return,
                         Err(reason) => {
@@ -766,8 +790,9 @@ impl Lease {
         match outcome {
             Extension::Extended {
                 started,
+                wall_started,
                 valid_until,
-            } => match self.shared.apply(started, valid_until, false) {
+            } => match self.shared.apply(started, wall_started, valid_until, false) {
                 Ok(()) => Ok(()),
                 // Succeeded, but only at or after the deadline: the lease is lost all the same, and our token
                 // (now with a fresh TTL) must not stay behind.

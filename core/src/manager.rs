@@ -320,6 +320,7 @@ struct Won {
     id: LeaseId,
     acquired_at: Instant,
     started: Instant,
+    wall_started: Option<std::time::SystemTime>,
     valid_until: Instant,
 }
 
@@ -487,9 +488,11 @@ impl Lock {
                 )
                 .await;
             fresh = false;
+            let drift = crate::machine::validity::drift(plan.ttl, config.get_drift_factor());
             let reason = if r.tally.verdict() == Verdict::Quorum {
                 if let Some(valid_until) =
                     deadline_after_round(r.started, r.ended, plan.ttl, config.get_drift_factor())
+                        .filter(|_| !r.suspended(drift))
                 {
                     let fence = match self.fence_key {
                         Some(_) => r.values.first().copied().flatten().flatten(),
@@ -516,6 +519,7 @@ impl Lock {
                             id,
                             acquired_at: now,
                             started: r.started,
+                            wall_started: r.wall.0,
                             valid_until,
                         },
                     ));
@@ -607,6 +611,7 @@ impl Lock {
             id,
             acquired_at,
             started,
+            wall_started,
             valid_until,
         } = won;
         let shared = Arc::new(Shared::new(
@@ -621,6 +626,7 @@ impl Lock {
                 id,
                 acquired_at,
                 round_started: started,
+                wall_started,
                 valid_until,
             },
         ));

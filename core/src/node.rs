@@ -108,6 +108,18 @@ impl fmt::Debug for KeyState {
 /// retry logic is built to stay correct when an ambiguous command was in fact applied. Do not re-send a
 /// command whose outcome is unknown; report it as ambiguous instead.
 ///
+/// # Order and late requests
+///
+/// The core assumes **nothing** about when a request whose outcome it did not learn reaches the server: it
+/// may be applied long after the caller gave up on it, and after later requests for the same key when they
+/// travel over different connections (a pool, a reconnect). The core stays safe under that: after a clean-up
+/// that did not answer, an acquisition retries with a fresh token, so a late compare-and-delete can only
+/// delete the old one; and an extension does not count a node where an earlier, shorter extension is still
+/// unconfirmed, so a late `PEXPIRE` cannot shorten a key a later round relies on. What late requests can
+/// still cost is liveness: an acquisition applied after its own clean-up keeps the key until its TTL ends.
+/// So a node should keep the requests for one key in order when it can (one connection per key); the
+/// adapters do (fred's pool routes every command for a key through one pool member).
+///
 /// # Cancellation
 ///
 /// The core bounds every call by its operation timeout by dropping the future. Dropping it must leave the

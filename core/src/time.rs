@@ -8,7 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A boxed sleep future returned by [`Timer::sleep_until`].
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -23,6 +23,17 @@ pub trait Timer: Send + Sync + 'static {
 
     /// A future that completes once `now() >= deadline`.
     fn sleep_until(&self, deadline: Instant) -> Sleep;
+
+    /// The wall clock, used only to notice that the machine was suspended.
+    ///
+    /// On Linux the monotonic clock behind [`Instant`] stops while the machine is suspended, so after a
+    /// resume a lease would report the validity it had before. When this returns readings, redlease compares
+    /// wall-clock progress with monotonic progress since each round started and treats a lease whose wall
+    /// clock ran ahead by more than its drift allowance as lost ([`LossReason::Suspended`](crate::LossReason::Suspended)).
+    /// The default, `None`, turns that detection off (for timers without a wall clock).
+    fn wall_now(&self) -> Option<SystemTime> {
+        None
+    }
 }
 
 impl<T: Timer + ?Sized> Timer for Arc<T> {
@@ -31,6 +42,9 @@ impl<T: Timer + ?Sized> Timer for Arc<T> {
     }
     fn sleep_until(&self, deadline: Instant) -> Sleep {
         (**self).sleep_until(deadline)
+    }
+    fn wall_now(&self) -> Option<SystemTime> {
+        (**self).wall_now()
     }
 }
 
@@ -49,6 +63,9 @@ impl<T: Timer + ?Sized> Timer for Arc<T> {
 /// - **a thread that cannot be started** (resource limits): nothing is cached; every sleep tries again
 ///   (at most once per millisecond), and meanwhile waits by re-polling itself, so timeouts and loss signals
 ///   still fire on time at the cost of CPU. It never panics.
+/// - **a suspended machine**: while sleeps are pending the thread looks at the wall clock at least once a
+///   second; when it ran ahead of the monotonic clock (the machine was suspended), every sleep is woken early,
+///   so that loss signals re-check their leases (see [`Timer::wall_now`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemTimer;
 
@@ -59,6 +76,10 @@ impl Timer for SystemTimer {
 
     fn sleep_until(&self, deadline: Instant) -> Sleep {
         Box::pin(wheel::WheelSleep::new(deadline))
+    }
+
+    fn wall_now(&self) -> Option<SystemTime> {
+        Some(SystemTime::now())
     }
 }
 
@@ -72,9 +93,14 @@ mod wheel {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
     use std::task::{Context, Poll, Waker};
-    use std::time::Instant;
+    use std::time::{Duration, Instant, SystemTime};
 
     type Key = (Instant, u64);
+
+    /// Wall-clock progress beyond monotonic progress, between two looks of the timer thread, taken as a
+    /// suspend. Leases apply their own, tighter bound (their drift allowance); this only decides when to wake
+    /// sleepers so that they look.
+    const SUSPEND_HINT: Duration = Duration::from_millis(200);
 
     #[derive(Default)]
     struct State {
@@ -116,9 +142,18 @@ mod wheel {
         fn run(&'static self) {
             let _alive = Alive(self);
             let mut st = self.lock();
+            let mut last = (Instant::now(), SystemTime::now());
             loop {
                 let now = Instant::now();
+                let wall = SystemTime::now();
+                let mono_step = now.saturating_duration_since(last.0);
+                let wall_step = wall.duration_since(last.1).unwrap_or_default();
+                last = (now, wall);
                 let mut due = Vec::new();
+                if wall_step > mono_step + SUSPEND_HINT {
+                    // The machine was suspended: wake everybody, so loss signals look at their leases now.
+                    due.extend(std::mem::take(&mut st.timers).into_values());
+                }
                 while let Some(entry) = st.timers.first_entry() {
                     if entry.key().0 > now {
                         break;
@@ -138,7 +173,10 @@ mod wheel {
                 st.parked_until = Some(target);
                 st = match target {
                     Some(at) => {
-                        let wait = at.saturating_duration_since(now);
+                        // At least once a second, to notice a suspend (see above).
+                        let wait = at
+                            .saturating_duration_since(now)
+                            .min(Duration::from_secs(1));
                         match self.wake.wait_timeout(st, wait) {
                             Ok((guard, _)) => guard,
                             Err(p) => p.into_inner().0,
@@ -539,6 +577,29 @@ impl SharedTimer {
     pub(crate) fn sleep_until(&self, deadline: Instant) -> Sleep {
         self.0.sleep_until(deadline)
     }
+    pub(crate) fn wall_now(&self) -> Option<SystemTime> {
+        self.0.wall_now()
+    }
+}
+
+/// Whether the wall clock ran ahead of the monotonic clock by more than `allowance` between two readings
+/// (`start` and `end` of each): a suspended machine. A wall clock that went backwards (an adjustment) is not.
+pub(crate) fn suspended(
+    mono: (Instant, Instant),
+    wall: (Option<SystemTime>, Option<SystemTime>),
+    allowance: Duration,
+) -> bool {
+    let (Some(w0), Some(w1)) = wall else {
+        return false;
+    };
+    let Ok(wall_elapsed) = w1.duration_since(w0) else {
+        return false;
+    };
+    wall_elapsed
+        > mono
+            .1
+            .saturating_duration_since(mono.0)
+            .saturating_add(allowance)
 }
 
 impl fmt::Debug for SharedTimer {

@@ -574,3 +574,123 @@ fn a_timed_out_cleanup_after_the_last_attempt_is_retried_in_the_background() {
         "the background clean-up deleted the token long before its TTL"
     );
 }
+
+/// A virtual clock whose wall clock can jump ahead while its monotonic clock stands still: a suspend.
+#[derive(Clone)]
+struct SuspendableClock {
+    inner: VirtualClock,
+    origin: std::time::Instant,
+    wall_origin: std::time::SystemTime,
+    jumped: Arc<Mutex<Duration>>,
+}
+
+impl SuspendableClock {
+    fn new(inner: VirtualClock) -> Self {
+        Self {
+            origin: inner.now(),
+            inner,
+            wall_origin: std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000),
+            jumped: Arc::default(),
+        }
+    }
+    fn suspend(&self, d: Duration) {
+        *self.jumped.lock().unwrap() += d;
+    }
+}
+
+impl Timer for SuspendableClock {
+    fn now(&self) -> std::time::Instant {
+        self.inner.now()
+    }
+    fn sleep_until(&self, deadline: std::time::Instant) -> redlease::Sleep {
+        self.inner.sleep_until(deadline)
+    }
+    fn wall_now(&self) -> Option<std::time::SystemTime> {
+        Some(self.wall_origin + (self.inner.now() - self.origin) + *self.jumped.lock().unwrap())
+    }
+}
+
+/// Suspend: after the machine slept for longer than the drift allowance, a lease does not report the
+/// validity it had before.
+#[test]
+fn a_lease_held_across_a_suspend_is_reported_lost() {
+    let mut sim = Sim::new(3);
+    let clock = SuspendableClock::new(sim.clock());
+    let node = MemoryNode::with_timer(sim.clock());
+    let manager = LockManager::single(node, config())
+        .unwrap()
+        .with_timer(clock.clone());
+    let lock = manager.lock("job").expiry(secs(30));
+    let lease = sim
+        .block_on(async move { lock.try_acquire().await })
+        .unwrap();
+    assert_eq!(lease.state(), LeaseState::Held);
+    // A suspend shorter than the drift allowance (302 ms for 30 s) is tolerated...
+    clock.suspend(ms(200));
+    assert_eq!(lease.state(), LeaseState::Held);
+    // ...a longer one is not, although the monotonic clock says 29.7 s are left.
+    clock.suspend(secs(60));
+    assert_eq!(lease.state(), LeaseState::Lost(LossReason::Suspended));
+    assert_eq!(lease.remaining(), Duration::ZERO);
+    let signal = lease.lost();
+    assert_eq!(sim.block_on(signal), LossReason::Suspended);
+}
+
+/// Suspend during a round: an acquisition whose round spanned a suspend is not handed out.
+#[test]
+fn an_acquisition_whose_round_spans_a_suspend_is_not_granted() {
+    struct SuspendingNode {
+        inner: MemoryNode,
+        clock: SuspendableClock,
+    }
+    #[async_trait]
+    impl RedisNode for SuspendingNode {
+        async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+            self.clock.suspend(secs(45));
+            self.inner.acquire(key, token, ttl).await
+        }
+        async fn acquire_fenced(
+            &self,
+            key: &str,
+            fence_key: &str,
+            token: &Token,
+            ttl: Ttl,
+        ) -> Result<Option<u64>, NodeError> {
+            self.inner.acquire_fenced(key, fence_key, token, ttl).await
+        }
+        async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+            self.inner.release(key, token).await
+        }
+        async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+            self.inner.extend(key, token, ttl).await
+        }
+        async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+            self.inner.inspect(key).await
+        }
+    }
+    let mut sim = Sim::new(4);
+    let clock = SuspendableClock::new(sim.clock());
+    let node = MemoryNode::with_timer(sim.clock());
+    let manager = LockManager::single(
+        SuspendingNode {
+            inner: node.clone(),
+            clock: clock.clone(),
+        },
+        config(),
+    )
+    .unwrap()
+    .with_timer(clock.clone());
+    let lock = manager.lock("job").expiry(secs(30));
+    let r = sim.block_on(async move { lock.try_acquire().await });
+    match r {
+        Err(Error::NotAcquired { reason, .. }) => {
+            assert_eq!(reason, redlease::NotAcquiredReason::ValidityExhausted)
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        node.get("job"),
+        None,
+        "the won-but-suspended round was cleaned up"
+    );
+}
