@@ -284,8 +284,8 @@ impl Faults {
         self
     }
 
-    /// Removes every fault (scripted, always, random, partition). Counters are kept, and requests already in
-    /// the network still arrive.
+    /// Removes every fault (scripted, always, random, partition). Counters and the [`Delivery`] are kept, and
+    /// requests already in the network still arrive.
     pub fn clear(&self) -> &Self {
         let mut plan = self.lock();
         plan.scripted.clear();
@@ -823,5 +823,52 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
 
     fn endpoint(&self) -> Option<String> {
         self.inner.endpoint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_faults_draw_every_kind_at_about_its_probability() {
+        let faults = Faults::default();
+        let random = RandomFaults::hostile(42);
+        faults.random(random.clone());
+        let mut counts: HashMap<&'static str, u32> = HashMap::new();
+        let draws: u32 = 20_000;
+        for _ in 0..draws {
+            let (fault, latency, _, _) = faults.next(Op::Extend);
+            assert!(latency <= random.max_latency);
+            let name = match fault {
+                None => "none",
+                Some(Fault::Fail(_)) => "fail",
+                Some(Fault::Hang) => "hang",
+                Some(Fault::ReplyLost) => "reply_lost",
+                Some(Fault::SlowReply(_)) => "slow_reply",
+                Some(Fault::Late(d)) => {
+                    assert!(d <= random.max_late);
+                    "late"
+                }
+                Some(Fault::LateAfterError(d)) => {
+                    assert!(d <= random.max_late);
+                    "late_after_error"
+                }
+                Some(other) => panic!("unexpected {other:?}"),
+            };
+            *counts.entry(name).or_default() += 1;
+        }
+        for (name, p) in [
+            ("fail", random.fail),
+            ("hang", random.hang),
+            ("reply_lost", random.reply_lost),
+            ("slow_reply", random.slow_reply),
+            ("late", random.late),
+            ("late_after_error", random.late_after_error),
+        ] {
+            let got = f64::from(counts.get(name).copied().unwrap_or(0)) / f64::from(draws);
+            assert!((got - p).abs() < 0.01, "{name}: {got} vs {p}");
+        }
+        assert_eq!(faults.calls(Op::Extend), u64::from(draws));
     }
 }
