@@ -92,6 +92,11 @@ impl Tally {
         self.count(|r| matches!(r, Reply::No))
     }
 
+    /// Nodes that refused in a way no retry can change ([`NodeError::is_permanent`]).
+    pub fn permanent(&self) -> usize {
+        self.count(|r| matches!(r, Reply::Failed(e) if e.is_permanent()))
+    }
+
     /// Nodes that have not answered yet.
     pub fn pending(&self) -> usize {
         self.replies.iter().filter(|r| r.is_none()).count()
@@ -100,6 +105,11 @@ impl Tally {
     /// The yes votes needed.
     pub fn required(&self) -> usize {
         self.required
+    }
+
+    /// Whether node `index` answered `Yes`.
+    pub fn is_yes(&self, index: usize) -> bool {
+        matches!(self.replies.get(index), Some(Some(Reply::Yes)))
     }
 
     /// Indices of the nodes that answered `Yes`.
@@ -120,6 +130,19 @@ impl Tally {
                 Some(Reply::No) => None,
                 Some(Reply::Failed(e)) if !e.is_ambiguous() => None,
                 _ => Some(i),
+            })
+    }
+
+    /// Indices of the nodes whose request may still be carried out later: they failed ambiguously or have
+    /// not answered (a `Yes` or `No` means the request was carried out already).
+    pub fn unsettled_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r {
+                None => Some(i),
+                Some(Reply::Failed(e)) if e.is_ambiguous() => Some(i),
+                _ => None,
             })
     }
 
