@@ -11,7 +11,7 @@ use redlease_testkit::server::{RedisServer, RedisServers};
 
 #[path = "../shared/backends.rs"]
 mod backends;
-pub(crate) use backends::{Backend, fred_builder, node, unprobed};
+pub(crate) use backends::{Backend, fred_builder, node};
 
 /// redis-rs multiplexed and fred client: the two adapters in their most common form.
 pub(crate) const BACKENDS: [Backend; 2] = [Backend::RedisMultiplexed, Backend::FredClient];
