@@ -119,7 +119,12 @@ pub(crate) async fn eval(
 
 /// A refusal of the probe, reworded so that its message says why a lease cannot be taken.
 fn probe_refused(verb: Verb, err: NodeError) -> NodeError {
-    if err.kind() != NodeErrorKind::Auth {
+    let message = err.message();
+    let acl = message.contains("NOPERM")
+        || message.contains("The user executing the script can't")
+        || message.contains("no permissions");
+    if err.kind() != NodeErrorKind::Auth || !acl {
+        // A failed login, a replica, a dropped connection: reported as they are.
         return err;
     }
     let message = format!(
