@@ -48,9 +48,8 @@
 //! [`NodeErrorKind::Auth`] instead.
 //!
 //! `init()` fails while the server is down. To start a service while some of its servers are down (Redlock
-//! survives a minority), build the node with [`FredNode::lazy`]: it calls `connect()` on first use (fred
-//! then keeps reconnecting with the client's `ReconnectPolicy`), and its calls fail definitely until the
-//! server is up.
+//! survives a minority), build the node with [`FredNode::lazy`]: it connects on first use, and its calls
+//! fail definitely until the server is up.
 //!
 //! # Timeouts to set
 //!
@@ -279,9 +278,11 @@ impl<C: KeyRouted> FredNode<C> {
     }
 
     /// A node over a client that is not connected yet: the first call starts fred's connection task
-    /// (`connect()`, so fred keeps reconnecting with the client's `ReconnectPolicy`) and waits for the first
-    /// connection up to the client's connection timeout. Building it sends nothing, so a Redlock service can
-    /// start while some servers are down; their calls fail definitely until they are up.
+    /// (`connect()`) and waits for the connection up to the client's connection timeout. If that first
+    /// connection fails, fred's task ends (with the client's default `fail_fast`) and the next call starts it
+    /// again: one connection attempt per call while the server is down, each failing the call definitely.
+    /// Once connected, fred reconnects by the client's `ReconnectPolicy`. Building the node sends nothing,
+    /// so a Redlock service can start while some servers are down.
     pub fn lazy(client: C) -> Self {
         let mut node = Self::new(client);
         node.connect_started = Some(Arc::new(AtomicBool::new(false)));
@@ -471,8 +472,8 @@ impl<C: KeyRouted> FredNode<C> {
         }
     }
 
-    /// For a lazy node, starts fred's connection task once and waits (bounded by the connection timeout)
-    /// for the first connection.
+    /// For a lazy node, starts fred's connection task (once, or again after it ended without connecting) and
+    /// waits for the connection, bounded by the client's connection timeout.
     async fn start(&self) {
         let Some(started) = &self.connect_started else {
             return;
@@ -488,14 +489,28 @@ impl<C: KeyRouted> FredNode<C> {
             }
         }
         let connected = async {
+            let mut all = true;
             for client in clients {
-                let _ = client.wait_for_connect().await;
+                all &= client.wait_for_connect().await.is_ok();
             }
+            all
         };
-        let _ = tokio::time::timeout(wait, connected).await;
-        // The first connection is announced as a reconnection too: not one that heals a later failure.
-        for health in self.health.iter() {
-            health.reconnected();
+        match tokio::time::timeout(wait, connected).await {
+            Ok(true) => {
+                // Connected now: nothing learned before this connection applies to it.
+                for health in self.health.iter() {
+                    health.reconnected();
+                    health.saw_errors();
+                    health.clear_last_error();
+                    health.broken.store(false, Ordering::Release);
+                }
+                self.probe.forget();
+            }
+            // The first attempt failed and (with the client's `fail_fast`) fred's connection task ended:
+            // start it again on the next call, one attempt per call.
+            Ok(false) => started.store(false, Ordering::Release),
+            // Still trying (a client built with `fail_fast: false` keeps trying by its policy).
+            Err(_) => {}
         }
     }
 

@@ -178,3 +178,76 @@ async fn after_the_server_died_every_backend_fails_promptly_and_definitely_witho
         assert!(!err.is_ambiguous(), "{backend:?}: {err}");
     }
 }
+
+/// The client address (`ip:port`) of every command `MONITOR` reports on `server` that mentions `needle`,
+/// recorded while `work` runs.
+async fn clients_sending<F: std::future::Future<Output = ()>>(
+    server: &RedisServer,
+    needle: &str,
+    work: F,
+) -> std::collections::BTreeSet<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();
+    stream.write_all(b"*1\r\n$7\r\nMONITOR\r\n").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line.trim_end(), "+OK");
+    work.await;
+    // Commands from clients look like `+1700000000.123456 [0 127.0.0.1:54321] "EVALSHA" …`; the commands a
+    // script runs carry `[0 lua]`.
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if !line.contains(needle) {
+                    continue;
+                }
+                if let Some(addr) = line
+                    .split_once('[')
+                    .and_then(|(_, rest)| rest.split_once(']'))
+                    .and_then(|(inside, _)| inside.split_whitespace().nth(1))
+                {
+                    if addr != "lua" {
+                        seen.insert(addr.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fred_pool_sends_every_command_for_one_key_over_one_connection() {
+    let Some(server) = RedisServer::start_or_skip(
+        "a_fred_pool_sends_every_command_for_one_key_over_one_connection",
+    ) else {
+        return;
+    };
+    // Four members: a round-robin pool would spread twenty commands over all of them.
+    let pool = common::fred_builder(&server.url()).build_pool(4).unwrap();
+    redlease_adapters::fred::fred::prelude::ClientLike::init(&pool)
+        .await
+        .unwrap();
+    let node = FredNode::new(pool);
+    let ttl = Ttl::from_millis(5000).unwrap();
+    for k in ["pool:{a}:lock", "pool:{b}:lock", "pool:{c}:lock"] {
+        let token = Token::random().unwrap();
+        let addrs = clients_sending(&server, k, async {
+            for _ in 0..5 {
+                assert!(node.acquire(k, &token, ttl).await.unwrap());
+                assert!(node.extend(k, &token, ttl).await.unwrap());
+                assert!(node.inspect(k).await.unwrap().is_some());
+                assert!(node.release(k, &token).await.unwrap());
+            }
+        })
+        .await;
+        assert_eq!(addrs.len(), 1, "{k}: sent over {addrs:?}");
+    }
+}
