@@ -23,11 +23,16 @@
 //! re-sent blindly can run twice, and late: a repeated release reports "not held" after its first copy
 //! succeeded, and an acquire re-sent after redlease gave up re-takes the lock for nobody until its TTL runs
 //! out. So every command of a [`FredNode`] carries its own [`Options`]: `max_attempts: Some(1)` (written at
-//! most once; if its connection closes the caller gets the error instead of a replay), `max_redirections:
-//! Some(0)` (a `MOVED`/`ASK` is the caller's definite [`NodeErrorKind::Cluster`] error; fred refreshes its
-//! slot map first, so the next command is routed correctly) and `fail_fast: true` (while the client is not
-//! connected the command fails at once, unsent, instead of queueing until a reconnection that may come after
-//! redlease's timeout). The client's own settings for other commands are untouched.
+//! most once; if its connection closes the caller gets the error instead of a replay) and `fail_fast: true`
+//! (while the client is not connected the command fails at once, unsent, instead of queueing until a
+//! reconnection that may come after redlease's timeout). The client's own settings for other commands are
+//! untouched.
+//!
+//! On Redis Cluster, following a `MOVED`/`ASK` redirection would be a second write, which
+//! `max_attempts: Some(1)` refuses ("too many failed write attempts"; fred refreshes its slot map first, so
+//! the next command is routed correctly). fred gives the same error to a command that was in flight when it
+//! reconnected, which may have run; a [`FredNode`] tells the two apart by fred's connection notifications and
+//! reports the redirection as a definite [`NodeErrorKind::Cluster`] error, the other as ambiguous.
 //!
 //! # Ordering
 //!
@@ -334,7 +339,7 @@ impl<C> FredNode<C> {
 const FAIL_FAST_DETAILS: &str = "Connection closed unexpectedly.";
 
 /// Classifies a fred error into a [`NodeError`] for redlease (assuming the command was sent with
-/// `max_attempts: Some(1)` and `max_redirections: Some(0)`, as [`FredNode`] does).
+/// `max_attempts: Some(1)`, as [`FredNode`] does).
 ///
 /// - a Redis error reply (fred keeps the reply line, `CODE detail…`, as the details) → definite, kind from its
 ///   code (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM` → `Auth`, `MOVED`/`ASK`/`TRYAGAIN`/`CLUSTERDOWN` →
@@ -346,13 +351,23 @@ const FAIL_FAST_DETAILS: &str = "Connection closed unexpectedly.";
 /// - client-side argument or configuration errors → definite `Other`;
 /// - timeouts → ambiguous `Timeout`; I/O errors, closed connections and cancellations → ambiguous;
 /// - "too many failed write attempts" → ambiguous `Connection`: fred raises it when a command already written
-///   once is queued again, which happens to commands in flight when fred reconnects;
+///   once is queued again, which happens to commands in flight when fred reconnects (a [`FredNode`] on a
+///   cluster reports it as a definite `Cluster` redirection when no reconnection happened meanwhile);
 /// - malformed replies → ambiguous `Protocol`; anything else → ambiguous `Other`.
 pub fn node_error(err: &FredError) -> NodeError {
     classify(None, err)
 }
 
 const TOO_MANY_REDIRECTIONS: &str = "Too many redirections.";
+const SECOND_WRITE: &str = "Too many failed write attempts";
+
+/// Whether fred refused to write a command a second time (see [`node_error`]).
+fn is_second_write(err: &NodeError) -> bool {
+    use std::error::Error as _;
+    err.source()
+        .and_then(|s| s.downcast_ref::<FredError>())
+        .is_some_and(|e| e.details().starts_with(SECOND_WRITE))
+}
 /// fred's answer when it has no connection to write a command on (checked before writing).
 const NO_ROUTE: &str = "Failed to route command.";
 
@@ -427,15 +442,13 @@ fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
                 NodeErrorKind::Connection,
                 format!("{what}: no connection to the server (not sent)"),
             ),
-            ErrorKind::Unknown if details.starts_with("Too many failed write attempts") => {
-                NodeError::ambiguous(
-                    NodeErrorKind::Connection,
-                    format!(
-                        "{what}: fred queued the command again after writing it once (a reconnection with the \
+            ErrorKind::Unknown if details.starts_with(SECOND_WRITE) => NodeError::ambiguous(
+                NodeErrorKind::Connection,
+                format!(
+                    "{what}: fred queued the command again after writing it once (a reconnection with the \
                          command in flight); it may have been applied"
-                    ),
-                )
-            }
+                ),
+            ),
             ErrorKind::Protocol | ErrorKind::Parse | ErrorKind::NotFound => NodeError::ambiguous(
                 NodeErrorKind::Protocol,
                 format!("{what}: malformed reply ({})", err.kind().to_str()),
@@ -465,7 +478,6 @@ impl<C: KeyRouted> FredNode<C> {
     fn options(&self) -> Options {
         Options {
             max_attempts: Some(1),
-            max_redirections: Some(0),
             timeout: self.timeout,
             fail_fast: self.fail_fast,
             ..Options::default()
@@ -553,6 +565,27 @@ impl<C: KeyRouted> FredNode<C> {
             .map(to_reply)
             .map_err(|e| classify(Some(what), &e));
         match result {
+            Err(e) if is_second_write(&e) && self.cluster => {
+                // fred refuses a second write both after a MOVED/ASK redirection (the server refused the
+                // command) and for a command in flight when it reconnected (it may have run). A reconnection
+                // is announced on the error or reconnect channel; without either, it was the redirection.
+                let reconnected = health.saw_errors() | health.reconnected();
+                if reconnected {
+                    health.broken.store(true, Ordering::Release);
+                    Err(e)
+                } else {
+                    Err(NodeError::not_applied(
+                        NodeErrorKind::Cluster,
+                        format!(
+                            "{}: the server redirected the command (MOVED/ASK; the connection stayed up), \
+                             which redlease does not follow; fred refreshed its slot map, so the next call is \
+                             routed anew",
+                            what.name
+                        ),
+                    )
+                    .with_source(e))
+                }
+            }
             Err(e) if e.kind() == NodeErrorKind::Connection => {
                 health.broken.store(true, Ordering::Release);
                 if e.is_ambiguous() {
