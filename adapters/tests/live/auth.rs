@@ -9,9 +9,7 @@ use redlease_testkit::server::RedisServer;
 
 use crate::common::{self, chain, first_node_error};
 
-#[path = "../shared/stats.rs"]
-mod stats;
-use stats::Stats;
+use crate::stats::Stats;
 
 const PASSWORD: &str = "s3cret-pw-4711";
 const WRONG: &str = "wrong-pw-0815";

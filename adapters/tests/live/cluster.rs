@@ -14,14 +14,11 @@ use redlease_testkit::server::RedisCluster;
 
 use crate::common::{self, first_node_error};
 
-#[path = "../shared/stats.rs"]
-mod stats;
-
 /// Scripts sent to any node (run, or refused like a redirected one), and `MOVED` replies sent by any node.
 fn scripts_and_redirections(cluster: &RedisCluster) -> (u64, u64) {
     let mut out = (0, 0);
     for n in cluster.nodes() {
-        let s = stats::Stats::of(n);
+        let s = crate::stats::Stats::of(n);
         out.0 += s.sent("eval") + s.sent("evalsha");
         out.1 += n
             .cmd(&["INFO", "errorstats"])

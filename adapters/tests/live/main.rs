@@ -19,3 +19,5 @@ mod redlock_stall;
 mod scripts;
 mod single;
 mod split_vote;
+#[path = "../shared/stats.rs"]
+mod stats;

@@ -10,9 +10,7 @@ use redlease_testkit::server::RedisServer;
 
 use crate::common::{self, ALL_BACKENDS, chain, first_node_error};
 
-#[path = "../shared/stats.rs"]
-mod stats;
-use stats::Stats;
+use crate::stats::Stats;
 
 /// Loads every script, so that one script call is one `EVALSHA` (no `NOSCRIPT` → `EVAL` pair to count).
 fn preload(server: &RedisServer) {
