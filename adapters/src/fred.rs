@@ -89,7 +89,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
@@ -134,8 +134,9 @@ impl KeyRouted for Pool {
 
 /// What a node learned about one member client's connection from its errors and fred's notifications.
 struct Health {
-    /// Set when a command failed because the connection is gone; cleared by fred's next reconnection.
-    broken: AtomicBool,
+    /// When a command last failed because the connection is gone, or fred last announced a connection error;
+    /// cleared by fred's next reconnection.
+    broken: Mutex<Option<Instant>>,
     reconnects: Mutex<broadcast::Receiver<Server>>,
     errors: Mutex<broadcast::Receiver<(FredError, Option<Server>)>>,
     /// The last connection error fred reported (kept: a later check may drain the channel first).
@@ -145,11 +146,23 @@ struct Health {
 impl Health {
     fn new(client: &Client) -> Self {
         Self {
-            broken: AtomicBool::new(false),
+            broken: Mutex::new(None),
             reconnects: Mutex::new(client.reconnect_rx()),
             errors: Mutex::new(client.error_rx()),
             last_error: Mutex::new(None),
         }
+    }
+
+    fn mark_broken(&self) {
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    fn heal(&self) {
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    fn broken_since(&self) -> Option<Instant> {
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether fred reconnected since the last call (also after missed notifications).
@@ -359,6 +372,9 @@ pub fn node_error(err: &FredError) -> NodeError {
 }
 
 const TOO_MANY_REDIRECTIONS: &str = "Too many redirections.";
+/// How long a node that saw its connection fail waits, with fred reporting itself connected and silent,
+/// before it sends again without a reconnection notice (at least the connection timeout).
+const PROBATION: Duration = Duration::from_secs(1);
 const SECOND_WRITE: &str = "Too many failed write attempts";
 
 /// Whether fred refused to write a command a second time (see [`node_error`]).
@@ -514,7 +530,7 @@ impl<C: KeyRouted> FredNode<C> {
                     health.reconnected();
                     health.saw_errors();
                     health.clear_last_error();
-                    health.broken.store(false, Ordering::Release);
+                    health.heal();
                 }
                 self.probe.forget();
             }
@@ -547,11 +563,19 @@ impl<C: KeyRouted> FredNode<C> {
         // fred announces a dropped connection on its error channel at once, while its state may still say
         // "connected" and a command sent now would wait for the reconnection.
         if health.saw_errors() {
-            health.broken.store(true, Ordering::Release);
+            health.mark_broken();
         }
-        if health.broken.load(Ordering::Acquire) {
-            if health.reconnected() {
-                health.broken.store(false, Ordering::Release);
+        if let Some(since) = health.broken_since() {
+            // Healed by a reconnection; or, if fred reports itself connected and has announced nothing for a
+            // while (an error that did not close the connection), let one command through on probation.
+            let quiet = self
+                .client
+                .connection_config()
+                .connection_timeout
+                .max(PROBATION);
+            let probation = client.state() == ClientState::Connected && since.elapsed() >= quiet;
+            if health.reconnected() || probation {
+                health.heal();
                 health.clear_last_error();
                 self.probe.forget();
             } else {
@@ -571,7 +595,7 @@ impl<C: KeyRouted> FredNode<C> {
                 // is announced on the error or reconnect channel; without either, it was the redirection.
                 let reconnected = health.saw_errors() | health.reconnected();
                 if reconnected {
-                    health.broken.store(true, Ordering::Release);
+                    health.mark_broken();
                     Err(e)
                 } else {
                     Err(NodeError::not_applied(
@@ -587,7 +611,7 @@ impl<C: KeyRouted> FredNode<C> {
                 }
             }
             Err(e) if e.kind() == NodeErrorKind::Connection => {
-                health.broken.store(true, Ordering::Release);
+                health.mark_broken();
                 if e.is_ambiguous() {
                     Err(e)
                 } else {

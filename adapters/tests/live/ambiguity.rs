@@ -144,6 +144,7 @@ async fn after_the_server_died_every_backend_fails_promptly_and_definitely_witho
         assert!(node.acquire(&k, &token, ttl).await.unwrap(), "{backend:?}");
     }
     server.kill();
+    let nodes_again = nodes.clone();
     for (backend, node) in nodes {
         // The first call may meet the dying connection (ambiguous); once the node knows the connection is
         // gone, calls are refused before sending, promptly.
@@ -176,6 +177,49 @@ async fn after_the_server_died_every_backend_fails_promptly_and_definitely_witho
         assert!(!err.is_ambiguous(), "{backend:?}: {err}");
         let err = node.extend("k", &token, ttl).await.unwrap_err();
         assert!(!err.is_ambiguous(), "{backend:?}: {err}");
+    }
+    // And it stays so while the server is down (fred keeps reconnecting in the background meanwhile).
+    for round in 0..5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for (backend, node) in &nodes_again {
+            let started = Instant::now();
+            let err = tokio::time::timeout(Duration::from_secs(5), node.acquire("k", &token, ttl))
+                .await
+                .unwrap_or_else(|_| panic!("{backend:?} round {round}: a call hung"))
+                .unwrap_err();
+            assert!(!err.is_ambiguous(), "{backend:?} round {round}: {err}");
+            assert!(
+                started.elapsed() < PROMPT,
+                "{backend:?} round {round}: {:?}",
+                started.elapsed()
+            );
+        }
+    }
+    // The server comes back (same port, empty): every reconnecting backend works again; a multiplexed
+    // connection never reconnects (documented) and keeps refusing definitely.
+    server.restart();
+    for (backend, node) in &nodes_again {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match node.acquire("back", &token, ttl).await {
+                Ok(acquired) => {
+                    assert!(acquired, "{backend:?}");
+                    assert_ne!(*backend, Backend::RedisMultiplexed, "reconnected?");
+                    break;
+                }
+                Err(e) if *backend == Backend::RedisMultiplexed => {
+                    assert!(!e.is_ambiguous(), "{e}");
+                    break;
+                }
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{backend:?} never recovered: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
     }
 }
 
