@@ -15,7 +15,8 @@
 //!
 //! The fresh acquisition then is `SET key token NX GET PX ttl` where the server accepts it (a key of another
 //! type is a `WRONGTYPE` error there, exactly as in the acquire script, so one attempt or three give the same
-//! answer), and the acquire script otherwise. Later capabilities (native compare-and-delete, …) extend the
+//! answer), and the [`ACQUIRE_FRESH`](scripts::ACQUIRE_FRESH) script otherwise. Both never touch an existing
+//! key, so a late copy of a fresh acquisition cannot reset a lease's TTL. Later capabilities (native compare-and-delete, …) extend the
 //! same probe and [`Caps`].
 
 use std::sync::{Arc, Mutex};
@@ -198,10 +199,13 @@ pub(crate) async fn acquire_fresh(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    if !checked(t, key, None).await?.set_nx_get {
-        return acquire_script(t, key, token, ttl).await;
-    }
     let ttl = ttl.as_millis().to_string();
+    if !checked(t, key, None).await?.set_nx_get {
+        // Never the acquire script: its own-token branch resets the TTL, which a late copy of a fresh
+        // acquisition must not do (the core relies on it).
+        let reply = eval(t, &scripts::ACQUIRE_FRESH, &[key], &[token.as_str(), &ttl]).await?;
+        return scripts::parse_flag(&scripts::ACQUIRE_FRESH, reply);
+    }
     let reply = t
         .command(
             &scripts::SET_NX,

@@ -69,6 +69,35 @@ return 0
     sha1: "4d902ec4365c62dbe5a12eded6c5997434712aed",
 };
 
+/// The fresh acquisition where the server does not accept `SET … NX GET` (before Redis 7.0). `KEYS[1]` lock,
+/// `ARGV[1]` a token never written before, `ARGV[2]` TTL in ms. Returns 1 when the key was absent (now set),
+/// 0 when it exists: like `SET key token NX PX ttl`, it never touches an existing key (so a late copy cannot
+/// reset a lease's TTL), but a lock key of another type is `WRONGTYPE`, as in [`ACQUIRE`]. Argument and
+/// refusal errors as for [`ACQUIRE`], all before any write.
+pub const ACQUIRE_FRESH: Script = Script {
+    name: "acquire_fresh",
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE the lock key ' .. KEYS[1] .. ' holds a value of another type')
+  end
+  return cur
+end
+if cur == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"#,
+    sha1: "d8a6ba5efe7649ac82963dc070f28879c1e033d3",
+};
+
 /// `KEYS[1]` lock, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]` TTL in ms.
 ///
 /// Returns the fence (a bulk string holding a decimal integer) when the lock is (now) ours, nil when it is held
@@ -242,7 +271,15 @@ impl Script {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 6] = [ACQUIRE, ACQUIRE_FENCED, RELEASE, EXTEND, INSPECT, PROBE];
+pub const ALL: [Script; 7] = [
+    ACQUIRE,
+    ACQUIRE_FRESH,
+    ACQUIRE_FENCED,
+    RELEASE,
+    EXTEND,
+    INSPECT,
+    PROBE,
+];
 
 /// A client-neutral view of a script reply, built by each adapter from its client's value type.
 #[derive(Debug, Clone, PartialEq, Eq)]
