@@ -156,7 +156,7 @@ impl Observer for ClientRecorder {
                 EventKind::Acquired { valid_until, fence },
                 Some(valid_until),
             ),
-            CoreEvent::Extended { valid_until, .. } => {
+            CoreEvent::Extended { valid_until, .. } | CoreEvent::Capped { valid_until } => {
                 (EventKind::Extended { valid_until }, Some(valid_until))
             }
             CoreEvent::Lost { .. } => (EventKind::Lost, None),
