@@ -491,11 +491,15 @@ impl Lock {
                     fresh,
                 )
                 .await;
-            fresh = false;
-            for i in r.tally.unsettled_indices() {
-                unsettled.resize(n, false);
-                unsettled[i] = true;
+            // A straggling plain `SET NX` (a fresh unfenced attempt) can never change a key that exists, ours
+            // included; only the scripts' own-token branch resets the TTL when it lands.
+            if !(fresh && self.fence_key.is_none()) {
+                for i in r.tally.unsettled_indices() {
+                    unsettled.resize(n, false);
+                    unsettled[i] = true;
+                }
             }
+            fresh = false;
             let drift = crate::machine::validity::drift(plan.ttl, config.get_drift_factor());
             let reason = if r.tally.verdict() == Verdict::Quorum {
                 if let Some(valid_until) =
