@@ -491,13 +491,15 @@ impl Lock {
                     fresh,
                 )
                 .await;
-            // A straggling plain `SET NX` (a fresh unfenced attempt) can never change a key that exists, ours
-            // included; only the scripts' own-token branch resets the TTL when it lands.
-            if !(fresh && self.fence_key.is_none()) {
-                for i in r.tally.unsettled_indices() {
-                    unsettled.resize(n, false);
-                    unsettled[i] = true;
+            // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
+            // change a key that exists, ours included; only an own-token branch resets the TTL when it lands.
+            let nx = fresh && self.fence_key.is_none();
+            for i in r.tally.unsettled_indices() {
+                if nx && engine.nodes[i].acquire_fresh_is_nx() {
+                    continue;
                 }
+                unsettled.resize(n, false);
+                unsettled[i] = true;
             }
             fresh = false;
             let drift = crate::machine::validity::drift(plan.ttl, config.get_drift_factor());

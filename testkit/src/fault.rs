@@ -835,6 +835,10 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
         self.run(Op::Inspect, self.inner.inspect(key), detach).await
     }
 
+    fn acquire_fresh_is_nx(&self) -> bool {
+        self.inner.acquire_fresh_is_nx()
+    }
+
     fn endpoint(&self) -> Option<String> {
         self.inner.endpoint()
     }
