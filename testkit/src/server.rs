@@ -493,9 +493,7 @@ impl RedisServer {
         match conn.send(&["PING"])? {
             Resp::Text(pong) if pong == "PONG" => {}
             other => {
-                return Err(std::io::Error::other(format!(
-                    "PING answered {other:?}"
-                )));
+                return Err(std::io::Error::other(format!("PING answered {other:?}")));
             }
         }
         Ok(Identity::parse(&conn.send(&["INFO", "server"])?))
@@ -503,8 +501,8 @@ impl RedisServer {
 
     fn spawn(&mut self) -> Result<(), SpawnFailure> {
         let failure = |foreign, message| SpawnFailure { foreign, message };
-        let running = Running::start(&self.bin, &self.args(), &self.dir.0)
-            .map_err(|e| failure(false, e))?;
+        let running =
+            Running::start(&self.bin, &self.args(), &self.dir.0).map_err(|e| failure(false, e))?;
         let pid = running.pid;
         self.running = Some(running);
         self.identity = None;
@@ -666,9 +664,8 @@ impl RedisServer {
     /// Sends `args` on a fresh connection, after `AUTH` and after checking that the process answering is the
     /// one that answered the readiness check (same `process_id` and `run_id`).
     fn raw(&self, args: &[&str], timeout: Duration) -> Result<Resp, String> {
-        let io = |e: std::io::Error| {
-            format!("I/O error talking to redis on port {}: {e}", self.port)
-        };
+        let io =
+            |e: std::io::Error| format!("I/O error talking to redis on port {}: {e}", self.port);
         let mut conn = Conn::open(self.port, timeout).map_err(io)?;
         if let Some(pw) = &self.password {
             conn.send(&["AUTH", pw]).map_err(io)?;
@@ -911,7 +908,9 @@ mod tests {
 
     #[test]
     fn a_start_that_meets_another_server_on_its_port_moves_to_another_port() {
-        if !live_tests_enabled("a_start_that_meets_another_server_on_its_port_moves_to_another_port") {
+        if !live_tests_enabled(
+            "a_start_that_meets_another_server_on_its_port_moves_to_another_port",
+        ) {
             return;
         }
         // Another test's server holds the port the start picks first.
@@ -942,6 +941,10 @@ mod tests {
         twin.spawn().map_err(|e| e.message).unwrap();
         let err = ours.try_cmd(&["SET", "k", "v"]).unwrap_err();
         assert!(err.contains("not ours"), "{err}");
-        assert_eq!(twin.cmd(&["EXISTS", "k"]), "0", "the command reached the other server");
+        assert_eq!(
+            twin.cmd(&["EXISTS", "k"]),
+            "0",
+            "the command reached the other server"
+        );
     }
 }

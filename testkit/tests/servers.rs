@@ -50,7 +50,10 @@ impl Foreign {
         let foreign = Foreign(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "the foreign server did not start");
+            assert!(
+                Instant::now() < deadline,
+                "the foreign server did not start"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         foreign
@@ -85,9 +88,7 @@ fn a_restart_never_accepts_a_foreign_server_that_took_the_port() {
     let foreign = Foreign::start(port, &dir);
     let restarted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.restart()));
     if let Err(panic) = &restarted {
-        let message = panic
-            .downcast_ref::<String>()
-            .map_or("", String::as_str);
+        let message = panic.downcast_ref::<String>().map_or("", String::as_str);
         assert!(
             message.contains(&format!("pid {}", foreign.0.id())),
             "restart() failed without naming the foreign server: {message}"
@@ -149,8 +150,15 @@ fn start_child(ending: &str) -> ChildServer {
     let mut parts = line.split_whitespace().skip(1);
     let server_pid: u32 = parts.next().unwrap().parse().unwrap();
     let dir = PathBuf::from(parts.next().unwrap());
-    assert!(alive(server_pid), "the child's server {server_pid} is not running");
-    assert!(dir.is_dir(), "the child's server dir {} is missing", dir.display());
+    assert!(
+        alive(server_pid),
+        "the child's server {server_pid} is not running"
+    );
+    assert!(
+        dir.is_dir(),
+        "the child's server dir {} is missing",
+        dir.display()
+    );
     ChildServer {
         child,
         server_pid,
