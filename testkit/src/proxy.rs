@@ -25,10 +25,20 @@ pub enum ProxyMode {
     Blackhole,
     /// Forward requests to the server but throw its replies away (applied, reply lost).
     DropReplies,
+    /// Forward requests; throw away the next chunk of replies (one reply, for a client with one request in
+    /// flight) and at that moment switch to the mode given to [`FaultProxy::lose_next_reply_then`]
+    /// ([`Forward`](Self::Forward) when set with [`FaultProxy::set_mode`]).
+    LoseNextReply,
 }
 
 struct Shared {
     mode: Mutex<ProxyMode>,
+    /// The mode after [`ProxyMode::LoseNextReply`] lost its reply.
+    after_lost_reply: Mutex<ProxyMode>,
+    /// Request chunks swallowed by [`ProxyMode::Blackhole`].
+    swallowed: AtomicU64,
+    /// Reply chunks thrown away ([`ProxyMode::DropReplies`], [`ProxyMode::LoseNextReply`], blackhole).
+    dropped: AtomicU64,
     streams: Mutex<Vec<TcpStream>>,
     stop: AtomicBool,
     accepted: AtomicU64,
@@ -40,6 +50,19 @@ impl Shared {
     }
     fn streams(&self) -> MutexGuard<'_, Vec<TcpStream>> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// In [`ProxyMode::LoseNextReply`], claims the one reply to lose and switches to the next mode; `false`
+    /// when another connection claimed it first (the mode has changed since the chunk was read).
+    fn claim_lost_reply(&self) -> bool {
+        let mut mode = self.mode.lock().unwrap_or_else(|p| p.into_inner());
+        if *mode != ProxyMode::LoseNextReply {
+            return false;
+        }
+        *mode = *self
+            .after_lost_reply
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        true
     }
 }
 
@@ -71,6 +94,9 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             mode: Mutex::new(ProxyMode::Forward),
+            after_lost_reply: Mutex::new(ProxyMode::Forward),
+            swallowed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
             streams: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
@@ -101,7 +127,34 @@ impl FaultProxy {
 
     /// Switches every open and future connection to `mode`.
     pub fn set_mode(&self, mode: ProxyMode) {
+        *self
+            .shared
+            .after_lost_reply
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = ProxyMode::Forward;
         *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+    }
+
+    /// Switches to [`ProxyMode::LoseNextReply`]: the next reply is thrown away (its request was applied), and
+    /// at that moment the proxy switches to `then` (e.g. [`ProxyMode::Blackhole`], so that what the client
+    /// sends next, such as a clean-up, never arrives).
+    pub fn lose_next_reply_then(&self, then: ProxyMode) {
+        *self
+            .shared
+            .after_lost_reply
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = then;
+        *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = ProxyMode::LoseNextReply;
+    }
+
+    /// Request chunks swallowed by [`ProxyMode::Blackhole`] so far.
+    pub fn swallowed_requests(&self) -> u64 {
+        self.shared.swallowed.load(Ordering::SeqCst)
+    }
+
+    /// Reply chunks thrown away so far (any mode).
+    pub fn dropped_replies(&self) -> u64 {
+        self.shared.dropped.load(Ordering::SeqCst)
     }
 
     /// The current mode.
@@ -186,10 +239,30 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, direction: Dire
         match (shared.mode(), direction) {
             (ProxyMode::Forward, _) => {}
             (ProxyMode::Latency(d), _) => std::thread::sleep(d),
-            (ProxyMode::Blackhole, Direction::Request) => continue,
-            (ProxyMode::Blackhole, Direction::Reply) => continue,
-            (ProxyMode::DropReplies, Direction::Reply) => continue,
-            (ProxyMode::DropReplies, Direction::Request) => {}
+            (ProxyMode::Blackhole, Direction::Request) => {
+                shared.swallowed.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            (ProxyMode::Blackhole | ProxyMode::DropReplies, Direction::Reply) => {
+                shared.dropped.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            (ProxyMode::DropReplies | ProxyMode::LoseNextReply, Direction::Request) => {}
+            (ProxyMode::LoseNextReply, Direction::Reply) => {
+                if shared.claim_lost_reply() {
+                    shared.dropped.fetch_add(1, Ordering::SeqCst);
+                    continue;
+                }
+                // Claimed elsewhere meanwhile: this chunk is handled by the mode now in force.
+                match shared.mode() {
+                    ProxyMode::Blackhole | ProxyMode::DropReplies => {
+                        shared.dropped.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    ProxyMode::Latency(d) => std::thread::sleep(d),
+                    _ => {}
+                }
+            }
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
@@ -262,6 +335,29 @@ mod tests {
             .unwrap();
         assert_eq!(roundtrip(&mut fresh, b"back").unwrap(), b"back");
         assert_eq!(proxy.accepted(), 2);
+    }
+
+    #[test]
+    fn lose_next_reply_loses_exactly_one_reply_then_switches_mode() {
+        let proxy = FaultProxy::start(echo()).unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        proxy.lose_next_reply_then(ProxyMode::Blackhole);
+        assert!(roundtrip(&mut c, b"lost").is_err(), "the reply is lost");
+        assert_eq!(proxy.mode(), ProxyMode::Blackhole);
+        assert_eq!((proxy.dropped_replies(), proxy.swallowed_requests()), (1, 0));
+        assert!(roundtrip(&mut c, b"void").is_err(), "then blackholed");
+        assert_eq!(proxy.swallowed_requests(), 1);
+        // Set directly, it forwards after the one lost reply.
+        proxy.set_mode(ProxyMode::LoseNextReply);
+        let mut fresh = TcpStream::connect(proxy.addr()).unwrap();
+        fresh
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert!(roundtrip(&mut fresh, b"gone").is_err());
+        assert_eq!(proxy.mode(), ProxyMode::Forward);
+        assert_eq!(roundtrip(&mut fresh, b"back").unwrap(), b"back");
     }
 
     #[test]
