@@ -346,7 +346,10 @@ mod tests {
         proxy.lose_next_reply_then(ProxyMode::Blackhole);
         assert!(roundtrip(&mut c, b"lost").is_err(), "the reply is lost");
         assert_eq!(proxy.mode(), ProxyMode::Blackhole);
-        assert_eq!((proxy.dropped_replies(), proxy.swallowed_requests()), (1, 0));
+        assert_eq!(
+            (proxy.dropped_replies(), proxy.swallowed_requests()),
+            (1, 0)
+        );
         assert!(roundtrip(&mut c, b"void").is_err(), "then blackholed");
         assert_eq!(proxy.swallowed_requests(), 1);
         // Set directly, it forwards after the one lost reply.
