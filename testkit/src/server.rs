@@ -40,6 +40,7 @@ use std::fmt;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
@@ -267,7 +268,8 @@ fn process_alive(pid: u32) -> bool {
 /// the background, reports its pid on stdout, and blocks reading its stdin, a pipe held by the test process.
 /// A line `keep` (a deliberate kill) or end of file (the test process is gone, however it ended) makes it kill
 /// the server, reap it, and, on end of file, remove the server's directory. It ignores the terminal's and a
-/// supervisor's signals (`HUP`, `INT`, `TERM`), so that it outlives the test process long enough to clean up.
+/// supervisor's signals (`HUP`, `INT`, `TERM`), and runs in a process group of its own, so that it outlives
+/// the test process long enough to clean up.
 const WATCHDOG: &str = r#"dir=$1
 shift
 "$@" </dev/null >/dev/null 2>&1 &
@@ -291,6 +293,9 @@ struct Running {
 impl Running {
     fn start(bin: &Path, args: &[String], dir: &Path) -> Result<Running, String> {
         let mut watchdog = Command::new("sh")
+            // A process group of its own: a signal to the test's whole group (a supervisor's kill -9 of the
+            // group, a terminal's ^C) ends the test process but leaves the watchdog to clean up.
+            .process_group(0)
             .arg("-c")
             .arg(WATCHDOG)
             .arg("sh")

@@ -10,6 +10,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -116,6 +117,8 @@ struct ChildServer {
 
 fn start_child(ending: &str) -> ChildServer {
     let mut child = Command::new(std::env::current_exe().unwrap())
+        // Its own process group, so that the group can be killed without this test.
+        .process_group(0)
         .args([
             "--ignored",
             "--exact",
@@ -166,12 +169,17 @@ fn start_child(ending: &str) -> ChildServer {
     }
 }
 
-/// Ends the child as `how` (a `kill` signal, or nothing when it ends by itself), then checks that its server
-/// and directory are gone within [`OUTLIVE_BOUND`].
-fn assert_no_leak(mut c: ChildServer, signal: Option<&str>) {
+/// Ends the child with `signal` (sent to its process, or to its whole process group when `group`; nothing when
+/// it ends by itself), then checks that its server and directory are gone within [`OUTLIVE_BOUND`].
+fn assert_no_leak(mut c: ChildServer, signal: Option<&str>, group: bool) {
     if let Some(signal) = signal {
+        let target = if group {
+            format!("-{}", c.child.id())
+        } else {
+            c.child.id().to_string()
+        };
         let status = Command::new("kill")
-            .args([signal, &c.child.id().to_string()])
+            .args([signal, "--", &target])
             .status()
             .unwrap();
         assert!(status.success());
@@ -208,21 +216,29 @@ fn assert_no_leak(mut c: ChildServer, signal: Option<&str>) {
 #[test]
 fn no_server_outlives_a_test_process_killed_with_sigterm() {
     if live_tests_enabled("no_server_outlives_a_test_process_killed_with_sigterm") {
-        assert_no_leak(start_child("wait"), Some("-TERM"));
+        assert_no_leak(start_child("wait"), Some("-TERM"), false);
     }
 }
 
 #[test]
 fn no_server_outlives_a_test_process_killed_with_sigkill() {
     if live_tests_enabled("no_server_outlives_a_test_process_killed_with_sigkill") {
-        assert_no_leak(start_child("wait"), Some("-KILL"));
+        assert_no_leak(start_child("wait"), Some("-KILL"), false);
     }
 }
 
 #[test]
 fn no_server_outlives_a_test_process_that_aborts_without_unwinding() {
     if live_tests_enabled("no_server_outlives_a_test_process_that_aborts_without_unwinding") {
-        assert_no_leak(start_child("abort"), None);
+        assert_no_leak(start_child("abort"), None, false);
+    }
+}
+
+#[test]
+fn no_server_outlives_a_test_process_whose_whole_process_group_is_killed() {
+    // What a CI timeout or a supervisor does: SIGKILL to every process of the group at once.
+    if live_tests_enabled("no_server_outlives_a_test_process_whose_whole_process_group_is_killed") {
+        assert_no_leak(start_child("wait"), Some("-KILL"), true);
     }
 }
 
