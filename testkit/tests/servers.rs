@@ -9,8 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
 use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -33,22 +33,25 @@ fn alive(pid: u32) -> bool {
     }
 }
 
-/// A redis-server started directly (no testkit), killed on drop: a process of someone else's on a port.
-struct Foreign(Child);
+/// A redis-server started directly (no testkit), killed on drop with its directory: a process of someone
+/// else's on a port.
+struct Foreign(Child, PathBuf);
 
 impl Foreign {
-    fn start(port: u16, dir: &Path) -> Foreign {
+    fn start(port: u16) -> Foreign {
+        let dir = std::env::temp_dir().join(format!("redlease-foreign-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         let child = Command::new(find_redis_server().unwrap())
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
-            .arg(dir)
+            .arg(&dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap();
-        let foreign = Foreign(child);
+        let foreign = Foreign(child, dir);
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -65,6 +68,7 @@ impl Drop for Foreign {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(&self.1);
     }
 }
 
@@ -84,9 +88,7 @@ fn a_restart_never_accepts_a_foreign_server_that_took_the_port() {
     let port = server.port();
     server.kill();
     // Someone else's server takes the port in the restart window and answers PING.
-    let dir = std::env::temp_dir().join(format!("redlease-foreign-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let foreign = Foreign::start(port, &dir);
+    let foreign = Foreign::start(port);
     let restarted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| server.restart()));
     if let Err(panic) = &restarted {
         let message = panic.downcast_ref::<String>().map_or("", String::as_str);
@@ -104,8 +106,6 @@ fn a_restart_never_accepts_a_foreign_server_that_took_the_port() {
             foreign.0.id()
         );
     }
-    drop(foreign);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// What the child process reports: its server's pid and directory.
