@@ -130,7 +130,7 @@ pub(crate) async fn run(url: &str) -> Result<FencedOutcome, BoxError> {
     }
     let stale_release = lease_a.release().await;
     match &stale_release {
-        Ok(()) => println!("A's release succeeded"),
+        Ok(_) => println!("A's release succeeded"),
         Err(e) => println!("A's release: {e}"),
     }
     lease_b.release().await?;

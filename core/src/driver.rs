@@ -4,11 +4,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
-use crate::node::{NodeError, RedisNode, Ttl};
+use crate::node::{NodeError, NodeErrorKind, RedisNode, Ttl};
 use crate::time::SharedTimer;
 use crate::token::Token;
 
@@ -50,6 +50,7 @@ pub(crate) struct Engine {
     pub(crate) timer: SharedTimer,
     pub(crate) spawner: Option<Arc<dyn Spawn>>,
     pub(crate) jitter: Mutex<Jitter>,
+    pub(crate) hook: crate::observe::Hook,
 }
 
 /// The replies of one round, with their values where a node answered.
@@ -58,6 +59,15 @@ pub(crate) struct RoundResult<T> {
     pub(crate) values: Vec<Option<T>>,
     pub(crate) started: Instant,
     pub(crate) ended: Instant,
+    /// Wall-clock readings at the start and end (see [`Timer::wall_now`](crate::Timer::wall_now)).
+    pub(crate) wall: (Option<SystemTime>, Option<SystemTime>),
+}
+
+impl<T> RoundResult<T> {
+    /// Whether the machine was suspended during the round, by more than `allowance`.
+    pub(crate) fn suspended(&self, allowance: Duration) -> bool {
+        crate::time::suspended((self.started, self.ended), self.wall, allowance)
+    }
 }
 
 impl Engine {
@@ -93,6 +103,7 @@ impl Engine {
         Yes: Fn(&T) -> bool,
     {
         let started = self.timer.now();
+        let wall_started = self.timer.wall_now();
         let n = self.nodes.len();
         let mut tally = Tally::new(n, self.quorum(), wait);
         let mut values: Vec<Option<T>> = (0..n).map(|_| None).collect();
@@ -156,6 +167,7 @@ impl Engine {
             values,
             started,
             ended: self.timer.now(),
+            wall: (wall_started, self.timer.wall_now()),
         }
     }
 
@@ -204,19 +216,39 @@ impl Engine {
         }
     }
 
-    /// One extension round.
+    /// One extension round. `unconfirmed[i]`, where given and non-zero, is the smallest TTL (ms) of an earlier
+    /// extension whose outcome is unknown on node `i`: if it is shorter than `ttl`, node `i`'s success is
+    /// reported as an ambiguous error instead, because that earlier request may still land and shorten the key.
     pub(crate) async fn extend_round(
         &self,
         key: &str,
         token: &Token,
         ttl: Ttl,
         timeout: Duration,
+        unconfirmed: Option<&[u64]>,
     ) -> RoundResult<bool> {
         self.round(
             WaitFor::Decision,
             true,
             timeout,
-            |_, node| node.extend(key, token, ttl),
+            |i, node| {
+                let shorter_pending = unconfirmed
+                    .and_then(|u| u.get(i).copied())
+                    .is_some_and(|min| min != 0 && min < ttl.as_millis());
+                if !shorter_pending {
+                    return node.extend(key, token, ttl);
+                }
+                Box::pin(async move {
+                    match node.extend(key, token, ttl).await {
+                        Ok(true) => Err(NodeError::ambiguous(
+                            NodeErrorKind::Other,
+                            "extended, but not counted: an earlier, shorter extension of this lease may still \
+                             be applied on this node after it",
+                        )),
+                        other => other,
+                    }
+                })
+            },
             |ok| *ok,
         )
         .await

@@ -92,6 +92,10 @@ pub enum LossReason {
     ExtendFailed,
     /// The holder released the lease (or dropped it). Only reported by a [`LossSignal`](crate::LossSignal).
     Released,
+    /// The machine was suspended (the wall clock ran ahead of the monotonic clock by more than the drift
+    /// allowance): the servers' TTLs kept running meanwhile, so the lease cannot be trusted. See
+    /// [`Timer::wall_now`](crate::Timer::wall_now).
+    Suspended,
 }
 
 impl fmt::Display for LossReason {
@@ -101,6 +105,7 @@ impl fmt::Display for LossReason {
             Self::NotHeld => "the nodes no longer hold its token",
             Self::ExtendFailed => "an extension failed",
             Self::Released => "it was released",
+            Self::Suspended => "the machine was suspended while it was held",
         })
     }
 }
@@ -115,6 +120,33 @@ pub enum NotAcquiredReason {
     TooFewNodes,
     /// A quorum agreed, but the round took so long that no validity was left.
     ValidityExhausted,
+    /// Nodes refused in a way no retry can change ([`NodeErrorKind::is_permanent`](crate::NodeErrorKind::is_permanent):
+    /// wrong key type, no permission, cross-slot keys, an unusable fence counter), on too many nodes for a
+    /// quorum; the acquisition ended at once, without further attempts.
+    Refused,
+    /// The deadline of [`acquire_until`](crate::Lock::acquire_until) had passed before an attempt could start;
+    /// nothing was sent.
+    DeadlinePassed,
+}
+
+impl fmt::Display for NotAcquiredReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Contended => "held by another owner",
+            Self::TooFewNodes => "too few nodes answered",
+            Self::ValidityExhausted => "no validity left after the round",
+            Self::Refused => "refused",
+            Self::DeadlinePassed => "the deadline had passed before an attempt could start",
+        })
+    }
+}
+
+/// The cause named at the top of a `NotAcquired` message: the first node error, if any.
+fn cause(last_error: &Option<Box<QuorumError>>) -> String {
+    match last_error.as_deref().and_then(|q| q.errors.first()) {
+        Some((i, e)) => format!(" (node {i}: {e})"),
+        None => String::new(),
+    }
 }
 
 /// The errors of redlease's public API.
@@ -133,11 +165,10 @@ pub enum Error {
     FencingUnsupported,
 
     /// The lock was not acquired within the allowed attempts or time.
-    #[error("lock {key:?} not acquired after {attempts} attempt(s): {}", match reason {
-        NotAcquiredReason::Contended => "held by another owner",
-        NotAcquiredReason::TooFewNodes => "too few nodes answered",
-        NotAcquiredReason::ValidityExhausted => "no validity left after the round",
-    })]
+    #[error(
+        "lock {key:?} not acquired after {attempts} attempt(s): {reason}{}",
+        cause(last_error)
+    )]
     NotAcquired {
         /// The lock key.
         key: String,

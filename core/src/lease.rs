@@ -6,13 +6,15 @@ use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::driver::Engine;
 use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{RenewalSchedule, RenewalStep, Verdict};
+use crate::node::NodeError;
 use crate::node::Ttl;
+use crate::observe::{EventKind, LeaseId};
 use crate::time::Sleep;
 use crate::token::Token;
 
@@ -38,11 +40,20 @@ fn waiter_id() -> u64 {
 struct State {
     valid_until: Instant,
     round_started: Instant,
+    /// The wall clock when `round_started` was read, to notice a suspend (see [`Timer::wall_now`]).
+    wall_started: Option<SystemTime>,
     lost: Option<LossReason>,
+    /// The node failures behind the loss, if any (reported by [`Lease::run`]).
+    loss_source: Option<Box<QuorumError>>,
     at_risk: bool,
     ended: bool,
+    /// A compare-and-delete of our token on every node has finished (after a loss): nobody needs to repeat it.
+    cleaned: bool,
     renewing: bool,
     extending: bool,
+    /// Per node, the smallest TTL (ms) of an extension whose outcome is unknown there; 0 for none. Allocated
+    /// on the first such extension only.
+    unconfirmed: Option<Box<[u64]>>,
     waiters: Vec<(u64, Waker)>,
 }
 
@@ -84,6 +95,8 @@ pub(crate) struct Shared {
     pub(crate) op_timeout: Duration,
     pub(crate) fence: Option<u64>,
     pub(crate) renew_interval: Option<Duration>,
+    pub(crate) id: LeaseId,
+    acquired_at: Instant,
     state: Mutex<State>,
 }
 
@@ -95,7 +108,10 @@ pub(crate) struct Grant {
     pub(crate) op_timeout: Duration,
     pub(crate) fence: Option<u64>,
     pub(crate) renew_interval: Option<Duration>,
+    pub(crate) id: LeaseId,
+    pub(crate) acquired_at: Instant,
     pub(crate) round_started: Instant,
+    pub(crate) wall_started: Option<SystemTime>,
     pub(crate) valid_until: Instant,
 }
 
@@ -103,6 +119,7 @@ pub(crate) struct Grant {
 enum Extension {
     Extended {
         started: Instant,
+        wall_started: Option<SystemTime>,
         valid_until: Instant,
     },
     NotHeld,
@@ -119,14 +136,20 @@ impl Shared {
             op_timeout: grant.op_timeout,
             fence: grant.fence,
             renew_interval: grant.renew_interval,
+            id: grant.id,
+            acquired_at: grant.acquired_at,
             state: Mutex::new(State {
                 valid_until: grant.valid_until,
                 round_started: grant.round_started,
+                wall_started: grant.wall_started,
                 lost: None,
+                loss_source: None,
                 at_risk: false,
                 ended: false,
+                cleaned: false,
                 renewing: false,
                 extending: false,
+                unconfirmed: None,
                 waiters: Vec::new(),
             }),
         }
@@ -144,13 +167,47 @@ impl Shared {
 
     /// Marks the lease lost (first reason wins) and wakes every waiter.
     fn mark_lost(&self, reason: LossReason) -> LossReason {
-        let (reason, waiters) = {
+        self.mark_lost_by(reason, None)
+    }
+
+    /// Marks the lease lost with the node failures that caused it (the first loss and its cause win).
+    fn mark_lost_by(&self, reason: LossReason, source: Option<QuorumError>) -> LossReason {
+        let (reason, waiters, first) = {
             let mut st = self.lock();
-            let reason = *st.lost.get_or_insert(reason);
-            (reason, st.take_waiters())
+            let first = st.lost.is_none();
+            if first {
+                st.lost = Some(reason);
+                st.loss_source = source.map(Box::new);
+            }
+            let report = (first && !st.ended).then_some(st.valid_until);
+            (st.lost.unwrap_or(reason), st.take_waiters(), report)
         };
+        if let Some(valid_until) = first {
+            self.engine.hook.emit(
+                &self.key,
+                self.id,
+                self.now(),
+                EventKind::Lost {
+                    reason,
+                    valid_until,
+                },
+            );
+        }
         wake(waiters);
         reason
+    }
+
+    /// The loss reason and its cause, for an error reported after the fact.
+    fn loss_error(&self) -> Option<Error> {
+        let st = self.lock();
+        let reason = st.lost?;
+        let source = st.loss_source.clone();
+        drop(st);
+        Some(Error::Lost {
+            key: self.key.clone(),
+            reason,
+            source,
+        })
     }
 
     /// The validity deadline if the lease is still held at `now`; otherwise the loss reason (marking an
@@ -167,7 +224,19 @@ impl Shared {
             drop(st);
             return Err(self.mark_lost(LossReason::Expired));
         }
+        if st.wall_started.is_some() {
+            let wall = (st.wall_started, self.engine.timer.wall_now());
+            if crate::time::suspended((st.round_started, now), wall, self.drift()) {
+                drop(st);
+                return Err(self.mark_lost(LossReason::Suspended));
+            }
+        }
         Ok(st.valid_until)
+    }
+
+    /// The drift allowance of this lease's TTL.
+    fn drift(&self) -> Duration {
+        crate::machine::validity::drift(self.ttl, self.engine.config.get_drift_factor())
     }
 
     fn lost_error(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
@@ -180,12 +249,21 @@ impl Shared {
 
     /// Gives the lease up: marks it lost and deletes our token wherever it may remain.
     async fn give_up(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
-        let reason = self.mark_lost(reason);
+        let reason = self.mark_lost_by(reason, source.clone());
+        self.clean_up().await;
+        self.lost_error(reason, source)
+    }
+
+    /// Deletes our token on every node (always safe: compare-and-delete touches only our own key), once.
+    async fn clean_up(&self) {
+        if self.lock().cleaned {
+            return;
+        }
         let _ = self
             .engine
             .cleanup(&self.key, &self.token, self.op_timeout, None)
             .await;
-        self.lost_error(reason, source)
+        self.lock().cleaned = true;
     }
 
     /// Waits until no other extension of this lease is in flight, then claims the right to extend.
@@ -210,21 +288,53 @@ impl Shared {
     }
 
     /// One extension round with `ttl`, bounded by `timeout`.
+    ///
+    /// An extension whose outcome is unknown on a node may still be carried out there later, after later
+    /// rounds (on a pool or a reconnected connection). If it set a shorter TTL than a later round, landing
+    /// late would shorten the key that round's validity relies on. So a node where an extension with a
+    /// shorter TTL than `ttl` is unconfirmed does not count towards this round's quorum; one with an equal or
+    /// longer TTL can only lengthen the key and is harmless.
     async fn extend_once(&self, ttl: Ttl, timeout: Duration) -> Extension {
         let engine = &self.engine;
+        let unconfirmed = self.lock().unconfirmed.clone();
         let r = engine
-            .extend_round(&self.key, &self.token, ttl, timeout)
+            .extend_round(&self.key, &self.token, ttl, timeout, unconfirmed.as_deref())
             .await;
         let n = engine.nodes.len();
+        {
+            let mut st = self.lock();
+            let mut record = r
+                .tally
+                .maybe_applied_indices()
+                .filter(|i| !r.tally.is_yes(*i))
+                .peekable();
+            if record.peek().is_some() {
+                let slots = st
+                    .unconfirmed
+                    .get_or_insert_with(|| vec![0; n].into_boxed_slice());
+                for i in record {
+                    let slot = &mut slots[i];
+                    *slot = if *slot == 0 {
+                        ttl.as_millis()
+                    } else {
+                        (*slot).min(ttl.as_millis())
+                    };
+                }
+            }
+        }
         if r.tally.verdict() == Verdict::Quorum {
+            let drift = crate::machine::validity::drift(ttl, engine.config.get_drift_factor());
             return match deadline_after_round(
                 r.started,
                 r.ended,
                 ttl,
                 engine.config.get_drift_factor(),
-            ) {
+            )
+            .filter(|_| !r.suspended(drift))
+            {
                 Some(valid_until) => Extension::Extended {
                     started: r.started,
+                    wall_started: r.wall.0,
                     valid_until,
                 },
                 None => Extension::Failed(None),
@@ -241,20 +351,48 @@ impl Shared {
         )))
     }
 
-    /// Records a successful extension unless the lease was lost or expired meanwhile.
-    fn apply(&self, started: Instant, valid_until: Instant) -> Result<(), LossReason> {
+    /// Records a successful extension unless the lease was lost or expired meanwhile. A deadline that moves
+    /// earlier wakes every waiter: loss signals and the renewal loop plan for the old, later deadline.
+    fn apply(
+        &self,
+        started: Instant,
+        wall_started: Option<SystemTime>,
+        valid_until: Instant,
+        renewal: bool,
+    ) -> Result<(), LossReason> {
         let now = self.now();
         let mut st = self.lock();
         if let Some(reason) = st.lost {
             return Err(reason);
         }
+        if st.ended {
+            return Err(LossReason::Released);
+        }
         if now >= st.valid_until {
             drop(st);
             return Err(self.mark_lost(LossReason::Expired));
         }
+        let earlier = valid_until < st.valid_until;
         st.valid_until = valid_until;
         st.round_started = started;
+        st.wall_started = wall_started;
         st.at_risk = false;
+        let waiters = if earlier {
+            st.take_waiters()
+        } else {
+            Vec::new()
+        };
+        drop(st);
+        self.engine.hook.emit(
+            &self.key,
+            self.id,
+            now,
+            EventKind::Extended {
+                valid_until,
+                renewal,
+            },
+        );
+        wake(waiters);
         Ok(())
     }
 
@@ -268,22 +406,44 @@ impl Shared {
         !std::mem::replace(&mut st.renewing, true)
     }
 
+    /// Gives up the renewal claim and wakes waiters, so that another [`Lease::run`] can take it over.
     fn unclaim_renewal(&self) {
-        self.lock().renewing = false;
+        let waiters = {
+            let mut st = self.lock();
+            st.renewing = false;
+            st.take_waiters()
+        };
+        wake(waiters);
     }
 
     /// Ends the lease locally (release or drop): stops renewal, resolves loss signals. Returns the loss
     /// reason if the lease was already lost or expired.
-    fn end(&self) -> Option<LossReason> {
+    fn end(&self, dropped: bool) -> Option<LossReason> {
         let now = self.now();
-        let (prior, waiters) = {
+        let (prior, unnoticed, valid_until, waiters) = {
             let mut st = self.lock();
-            let prior = st
-                .lost
-                .or_else(|| (now >= st.valid_until).then_some(LossReason::Expired));
+            let unnoticed = st.lost.is_none() && now >= st.valid_until;
+            if unnoticed {
+                st.lost = Some(LossReason::Expired);
+            }
             st.ended = true;
-            (prior, st.take_waiters())
+            (st.lost, unnoticed, st.valid_until, st.take_waiters())
         };
+        let kind = match prior {
+            // Expired without anybody noticing: the loss is reported now, before the lease ends.
+            Some(reason) if unnoticed => Some(EventKind::Lost {
+                reason,
+                valid_until,
+            }),
+            Some(_) => None,
+            None => Some(EventKind::Released {
+                dropped,
+                held_for: now.saturating_duration_since(self.acquired_at),
+            }),
+        };
+        if let Some(kind) = kind {
+            self.engine.hook.emit(&self.key, self.id, now, kind);
+        }
         wake(waiters);
         prior
     }
@@ -295,17 +455,24 @@ impl Shared {
     pub(crate) async fn renew(self: Arc<Self>) {
         // The schedule is rebuilt from the lease's fields where needed instead of living in this future's
         // state: thousands of these futures may sleep at once.
-        let mut step = {
-            let st = self.lock();
-            self.schedule()
-                .after_success(st.round_started, st.valid_until)
-        };
+        let mut step = self.replan();
         loop {
             let at = match step {
                 RenewalStep::RenewAt(t) | RenewalStep::LostAt(t) => t,
             };
-            if !self.sleep_unless_ended(at).await {
-                return;
+            match self.sleep_unless_ended(at).await {
+                Woken::Due => {}
+                Woken::Ended => return,
+                Woken::Lost => {
+                    // Whoever noticed the loss may not have deleted our token (a loss signal only observes).
+                    Box::pin(self.clean_up()).await;
+                    return;
+                }
+                Woken::Moved => {
+                    // A manual extension moved the deadline earlier than this plan allows for.
+                    step = self.replan();
+                    continue;
+                }
             }
             let permit = self.extend_permit().await;
             let now = self.now();
@@ -320,8 +487,7 @@ impl Shared {
             };
             if matches!(step, RenewalStep::LostAt(_)) {
                 // A manual extension moved the deadline since we planned to give up: plan afresh.
-                let started = self.lock().round_started;
-                step = self.schedule().after_success(started, valid_until);
+                step = self.replan();
                 continue;
             }
             let Some(timeout) = self.schedule().round_timeout(now, valid_until) else {
@@ -334,12 +500,17 @@ impl Shared {
             match Box::pin(self.extend_once(self.ttl, timeout)).await {
                 Extension::Extended {
                     started,
+                    wall_started,
                     valid_until,
                 } => {
-                    if self.apply(started, valid_until).is_err() {
-                        drop(permit);
-                        let _ = Box::pin(self.give_up(LossReason::Expired, None)).await;
-                        return;
+                    match self.apply(started, wall_started, valid_until, true) {
+                        Ok(()) => {}
+                        Err(LossReason::Released) => return,
+                        Err(reason) => {
+                            drop(permit);
+                            let _ = Box::pin(self.give_up(reason, None)).await;
+                            return;
+                        }
                     }
                     step = self.schedule().after_success(started, valid_until);
                 }
@@ -348,12 +519,39 @@ impl Shared {
                     let _ = Box::pin(self.give_up(LossReason::NotHeld, None)).await;
                     return;
                 }
-                Extension::Failed(_) => {
+                Extension::Failed(source) => {
                     self.set_at_risk();
+                    self.engine.hook.emit(
+                        &self.key,
+                        self.id,
+                        self.now(),
+                        EventKind::AtRisk {
+                            valid_until,
+                            error: source.as_ref(),
+                        },
+                    );
                     step = self.schedule().after_failure(self.now(), valid_until);
+                    if let RenewalStep::LostAt(_) = step {
+                        // Keep the cause: if nothing else extends the lease, it is lost at the deadline.
+                        if let Some(source) = source {
+                            let mut st = self.lock();
+                            if st.lost.is_none() {
+                                st.loss_source = Some(Box::new(source));
+                            }
+                        }
+                    }
                 }
             }
         }
+    }
+
+    /// The next renewal step from the lease's current deadline and the start of the round that set it.
+    fn replan(&self) -> RenewalStep {
+        let (started, valid_until) = {
+            let st = self.lock();
+            (st.round_started, st.valid_until)
+        };
+        self.schedule().after_success(started, valid_until)
     }
 
     /// The renewal schedule of this lease (only called for leases with an automatic-renewal interval).
@@ -365,14 +563,27 @@ impl Shared {
         )
     }
 
-    /// Sleeps until `at`; resolves to `false` early if the lease ends meanwhile.
+    /// Sleeps until `at`; resolves early if the lease ends or is lost, or its deadline moves earlier.
     fn sleep_unless_ended(&self, at: Instant) -> SleepUnlessEnded<'_> {
         SleepUnlessEnded {
             shared: self,
             id: waiter_id(),
+            planned_for: self.lock().valid_until,
             sleep: self.engine.timer.sleep_until(at),
         }
     }
+}
+
+/// How a [`SleepUnlessEnded`] ended.
+enum Woken {
+    /// The planned instant came.
+    Due,
+    /// The lease ended (released, dropped): nothing more to renew.
+    Ended,
+    /// The lease was lost (e.g. a manual extension failed, or its deadline passed): nothing more to renew.
+    Lost,
+    /// The validity deadline moved earlier than when the sleep was planned.
+    Moved,
 }
 
 /// See [`Shared::sleep_unless_ended`]. A named future rather than an `async fn`, because it sits inside every
@@ -380,22 +591,29 @@ impl Shared {
 struct SleepUnlessEnded<'a> {
     shared: &'a Shared,
     id: u64,
+    planned_for: Instant,
     sleep: Sleep,
 }
 
 impl Future for SleepUnlessEnded<'_> {
-    type Output = bool;
+    type Output = Woken;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<bool> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Woken> {
         let this = &mut *self;
         {
             let mut st = this.shared.lock();
             if st.ended {
-                return Poll::Ready(false);
+                return Poll::Ready(Woken::Ended);
+            }
+            if st.lost.is_some() {
+                return Poll::Ready(Woken::Lost);
+            }
+            if st.valid_until < this.planned_for {
+                return Poll::Ready(Woken::Moved);
             }
             st.register(this.id, cx.waker());
         }
-        this.sleep.as_mut().poll(cx).map(|()| true)
+        this.sleep.as_mut().poll(cx).map(|()| Woken::Due)
     }
 }
 
@@ -433,12 +651,17 @@ impl Drop for ExtendPermit {
     }
 }
 
-/// Clears the renewal claim of a scoped [`Lease::run`] when it ends or is dropped.
-struct RenewalClaim<'a>(&'a Shared);
+/// Clears the renewal claim of a scoped [`Lease::run`], if it took one, when it ends or is dropped.
+struct RenewalClaim<'a> {
+    shared: &'a Shared,
+    held: bool,
+}
 
 impl Drop for RenewalClaim<'_> {
     fn drop(&mut self) {
-        self.0.unclaim_renewal();
+        if self.held {
+            self.shared.unclaim_renewal();
+        }
     }
 }
 
@@ -563,20 +786,20 @@ impl Lease {
             .map_err(|reason| self.shared.lost_error(reason, None))?;
         let timeout = op_timeout.min(valid_until.saturating_duration_since(now));
         let outcome = self.shared.extend_once(ttl_wire, timeout).await;
+        drop(permit);
         match outcome {
             Extension::Extended {
                 started,
+                wall_started,
                 valid_until,
-            } => self
-                .shared
-                .apply(started, valid_until)
-                .map_err(|reason| self.shared.lost_error(reason, None)),
-            Extension::NotHeld => {
-                drop(permit);
-                Err(self.shared.give_up(LossReason::NotHeld, None).await)
-            }
+            } => match self.shared.apply(started, wall_started, valid_until, false) {
+                Ok(()) => Ok(()),
+                // Succeeded, but only at or after the deadline: the lease is lost all the same, and our token
+                // (now with a fresh TTL) must not stay behind.
+                Err(reason) => Err(self.shared.give_up(reason, None).await),
+            },
+            Extension::NotHeld => Err(self.shared.give_up(LossReason::NotHeld, None).await),
             Extension::Failed(source) => {
-                drop(permit);
                 Err(self.shared.give_up(LossReason::ExtendFailed, source).await)
             }
         }
@@ -591,23 +814,29 @@ impl Lease {
     ///   done under it may have overlapped another holder;
     /// - [`Error::Quorum`] if too few nodes answered to tell whether the lease was still held (the remaining
     ///   keys expire by their TTL).
-    pub async fn release(mut self) -> Result<(), Error> {
+    pub async fn release(mut self) -> Result<ReleaseReport, Error> {
         self.armed = false;
         let shared = Arc::clone(&self.shared);
         drop(self);
-        let prior = shared.end();
+        let prior = shared.end(false);
         let engine = &shared.engine;
         let mut guard = CleanupOnDrop::new(engine, &shared.key, &shared.token, shared.op_timeout);
         let r = engine
             .release_round(&shared.key, &shared.token, shared.op_timeout, None)
             .await;
         guard.disarm();
-        if let Some(reason) = prior {
-            return Err(shared.lost_error(reason, None));
+        if prior.is_some() {
+            return Err(shared
+                .loss_error()
+                .unwrap_or_else(|| shared.lost_error(LossReason::Expired, None)));
         }
         let n = engine.nodes.len();
         if r.tally.yes() >= engine.quorum() {
-            Ok(())
+            Ok(ReleaseReport {
+                deleted: r.tally.yes(),
+                nodes: n,
+                failures: r.tally.errors(),
+            })
         } else if r.tally.no() > n - engine.quorum() {
             Err(shared.lost_error(LossReason::NotHeld, None))
         } else {
@@ -633,34 +862,92 @@ impl Lease {
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
         let shared = &self.shared;
         let mut signal = self.lost();
-        let mut work = pin!(work);
-        let claimed = shared.renew_interval.is_some() && shared.claim_renewal();
-        let _claim = claimed.then(|| RenewalClaim(shared));
-        let mut renewal: Option<Pin<Box<dyn Future<Output = ()> + Send>>> =
-            match shared.renew_interval {
-                Some(_) if claimed => Some(Box::pin(Arc::clone(shared).renew())),
-                _ => None,
-            };
-        std::future::poll_fn(|cx| {
+        // In an `Option`, so that it can be dropped in place (stopped) the moment the lease is lost.
+        let mut work = pin!(Some(work));
+        let mut claim = RenewalClaim {
+            shared,
+            held: false,
+        };
+        let mut renewal: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
+        let lost = std::future::poll_fn(|cx| {
             if let Some(r) = renewal.as_mut() {
                 if r.as_mut().poll(cx).is_ready() {
                     renewal = None;
                 }
+            } else if shared.renew_interval.is_some() && !claim.held && shared.claim_renewal() {
+                // No renewal runs (none yet, or another `run` that renewed has returned): take it over.
+                claim.held = true;
+                let mut r: Pin<Box<dyn Future<Output = ()> + Send>> =
+                    Box::pin(Arc::clone(shared).renew());
+                if r.as_mut().poll(cx).is_pending() {
+                    renewal = Some(r);
+                }
             }
             if let Poll::Ready(reason) = Pin::new(&mut signal).poll(cx) {
-                return Poll::Ready(Err(shared.lost_error(reason, None)));
+                return Poll::Ready(Err(reason));
             }
-            work.as_mut().poll(cx).map(Ok)
+            match work.as_mut().as_pin_mut() {
+                Some(w) => w.poll(cx).map(Ok),
+                None => Poll::Pending,
+            }
         })
-        .await
+        .await;
+        let reason = match lost {
+            Ok(out) => return Ok(out),
+            Err(reason) => reason,
+        };
+        // Lost: stop the work at once (it must no longer act as the owner), but let this lease's own renewal
+        // finish giving up — its compare-and-delete is bounded by the operation timeout — and delete our token
+        // ourselves if nobody did (the loss may have come from an `extend` inside the work we just dropped).
+        work.set(None);
+        if let Some(r) = renewal.take() {
+            r.await;
+        }
+        shared.clean_up().await;
+        drop(claim);
+        Err(shared
+            .loss_error()
+            .unwrap_or_else(|| shared.lost_error(reason, None)))
+    }
+}
+
+/// What [`Lease::release`] achieved.
+///
+/// The lease counts as released when a quorum deleted its token; nodes that failed keep it until its TTL
+/// runs out (at most the lease's expiry).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ReleaseReport {
+    deleted: usize,
+    nodes: usize,
+    failures: Vec<(usize, NodeError)>,
+}
+
+impl ReleaseReport {
+    /// Nodes that deleted our token.
+    pub fn deleted(&self) -> usize {
+        self.deleted
+    }
+
+    /// Nodes the manager has.
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+
+    /// The nodes that could not confirm the deletion, by node index, with their errors. Empty when every node
+    /// answered (a node that answered "not held" is not a failure: its copy had already expired).
+    pub fn failures(&self) -> &[(usize, NodeError)] {
+        &self.failures
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
-            let prior = self.shared.end();
-            if prior.is_none() {
+            self.shared.end(true);
+            // Deleting our own token is always safe, lost or not (a lease lost at its deadline may still be on
+            // the nodes for the drift allowance, one that lost a renewal race for its whole TTL).
+            if !self.shared.lock().cleaned {
                 self.shared.engine.spawn_cleanup(
                     &self.shared.key,
                     &self.shared.token,

@@ -49,6 +49,7 @@ mod lease;
 pub mod machine;
 mod manager;
 mod node;
+mod observe;
 mod time;
 mod token;
 
@@ -56,9 +57,10 @@ pub use async_trait::async_trait;
 pub use config::{Config, ConfigError};
 pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
-pub use lease::{Lease, LeaseState, LossSignal};
+pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{Lock, LockManager};
 pub use node::{Applied, KeyState, NodeError, NodeErrorKind, RedisNode, Ttl};
+pub use observe::{EventKind, LeaseEvent, LeaseId, Observer};
 pub use time::{Sleep, SystemTimer, Timer};
 pub use token::{TOKEN_BYTES, Token, TokenError};
 

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use crate::config::{Config, ConfigError};
 use crate::driver::{Engine, Mode, Spawn};
 use crate::error::{Error, NotAcquiredReason, Operation, QuorumError};
-use crate::lease::{CleanupOnDrop, Grant, Lease, Shared};
+use crate::lease::{Grant, Lease, Shared};
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{Backoff, Jitter, Verdict};
 use crate::node::{RedisNode, Ttl};
+use crate::observe::{EventKind, Hook, LeaseId, Observer};
 use crate::time::{SharedTimer, SystemTimer, Timer};
 use crate::token::Token;
 
@@ -129,6 +130,7 @@ impl LockManager {
                 timer: SharedTimer(Arc::new(SystemTimer)),
                 spawner: None,
                 jitter: Mutex::new(jitter),
+                hook: Hook::default(),
             }),
         })
     }
@@ -146,6 +148,7 @@ impl LockManager {
             timer: e.timer.clone(),
             spawner: e.spawner.clone(),
             jitter: Mutex::new(jitter),
+            hook: e.hook.clone(),
         };
         f(&mut engine);
         Self {
@@ -175,6 +178,14 @@ impl LockManager {
     pub fn with_spawner(self, spawner: impl Spawn + 'static) -> Self {
         let spawner: Arc<dyn Spawn> = Arc::new(spawner);
         self.rebuild(|e| e.spawner = Some(spawner))
+    }
+
+    /// Tells `observer` of every acquisition, extension, renewal failure, loss and release of this manager's
+    /// leases (see [`Observer`]). Replaces an earlier observer.
+    #[must_use]
+    pub fn with_observer(self, observer: impl Observer) -> Self {
+        let hook = Hook::new(Arc::new(observer));
+        self.rebuild(|e| e.hook = hook)
     }
 
     /// Describes a lock on `key` with this manager's defaults; adjust it with the builder methods.
@@ -237,6 +248,80 @@ impl fmt::Debug for Lock {
 enum Limit {
     Attempts(u32),
     Until(Instant),
+}
+
+/// The tokens of one acquisition: the one its next attempt sends, and older ones whose clean-up was not
+/// confirmed on some node (see the rotation in `acquire_with`).
+///
+/// Dropped before [`won`](Self::won) or [`failed`](Self::failed) — the acquisition future was cancelled — it
+/// deletes every token in the background (if the manager has a spawner).
+struct Tokens<'a> {
+    engine: &'a Arc<Engine>,
+    key: &'a str,
+    timeout: Duration,
+    current: Token,
+    stale: Vec<Token>,
+    armed: bool,
+}
+
+impl<'a> Tokens<'a> {
+    fn new(engine: &'a Arc<Engine>, key: &'a str, timeout: Duration) -> Result<Self, Error> {
+        Ok(Self {
+            engine,
+            key,
+            timeout,
+            current: Token::random()?,
+            stale: Vec::new(),
+            armed: true,
+        })
+    }
+
+    /// Retires the current token (its clean-up is unconfirmed somewhere) and draws a new one.
+    fn rotate(&mut self) -> Result<(), Error> {
+        let next = Token::random()?;
+        self.stale.push(std::mem::replace(&mut self.current, next));
+        Ok(())
+    }
+
+    /// The acquisition won with the current token: retired tokens are deleted in the background.
+    fn won(mut self) -> Token {
+        self.armed = false;
+        for token in std::mem::take(&mut self.stale) {
+            self.engine.spawn_cleanup(self.key, &token, self.timeout);
+        }
+        self.current.clone()
+    }
+
+    /// The acquisition gave up after cleaning up its last attempt: retired tokens, whose clean-up did not
+    /// answer, are deleted again in the background. (The current one was either confirmed gone everywhere or
+    /// never sent.)
+    fn failed(&mut self) {
+        self.armed = false;
+        for token in &self.stale {
+            self.engine.spawn_cleanup(self.key, token, self.timeout);
+        }
+    }
+}
+
+impl Drop for Tokens<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // Cancelled, possibly in the middle of a round: the current token may be anywhere.
+            self.failed();
+            self.engine
+                .spawn_cleanup(self.key, &self.current, self.timeout);
+        }
+    }
+}
+
+/// What the winning round of an acquisition established.
+struct Won {
+    fence: Option<u64>,
+    id: LeaseId,
+    acquired_at: Instant,
+    started: Instant,
+    wall_started: Option<std::time::SystemTime>,
+    valid_until: Instant,
 }
 
 /// Checked parameters of one acquisition.
@@ -360,21 +445,34 @@ impl Lock {
 
     async fn acquire_with(&self, limit: Limit) -> Result<Lease, Error> {
         let plan = self.plan()?;
-        let token = Token::random()?;
         let engine = &self.engine;
+        if let Limit::Until(deadline) = limit {
+            if engine.timer.now() >= deadline {
+                return Err(Error::NotAcquired {
+                    key: self.key.clone(),
+                    attempts: 0,
+                    reason: NotAcquiredReason::DeadlinePassed,
+                    last_error: None,
+                });
+            }
+        }
         let config = &engine.config;
         let n = engine.nodes.len();
+        let id = LeaseId::next();
+        let began = engine.timer.now();
         let mut backoff = Backoff::new(
             config.get_retry_delay(),
             config.get_retry_jitter(),
             Jitter::from_seed(engine.next_seed()),
         );
-        let mut guard = CleanupOnDrop::new(engine, &self.key, &token, plan.op_timeout);
+        let mut tokens = Tokens::new(engine, &self.key, plan.op_timeout)?;
         let mut attempt = 0u32;
+        // Whether the current token has never been sent: then a plain `SET NX` suffices (no own-token branch).
+        let mut fresh = true;
         // Allocated on the first failed attempt only: the common path never needs it.
         let mut dirty: Vec<bool> = Vec::new();
         loop {
-            attempt += 1;
+            attempt = attempt.saturating_add(1);
             let mut timeout = plan.op_timeout;
             if let Limit::Until(deadline) = limit {
                 timeout = timeout.min(deadline.saturating_duration_since(engine.timer.now()));
@@ -383,27 +481,54 @@ impl Lock {
                 .acquire_round(
                     &self.key,
                     self.fence_key.as_deref(),
-                    &token,
+                    &tokens.current,
                     plan.ttl,
                     timeout,
-                    attempt == 1,
+                    fresh,
                 )
                 .await;
+            fresh = false;
+            let drift = crate::machine::validity::drift(plan.ttl, config.get_drift_factor());
             let reason = if r.tally.verdict() == Verdict::Quorum {
                 if let Some(valid_until) =
                     deadline_after_round(r.started, r.ended, plan.ttl, config.get_drift_factor())
+                        .filter(|_| !r.suspended(drift))
                 {
-                    guard.disarm();
-                    drop(guard);
                     let fence = match self.fence_key {
                         Some(_) => r.values.first().copied().flatten().flatten(),
                         None => None,
                     };
-                    return Ok(self.lease(token, plan, fence, r.started, valid_until));
+                    let token = tokens.won();
+                    let now = engine.timer.now();
+                    engine.hook.emit(
+                        &self.key,
+                        id,
+                        now,
+                        EventKind::Acquired {
+                            valid_until,
+                            fence,
+                            attempts: attempt,
+                            waited: now.saturating_duration_since(began),
+                        },
+                    );
+                    return Ok(self.lease(
+                        token,
+                        plan,
+                        Won {
+                            fence,
+                            id,
+                            acquired_at: now,
+                            started: r.started,
+                            wall_started: r.wall.0,
+                            valid_until,
+                        },
+                    ));
                 }
                 NotAcquiredReason::ValidityExhausted
             } else if r.tally.no() > n - engine.quorum() {
                 NotAcquiredReason::Contended
+            } else if r.tally.permanent() > n - engine.quorum() {
+                NotAcquiredReason::Refused
             } else {
                 NotAcquiredReason::TooFewNodes
             };
@@ -414,21 +539,52 @@ impl Lock {
                 dirty[i] = true;
             }
             let targets: Vec<usize> = (0..n).filter(|&i| dirty[i]).collect();
-            for i in engine
-                .cleanup(&self.key, &token, plan.op_timeout, Some(&targets))
-                .await
-            {
-                dirty[i] = false;
+            let mut stale_cleanup = false;
+            if !targets.is_empty() {
+                let c = engine
+                    .release_round(&self.key, &tokens.current, plan.op_timeout, Some(&targets))
+                    .await;
+                for &i in &targets {
+                    if c.values[i].is_some() {
+                        dirty[i] = false;
+                    }
+                }
+                stale_cleanup = c.tally.any_ambiguous();
+            }
+            // A clean-up whose outcome is unknown may still be carried out later — after the next attempt,
+            // even, on a pool or a reconnected connection. If the next attempt reused this token, that stale
+            // compare-and-delete could delete the key the new lease relies on (a node that answered "yes"
+            // through the own-token branch). So the next attempt gets a fresh token: a stale clean-up of the
+            // old one can then only delete the old one. (Excluding such nodes from later quorums instead would
+            // leave a single-node acquisition unable to succeed at all.) The old token is deleted again in
+            // the background if a spawner exists; otherwise it expires with its TTL. A clean-up that failed
+            // definitely was never applied and never will be: the token is kept, and a retry still recognises
+            // it where the earlier write landed.
+            if stale_cleanup {
+                tokens.rotate()?;
+                dirty.iter_mut().for_each(|d| *d = false);
+                fresh = true;
             }
 
             let pause = backoff.next_pause();
             let now = engine.timer.now();
-            let more = match limit {
-                Limit::Attempts(max) => attempt < max,
-                Limit::Until(deadline) => crate::time::add(now, pause) < deadline,
-            };
+            let more = reason != NotAcquiredReason::Refused
+                && match limit {
+                    Limit::Attempts(max) => attempt < max,
+                    Limit::Until(deadline) => crate::time::add(now, pause) < deadline,
+                };
             if !more {
-                guard.disarm();
+                tokens.failed();
+                engine.hook.emit(
+                    &self.key,
+                    id,
+                    now,
+                    EventKind::NotAcquired {
+                        reason,
+                        attempts: attempt,
+                        waited: now.saturating_duration_since(began),
+                    },
+                );
                 let errors = r.tally.errors();
                 let last_error = (!errors.is_empty()).then(|| {
                     Box::new(QuorumError::new(
@@ -449,14 +605,15 @@ impl Lock {
         }
     }
 
-    fn lease(
-        &self,
-        token: Token,
-        plan: Plan,
-        fence: Option<u64>,
-        started: Instant,
-        valid_until: Instant,
-    ) -> Lease {
+    fn lease(&self, token: Token, plan: Plan, won: Won) -> Lease {
+        let Won {
+            fence,
+            id,
+            acquired_at,
+            started,
+            wall_started,
+            valid_until,
+        } = won;
         let shared = Arc::new(Shared::new(
             Arc::clone(&self.engine),
             Grant {
@@ -466,7 +623,10 @@ impl Lock {
                 op_timeout: plan.op_timeout,
                 fence,
                 renew_interval: self.auto_renew,
+                id,
+                acquired_at,
                 round_started: started,
+                wall_started,
                 valid_until,
             },
         ));

@@ -108,6 +108,18 @@ impl fmt::Debug for KeyState {
 /// retry logic is built to stay correct when an ambiguous command was in fact applied. Do not re-send a
 /// command whose outcome is unknown; report it as ambiguous instead.
 ///
+/// # Order and late requests
+///
+/// The core assumes **nothing** about when a request whose outcome it did not learn reaches the server: it
+/// may be applied long after the caller gave up on it, and after later requests for the same key when they
+/// travel over different connections (a pool, a reconnect). The core stays safe under that: after a clean-up
+/// that did not answer, an acquisition retries with a fresh token, so a late compare-and-delete can only
+/// delete the old one; and an extension does not count a node where an earlier, shorter extension is still
+/// unconfirmed, so a late `PEXPIRE` cannot shorten a key a later round relies on. What late requests can
+/// still cost is liveness: an acquisition applied after its own clean-up keeps the key until its TTL ends.
+/// So a node should keep the requests for one key in order when it can (one connection per key); the
+/// adapters do (fred's pool routes every command for a key through one pool member).
+///
 /// # Cancellation
 ///
 /// The core bounds every call by its operation timeout by dropping the future. Dropping it must leave the
@@ -328,8 +340,11 @@ pub enum NodeErrorKind {
     /// The server is busy running a script (`BUSY`) or loading its dataset (`LOADING`), or its primary is down
     /// (`MASTERDOWN`). Usually transient.
     Busy,
-    /// A key holds a value of the wrong type (`WRONGTYPE`), e.g. a fence key that is not an integer.
+    /// A key holds a value of the wrong type (`WRONGTYPE`), e.g. a lock key holding a hash.
     WrongType,
+    /// The fence counter cannot issue a number: it is not a non-negative integer, it is exhausted, it has a
+    /// TTL (it would expire and numbers would regress), or it is missing while the lock holds our token.
+    Fence,
     /// The reply did not have the expected shape.
     Protocol,
     /// Anything else.
@@ -337,6 +352,29 @@ pub enum NodeErrorKind {
 }
 
 impl NodeErrorKind {
+    /// Whether no retry can change this refusal: the key, the permissions or the topology must be fixed first.
+    ///
+    /// | kind | permanent | why |
+    /// |---|---|---|
+    /// | [`Auth`](Self::Auth) (`NOAUTH`, `WRONGPASS`, `NOPERM`) | yes | credentials and ACLs do not change between attempts |
+    /// | [`CrossSlot`](Self::CrossSlot) | yes | the keys' hash slots are fixed by their names |
+    /// | [`WrongType`](Self::WrongType) | yes | the key keeps its type until someone deletes it |
+    /// | [`Fence`](Self::Fence) | yes | a corrupt, exhausted or expiring counter needs an operator |
+    /// | [`Busy`](Self::Busy) (`BUSY`, `LOADING`, `MASTERDOWN`) | no | the server finishes loading or its script |
+    /// | [`Cluster`](Self::Cluster) (`TRYAGAIN`, `CLUSTERDOWN`, redirections) | no | resharding and failover end |
+    /// | [`ReadOnly`](Self::ReadOnly) | no | during a failover the address becomes a primary again |
+    /// | [`OutOfMemory`](Self::OutOfMemory) | no | keys expire and memory is freed |
+    /// | [`Connection`](Self::Connection), [`Timeout`](Self::Timeout), [`Io`](Self::Io), [`NoScript`](Self::NoScript), [`Protocol`](Self::Protocol), [`Other`](Self::Other) | no | transient or unknown: retried |
+    ///
+    /// An acquisition ends at once, without further attempts or pauses, when permanent refusals leave too
+    /// few nodes for a quorum.
+    pub fn is_permanent(self) -> bool {
+        matches!(
+            self,
+            Self::Auth | Self::CrossSlot | Self::WrongType | Self::Fence
+        )
+    }
+
     /// A short lowercase name, used in messages.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -351,6 +389,7 @@ impl NodeErrorKind {
             Self::Cluster => "cluster",
             Self::Busy => "busy",
             Self::WrongType => "wrong type",
+            Self::Fence => "fence counter",
             Self::Protocol => "protocol",
             Self::Other => "other",
         }
@@ -417,6 +456,12 @@ impl NodeError {
     /// `true` when the command may have taken effect although no reply arrived.
     pub fn is_ambiguous(&self) -> bool {
         self.applied == Applied::Unknown
+    }
+
+    /// `true` when no retry can change this outcome (see [`NodeErrorKind::is_permanent`]). Only a refusal that
+    /// was definitely not applied counts.
+    pub fn is_permanent(&self) -> bool {
+        self.applied == Applied::No && self.kind.is_permanent()
     }
 
     /// The human-readable message.

@@ -8,7 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// A boxed sleep future returned by [`Timer::sleep_until`].
 pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -23,6 +23,17 @@ pub trait Timer: Send + Sync + 'static {
 
     /// A future that completes once `now() >= deadline`.
     fn sleep_until(&self, deadline: Instant) -> Sleep;
+
+    /// The wall clock, used only to notice that the machine was suspended.
+    ///
+    /// On Linux the monotonic clock behind [`Instant`] stops while the machine is suspended, so after a
+    /// resume a lease would report the validity it had before. When this returns readings, redlease compares
+    /// wall-clock progress with monotonic progress since each round started and treats a lease whose wall
+    /// clock ran ahead by more than its drift allowance as lost ([`LossReason::Suspended`](crate::LossReason::Suspended)).
+    /// The default, `None`, turns that detection off (for timers without a wall clock).
+    fn wall_now(&self) -> Option<SystemTime> {
+        None
+    }
 }
 
 impl<T: Timer + ?Sized> Timer for Arc<T> {
@@ -32,6 +43,9 @@ impl<T: Timer + ?Sized> Timer for Arc<T> {
     fn sleep_until(&self, deadline: Instant) -> Sleep {
         (**self).sleep_until(deadline)
     }
+    fn wall_now(&self) -> Option<SystemTime> {
+        (**self).wall_now()
+    }
 }
 
 /// The default timer: [`Instant::now`] and a process-wide timer thread, usable on any executor.
@@ -40,8 +54,18 @@ impl<T: Timer + ?Sized> Timer for Arc<T> {
 /// millisecond later, so arming and dropping must be cheap: a sleep registers its deadline in a shared ordered
 /// map and wakes the timer thread only when it becomes the earliest deadline; dropping it just removes the
 /// entry. (`futures-timer`, used before, woke its helper thread on every creation and every drop, which
-/// measured at about a fifth of the CPU of a busy client.) If the thread cannot be started, sleeps fall back
-/// to `futures-timer`.
+/// measured at about a fifth of the CPU of a busy client.)
+///
+/// The thread is made to outlive what kills timer threads:
+/// - **`fork()`**: a child process inherits the timer's state but not its thread. The timer notices that the
+///   process id changed and starts a new thread, taking over every sleep registered before the fork.
+/// - **a panicking waker**: the panic is caught and the thread goes on waking the others.
+/// - **a thread that cannot be started** (resource limits): nothing is cached; every sleep tries again
+///   (at most once per millisecond), and meanwhile waits by re-polling itself, so timeouts and loss signals
+///   still fire on time at the cost of CPU. It never panics.
+/// - **a suspended machine**: while sleeps are pending the thread looks at the wall clock at least once a
+///   second; when it ran ahead of the monotonic clock (the machine was suspended), every sleep is woken early,
+///   so that loss signals re-check their leases (see [`Timer::wall_now`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemTimer;
 
@@ -51,13 +75,11 @@ impl Timer for SystemTimer {
     }
 
     fn sleep_until(&self, deadline: Instant) -> Sleep {
-        match wheel::get() {
-            Some(wheel) => Box::pin(wheel::WheelSleep::new(wheel, deadline)),
-            None => {
-                let wait = deadline.saturating_duration_since(Instant::now());
-                Box::pin(futures_timer::Delay::new(wait))
-            }
-        }
+        Box::pin(wheel::WheelSleep::new(deadline))
+    }
+
+    fn wall_now(&self) -> Option<SystemTime> {
+        Some(SystemTime::now())
     }
 }
 
@@ -66,12 +88,19 @@ mod wheel {
 
     use std::collections::BTreeMap;
     use std::future::Future;
+    use std::panic::{AssertUnwindSafe, catch_unwind};
     use std::pin::Pin;
-    use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
     use std::task::{Context, Poll, Waker};
-    use std::time::Instant;
+    use std::time::{Duration, Instant, SystemTime};
 
     type Key = (Instant, u64);
+
+    /// Wall-clock progress beyond monotonic progress, between two looks of the timer thread, taken as a
+    /// suspend. Leases apply their own, tighter bound (their drift allowance); this only decides when to wake
+    /// sleepers so that they look.
+    const SUSPEND_HINT: Duration = Duration::from_millis(200);
 
     #[derive(Default)]
     struct State {
@@ -85,6 +114,19 @@ mod wheel {
     pub(super) struct Wheel {
         state: Mutex<State>,
         wake: Condvar,
+        /// The process the thread runs in: after `fork()` the child has the wheel but not the thread.
+        pid: u32,
+        /// Cleared when the thread exits (it only does by unwinding from an unexpected panic).
+        alive: AtomicBool,
+    }
+
+    /// Clears [`Wheel::alive`] however the thread ends.
+    struct Alive(&'static Wheel);
+
+    impl Drop for Alive {
+        fn drop(&mut self) {
+            self.0.alive.store(false, Ordering::Release);
+        }
     }
 
     impl Wheel {
@@ -92,12 +134,26 @@ mod wheel {
             self.state.lock().unwrap_or_else(|p| p.into_inner())
         }
 
+        fn usable(&self) -> bool {
+            self.alive.load(Ordering::Acquire) && self.pid == pid()
+        }
+
         /// The timer thread: wakes due sleeps, then waits for the earliest deadline or a new earlier one.
-        fn run(&self) {
+        fn run(&'static self) {
+            let _alive = Alive(self);
             let mut st = self.lock();
+            let mut last = (Instant::now(), SystemTime::now());
             loop {
                 let now = Instant::now();
+                let wall = SystemTime::now();
+                let mono_step = now.saturating_duration_since(last.0);
+                let wall_step = wall.duration_since(last.1).unwrap_or_default();
+                last = (now, wall);
                 let mut due = Vec::new();
+                if wall_step > mono_step + SUSPEND_HINT {
+                    // The machine was suspended: wake everybody, so loss signals look at their leases now.
+                    due.extend(std::mem::take(&mut st.timers).into_values());
+                }
                 while let Some(entry) = st.timers.first_entry() {
                     if entry.key().0 > now {
                         break;
@@ -106,7 +162,10 @@ mod wheel {
                 }
                 if !due.is_empty() {
                     drop(st);
-                    due.into_iter().for_each(Waker::wake);
+                    for waker in due {
+                        // A waker is user code: one that panics must not stop every other timer.
+                        let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
+                    }
                     st = self.lock();
                     continue;
                 }
@@ -114,7 +173,10 @@ mod wheel {
                 st.parked_until = Some(target);
                 st = match target {
                     Some(at) => {
-                        let wait = at.saturating_duration_since(now);
+                        // At least once a second, to notice a suspend (see above).
+                        let wait = at
+                            .saturating_duration_since(now)
+                            .min(Duration::from_secs(1));
                         match self.wake.wait_timeout(st, wait) {
                             Ok((guard, _)) => guard,
                             Err(p) => p.into_inner().0,
@@ -127,36 +189,97 @@ mod wheel {
         }
     }
 
-    static WHEEL: OnceLock<Option<&'static Wheel>> = OnceLock::new();
+    /// The wheel in use; replaced when its thread is gone (fork, death).
+    static CURRENT: RwLock<Option<&'static Wheel>> = RwLock::new(None);
+    /// When a failed thread start was last retried (ms since the first attempt), to rate-limit retries.
+    static LAST_TRY: AtomicU64 = AtomicU64::new(0);
 
-    /// The shared wheel, starting its thread on first use; `None` if no thread could be started.
-    pub(super) fn get() -> Option<&'static Wheel> {
-        *WHEEL.get_or_init(|| {
-            let wheel: &'static Wheel = Box::leak(Box::new(Wheel {
-                state: Mutex::new(State::default()),
-                wake: Condvar::new(),
-            }));
-            std::thread::Builder::new()
-                .name("redlease-timer".into())
-                .spawn(move || wheel.run())
-                .ok()
-                .map(|_| wheel)
-        })
+    fn pid() -> u32 {
+        #[cfg(test)]
+        {
+            let fake = hooks::FAKE_PID.load(Ordering::Relaxed);
+            if fake != 0 {
+                return fake;
+            }
+        }
+        std::process::id()
     }
 
-    /// A sleep registered in the wheel while it waits.
+    fn epoch() -> Instant {
+        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *EPOCH.get_or_init(Instant::now)
+    }
+
+    /// The wheel with a running thread, starting one if needed; `None` if no thread can be started now.
+    pub(super) fn current() -> Option<&'static Wheel> {
+        if let Some(wheel) = *CURRENT.read().unwrap_or_else(|p| p.into_inner()) {
+            if wheel.usable() {
+                return Some(wheel);
+            }
+        }
+        let mut slot = CURRENT.write().unwrap_or_else(|p| p.into_inner());
+        let old = match *slot {
+            Some(wheel) if wheel.usable() => return Some(wheel),
+            other => other,
+        };
+        if old.is_none() || LAST_TRY.load(Ordering::Relaxed) != 0 {
+            // A previous start failed: retry at most once per millisecond.
+            let now_ms = epoch().elapsed().as_millis() as u64 + 1;
+            if now_ms <= LAST_TRY.load(Ordering::Relaxed) {
+                return None;
+            }
+            LAST_TRY.store(now_ms, Ordering::Relaxed);
+        }
+        let wheel: &'static Wheel = Box::leak(Box::new(Wheel {
+            state: Mutex::new(State::default()),
+            wake: Condvar::new(),
+            pid: pid(),
+            alive: AtomicBool::new(true),
+        }));
+        #[cfg(test)]
+        if hooks::FAIL_SPAWN.load(Ordering::Relaxed) {
+            return None;
+        }
+        let started = std::thread::Builder::new()
+            .name("redlease-timer".into())
+            .spawn(move || wheel.run());
+        if started.is_err() {
+            return None;
+        }
+        LAST_TRY.store(0, Ordering::Relaxed);
+        // Take over the sleeps of the wheel whose thread is gone: they keep their wakers and deadlines.
+        if let Some(old) = old {
+            let moved = std::mem::take(&mut old.lock().timers);
+            let mut st = wheel.lock();
+            for ((at, _), waker) in moved {
+                let id = st.next_id;
+                st.next_id = st.next_id.wrapping_add(1);
+                st.timers.insert((at, id), waker);
+            }
+            drop(st);
+            wheel.wake.notify_one();
+        }
+        *slot = Some(wheel);
+        Some(wheel)
+    }
+
+    /// A sleep registered in the current wheel while it waits.
     pub(super) struct WheelSleep {
-        wheel: &'static Wheel,
         deadline: Instant,
-        key: Option<Key>,
+        key: Option<(&'static Wheel, Key)>,
     }
 
     impl WheelSleep {
-        pub(super) fn new(wheel: &'static Wheel, deadline: Instant) -> Self {
+        pub(super) fn new(deadline: Instant) -> Self {
             Self {
-                wheel,
                 deadline,
                 key: None,
+            }
+        }
+
+        fn unregister(&mut self) {
+            if let Some((wheel, key)) = self.key.take() {
+                wheel.lock().timers.remove(&key);
             }
         }
     }
@@ -167,25 +290,37 @@ mod wheel {
         fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
             let this = &mut *self;
             if Instant::now() >= this.deadline {
-                if let Some(key) = this.key.take() {
-                    this.wheel.lock().timers.remove(&key);
-                }
+                this.unregister();
                 return Poll::Ready(());
             }
-            let mut st = this.wheel.lock();
-            if let Some(waker) = this.key.and_then(|key| st.timers.get_mut(&key)) {
-                if !waker.will_wake(cx.waker()) {
-                    waker.clone_from(cx.waker());
-                }
+            let Some(wheel) = current() else {
+                // No timer thread can run now: keep the deadline by polling again soon.
+                this.unregister();
+                cx.waker().wake_by_ref();
                 return Poll::Pending;
+            };
+            if let Some((registered, key)) = this.key {
+                if std::ptr::eq(registered, wheel) {
+                    let mut st = wheel.lock();
+                    if let Some(waker) = st.timers.get_mut(&key) {
+                        if !waker.will_wake(cx.waker()) {
+                            waker.clone_from(cx.waker());
+                        }
+                        return Poll::Pending;
+                    }
+                } else {
+                    // Registered with a wheel whose thread is gone (fork): register with the new one.
+                    this.unregister();
+                }
             }
-            // Not registered yet (or fired early by a clock quirk): register, and wake the thread only if it sleeps
-            // past this deadline. A round's timeout is nearly always later than the one the thread already waits
-            // for, so arming it costs no wake-up.
+            // Not registered (or fired early by a clock quirk): register, and wake the thread only if it sleeps
+            // past this deadline. A round's timeout is nearly always later than the one the thread already
+            // waits for, so arming it costs no wake-up.
+            let mut st = wheel.lock();
             let key = (this.deadline, st.next_id);
             st.next_id = st.next_id.wrapping_add(1);
             st.timers.insert(key, cx.waker().clone());
-            this.key = Some(key);
+            this.key = Some((wheel, key));
             let notify = match st.parked_until {
                 None => false,
                 Some(None) => true,
@@ -193,7 +328,7 @@ mod wheel {
             };
             drop(st);
             if notify {
-                this.wheel.wake.notify_one();
+                wheel.wake.notify_one();
             }
             Poll::Pending
         }
@@ -201,10 +336,18 @@ mod wheel {
 
     impl Drop for WheelSleep {
         fn drop(&mut self) {
-            if let Some(key) = self.key.take() {
-                self.wheel.lock().timers.remove(&key);
-            }
+            self.unregister();
         }
+    }
+
+    #[cfg(test)]
+    pub(super) mod hooks {
+        //! Test hooks standing in for what a unit test cannot do to its own process.
+        use std::sync::atomic::{AtomicBool, AtomicU32};
+        /// A process id to report instead of the real one (0: the real one) — a simulated `fork()`.
+        pub(crate) static FAKE_PID: AtomicU32 = AtomicU32::new(0);
+        /// Makes starting the timer thread fail.
+        pub(crate) static FAIL_SPAWN: AtomicBool = AtomicBool::new(false);
     }
 }
 
@@ -263,6 +406,142 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(5));
     }
 
+    /// Like `block_on`, but fails the test instead of hanging when `fut` is not done within `limit`.
+    #[allow(clippy::panic)]
+    fn block_on_within<F: std::future::Future>(fut: F, limit: Duration) -> F::Output {
+        struct Unpark(std::thread::Thread, std::sync::atomic::AtomicBool);
+        impl std::task::Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.1.store(true, std::sync::atomic::Ordering::SeqCst);
+                self.0.unpark();
+            }
+        }
+        let unpark = Arc::new(Unpark(
+            std::thread::current(),
+            std::sync::atomic::AtomicBool::new(false),
+        ));
+        let waker = std::task::Waker::from(Arc::clone(&unpark));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut fut = std::pin::pin!(fut);
+        let start = Instant::now();
+        loop {
+            if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                return v;
+            }
+            let left = limit.saturating_sub(start.elapsed());
+            std::thread::park_timeout(left);
+            if !unpark.1.swap(false, std::sync::atomic::Ordering::SeqCst)
+                && start.elapsed() >= limit
+            {
+                panic!("not woken within {limit:?}: the timer thread is gone");
+            }
+        }
+    }
+
+    /// The hooks are process-wide: tests that set them run one at a time.
+    static HOOKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    struct PanicOnWake;
+    impl std::task::Wake for PanicOnWake {
+        #[allow(clippy::panic)]
+        fn wake(self: Arc<Self>) {
+            panic!("a waker that panics");
+        }
+    }
+
+    #[test]
+    fn a_panicking_waker_does_not_stop_the_timer_thread() {
+        let _serial = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+        let waker = std::task::Waker::from(Arc::new(PanicOnWake));
+        let mut bad = SystemTimer.sleep_until(Instant::now() + Duration::from_millis(1));
+        assert!(
+            bad.as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+                .is_pending()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        // The thread woke (and survived) the panicking waker: a later sleep is still woken by it.
+        for _ in 0..3 {
+            let start = Instant::now();
+            block_on_within(
+                SystemTimer.sleep_until(start + Duration::from_millis(5)),
+                Duration::from_secs(10),
+            );
+            assert!(start.elapsed() >= Duration::from_millis(5));
+        }
+        let wheel = wheel::current().expect("a timer thread");
+        assert!(
+            std::ptr::eq(wheel, wheel::current().unwrap()),
+            "no restart needed"
+        );
+    }
+
+    #[test]
+    fn a_changed_process_id_starts_a_new_timer_thread_and_keeps_earlier_sleeps() {
+        let _serial = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+        let before = wheel::current().expect("a timer thread");
+        // A sleep registered before the "fork"...
+        let deadline = Instant::now() + Duration::from_millis(30);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let early = std::thread::spawn(move || {
+            let mut sleep = SystemTimer.sleep_until(deadline);
+            struct Notify(std::sync::mpsc::Sender<()>, std::thread::Thread);
+            impl std::task::Wake for Notify {
+                fn wake(self: Arc<Self>) {
+                    let _ = self.0.send(());
+                    self.1.unpark();
+                }
+            }
+            let waker = std::task::Waker::from(Arc::new(Notify(tx, std::thread::current())));
+            let mut cx = std::task::Context::from_waker(&waker);
+            while sleep.as_mut().poll(&mut cx).is_pending() {
+                std::thread::park();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(5));
+        // ...then the process id changes, as in a child after fork(), where the old thread does not exist.
+        wheel::hooks::FAKE_PID.store(
+            std::process::id().wrapping_add(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let after = wheel::current().expect("a new timer thread");
+        assert!(
+            !std::ptr::eq(before, after),
+            "the old wheel belongs to the parent"
+        );
+        let start = Instant::now();
+        block_on(SystemTimer.sleep_until(start + Duration::from_millis(5)));
+        assert!(start.elapsed() >= Duration::from_millis(5));
+        // The earlier sleep was handed to the new wheel and is woken at its deadline.
+        rx.recv_timeout(Duration::from_secs(10)).expect("woken");
+        early.join().unwrap();
+        assert!(Instant::now() >= deadline);
+        wheel::hooks::FAKE_PID.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    #[test]
+    fn sleeps_keep_their_deadlines_while_no_timer_thread_can_start_and_a_later_start_succeeds() {
+        let _serial = HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+        use std::sync::atomic::Ordering::Relaxed;
+        wheel::hooks::FAIL_SPAWN.store(true, Relaxed);
+        // Force a restart (as after a fork) while starting threads fails.
+        wheel::hooks::FAKE_PID.store(std::process::id().wrapping_add(7), Relaxed);
+        assert!(wheel::current().is_none());
+        let start = Instant::now();
+        block_on(SystemTimer.sleep_until(start + Duration::from_millis(10)));
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(10), "{took:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        // The failure was not cached: once threads can start again, the timer thread comes back.
+        wheel::hooks::FAIL_SPAWN.store(false, Relaxed);
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(wheel::current().is_some());
+        wheel::hooks::FAKE_PID.store(0, Relaxed);
+        // And with the real process id again, a fresh thread serves it.
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(wheel::current().is_some());
+    }
+
     #[test]
     fn many_threads_sleep_correctly_while_arming_and_dropping_timeouts() {
         let threads: Vec<_> = (0..8)
@@ -298,6 +577,29 @@ impl SharedTimer {
     pub(crate) fn sleep_until(&self, deadline: Instant) -> Sleep {
         self.0.sleep_until(deadline)
     }
+    pub(crate) fn wall_now(&self) -> Option<SystemTime> {
+        self.0.wall_now()
+    }
+}
+
+/// Whether the wall clock ran ahead of the monotonic clock by more than `allowance` between two readings
+/// (`start` and `end` of each): a suspended machine. A wall clock that went backwards (an adjustment) is not.
+pub(crate) fn suspended(
+    mono: (Instant, Instant),
+    wall: (Option<SystemTime>, Option<SystemTime>),
+    allowance: Duration,
+) -> bool {
+    let (Some(w0), Some(w1)) = wall else {
+        return false;
+    };
+    let Ok(wall_elapsed) = w1.duration_since(w0) else {
+        return false;
+    };
+    wall_elapsed
+        > mono
+            .1
+            .saturating_duration_since(mono.0)
+            .saturating_add(allowance)
 }
 
 impl fmt::Debug for SharedTimer {

@@ -319,7 +319,7 @@ fn chain(err: &dyn std::error::Error) -> String {
     out
 }
 
-/// A runtime-free sleep: redlease's default timer (futures-timer) works on any executor.
+/// A runtime-free sleep: redlease's default timer (its own timer thread) works on any executor.
 async fn pause(d: Duration) {
     SystemTimer.sleep_until(Instant::now() + d).await;
 }

@@ -15,6 +15,7 @@ mod fault;
 mod history;
 mod memory;
 pub mod proxy;
+mod recorder;
 pub mod server;
 mod sim;
 

@@ -190,6 +190,12 @@ impl RedisNode for MemoryNode {
         // Validate everything before any write, as the Lua script does: an error never leaves a lock behind.
         let fence = match store.live(fence_key, now) {
             None => None,
+            Some(entry) if entry.expires_at.is_some() => {
+                return Err(NodeError::not_applied(
+                    NodeErrorKind::Fence,
+                    "the fence key has a TTL: its numbers would start again when it expires",
+                ));
+            }
             Some(entry) => Some(
                 std::str::from_utf8(&entry.value)
                     .ok()
@@ -199,7 +205,7 @@ impl RedisNode for MemoryNode {
                     .and_then(|s| s.parse::<u64>().ok())
                     .ok_or_else(|| {
                         NodeError::not_applied(
-                            NodeErrorKind::WrongType,
+                            NodeErrorKind::Fence,
                             "the fence key does not hold a non-negative integer",
                         )
                     })?,
@@ -207,7 +213,7 @@ impl RedisNode for MemoryNode {
         };
         if fence.is_some_and(|f| f >= i64::MAX as u64) {
             return Err(NodeError::not_applied(
-                NodeErrorKind::Other,
+                NodeErrorKind::Fence,
                 "the fence counter is exhausted",
             ));
         }
@@ -215,7 +221,7 @@ impl RedisNode for MemoryNode {
             Some(entry) if token.matches(&entry.value) => {
                 let Some(fence) = fence else {
                     return Err(NodeError::not_applied(
-                        NodeErrorKind::Other,
+                        NodeErrorKind::Fence,
                         "the fence key is missing while the lock holds this token",
                     ));
                 };

@@ -220,7 +220,9 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
             let lease = acquired(&manager, &key, false, &what).await;
             let token = lease.token().as_str().to_owned();
             match cancel_at(lease.release(), point).await {
-                Some(result) => result.unwrap_or_else(|e| panic!("{what}: release failed: {e}")),
+                Some(result) => {
+                    result.unwrap_or_else(|e| panic!("{what}: release failed: {e}"));
+                }
                 None => {
                     check_connections(setup, &manager, redlock, &key, Some(&token), &what).await;
                     if spawner {

@@ -57,7 +57,8 @@ async fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_opera
                 }
             })
             .await;
-        let lost_at = Instant::now();
+        // `run` stops the work at the loss, then deletes the token (one round, cut at the operation timeout).
+        let lost_at = Instant::now() - OP;
         let err = result.expect_err("renewed through a hung node");
         assert!(matches!(err, Error::Lost { .. }), "{backend:?}: {err}");
         let at_risk_after = at_risk_after.unwrap_or_else(|| panic!("{backend:?}: never at risk"));

@@ -204,8 +204,12 @@ async fn persistent_failure(
         set.proxies[i].set_mode(ProxyMode::Blackhole);
     }
     let mut at_risk = false;
+    // When the work stopped: `run` drops it the moment the lease is lost, then finishes deleting the token
+    // (bounded by the operation timeout) before it returns.
+    let stopped = StopTime::default();
     let reason = lease
         .run(async {
+            let _stopped = stopped.guard();
             tokio::pin!(signal);
             loop {
                 tokio::select! {
@@ -217,7 +221,13 @@ async fn persistent_failure(
             }
         })
         .await;
-    let lost_at = Instant::now();
+    let returned_at = Instant::now();
+    let lost_at = stopped.at().expect("the work stopped");
+    assert!(
+        returned_at <= lost_at + OP + Duration::from_millis(300),
+        "run returned {:?} after the work stopped: more than its clean-up round",
+        returned_at - lost_at
+    );
     let reason = match reason {
         Ok(reason) => reason,
         // `run` itself noticed the loss first.
@@ -286,5 +296,26 @@ async fn a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_befo
                 lost_at - competitor_at
             );
         }
+    }
+}
+
+/// Records when a future holding its guard stopped (completed or was dropped).
+#[derive(Default, Clone)]
+struct StopTime(Arc<std::sync::Mutex<Option<Instant>>>);
+
+struct StopGuard(StopTime);
+
+impl StopTime {
+    fn guard(&self) -> StopGuard {
+        StopGuard(self.clone())
+    }
+    fn at(&self) -> Option<Instant> {
+        *self.0.lock().unwrap()
+    }
+}
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        *self.0.0.lock().unwrap() = Some(Instant::now());
     }
 }

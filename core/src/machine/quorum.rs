@@ -92,6 +92,11 @@ impl Tally {
         self.count(|r| matches!(r, Reply::No))
     }
 
+    /// Nodes that refused in a way no retry can change ([`NodeError::is_permanent`]).
+    pub fn permanent(&self) -> usize {
+        self.count(|r| matches!(r, Reply::Failed(e) if e.is_permanent()))
+    }
+
     /// Nodes that have not answered yet.
     pub fn pending(&self) -> usize {
         self.replies.iter().filter(|r| r.is_none()).count()
@@ -100,6 +105,11 @@ impl Tally {
     /// The yes votes needed.
     pub fn required(&self) -> usize {
         self.required
+    }
+
+    /// Whether node `index` answered `Yes`.
+    pub fn is_yes(&self, index: usize) -> bool {
+        matches!(self.replies.get(index), Some(Some(Reply::Yes)))
     }
 
     /// Indices of the nodes that answered `Yes`.

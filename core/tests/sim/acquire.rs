@@ -583,7 +583,7 @@ fn definite_failures_send_no_cleanup_but_unconfirmed_writes_are_cleaned_later() 
     assert!(matches!(
         err,
         Error::NotAcquired {
-            reason: NotAcquiredReason::TooFewNodes,
+            reason: NotAcquiredReason::Refused,
             ..
         }
     ));

@@ -6,14 +6,9 @@ use redlease_testkit::{EventKind, History, RandomFaults, VirtualClock, for_each_
 
 use crate::support::*;
 
-async fn client(
-    id: u64,
-    lock: redlease::Lock,
-    history: History,
-    clock: VirtualClock,
-    mut rng: Jitter,
-    horizon: Duration,
-) {
+/// One client: acquires, works for a few rounds with manual extensions (longer and shorter than the expiry),
+/// then releases. Everything it believes reaches the history through the manager's observer.
+async fn client(lock: redlease::Lock, clock: VirtualClock, mut rng: Jitter, horizon: Duration) {
     let start = clock.now();
     let pause = |rng: &mut Jitter, max_ms: u64| ms(rng.next_u64() % max_ms + 1);
     while clock.now() - start < horizon {
@@ -25,42 +20,20 @@ async fn client(
                 continue;
             }
         };
-        let key = lease.key().to_owned();
-        history.record(
-            id,
-            &key,
-            clock.now(),
-            EventKind::Acquired {
-                valid_until: lease.valid_until(),
-                fence: lease.fencing_token(),
-            },
-        );
         let rounds = rng.next_u64() % 5;
         let nap = pause(&mut rng, 2_500);
+        let ttls: Vec<Duration> = (0..rounds)
+            .map(|_| ms(500 + rng.next_u64() % 3_000))
+            .collect();
         let work = async {
-            for _ in 0..rounds {
+            for ttl in &ttls {
                 clock.sleep_until(clock.now() + nap).await;
-                if lease.extend(secs(2)).await.is_err() {
-                    return false;
+                if lease.extend(*ttl).await.is_err() {
+                    return;
                 }
-                history.record(
-                    id,
-                    &key,
-                    clock.now(),
-                    EventKind::Extended {
-                        valid_until: lease.valid_until(),
-                    },
-                );
             }
-            true
         };
-        let kept = matches!(lease.run(work).await, Ok(true));
-        let kind = if kept {
-            EventKind::Released
-        } else {
-            EventKind::Lost
-        };
-        history.record(id, &key, clock.now(), kind);
+        let _ = lease.run(work).await;
         let _ = lease.release().await;
     }
 }
@@ -76,20 +49,16 @@ fn simulate(seed: u64, n: usize, clients: u64, horizon: Duration) -> History {
         f.random(RandomFaults::new(seed * 7 + i as u64, 0.05, 0.02, 0.05, ms(30)).slow_reply(0.02));
     }
     let history = History::new();
+    c.manager = c.manager.clone().with_observer(history.clone());
     let mut lock = c.manager.lock("resource");
     if n == 1 {
         lock = lock.fenced("resource:fence");
     }
     for id in 0..clients {
         let rng = c.sim.rng();
-        c.sim.spawn(client(
-            id,
-            lock.clone(),
-            history.clone(),
-            c.clock.clone(),
-            rng,
-            horizon,
-        ));
+        let _ = id;
+        c.sim
+            .spawn(client(lock.clone(), c.clock.clone(), rng, horizon));
     }
     assert!(
         c.sim.run_until_idle(secs(120)),
@@ -152,6 +121,14 @@ fn replay(seed: u64) -> Vec<String> {
     let events = history.events();
     let origin = events.iter().map(|e| e.at).min().unwrap();
     let rel = |t: std::time::Instant| t.saturating_duration_since(origin);
+    // Lease ids are unique in the process, not per run: number them by first appearance.
+    let mut ids: Vec<u64> = Vec::new();
+    for e in &events {
+        if !ids.contains(&e.client) {
+            ids.push(e.client);
+        }
+    }
+    let client = |c: u64| ids.iter().position(|&i| i == c).unwrap();
     events
         .iter()
         .map(|e| {
@@ -164,7 +141,7 @@ fn replay(seed: u64) -> Vec<String> {
                 }
                 other => format!("{other:?}"),
             };
-            format!("{:?} client {} {kind}", rel(e.at), e.client)
+            format!("{:?} client {} {kind}", rel(e.at), client(e.client))
         })
         .collect()
 }

@@ -5,6 +5,7 @@ mod acquire;
 mod cancel;
 mod clock_jump;
 mod config;
+mod defects;
 mod history;
 mod renewal;
 mod support;
