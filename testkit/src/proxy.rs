@@ -26,9 +26,15 @@ pub enum ProxyMode {
     /// Forward requests to the server but throw its replies away (applied, reply lost).
     DropReplies,
     /// Forward requests; throw away the next chunk of replies (one reply, for a client with one request in
-    /// flight) and at that moment switch to the mode given to [`FaultProxy::lose_next_reply_then`]
-    /// ([`Forward`](Self::Forward) when set with [`FaultProxy::set_mode`]).
+    /// flight), close that connection (the link fails right after the server ran the command; a stream that
+    /// silently lost bytes and carried on would mismatch later replies), and switch to the mode given to
+    /// [`FaultProxy::lose_next_reply_then`] ([`Forward`](Self::Forward) when set with
+    /// [`FaultProxy::set_mode`]).
     LoseNextReply,
+    /// Unreachable: open connections are cut (at once when set with [`FaultProxy::set_mode`], at the lost reply
+    /// after [`FaultProxy::lose_next_reply_then`]) and new ones are closed as soon as they are accepted, before
+    /// anything reaches the server.
+    Refuse,
 }
 
 struct Shared {
@@ -39,6 +45,8 @@ struct Shared {
     swallowed: AtomicU64,
     /// Reply chunks thrown away ([`ProxyMode::DropReplies`], [`ProxyMode::LoseNextReply`], blackhole).
     dropped: AtomicU64,
+    /// Connections closed on accept by [`ProxyMode::Refuse`].
+    refused: AtomicU64,
     streams: Mutex<Vec<TcpStream>>,
     stop: AtomicBool,
     accepted: AtomicU64,
@@ -97,6 +105,7 @@ impl FaultProxy {
             after_lost_reply: Mutex::new(ProxyMode::Forward),
             swallowed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             streams: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
@@ -133,11 +142,14 @@ impl FaultProxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = ProxyMode::Forward;
         *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+        if mode == ProxyMode::Refuse {
+            self.reset();
+        }
     }
 
-    /// Switches to [`ProxyMode::LoseNextReply`]: the next reply is thrown away (its request was applied), and
-    /// at that moment the proxy switches to `then` (e.g. [`ProxyMode::Blackhole`], so that what the client
-    /// sends next, such as a clean-up, never arrives).
+    /// Switches to [`ProxyMode::LoseNextReply`]: the next reply is thrown away (its request was applied) and
+    /// its connection closed, and at that moment the proxy switches to `then` (e.g. [`ProxyMode::Refuse`], so
+    /// that the client cannot reconnect until the test heals the link).
     pub fn lose_next_reply_then(&self, then: ProxyMode) {
         *self
             .shared
@@ -150,6 +162,11 @@ impl FaultProxy {
     /// Request chunks swallowed by [`ProxyMode::Blackhole`] so far.
     pub fn swallowed_requests(&self) -> u64 {
         self.shared.swallowed.load(Ordering::SeqCst)
+    }
+
+    /// Connections closed on accept by [`ProxyMode::Refuse`] so far.
+    pub fn refused(&self) -> u64 {
+        self.shared.refused.load(Ordering::SeqCst)
     }
 
     /// Reply chunks thrown away so far (any mode).
@@ -194,6 +211,11 @@ fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
         }
         let Ok(client) = client else { continue };
         shared.accepted.fetch_add(1, Ordering::Relaxed);
+        if shared.mode() == ProxyMode::Refuse {
+            shared.refused.fetch_add(1, Ordering::SeqCst);
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        }
         let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(2)) else {
             let _ = client.shutdown(Shutdown::Both);
             continue;
@@ -237,6 +259,7 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, direction: Dire
             Err(_) => break,
         };
         match (shared.mode(), direction) {
+            (ProxyMode::Refuse, _) => break,
             (ProxyMode::Forward, _) => {}
             (ProxyMode::Latency(d), _) => std::thread::sleep(d),
             (ProxyMode::Blackhole, Direction::Request) => {
@@ -251,10 +274,12 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, direction: Dire
             (ProxyMode::LoseNextReply, Direction::Reply) => {
                 if shared.claim_lost_reply() {
                     shared.dropped.fetch_add(1, Ordering::SeqCst);
-                    continue;
+                    // The link goes down right after the server ran the command.
+                    break;
                 }
                 // Claimed elsewhere meanwhile: this chunk is handled by the mode now in force.
                 match shared.mode() {
+                    ProxyMode::Refuse => break,
                     ProxyMode::Blackhole | ProxyMode::DropReplies => {
                         shared.dropped.fetch_add(1, Ordering::SeqCst);
                         continue;
@@ -345,12 +370,20 @@ mod tests {
             .unwrap();
         proxy.lose_next_reply_then(ProxyMode::Blackhole);
         assert!(roundtrip(&mut c, b"lost").is_err(), "the reply is lost");
+        let mut buf = [0u8; 1];
+        assert!(
+            matches!(c.read(&mut buf), Ok(0) | Err(_)),
+            "and its connection closed"
+        );
         assert_eq!(proxy.mode(), ProxyMode::Blackhole);
         assert_eq!(
             (proxy.dropped_replies(), proxy.swallowed_requests()),
             (1, 0)
         );
-        assert!(roundtrip(&mut c, b"void").is_err(), "then blackholed");
+        let mut d = TcpStream::connect(proxy.addr()).unwrap();
+        d.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert!(roundtrip(&mut d, b"void").is_err(), "then blackholed");
         assert_eq!(proxy.swallowed_requests(), 1);
         // Set directly, it forwards after the one lost reply.
         proxy.set_mode(ProxyMode::LoseNextReply);
@@ -360,7 +393,36 @@ mod tests {
             .unwrap();
         assert!(roundtrip(&mut fresh, b"gone").is_err());
         assert_eq!(proxy.mode(), ProxyMode::Forward);
-        assert_eq!(roundtrip(&mut fresh, b"back").unwrap(), b"back");
+        let mut again = TcpStream::connect(proxy.addr()).unwrap();
+        again
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert_eq!(roundtrip(&mut again, b"back").unwrap(), b"back");
+    }
+
+    #[test]
+    fn refuse_cuts_open_connections_and_closes_new_ones() {
+        let proxy = FaultProxy::start(echo()).unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        proxy.lose_next_reply_then(ProxyMode::Refuse);
+        assert!(roundtrip(&mut c, b"lost").is_err(), "the reply is lost");
+        let mut buf = [0u8; 1];
+        assert!(
+            matches!(c.read(&mut buf), Ok(0) | Err(_)),
+            "and the link cut"
+        );
+        let mut d = TcpStream::connect(proxy.addr()).unwrap();
+        d.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        assert!(matches!(d.read(&mut buf), Ok(0) | Err(_)), "refused");
+        assert_eq!(proxy.refused(), 1);
+        proxy.set_mode(ProxyMode::Forward);
+        let mut e = TcpStream::connect(proxy.addr()).unwrap();
+        e.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        assert_eq!(roundtrip(&mut e, b"back").unwrap(), b"back");
     }
 
     #[test]
