@@ -308,7 +308,7 @@ impl Shared {
             let now = self.now();
             let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
             let mut st = self.lock();
-            if cap < st.valid_until && st.lost.is_none() {
+            if cap < st.valid_until && st.lost.is_none() && !st.ended {
                 st.valid_until = cap;
                 let waiters = st.take_waiters();
                 let unconfirmed = st.unconfirmed.clone();
