@@ -708,6 +708,11 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::acquire_fresh(self, key, token, ttl).await
     }
 
+    /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
+    fn acquire_fresh_is_nx(&self) -> bool {
+        true
+    }
+
     async fn acquire_fenced(
         &self,
         key: &str,

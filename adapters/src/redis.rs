@@ -29,8 +29,9 @@
 //! - [`ConnectionManager`] ([`ManagedNode`]): a multiplexed connection that reconnects in the background
 //!   after an I/O error. It does **not** re-send the failed command, which is what lock commands need.
 //!   [`ManagedNode::connect`] builds it with `set_number_of_retries(0)`: with redis-rs's default retries a
-//!   refused authentication (a wrong or rotated password) is retried and surfaces late as ambiguous timeouts
-//!   instead of a prompt, definite [`NodeErrorKind::Auth`] error.
+//!   refused authentication (a wrong or rotated password) is retried and surfaces seconds later as an
+//!   ambiguous error instead of a prompt, definite [`NodeErrorKind::Auth`] error. With
+//!   [`ManagedNode::connect_with_config`] the retries are yours to choose.
 //! - [`ClusterConnection`] ([`ClusterNode`]): Redis Cluster, built only by [`ClusterNode::connect`], which
 //!   sets [`retries(0)`](redis::cluster::ClusterClientBuilder::retries) whatever the builder said: redis-rs
 //!   otherwise re-sends a request after an I/O error or a redirection, and a re-sent command whose first copy
@@ -221,23 +222,30 @@ impl MultiplexedNode {
 }
 
 impl ManagedNode {
-    /// Creates a reconnecting [`ConnectionManager`] with `client`'s settings and no connection retries (see
-    /// [`connect_with_config`](Self::connect_with_config)); the endpoint is taken from the client.
+    /// Creates a reconnecting [`ConnectionManager`] with `client`'s settings and `set_number_of_retries(0)`;
+    /// the endpoint is taken from the client.
+    ///
+    /// Each (re)connection is tried once and its failure is the caller's error at once: with redis-rs's
+    /// default retries a refused authentication (a wrong or rotated password) is retried with backoff and
+    /// surfaces seconds later as an ambiguous error. The price: after a failed reconnection the next call
+    /// fails too (and starts the next attempt), so a short outage costs a call more; redlease's retries
+    /// absorb it.
     pub async fn connect(client: &redis::Client) -> Result<Self, RedisError> {
-        Self::connect_with_config(client, ConnectionManagerConfig::new()).await
+        Self::connect_with_config(
+            client,
+            ConnectionManagerConfig::new().set_number_of_retries(0),
+        )
+        .await
     }
 
-    /// Creates a [`ConnectionManager`] with `config` (timeouts, delays), but always with
-    /// `set_number_of_retries(0)`: each (re)connection is tried once and its failure, such as a refused
-    /// password, is the caller's error at once. (The manager still reconnects on the next call.) The
-    /// endpoint is taken from the client.
+    /// Creates a [`ConnectionManager`] with `config` as given (timeouts, delays, retries); the endpoint is
+    /// taken from the client. Add `set_number_of_retries(0)` for prompt, definite authentication errors (see
+    /// [`connect`](Self::connect)).
     pub async fn connect_with_config(
         client: &redis::Client,
         config: ConnectionManagerConfig,
     ) -> Result<Self, RedisError> {
-        let conn = client
-            .get_connection_manager_with_config(config.set_number_of_retries(0))
-            .await?;
+        let conn = client.get_connection_manager_with_config(config).await?;
         Ok(Self::new(conn).with_endpoint(client_endpoint(client)))
     }
 }
@@ -454,6 +462,11 @@ macro_rules! impl_node {
                 ttl: Ttl,
             ) -> Result<bool, NodeError> {
                 ops::acquire_fresh(self, key, token, ttl).await
+            }
+
+            /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
+            fn acquire_fresh_is_nx(&self) -> bool {
+                true
             }
 
             async fn acquire_fenced(

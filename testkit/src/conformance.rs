@@ -61,6 +61,7 @@ pub const CASES: &[&str] = &[
     "acquire_held_key_is_contended",
     "acquire_own_token_again_resets_ttl",
     "acquire_fresh_takes_only_a_free_key",
+    "acquire_fresh_that_claims_nx_never_touches_an_existing_key",
     "release_only_own_token",
     "extend_only_own_token_and_never_creates",
     "keys_expire_and_stay_expired",
@@ -281,6 +282,19 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             )?;
             c.ensure(!again, || "acquire_fresh took a held key".into())?;
             c.expect_held(&k, &owner, long, SLACK).await
+        }
+        "acquire_fresh_that_claims_nx_never_touches_an_existing_key" => {
+            if !node.acquire_fresh_is_nx() {
+                return Ok(());
+            }
+            // A late copy of a fresh acquisition meets the key it set (with its own token), extended since.
+            let (k, t) = (c.key("lock"), token()?);
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG * 3)).await)?;
+            let again = c.ok("acquire_fresh", node.acquire_fresh(&k, &t, ttl(LONG)).await)?;
+            c.ensure(!again, || {
+                "acquire_fresh claims to be SET NX but answered true for an existing key".into()
+            })?;
+            c.expect_held(&k, &t, long * 3, SLACK).await
         }
         "release_only_own_token" => {
             let (k, owner, other) = (c.key("lock"), token()?, token()?);

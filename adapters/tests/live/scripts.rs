@@ -319,3 +319,29 @@ fn the_capability_probe_writes_nothing_and_reports_set_nx_get() {
     assert_eq!(server.cmd(&["GET", "s"]), "v");
     assert_eq!(server.cmd(&["EXISTS", "k"]), "0");
 }
+
+#[test]
+fn the_fresh_acquire_script_never_touches_an_existing_key() {
+    let Some(server) =
+        RedisServer::start_or_skip("the_fresh_acquire_script_never_touches_an_existing_key")
+    else {
+        return;
+    };
+    let token = "0123456789abcdef0123456789abcdef01234567";
+    assert_eq!(
+        raw_eval(&server, &scripts::ACQUIRE_FRESH, &["k"], &[token, "60000"]).unwrap(),
+        "1"
+    );
+    assert_eq!(server.cmd(&["GET", "k"]), token);
+    // A late copy of the same fresh acquisition: the key exists (even with this token), nothing changes.
+    server.cmd(&["PEXPIRE", "k", "300000"]);
+    assert_eq!(
+        raw_eval(&server, &scripts::ACQUIRE_FRESH, &["k"], &[token, "1000"]).unwrap(),
+        "0"
+    );
+    let pttl: i64 = server.cmd(&["PTTL", "k"]).parse().unwrap();
+    assert!(pttl > 250_000, "the TTL was reset to {pttl}");
+    server.cmd(&["HSET", "h", "a", "1"]);
+    let err = raw_eval(&server, &scripts::ACQUIRE_FRESH, &["h"], &[token, "1000"]).unwrap_err();
+    assert!(err.starts_with("WRONGTYPE the lock key h"), "{err}");
+}

@@ -68,7 +68,9 @@ async fn build(backend: Backend, url: &str, probe: bool) -> Arc<dyn RedisNode> {
         Backend::RedisManager => {
             let config = redis::aio::ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(Duration::from_millis(500)))
-                .set_response_timeout(Some(Duration::from_millis(500)));
+                .set_response_timeout(Some(Duration::from_millis(500)))
+                // Reconnection retried (with backoff), for scenarios that heal a cut connection.
+                .set_number_of_retries(2);
             let node = ManagedNode::connect_with_config(&client(), config)
                 .await
                 .expect("connection manager")
