@@ -174,16 +174,8 @@ async fn a_rotated_password_is_a_prompt_definite_auth_error_without_a_retry_loop
         admin.cmd(&["CONFIG", "SET", "requirepass", PASSWORD]);
         let client = redis::Client::open(url.as_str()).unwrap();
         let node: Box<dyn RedisNode> = match name {
-            "ManagedNode" => {
-                let config = redis::aio::ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_millis(500)))
-                    .set_response_timeout(Some(Duration::from_millis(500)));
-                Box::new(
-                    ManagedNode::connect_with_config(&client, config)
-                        .await
-                        .unwrap(),
-                )
-            }
+            // The adapter's own choice of reconnection settings.
+            "ManagedNode" => Box::new(ManagedNode::connect(&client).await.unwrap()),
             "LazyNode" => Box::new(LazyNode::with_config(
                 client,
                 redis::AsyncConnectionConfig::new()
