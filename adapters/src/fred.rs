@@ -330,9 +330,10 @@ impl<C> FredNode<C> {
         self
     }
 
-    /// Whether commands fail at once, unsent, while the client is not connected (default `true`). With
-    /// `false` they wait for the reconnection (still written at most once), which can outlast redlease's
-    /// operation timeout and then run late.
+    /// Whether commands fail at once, unsent, while the client is not connected or after fred announced a
+    /// dropped connection and has not reconnected since (default `true`). With `false` they wait for the
+    /// reconnection (still written at most once), which can outlast redlease's operation timeout and then
+    /// run late.
     pub fn with_fail_fast(mut self, fail_fast: bool) -> Self {
         self.fail_fast = fail_fast;
         self
@@ -562,10 +563,10 @@ impl<C: KeyRouted> FredNode<C> {
         };
         // fred announces a dropped connection on its error channel at once, while its state may still say
         // "connected" and a command sent now would wait for the reconnection.
-        if health.saw_errors() {
+        if health.saw_errors() && self.fail_fast {
             health.mark_broken();
         }
-        if let Some(since) = health.broken_since() {
+        if let Some(since) = health.broken_since().filter(|_| self.fail_fast) {
             // Healed by a reconnection; or, if fred reports itself connected and has announced nothing for a
             // while (an error that did not close the connection), let one command through on probation.
             let quiet = self
