@@ -73,7 +73,7 @@
 //! # The capability check
 //!
 //! Before the first acquisition (and again after a failed connection) the node checks that the user may run
-//! everything a lease needs (`EVAL`, `EVALSHA` and the commands inside the scripts), so that `try_acquire()`
+//! everything a lease needs (`EVAL` and the commands inside the scripts), so that `try_acquire()`
 //! never hands out a lease it cannot extend or release; see [`crate::scripts::PROBE`] and
 //! [`FredNode::probe`].
 //!

@@ -14,14 +14,15 @@
 //!
 //! # What every node does before its first write
 //!
-//! Before the first acquisition on a connection (and again after the connection failed), a node runs the
-//! capability probe ([`scripts::PROBE`]) once as `EVAL` and once as `EVALSHA`. A user who may not run what a
-//! lease needs (`EVAL`, `EVALSHA`, and on Redis 7 the commands inside the scripts, checked with
-//! `redis.acl_check_cmd`) gets a definite [`Auth`](redlease::NodeErrorKind::Auth) error before anything is
-//! written, so `try_acquire()` never hands out a lease it could not extend or release. The probe writes
-//! nothing and learns whether the server accepts `SET … NX GET` (Redis 7.0+): the fresh acquisition is then
-//! that one command (a key of another type is `WRONGTYPE` there, as in the acquire script, so one attempt
-//! or three give the same answer); on older servers it is the acquire script. Nothing is cached after a
+//! The first acquisition on a connection (and the first after the connection failed) checks what the node
+//! permits: a fresh acquisition runs [`scripts::PROBE_ACQUIRE`] (the check and the acquisition in one `EVAL`),
+//! a script acquisition runs [`scripts::PROBE`] before its script. A user who may not run what a lease needs
+//! (`EVAL`, and on Redis 7 the commands inside the scripts, checked with `redis.acl_check_cmd`) gets a
+//! definite [`Auth`](redlease::NodeErrorKind::Auth) error before anything is written, so `try_acquire()`
+//! never hands out a lease it could not extend or release. The check also learns whether the server accepts
+//! `SET … NX GET` (Redis 7.0+): later fresh acquisitions are that one command (a key of another type is
+//! `WRONGTYPE` there, as in the acquire script, so one attempt or three give the same answer); on older
+//! servers they are [`scripts::ACQUIRE_FRESH`]. Neither touches an existing key. Nothing is cached after a
 //! refusal, so a corrected ACL takes effect at the next call. Later capabilities (native conditional
 //! commands) extend the same probe.
 //!

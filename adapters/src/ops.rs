@@ -3,21 +3,23 @@
 //!
 //! # The capability check
 //!
-//! Every operation but a fresh acquisition is a script, so a user who may not run `EVAL`/`EVALSHA` (or a
-//! command inside the scripts, such as `DEL`) could take a lock with a plain `SET` and then neither extend nor
-//! release it. So before the first acquisition on a connection, and again after the connection failed (a
-//! reconnecting client may then be talking to another server, or under a changed ACL), the adapter runs the
-//! [`PROBE`](scripts::PROBE) script once as `EVAL` and once as `EVALSHA` (proving both are permitted), with
-//! the lock key (and fence key) of that acquisition. The probe writes nothing; it reports the commands the
-//! scripts need that the ACL denies (on servers with `redis.acl_check_cmd`, Redis 7.0+), and whether the server
-//! accepts `SET … NX GET` (Redis 7.0+). A refusal is a definite [`NodeErrorKind::Auth`] error before anything
-//! is written; nothing is cached after a refusal, so a corrected ACL takes effect at the next call.
+//! Every operation but a fresh acquisition is a script, so a user who may not run `EVAL` (or a command inside
+//! the scripts, such as `DEL`) could take a lock with a plain `SET` and then neither extend nor release it.
+//! So the first acquisition on a connection, and the first after the connection failed (a reconnecting client
+//! may then be talking to another server, or under a changed ACL), checks first: a fresh acquisition runs
+//! [`PROBE_ACQUIRE`](scripts::PROBE_ACQUIRE) as `EVAL` (the check and the acquisition in one command, so the
+//! first acquisition costs no extra round trip), a script acquisition runs [`PROBE`](scripts::PROBE) before
+//! its script. The check reports the commands the scripts need that the ACL denies (on servers with
+//! `redis.acl_check_cmd`, Redis 7.0+) and whether the server accepts `SET … NX GET` (Redis 7.0+). A refusal is
+//! a definite [`NodeErrorKind::Auth`] error before anything is written; nothing is cached after a refusal, so
+//! a corrected ACL takes effect at the next call. `EVAL` is what the check proves: every script goes out as
+//! `EVALSHA` first and as `EVAL` after a `NOSCRIPT` reply, or after a refusal of `EVALSHA` itself.
 //!
-//! The fresh acquisition then is `SET key token NX GET PX ttl` where the server accepts it (a key of another
+//! Later fresh acquisitions are `SET key token NX GET PX ttl` where the server accepts it (a key of another
 //! type is a `WRONGTYPE` error there, exactly as in the acquire script, so one attempt or three give the same
-//! answer), and the [`ACQUIRE_FRESH`](scripts::ACQUIRE_FRESH) script otherwise. Both never touch an existing
-//! key, so a late copy of a fresh acquisition cannot reset a lease's TTL. Later capabilities (native compare-and-delete, …) extend the
-//! same probe and [`Caps`].
+//! answer), and the [`ACQUIRE_FRESH`](scripts::ACQUIRE_FRESH) script otherwise. None of them touches an
+//! existing key, so a late copy of a fresh acquisition cannot reset a lease's TTL. Later capabilities (native
+//! compare-and-delete, …) extend the same probe and [`Caps`].
 
 use std::sync::{Arc, Mutex};
 
@@ -102,7 +104,13 @@ fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeEr
     result
 }
 
-/// Runs `script`: `EVALSHA`, and exactly one `EVAL` after a `NOSCRIPT` reply (a refusal: nothing ran).
+/// Whether `err` refused the `EVALSHA` command itself (the ACL), so that the script did not run.
+fn evalsha_refused(err: &NodeError) -> bool {
+    err.kind() == NodeErrorKind::Auth && err.message().to_ascii_lowercase().contains("'evalsha'")
+}
+
+/// Runs `script`: `EVALSHA`, and exactly one `EVAL` after a `NOSCRIPT` reply or a refusal of `EVALSHA` by the
+/// ACL (both refusals: nothing ran).
 pub(crate) async fn eval(
     t: &impl Transport,
     script: &Script,
@@ -110,7 +118,7 @@ pub(crate) async fn eval(
     args: &[&str],
 ) -> Result<Reply, NodeError> {
     let result = match t.script_once(Verb::EvalSha, script, keys, args).await {
-        Err(e) if e.kind() == NodeErrorKind::NoScript => {
+        Err(e) if e.kind() == NodeErrorKind::NoScript || evalsha_refused(&e) => {
             t.script_once(Verb::Eval, script, keys, args).await
         }
         other => other,
@@ -129,8 +137,8 @@ fn probe_refused(verb: Verb, err: NodeError) -> NodeError {
         return err;
     }
     let message = format!(
-        "capability check before the first write ({}): a lease needs EVAL, EVALSHA and the commands inside \
-         redlease's scripts; {}",
+        "capability check before the first write ({}): a lease needs EVAL and the commands inside redlease's \
+         scripts; {}",
         verb.as_str(),
         err.message()
     );
@@ -145,14 +153,8 @@ pub(crate) async fn check(
 ) -> Result<Caps, NodeError> {
     let keys: Vec<&str> = std::iter::once(key).chain(fence_key).collect();
     let script = &scripts::PROBE;
-    let first = note(t, t.script_once(Verb::Eval, script, &keys, &[]).await)
+    let reply = note(t, t.script_once(Verb::Eval, script, &keys, &[]).await)
         .map_err(|e| probe_refused(Verb::Eval, e))?;
-    let reply = match note(t, t.script_once(Verb::EvalSha, script, &keys, &[]).await) {
-        Ok(reply) => reply,
-        // Flushed in between: EVALSHA got past the ACL check to the script cache, which is what we learn.
-        Err(e) if e.kind() == NodeErrorKind::NoScript => first,
-        Err(e) => return Err(probe_refused(Verb::EvalSha, e)),
-    };
     let caps = Caps {
         set_nx_get: scripts::parse_flag(script, reply)?,
     };
@@ -192,7 +194,8 @@ pub(crate) async fn acquire(
     acquire_script(t, key, token, ttl).await
 }
 
-/// A fresh acquisition: `SET key token NX GET PX ttl` where the server accepts it, else the acquire script.
+/// A fresh acquisition: on an unchecked connection the check and the acquisition in one script; then
+/// `SET key token NX GET PX ttl` where the server accepts it, else the fresh-acquire script.
 pub(crate) async fn acquire_fresh(
     t: &impl Transport,
     key: &str,
@@ -200,7 +203,19 @@ pub(crate) async fn acquire_fresh(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
-    if !checked(t, key, None).await?.set_nx_get {
+    let Some(caps) = t.probe().get() else {
+        let script = &scripts::PROBE_ACQUIRE;
+        let reply = note(
+            t,
+            t.script_once(Verb::Eval, script, &[key], &[token.as_str(), &ttl])
+                .await,
+        )
+        .map_err(|e| probe_refused(Verb::Eval, e))?;
+        let (acquired, set_nx_get) = scripts::parse_probe_acquire(reply)?;
+        t.probe().set(Caps { set_nx_get });
+        return Ok(acquired);
+    };
+    if !caps.set_nx_get {
         // Never the acquire script: its own-token branch resets the TTL, which a late copy of a fresh
         // acquisition must not do (the core relies on it).
         let reply = eval(t, &scripts::ACQUIRE_FRESH, &[key], &[token.as_str(), &ttl]).await?;

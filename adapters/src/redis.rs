@@ -51,7 +51,7 @@
 //! # The capability check
 //!
 //! Before the first acquisition on a connection (and again after the connection failed) the node checks
-//! that the user may run everything a lease needs (`EVAL`, `EVALSHA` and the commands inside the scripts),
+//! that the user may run everything a lease needs (`EVAL` and the commands inside the scripts),
 //! so that `try_acquire()` never hands out a lease it cannot extend or release: a refusal is a definite
 //! [`NodeErrorKind::Auth`] error before anything is written. [`RedisRsNode::probe`] and [`LazyNode::probe`]
 //! run it eagerly, for example at start-up. See [`crate::scripts::PROBE`].

@@ -212,8 +212,9 @@ return {cur, redis.call('PTTL', KEYS[1])}
     sha1: "0ac8a5fb3e6b7ce51bb8fdd38f52ff2920045c78",
 };
 
-/// The capability probe an adapter runs once per connection, before its first write. `KEYS[1]` an example
-/// lock key (the first one the connection acquires), optionally `KEYS[2]` its fence key. Writes nothing.
+/// The capability probe an adapter runs once per connection before its first script write (the first fresh
+/// acquisition runs [`PROBE_ACQUIRE`] instead). `KEYS[1]` an example lock key (the first one the connection
+/// acquires), optionally `KEYS[2]` its fence key. Writes nothing.
 ///
 /// Returns 1 when the server accepts `SET key value NX GET` (Redis 7.0 and later), else 0. Error replies:
 /// `NOPERM redlease: …` listing the commands the lease scripts need that the user may not run on these keys
@@ -270,8 +271,77 @@ impl Script {
     }
 }
 
+/// The first fresh acquisition on a connection: the capability check of [`PROBE`] and the fresh acquisition of
+/// [`ACQUIRE_FRESH`] in one command. `KEYS[1]` lock, `ARGV[1]` a token never written before, `ARGV[2]` TTL in
+/// ms. Returns `[acquired, set_nx_get]`: `acquired` 1 when the key was absent (now set), 0 when it exists
+/// (never touched); `set_nx_get` as [`PROBE`] answers it. Error replies, all before any write: those of
+/// [`PROBE`] and of [`ACQUIRE_FRESH`].
+pub const PROBE_ACQUIRE: Script = Script {
+    name: "probe_acquire",
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local denied = {}
+if redis.acl_check_cmd then
+  local checks = {
+    {'GET', KEYS[1]}, {'SET', KEYS[1], 'v', 'PX', '1'}, {'PEXPIRE', KEYS[1], '1'}, {'DEL', KEYS[1]},
+    {'PTTL', KEYS[1]}
+  }
+  for _, c in ipairs(checks) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      denied[#denied + 1] = c[1] .. ' ' .. c[2]
+    end
+  end
+end
+if #denied > 0 then
+  return redis.error_reply('NOPERM redlease: this user may not run ' .. table.concat(denied, ', '))
+end
+local nxget = 0
+local r = redis.pcall('SET', KEYS[1], 'probe', 'NX', 'GET', 'PX', '0')
+if type(r) == 'table' and r.err then
+  if string.find(r.err, 'invalid expire') then
+    nxget = 1
+  elseif not string.find(r.err, 'syntax error') then
+    return r
+  end
+else
+  return redis.error_reply('ERR redlease: the SET probe was not refused')
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE the lock key ' .. KEYS[1] .. ' holds a value of another type')
+  end
+  return cur
+end
+if cur == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, nxget}
+end
+return {0, nxget}
+"#,
+    sha1: "8535add28bdb9d24d4b4b4dc5bd1cac910def1b4",
+};
+
+/// `[acquired, set_nx_get]` of [`PROBE_ACQUIRE`].
+pub(crate) fn parse_probe_acquire(reply: Reply) -> Result<(bool, bool), NodeError> {
+    let script = &PROBE_ACQUIRE;
+    match reply {
+        Reply::Array(items) => match <[Reply; 2]>::try_from(items) {
+            Ok([acquired, nxget]) => {
+                Ok((parse_flag(script, acquired)?, parse_flag(script, nxget)?))
+            }
+            Err(items) => Err(unexpected(script, &Reply::Array(items))),
+        },
+        other => Err(unexpected(script, &other)),
+    }
+}
+
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 7] = [
+pub const ALL: [Script; 8] = [
     ACQUIRE,
     ACQUIRE_FRESH,
     ACQUIRE_FENCED,
@@ -279,6 +349,7 @@ pub const ALL: [Script; 7] = [
     EXTEND,
     INSPECT,
     PROBE,
+    PROBE_ACQUIRE,
 ];
 
 /// A client-neutral view of a script reply, built by each adapter from its client's value type.
