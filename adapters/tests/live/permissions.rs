@@ -337,3 +337,40 @@ async fn a_read_only_replica_refuses_every_operation_definitely_and_changes_noth
         assert_eq!(primary.cmd(&["EXISTS", &f]), "0", "{backend:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_eval_but_not_evalsha_holds_extends_and_releases_through_eval() {
+    let Some(server) = RedisServer::start_or_skip(
+        "a_user_who_may_eval_but_not_evalsha_holds_extends_and_releases_through_eval",
+    ) else {
+        return;
+    };
+    let url = acl_user(&server, "noevalsha", &["+@all", "-evalsha"]);
+    for backend in ALL_BACKENDS {
+        let node = common::unprobed(backend, &url).await;
+        let manager = LockManager::single(node, config()).unwrap();
+        let k = common::key("noevalsha", backend);
+        for fenced in [false, true] {
+            let lock = manager.lock(&k);
+            let lock = if fenced {
+                lock.fenced(common::fence_of(&k))
+            } else {
+                lock
+            };
+            let lease = lock
+                .try_acquire()
+                .await
+                .unwrap_or_else(|e| panic!("{backend:?} fenced={fenced}: {e}"));
+            assert_eq!(server.cmd(&["GET", &k]), lease.token().as_str());
+            lease.extend(Duration::from_secs(20)).await.unwrap();
+            let pttl: i64 = server.cmd(&["PTTL", &k]).parse().unwrap();
+            assert!(pttl > 10_000, "{backend:?} fenced={fenced}: PTTL {pttl}");
+            lease.release().await.unwrap();
+            assert_eq!(
+                server.cmd(&["EXISTS", &k]),
+                "0",
+                "{backend:?} fenced={fenced}"
+            );
+        }
+    }
+}
