@@ -1093,7 +1093,9 @@ mod tests {
         // Another test's server holds the port the start picks first.
         let other = RedisServer::start();
         let mut ports = [other.port()].into_iter();
-        let ours = RedisServer::start_on_ports(&[], || ports.next().unwrap_or_else(free_port));
+        let ours = RedisServer::start_on_ports(Flavor::Redis, &[], || {
+            ports.next().unwrap_or_else(free_port)
+        });
         assert_ne!(ours.port(), other.port());
         assert_ne!(ours.pid(), other.pid());
         let info = ours.cmd(&["INFO", "server"]);
