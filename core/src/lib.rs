@@ -52,6 +52,11 @@ mod node;
 mod observe;
 mod time;
 mod token;
+mod trace;
+
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 
 pub use async_trait::async_trait;
 pub use config::{Config, ConfigError};
@@ -60,7 +65,9 @@ pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{Lock, LockManager};
 pub use node::{Applied, KeyState, NodeError, NodeErrorKind, RedisNode, Ttl};
-pub use observe::{EventKind, LeaseEvent, LeaseId, Observer};
+pub use observe::{
+    AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,
+};
 pub use time::{Sleep, SystemTimer, Timer};
 pub use token::{TOKEN_BYTES, Token, TokenError};
 
