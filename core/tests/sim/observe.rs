@@ -177,7 +177,11 @@ fn a_contended_acquisition_reports_every_attempt_and_its_wait() {
             },
         ]
     );
-    let waiter_id = events.iter().map(|(l, _)| *l).find(|l| *l != holder_id).unwrap();
+    let waiter_id = events
+        .iter()
+        .map(|(l, _)| *l)
+        .find(|l| *l != holder_id)
+        .unwrap();
     let w = rec.of(waiter_id);
     let (last, attempts) = w.split_last().unwrap();
     let Ev::Acquired {
@@ -191,7 +195,11 @@ fn a_contended_acquisition_reports_every_attempt_and_its_wait() {
     // Retries 50 ms (+ jitter) apart until the holder leaves at 120 ms: at least three attempts.
     assert!(n >= 3, "{w:?}");
     assert!(waited >= ms(120) && waited < secs(2), "{waited:?}");
-    assert_eq!(attempts.len(), n as usize, "one Attempt event per attempt: {w:?}");
+    assert_eq!(
+        attempts.len(),
+        n as usize,
+        "one Attempt event per attempt: {w:?}"
+    );
     for (i, a) in attempts.iter().enumerate() {
         let last = i + 1 == n as usize;
         assert_eq!(
@@ -204,7 +212,9 @@ fn a_contended_acquisition_reports_every_attempt_and_its_wait() {
             }
         );
     }
-    c.sim.block_on(async move { waiter.release().await }).unwrap();
+    c.sim
+        .block_on(async move { waiter.release().await })
+        .unwrap();
 }
 
 #[test]
@@ -262,7 +272,9 @@ fn a_failed_renewal_is_at_risk_then_recovered_and_the_history_still_checks() {
         "{at_risk_for:?}"
     );
     assert_eq!(lease.state(), redlease::LeaseState::Held);
-    c.sim.block_on(async move { lease.release().await }).unwrap();
+    c.sim
+        .block_on(async move { lease.release().await })
+        .unwrap();
     assert_eq!(history.check(), Ok(()));
     assert_eq!(history.acquisitions(), 1);
 }
@@ -276,7 +288,10 @@ fn a_release_reports_the_nodes_that_failed_and_a_failed_attempt_its_cleanup() {
     let lease = c.try_acquire(&lock).unwrap();
     let id = rec.events()[0].0;
     c.faults[2].always(Op::Release, Fault::Fail(NodeErrorKind::Timeout));
-    let report = c.sim.block_on(async move { lease.release().await }).unwrap();
+    let report = c
+        .sim
+        .block_on(async move { lease.release().await })
+        .unwrap();
     assert_eq!(report.failures().len(), 1);
     assert_eq!(
         rec.of(id)[2..],
@@ -349,9 +364,13 @@ fn a_lost_lease_reports_the_loss_then_its_cleanup() {
     c.sim.run_for(secs(1));
     let after: Vec<Ev> = rec.of(id)[5..].to_vec();
     assert!(
-        after
-            .iter()
-            .all(|e| matches!(e, Ev::Cleanup { cause: CleanupCause::Dropped, .. })),
+        after.iter().all(|e| matches!(
+            e,
+            Ev::Cleanup {
+                cause: CleanupCause::Dropped,
+                ..
+            }
+        )),
         "{after:?}"
     );
 }
