@@ -209,10 +209,7 @@ mod tests {
             redact("redis://:s3cret@10.0.0.5:6379/0"),
             "redis://10.0.0.5:6379/0"
         );
-        assert_eq!(
-            redact("rediss://user:p@ss@host:6380"),
-            "rediss://host:6380"
-        );
+        assert_eq!(redact("rediss://user:p@ss@host:6380"), "rediss://host:6380");
         assert_eq!(
             redact("connect to redis://u:pw@a:1/2 and redis://b:2 failed"),
             "connect to redis://a:1/2 and redis://b:2 failed"

@@ -84,7 +84,10 @@ async fn example_shows_contention_renewal_failure_and_loss_in_logs_and_metrics()
     let contended = lines(&log, "DEBUG", "lock held by another owner");
     assert!(!contended.is_empty(), "{shown}");
     assert!(
-        contended[0].contains(&format!("redlease.acquire{{key=\"{}\"", observability::REPORT_KEY)),
+        contended[0].contains(&format!(
+            "redlease.acquire{{key=\"{}\"",
+            observability::REPORT_KEY
+        )),
         "{}",
         contended[0]
     );
@@ -98,18 +101,37 @@ async fn example_shows_contention_renewal_failure_and_loss_in_logs_and_metrics()
         Some(1.0),
         "{shown}"
     );
-    assert_eq!(value(&metrics, "redlease_acquired_total"), Some(3.0), "{shown}");
+    assert_eq!(
+        value(&metrics, "redlease_acquired_total"),
+        Some(3.0),
+        "{shown}"
+    );
 
     // The renewal failure: at risk (warn), recovered (info); counted, with the node errors behind it.
     let at_risk = lines(&log, "WARN", "lease at risk");
     assert!(!at_risk.is_empty(), "{shown}");
-    assert!(at_risk[0].contains(observability::JOB_KEY), "{}", at_risk[0]);
+    assert!(
+        at_risk[0].contains(observability::JOB_KEY),
+        "{}",
+        at_risk[0]
+    );
     assert_eq!(lines(&log, "INFO", "lease recovered").len(), 1, "{shown}");
     assert!(
         value(&metrics, "redlease_renewals_total{result=\"at_risk\"}").is_some_and(|n| n >= 2.0),
         "two pauses, each failing at least one renewal round: {shown}"
     );
-    assert_eq!(value(&metrics, "redlease_recovered_total"), Some(1.0), "{shown}");
+    assert_eq!(
+        value(&metrics, "redlease_recovered_total"),
+        Some(1.0),
+        "{shown}"
+    );
+    // One at-risk period per pause; the warn line only for the first failed round of each.
+    assert_eq!(
+        value(&metrics, "redlease_at_risk_total"),
+        Some(2.0),
+        "{shown}"
+    );
+    assert_eq!(lines(&log, "WARN", "lease at risk").len(), 2, "{shown}");
     assert!(
         value(&metrics, "redlease_renewals_total{result=\"extended\"}").is_some_and(|n| n >= 1.0),
         "{shown}"
@@ -132,9 +154,16 @@ async fn example_shows_contention_renewal_failure_and_loss_in_logs_and_metrics()
         redlease::LossReason::ExtendFailed => "extend_failed",
         other => panic!("lost for {other:?}"),
     };
-    assert!(lost[0].contains(&format!("reason=\"{reason}\"")), "{}", lost[0]);
+    assert!(
+        lost[0].contains(&format!("reason=\"{reason}\"")),
+        "{}",
+        lost[0]
+    );
     assert_eq!(
-        value(&metrics, &format!("redlease_lost_total{{reason=\"{reason}\"}}")),
+        value(
+            &metrics,
+            &format!("redlease_lost_total{{reason=\"{reason}\"}}")
+        ),
         Some(1.0),
         "{shown}"
     );
@@ -143,17 +172,27 @@ async fn example_shows_contention_renewal_failure_and_loss_in_logs_and_metrics()
         Some(1.0),
         "{shown}"
     );
-    assert_eq!(value(&metrics, "redlease_leases_held"), Some(0.0), "{shown}");
+    assert_eq!(
+        value(&metrics, "redlease_leases_held"),
+        Some(0.0),
+        "{shown}"
+    );
 
     // Per-node spans name the server without the password.
     let node = format!("redlease.node{{node=redis://127.0.0.1:{}/0", server.port());
     assert!(log.contains(&node), "{shown}");
 
     // Nothing secret anywhere.
-    assert!(!log.contains(PASSWORD) && !metrics.contains(PASSWORD), "{shown}");
+    assert!(
+        !log.contains(PASSWORD) && !metrics.contains(PASSWORD),
+        "{shown}"
+    );
     assert_eq!(report.tokens.len(), 3);
     for token in &report.tokens {
         assert!(!log.contains(token.as_str()), "token in the log: {shown}");
-        assert!(!metrics.contains(token.as_str()), "token in the metrics: {shown}");
+        assert!(
+            !metrics.contains(token.as_str()),
+            "token in the metrics: {shown}"
+        );
     }
 }

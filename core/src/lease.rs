@@ -428,8 +428,12 @@ impl Shared {
         Ok(())
     }
 
-    fn set_at_risk(&self, now: Instant) {
-        self.lock().at_risk.get_or_insert(now);
+    /// Marks the lease at risk since `now` unless it already was; `true` if it was not.
+    fn set_at_risk(&self, now: Instant) -> bool {
+        let mut st = self.lock();
+        let first = st.at_risk.is_none();
+        st.at_risk.get_or_insert(now);
+        first
     }
 
     /// Claims the single renewal loop of this lease; `false` if one already runs.
@@ -560,7 +564,7 @@ impl Shared {
                 }
                 Extension::Failed(source) => {
                     let now = self.now();
-                    self.set_at_risk(now);
+                    let first = self.set_at_risk(now);
                     self.engine.hook.emit(
                         &self.key,
                         self.id,
@@ -568,6 +572,7 @@ impl Shared {
                         EventKind::AtRisk {
                             valid_until,
                             error: source.as_ref(),
+                            first,
                         },
                     );
                     step = self.schedule().after_failure(self.now(), valid_until);

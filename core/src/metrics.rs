@@ -9,6 +9,7 @@
 //! | `redlease_acquire_failed_total` | counter | `reason`: `contended`, `too_few_nodes`, `validity_exhausted`, `refused`, `deadline_passed` | acquisitions that gave up |
 //! | `redlease_lost_total` | counter | `reason`: `expired`, `not_held`, `extend_failed`, `suspended` | leases lost |
 //! | `redlease_renewals_total` | counter | `result`: `extended`, `at_risk` | automatic renewal rounds: succeeded, or failed without proving the lease gone |
+//! | `redlease_at_risk_total` | counter | – | leases that went at risk (the first failed renewal round of each at-risk period) |
 //! | `redlease_recovered_total` | counter | – | at-risk leases that a renewal saved |
 //! | `redlease_node_errors_total` | counter | `op`: `acquire`, `extend`, `release`, `cleanup`; `kind`: [`NodeErrorKind::as_str`](crate::NodeErrorKind::as_str) (`connection`, `timeout`, …) | node calls that failed (a round the quorum decided without a node's reply does not count it) |
 //! | `redlease_acquire_duration_seconds` | histogram | `result`: `acquired`, `not_acquired` | acquisition latency: from the call to its result, every attempt and pause included |
@@ -57,6 +58,7 @@ const CONTENDED: &str = "redlease_contended_total";
 const ACQUIRE_FAILED: &str = "redlease_acquire_failed_total";
 const LOST: &str = "redlease_lost_total";
 const RENEWALS: &str = "redlease_renewals_total";
+const AT_RISK: &str = "redlease_at_risk_total";
 const RECOVERED: &str = "redlease_recovered_total";
 const NODE_ERRORS: &str = "redlease_node_errors_total";
 const ACQUIRE_DURATION: &str = "redlease_acquire_duration_seconds";
@@ -178,6 +180,7 @@ fn describe() {
         (ACQUIRE_FAILED, "Acquisitions that gave up, by reason"),
         (LOST, "Leases lost, by reason"),
         (RENEWALS, "Automatic renewal rounds, by result"),
+        (AT_RISK, "Leases that went at risk"),
         (RECOVERED, "At-risk leases saved by a renewal"),
         (
             NODE_ERRORS,
@@ -269,7 +272,12 @@ impl Observer for MetricsObserver {
             EventKind::Extended { renewal: true, .. } => {
                 self.count(RENEWALS, &RESULT_RENEWAL[0], k);
             }
-            EventKind::AtRisk { .. } => self.count(RENEWALS, &RESULT_RENEWAL[1], k),
+            EventKind::AtRisk { first, .. } => {
+                self.count(RENEWALS, &RESULT_RENEWAL[1], k);
+                if *first {
+                    self.count(AT_RISK, &[], k);
+                }
+            }
             EventKind::Recovered { .. } => self.count(RECOVERED, &[], k),
             EventKind::Lost {
                 reason, held_for, ..

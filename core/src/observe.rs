@@ -181,6 +181,9 @@ pub enum EventKind<'a> {
         valid_until: Instant,
         /// The node failures of the round, if any (none when the round ran out of validity).
         error: Option<&'a QuorumError>,
+        /// `true` when this failure put a held lease at risk; `false` when it was at risk already (a retry
+        /// failed too).
+        first: bool,
     },
     /// An extension succeeded on a lease that was [at risk](Self::AtRisk): it is held again. Follows the
     /// [`Extended`](Self::Extended) event of that extension.

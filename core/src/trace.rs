@@ -115,7 +115,7 @@ fn record(field: &'static str, value: &dyn tracing::Value) {
 ///
 /// | event | level |
 /// |---|---|
-/// | `Lost`, `AtRisk`, `NotAcquired` for too few nodes or no validity left, a release that reached too few nodes | warn |
+/// | `Lost`, `AtRisk` (the first of an at-risk period; later ones at debug), `NotAcquired` for too few nodes or no validity left, a release that reached too few nodes | warn |
 /// | `NotAcquired` refused (wrong key type, ACL, cross-slot, fence counter) | error |
 /// | `Recovered` | info |
 /// | `Acquired`, `NotAcquired` contended or deadline passed, a contended or failed attempt, `Released`, release rounds, clean-ups, extension rounds with failures | debug |
@@ -135,8 +135,10 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
             round,
             outcome,
         } => {
-            record("lease", &lease);
-            record("attempt", attempt);
+            // (fmt subscribers append every record: record each field once.)
+            if *attempt == 1 {
+                record("lease", &lease);
+            }
             match outcome {
                 AttemptOutcome::Won { validity } => {
                     trace!(
@@ -177,6 +179,7 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
             fence,
             ..
         } => {
+            record("attempt", attempts);
             record("outcome", &"acquired");
             debug!(key, lease, attempts, ?waited, contended, fence, "acquired");
         }
@@ -187,6 +190,7 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
             contended,
         } => {
             let name = not_acquired_str(*reason);
+            record("attempt", attempts);
             record("outcome", &name);
             match reason {
                 R::Contended | R::DeadlinePassed => {
@@ -255,18 +259,27 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
             let validity = valid_until.saturating_duration_since(e.at);
             trace!(key, lease, renewal, ?validity, "extended");
         }
-        K::AtRisk { valid_until, error } => {
+        K::AtRisk {
+            valid_until,
+            error,
+            first,
+        } => {
+            // Warn when the lease goes at risk; further failed rounds of the same period at debug.
             let remaining = valid_until.saturating_duration_since(e.at);
-            match error {
-                Some(error) => {
+            match (error, first) {
+                (Some(error), true) => {
                     warn!(key, lease, ?remaining, %error, "lease at risk: renewal failed")
                 }
-                None => warn!(
+                (None, true) => warn!(
                     key,
                     lease,
                     ?remaining,
                     "lease at risk: renewal ran out of time"
                 ),
+                (Some(error), false) => {
+                    debug!(key, lease, ?remaining, %error, "lease still at risk: renewal failed again")
+                }
+                (None, false) => debug!(key, lease, ?remaining, "lease still at risk"),
             }
         }
         K::Recovered {

@@ -290,6 +290,7 @@ mod metrics_feature {
             1
         );
         assert_eq!(counter(&s, "redlease_recovered_total", &[]), 1);
+        assert_eq!(counter(&s, "redlease_at_risk_total", &[]), 1);
         // One failed renewal round, and the loss's own renewal found the key gone (no error).
         assert_eq!(
             counter(

@@ -39,6 +39,7 @@ enum Ev {
     },
     AtRisk {
         error_kinds: Vec<NodeErrorKind>,
+        first: bool,
     },
     Recovered {
         at_risk_for: Duration,
@@ -113,7 +114,8 @@ impl Observer for Recorder {
                 replies: replies(nodes),
             },
             EventKind::Extended { renewal, .. } => Ev::Extended { renewal: *renewal },
-            EventKind::AtRisk { error, .. } => Ev::AtRisk {
+            EventKind::AtRisk { error, first, .. } => Ev::AtRisk {
+                first: *first,
                 error_kinds: error
                     .map(|q| q.errors.iter().map(|(_, e)| e.kind()).collect())
                     .unwrap_or_default(),
@@ -244,7 +246,8 @@ fn a_failed_renewal_is_at_risk_then_recovered_and_the_history_still_checks() {
                 replies: "[yes, failed(connection), failed(connection)]".into()
             },
             Ev::AtRisk {
-                error_kinds: vec![NodeErrorKind::Connection, NodeErrorKind::Connection]
+                error_kinds: vec![NodeErrorKind::Connection, NodeErrorKind::Connection],
+                first: true
             },
             Ev::Extension {
                 renewal: true,
