@@ -388,7 +388,7 @@ impl fmt::Debug for Nodes<'_> {
 }
 
 /// The snake-case name of a [`NotAcquiredReason`], for metric labels and log fields.
-#[cfg_attr(not(any(feature = "tracing", feature = "metrics")), allow(dead_code))]
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
 pub(crate) fn not_acquired_str(reason: NotAcquiredReason) -> &'static str {
     match reason {
         NotAcquiredReason::Contended => "contended",
@@ -400,7 +400,7 @@ pub(crate) fn not_acquired_str(reason: NotAcquiredReason) -> &'static str {
 }
 
 /// The snake-case name of a [`LossReason`], for metric labels and log fields.
-#[cfg_attr(not(any(feature = "tracing", feature = "metrics")), allow(dead_code))]
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
 pub(crate) fn loss_str(reason: LossReason) -> &'static str {
     match reason {
         LossReason::Expired => "expired",

@@ -1,5 +1,6 @@
 //! The `tracing` and `metrics` features, on the simulator: one contended acquisition, one renewal failure
 //! that recovers, one loss. What a subscriber and a recorder receive.
+#![cfg(any(feature = "tracing", feature = "metrics"))]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::time::Duration;
