@@ -11,7 +11,7 @@
 //! | `redlease_renewals_total` | counter | `result`: `extended`, `at_risk` | automatic renewal rounds: succeeded, or failed without proving the lease gone |
 //! | `redlease_at_risk_total` | counter | – | leases that went at risk (the first failed renewal round of each at-risk period) |
 //! | `redlease_recovered_total` | counter | – | at-risk leases that a renewal saved |
-//! | `redlease_node_errors_total` | counter | `op`: `acquire`, `extend`, `release`, `cleanup`; `kind`: [`NodeErrorKind::as_str`](crate::NodeErrorKind::as_str) (`connection`, `timeout`, …) | node calls that failed (a round the quorum decided without a node's reply does not count it) |
+//! | `redlease_node_errors_total` | counter | `op`: `acquire`, `extend`, `release`, `cleanup`; `kind`: the error kind's `as_str()` (`connection`, `timeout`, …) | node calls that failed (a round the quorum decided without a node's reply does not count it) |
 //! | `redlease_acquire_duration_seconds` | histogram | `result`: `acquired`, `not_acquired` | acquisition latency: from the call to its result, every attempt and pause included |
 //! | `redlease_acquire_wait_seconds` | histogram | – | contended acquisitions that got the lease: the time they waited for it |
 //! | `redlease_hold_seconds` | histogram | `end`: `released`, `dropped`, `lost` | from acquisition to release, drop or loss |
@@ -302,6 +302,44 @@ impl Observer for MetricsObserver {
 mod tests {
     use super::*;
     use crate::observe::{loss_str, not_acquired_str};
+
+    /// The table rows of a Markdown text (`| `redlease_…` lines), with any `//! ` prefix removed.
+    fn rows(text: &str) -> Vec<&str> {
+        text.lines()
+            .map(|l| l.strip_prefix("//! ").unwrap_or(l))
+            .filter(|l| l.starts_with("| `redlease_"))
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_table_is_the_module_table() {
+        let module = rows(include_str!("metrics.rs"));
+        let readme = rows(include_str!("../../README.md"));
+        assert_eq!(module.len(), 14);
+        assert_eq!(readme, module);
+        // Every series name used in the code is in the table.
+        for name in [
+            ACQUIRE_ATTEMPTS,
+            ACQUIRED,
+            CONTENDED,
+            ACQUIRE_FAILED,
+            LOST,
+            RENEWALS,
+            AT_RISK,
+            RECOVERED,
+            NODE_ERRORS,
+            ACQUIRE_DURATION,
+            ACQUIRE_WAIT,
+            HOLD,
+            RENEWAL_DURATION,
+            HELD,
+        ] {
+            assert!(
+                module.iter().any(|r| r.starts_with(&format!("| `{name}`"))),
+                "{name}"
+            );
+        }
+    }
 
     /// The label tables and the reason names the docs and the tracing fields use must agree.
     #[test]
