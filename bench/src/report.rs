@@ -168,6 +168,36 @@ fn fmt_ratio(r: Option<f64>) -> String {
 }
 
 /// The targets, checked against this run, for both adapters.
+/// What an observer costs: S1 p50 and S7 allocations of the observer variants against plain redlease.
+pub(crate) fn observer_costs(rows: &[Row]) -> String {
+    let mut out = String::new();
+    for variant in ["redlease/redis+noop-observer", "redlease/redis+metrics"] {
+        let base = find(rows, "S1", "redlease/redis", Some(1));
+        let with = find(rows, "S1", variant, Some(1));
+        for (what, f) in [
+            ("p50", (|r: &Row| r.p50_us) as fn(&Row) -> Option<f64>),
+            ("p99", |r: &Row| r.p99_us),
+        ] {
+            let _ = writeln!(
+                out,
+                "S1 {what} {variant} / redlease/redis = {}",
+                fmt_ratio(ratio(with.and_then(f), base.and_then(f)))
+            );
+        }
+    }
+    for variant in ["redlease/memory+noop-observer", "redlease/memory+metrics"] {
+        let base = find(rows, "S7", "redlease/memory", None).and_then(|r| r.allocs_per_op);
+        let with = find(rows, "S7", variant, None).and_then(|r| r.allocs_per_op);
+        let _ = writeln!(
+            out,
+            "S7 allocations per pair {variant}: {} (redlease/memory: {})",
+            cell(with, 1),
+            cell(base, 1)
+        );
+    }
+    out
+}
+
 pub(crate) fn targets(rows: &[Row]) -> String {
     let mut out = String::new();
     for imp in ["redlease/redis", "redlease/fred"] {

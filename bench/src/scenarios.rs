@@ -476,7 +476,13 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
             row.p50_us = gaps.quantile_us(0.5);
             row.p99_us = gaps.quantile_us(0.99);
             let retry = match imp {
-                Impl::RedleaseRedis | Impl::RedleaseFred | Impl::RedleaseMemory => {
+                Impl::RedleaseRedis
+                | Impl::RedleaseFred
+                | Impl::RedleaseMemory
+                | Impl::RedleaseRedisNoop
+                | Impl::RedleaseRedisMetrics
+                | Impl::RedleaseMemoryNoop
+                | Impl::RedleaseMemoryMetrics => {
                     "acquire_within, retry 5 ms + 0–50 % jitter"
                 }
                 Impl::Rslock => "lock() with set_retry(∞, 5 ms): pauses U[0, 5 ms)",
@@ -658,13 +664,14 @@ fn renewal_memory(plan: &Plan, imp: Impl) -> Row {
 /// S7: heap allocations per acquire + release of redlease on the in-memory node (single mode, no spawner).
 pub(crate) fn allocations(plan: &Plan, imp: Impl) -> Row {
     let mut row = Row::new("S7", imp.name(), None);
-    if imp != Impl::RedleaseMemory {
+    if !imp.memory() {
         row.note = "not applicable: no in-memory backend".into();
         return row;
     }
     let result = (|| {
         let manager = LockManager::single(MemoryNode::new(), Config::default())
             .map_err(ctx("redlease: manager"))?;
+        let manager = crate::clients::observe(manager, imp.observer());
         let lock = manager.lock("bench:S7");
         let run = |iters: usize| {
             redlease_testkit::block_on(async {
