@@ -482,9 +482,7 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
                 | Impl::RedleaseRedisNoop
                 | Impl::RedleaseRedisMetrics
                 | Impl::RedleaseMemoryNoop
-                | Impl::RedleaseMemoryMetrics => {
-                    "acquire_within, retry 5 ms + 0–50 % jitter"
-                }
+                | Impl::RedleaseMemoryMetrics => "acquire_within, retry 5 ms + 0–50 % jitter",
                 Impl::Rslock => "lock() with set_retry(∞, 5 ms): pauses U[0, 5 ms)",
                 Impl::Arl => "its own retry loop, 5 ms apart",
                 Impl::Raw | Impl::Dlr => "harness loop: try, then 5 ms + 0–50 % jitter",

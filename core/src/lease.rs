@@ -114,6 +114,8 @@ pub(crate) struct Grant {
     pub(crate) round_started: Instant,
     pub(crate) wall_started: Option<SystemTime>,
     pub(crate) valid_until: Instant,
+    /// Nodes where an acquisition request may still land (its TTL in ms), as in [`State::unconfirmed`].
+    pub(crate) unconfirmed: Option<Box<[u64]>>,
 }
 
 /// How one extension round ended.
@@ -150,7 +152,7 @@ impl Shared {
                 cleaned: false,
                 renewing: false,
                 extending: false,
-                unconfirmed: None,
+                unconfirmed: grant.unconfirmed,
                 waiters: Vec::new(),
             }),
         }
@@ -303,9 +305,35 @@ impl Shared {
     /// late would shorten the key that round's validity relies on. So a node where an extension with a
     /// shorter TTL than `ttl` is unconfirmed does not count towards this round's quorum; one with an equal or
     /// longer TTL can only lengthen the key and is harmless.
+    ///
+    /// A shorter TTL than the lease has left may be applied the moment the request arrives, whatever becomes
+    /// of the reply. So before sending, the deadline is capped at what this round would give if it succeeded
+    /// now: a holder must not go on believing in its old, later deadline while the key may already expire
+    /// sooner (a paused client, a reply that never comes).
     async fn extend_once(&self, ttl: Ttl, timeout: Duration, renewal: bool) -> Extension {
         let engine = &self.engine;
-        let unconfirmed = self.lock().unconfirmed.clone();
+        let factor = engine.config.get_drift_factor();
+        let unconfirmed = {
+            let now = self.now();
+            let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
+            let mut st = self.lock();
+            if cap < st.valid_until && st.lost.is_none() && !st.ended {
+                st.valid_until = cap;
+                let waiters = st.take_waiters();
+                let unconfirmed = st.unconfirmed.clone();
+                drop(st);
+                engine.hook.emit(
+                    &self.key,
+                    self.id,
+                    now,
+                    EventKind::Capped { valid_until: cap },
+                );
+                wake(waiters);
+                unconfirmed
+            } else {
+                st.unconfirmed.clone()
+            }
+        };
         let r = engine
             .extend_round(&self.key, &self.token, ttl, timeout, unconfirmed.as_deref())
             .await;

@@ -343,6 +343,7 @@ struct Won {
     started: Instant,
     wall_started: Option<std::time::SystemTime>,
     valid_until: Instant,
+    unconfirmed: Option<Box<[u64]>>,
 }
 
 /// Checked parameters of one acquisition.
@@ -500,6 +501,9 @@ impl Lock {
         let mut fresh = true;
         // Allocated on the first failed attempt only: the common path never needs it.
         let mut dirty: Vec<bool> = Vec::new();
+        // Nodes where an acquisition request with the current token may still land later (it failed
+        // ambiguously or was abandoned). Allocated only when that happens.
+        let mut unsettled: Vec<bool> = Vec::new();
         loop {
             attempt = attempt.saturating_add(1);
             let mut timeout = plan.op_timeout;
@@ -517,6 +521,10 @@ impl Lock {
                 )
                 .await;
             fresh = false;
+            for i in r.tally.unsettled_indices() {
+                unsettled.resize(n, false);
+                unsettled[i] = true;
+            }
             let drift = crate::machine::validity::drift(plan.ttl, config.get_drift_factor());
             let reason = if r.tally.verdict() == Verdict::Quorum {
                 if let Some(valid_until) =
@@ -528,6 +536,14 @@ impl Lock {
                         None => None,
                     };
                     let token = tokens.won();
+                    // A straggling acquisition request sets the acquisition's TTL when it lands: the lease
+                    // must not count those nodes for a longer extension later (see `Shared::extend_once`).
+                    let unconfirmed = (!unsettled.is_empty()).then(|| {
+                        unsettled
+                            .iter()
+                            .map(|&u| if u { plan.ttl.as_millis() } else { 0 })
+                            .collect::<Box<[u64]>>()
+                    });
                     let now = engine.timer.now();
                     if engine.hook.active() {
                         engine.hook.emit(
@@ -566,6 +582,7 @@ impl Lock {
                             started: r.started,
                             wall_started: r.wall.0,
                             valid_until,
+                            unconfirmed,
                         },
                     ));
                 }
@@ -634,6 +651,7 @@ impl Lock {
             if stale_cleanup {
                 tokens.rotate()?;
                 dirty.iter_mut().for_each(|d| *d = false);
+                unsettled.clear();
                 fresh = true;
             }
 
@@ -685,6 +703,7 @@ impl Lock {
             started,
             wall_started,
             valid_until,
+            unconfirmed,
         } = won;
         let shared = Arc::new(Shared::new(
             Arc::clone(&self.engine),
@@ -699,6 +718,7 @@ impl Lock {
                 acquired_at,
                 round_started: started,
                 wall_started,
+                unconfirmed,
                 valid_until,
             },
         ));

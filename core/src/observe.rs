@@ -173,6 +173,13 @@ pub enum EventKind<'a> {
         /// `true` for automatic renewal, `false` for [`Lease::extend`](crate::Lease::extend).
         renewal: bool,
     },
+    /// The deadline was brought forward before an extension round with a TTL shorter than what the lease had
+    /// left: the node may apply the shorter TTL whatever becomes of the reply, so the holder must not rely on
+    /// the old deadline meanwhile.
+    Capped {
+        /// The new, earlier deadline.
+        valid_until: Instant,
+    },
     /// A renewal round failed without proving the lease gone: the lease is at risk, and renewal retries while
     /// validity remains.
     #[non_exhaustive]

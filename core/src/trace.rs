@@ -119,6 +119,7 @@ fn record(field: &'static str, value: &dyn tracing::Value) {
 /// | `NotAcquired` refused (wrong key type, ACL, cross-slot, fence counter) | error |
 /// | `Recovered` | info |
 /// | `Acquired`, `NotAcquired` contended or deadline passed, a contended or failed attempt, `Released`, release rounds, clean-ups, extension rounds with failures | debug |
+/// | `Capped` (the deadline brought forward before a shorter extension) | debug |
 /// | won attempts, `Extended`, extension rounds without failures | trace |
 #[cfg(feature = "tracing")]
 pub(crate) fn event(e: &LeaseEvent<'_>) {
@@ -258,6 +259,15 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
             record("outcome", &"extended");
             let validity = valid_until.saturating_duration_since(e.at);
             trace!(key, lease, renewal, ?validity, "extended");
+        }
+        K::Capped { valid_until } => {
+            let validity = valid_until.saturating_duration_since(e.at);
+            debug!(
+                key,
+                lease,
+                ?validity,
+                "deadline brought forward before a shorter extension"
+            );
         }
         K::AtRisk {
             valid_until,

@@ -1,12 +1,23 @@
 //! Fault injection around any [`RedisNode`].
+//!
+//! Besides the faults a caller sees at once (errors, hangs, lost replies, latency), a [`FaultyNode`] built with
+//! a spawner ([`FaultyNode::with_spawner`]) models what real networks do long after the caller stopped
+//! caring: a request that sits in the network and is applied *later* ([`Fault::Late`],
+//! [`Fault::LateAfterError`]), after the caller timed out or dropped the call, and — on a
+//! [`Delivery::Pool`] — after requests sent later to the same node.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use redlease::machine::Jitter;
-use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Timer, Token, Ttl, async_trait};
+use redlease::{
+    KeyState, NodeError, NodeErrorKind, RedisNode, Spawn, Timer, Token, Ttl, async_trait,
+};
 
 /// The node operations, for scripting faults and counting calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -39,7 +50,8 @@ impl Op {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fault {
-    /// Wait, then perform the call normally.
+    /// Wait, then send and perform the call normally. The wait happens before the request is sent: dropping
+    /// the call while it waits means the request is never sent.
     Delay(Duration),
     /// Refuse immediately without applying (e.g. connection refused, `OOM`).
     Fail(NodeErrorKind),
@@ -51,9 +63,39 @@ pub enum Fault {
     ReplyLost,
     /// Apply the call at once, but deliver the reply only after this long.
     SlowReply(Duration),
+    /// The request sits in the network for this long, then is applied **whether or not the caller still
+    /// waits** (it may have timed out or dropped the call); a waiting caller gets the reply right after.
+    ///
+    /// On a [`Delivery::Fifo`] node every request sent after it waits behind it; on a [`Delivery::Pool`] node
+    /// later requests overtake it. Needs a node built with [`FaultyNode::with_spawner`] (without one the call
+    /// fails with a not-applied error that says so).
+    Late(Duration),
+    /// The caller at once gets an ambiguous I/O error (a connection reset after the request was written),
+    /// but the request is still applied after this long, as with [`Late`](Self::Late).
+    LateAfterError(Duration),
+}
+
+/// How the requests to one node are ordered when some of them are applied [late](Fault::Late).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Delivery {
+    /// One FIFO connection: requests are applied in the order they were sent. A late request holds back
+    /// every request sent after it (head-of-line blocking); nothing is reordered.
+    #[default]
+    Fifo,
+    /// A connection pool: each request travels on its own, so a late request is applied after requests sent
+    /// later — reordering within a window bounded by the late delay.
+    Pool,
+    /// One FIFO connection that reconnects after a reset ([`Fault::LateAfterError`]): the requests written
+    /// on the old connection (the reset one included) are still applied in their order, but requests sent
+    /// after the reset go over the new connection and may be applied before them.
+    Reconnecting,
 }
 
 /// Random faults drawn per call from a seed.
+///
+/// Build with [`new`](Self::new) and the builder methods, or take everything at once with
+/// [`hostile`](Self::hostile).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct RandomFaults {
@@ -67,13 +109,21 @@ pub struct RandomFaults {
     pub reply_lost: f64,
     /// Probability that a call is applied but its reply arrives after `max_latency` more.
     pub slow_reply: f64,
-    /// Every call is delayed by a uniform latency in `[0, max_latency]`.
+    /// Every call is delayed by a uniform latency in `[0, max_latency]` before it is sent.
     pub max_latency: Duration,
+    /// Probability of a [`Fault::Late`] with a uniform delay in `[0, max_late]`.
+    pub late: f64,
+    /// Probability of a [`Fault::LateAfterError`] with a uniform delay in `[0, max_late]`.
+    pub late_after_error: f64,
+    /// The longest time a late request sits in the network (the reordering window of a pool).
+    pub max_late: Duration,
+    /// How the node orders requests when some are late.
+    pub delivery: Delivery,
 }
 
 impl RandomFaults {
     /// Faults from `seed` with the given probabilities of failure, hang and lost reply, and latency up to
-    /// `max_latency`.
+    /// `max_latency`; no slow replies and no late requests until the builder methods add them.
     pub fn new(seed: u64, fail: f64, hang: f64, reply_lost: f64, max_latency: Duration) -> Self {
         Self {
             seed,
@@ -82,13 +132,66 @@ impl RandomFaults {
             reply_lost,
             slow_reply: 0.0,
             max_latency,
+            late: 0.0,
+            late_after_error: 0.0,
+            max_late: Duration::ZERO,
+            delivery: Delivery::Fifo,
         }
+    }
+
+    /// Every fault mode at once, for seeded random runs: failures 3 %, hangs 2 %, lost replies 3 %, slow
+    /// replies 2 %, late requests 5 % and late requests after an error 3 % (applied up to 1.5 s later),
+    /// latency up to 30 ms, and by `seed % 3`: [`Delivery::Pool`] (0), [`Delivery::Fifo`] (1) or
+    /// [`Delivery::Reconnecting`] (2).
+    ///
+    /// Late requests need a node built with [`FaultyNode::with_spawner`]. The other hostile conditions of
+    /// the simulator are set elsewhere: node clocks with [`SkewedClock::random`](crate::SkewedClock::random),
+    /// client pauses with [`Sim::random_pauses`](crate::Sim::random_pauses).
+    ///
+    /// ```
+    /// use redlease_testkit::{Delivery, RandomFaults};
+    /// let faults = RandomFaults::hostile(3);
+    /// assert_eq!(faults.delivery, Delivery::Pool);
+    /// assert!(faults.late > 0.0 && faults.max_late > faults.max_latency);
+    /// ```
+    pub fn hostile(seed: u64) -> Self {
+        Self::new(seed, 0.03, 0.02, 0.03, Duration::from_millis(30))
+            .slow_reply(0.02)
+            .late(0.05, Duration::from_millis(1500))
+            .late_after_error(0.03)
+            .delivery(match seed % 3 {
+                0 => Delivery::Pool,
+                1 => Delivery::Fifo,
+                _ => Delivery::Reconnecting,
+            })
     }
 
     /// Sets the probability of a slow reply.
     #[must_use]
     pub fn slow_reply(mut self, p: f64) -> Self {
         self.slow_reply = p;
+        self
+    }
+
+    /// Sets the probability of a [`Fault::Late`] request and the longest late delay.
+    #[must_use]
+    pub fn late(mut self, p: f64, max_late: Duration) -> Self {
+        self.late = p;
+        self.max_late = max_late;
+        self
+    }
+
+    /// Sets the probability of a [`Fault::LateAfterError`] request (its delay is up to `max_late`).
+    #[must_use]
+    pub fn late_after_error(mut self, p: f64) -> Self {
+        self.late_after_error = p;
+        self
+    }
+
+    /// Sets how the node orders requests (FIFO connection or pool).
+    #[must_use]
+    pub fn delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = delivery;
         self
     }
 }
@@ -99,8 +202,14 @@ struct Plan {
     always: HashMap<Op, Fault>,
     partitioned: bool,
     random: Option<(RandomFaults, Jitter)>,
+    delivery: Delivery,
     calls: HashMap<Op, u64>,
     applied: HashMap<Op, u64>,
+    applied_after_caller_left: HashMap<Op, u64>,
+    in_flight: u64,
+    next_seq: u64,
+    highest_applied_seq: Option<u64>,
+    reordered: u64,
 }
 
 /// The shared control panel of a [`FaultyNode`]: change faults while a test runs, count calls.
@@ -114,7 +223,9 @@ impl fmt::Debug for Faults {
         let plan = self.lock();
         f.debug_struct("Faults")
             .field("partitioned", &plan.partitioned)
+            .field("delivery", &plan.delivery)
             .field("calls", &plan.calls)
+            .field("in_flight", &plan.in_flight)
             .finish()
     }
 }
@@ -144,7 +255,8 @@ impl Faults {
         self
     }
 
-    /// Cuts the node off: every call fails at once with a (not applied) connection error.
+    /// Cuts the node off: every call fails at once with a (not applied) connection error. Requests already
+    /// in the network still arrive.
     pub fn partition(&self) -> &Self {
         self.lock().partitioned = true;
         self
@@ -156,14 +268,24 @@ impl Faults {
         self
     }
 
-    /// Draws random faults for every call (after scripted and `always` faults).
+    /// Draws random faults for every call (after scripted and `always` faults); also sets the node's
+    /// [`Delivery`] to the one in `random`.
     pub fn random(&self, random: RandomFaults) -> &Self {
         let rng = Jitter::from_seed(random.seed);
-        self.lock().random = Some((random, rng));
+        let mut plan = self.lock();
+        plan.delivery = random.delivery;
+        plan.random = Some((random, rng));
         self
     }
 
-    /// Removes every fault (scripted, always, random, partition). Counters are kept.
+    /// Sets how the node orders requests when some are late (default [`Delivery::Fifo`]).
+    pub fn delivery(&self, delivery: Delivery) -> &Self {
+        self.lock().delivery = delivery;
+        self
+    }
+
+    /// Removes every fault (scripted, always, random, partition). Counters and the [`Delivery`] are kept, and
+    /// requests already in the network still arrive.
     pub fn clear(&self) -> &Self {
         let mut plan = self.lock();
         plan.scripted.clear();
@@ -188,26 +310,65 @@ impl Faults {
         self.lock().applied.get(&op).copied().unwrap_or(0)
     }
 
-    fn next(&self, op: Op) -> (Option<Fault>, Duration) {
+    /// Calls of every operation that reached the inner node.
+    pub fn total_applied(&self) -> u64 {
+        self.lock().applied.values().sum()
+    }
+
+    /// Calls of `op` that reached the inner node after their caller had stopped waiting (it dropped the
+    /// call, or got an error from [`Fault::LateAfterError`]) — evidence that a late apply really happened.
+    pub fn applied_after_caller_left(&self, op: Op) -> u64 {
+        self.lock()
+            .applied_after_caller_left
+            .get(&op)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Requests sent but not yet applied (sitting in the network).
+    pub fn in_flight(&self) -> u64 {
+        self.lock().in_flight
+    }
+
+    /// Requests applied after a request sent later to this node had already been applied (a
+    /// [`Delivery::Pool`] reorders, and a [`Delivery::Reconnecting`] connection across a reset; a
+    /// [`Delivery::Fifo`] one never does).
+    pub fn reordered(&self) -> u64 {
+        self.lock().reordered
+    }
+
+    /// The fault for the next call of `op`, its pre-send latency, the delivery and the call's sequence number.
+    fn next(&self, op: Op) -> (Option<Fault>, Duration, Delivery, u64) {
         let mut plan = self.lock();
         *plan.calls.entry(op).or_default() += 1;
+        plan.next_seq += 1;
+        let seq = plan.next_seq;
+        let delivery = plan.delivery;
         if plan.partitioned {
-            return (Some(Fault::Fail(NodeErrorKind::Connection)), Duration::ZERO);
+            return (
+                Some(Fault::Fail(NodeErrorKind::Connection)),
+                Duration::ZERO,
+                delivery,
+                seq,
+            );
         }
         if let Some(fault) = plan.scripted.get_mut(&op).and_then(VecDeque::pop_front) {
-            return (Some(fault), Duration::ZERO);
+            return (Some(fault), Duration::ZERO, delivery, seq);
         }
         if let Some(fault) = plan.always.get(&op) {
-            return (Some(fault.clone()), Duration::ZERO);
+            return (Some(fault.clone()), Duration::ZERO, delivery, seq);
         }
         if let Some((random, rng)) = &mut plan.random {
             let latency = random.max_latency.mul_f64(rng.next_unit());
             let roll = rng.next_unit();
+            let late = random.max_late.mul_f64(rng.next_unit());
             let choices = [
                 (random.fail, Fault::Fail(NodeErrorKind::Connection)),
                 (random.hang, Fault::Hang),
                 (random.reply_lost, Fault::ReplyLost),
                 (random.slow_reply, Fault::SlowReply(random.max_latency)),
+                (random.late, Fault::Late(late)),
+                (random.late_after_error, Fault::LateAfterError(late)),
             ];
             let mut edge = 0.0;
             let mut fault = None;
@@ -218,25 +379,157 @@ impl Faults {
                     break;
                 }
             }
-            return (fault, latency);
+            return (fault, latency, delivery, seq);
         }
-        (None, Duration::ZERO)
+        (None, Duration::ZERO, delivery, seq)
     }
 
-    fn count_applied(&self, op: Op) {
-        *self.lock().applied.entry(op).or_default() += 1;
+    fn count_applied(&self, op: Op, seq: u64, caller_left: bool, detached: bool) {
+        let mut plan = self.lock();
+        *plan.applied.entry(op).or_default() += 1;
+        if caller_left {
+            *plan.applied_after_caller_left.entry(op).or_default() += 1;
+        }
+        if detached {
+            plan.in_flight = plan.in_flight.saturating_sub(1);
+        }
+        match plan.highest_applied_seq {
+            Some(high) if seq < high => plan.reordered += 1,
+            _ => plan.highest_applied_seq = Some(seq),
+        }
     }
 }
 
-/// A [`RedisNode`] wrapper that injects latency, failures, hangs, lost replies and partitions.
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type Reply<T> = Result<T, NodeError>;
+type Job = BoxFuture<()>;
+
+/// A one-shot reply channel from a detached apply to the caller.
+struct Slot<T> {
+    value: Option<T>,
+    waker: Option<Waker>,
+    sender_gone: bool,
+    receiver_gone: bool,
+}
+
+struct ReplySender<T>(Arc<Mutex<Slot<T>>>);
+struct ReplyReceiver<T>(Arc<Mutex<Slot<T>>>);
+
+fn reply_channel<T>() -> (ReplySender<T>, ReplyReceiver<T>) {
+    let slot = Arc::new(Mutex::new(Slot {
+        value: None,
+        waker: None,
+        sender_gone: false,
+        receiver_gone: false,
+    }));
+    (ReplySender(Arc::clone(&slot)), ReplyReceiver(slot))
+}
+
+fn lock_slot<T>(slot: &Mutex<Slot<T>>) -> MutexGuard<'_, Slot<T>> {
+    slot.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<T> ReplySender<T> {
+    fn caller_left(&self) -> bool {
+        lock_slot(&self.0).receiver_gone
+    }
+
+    fn send(self, value: T) {
+        let waker = {
+            let mut slot = lock_slot(&self.0);
+            slot.value = Some(value);
+            slot.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Drop for ReplySender<T> {
+    fn drop(&mut self) {
+        let waker = {
+            let mut slot = lock_slot(&self.0);
+            slot.sender_gone = true;
+            slot.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+impl<T> Future for ReplyReceiver<T> {
+    /// `None` if the request was dropped unapplied (its executor went away).
+    type Output = Option<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut slot = lock_slot(&self.0);
+        if let Some(v) = slot.value.take() {
+            return Poll::Ready(Some(v));
+        }
+        if slot.sender_gone {
+            return Poll::Ready(None);
+        }
+        slot.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+impl<T> Drop for ReplyReceiver<T> {
+    fn drop(&mut self) {
+        lock_slot(&self.0).receiver_gone = true;
+    }
+}
+
+/// The FIFO connection of one node: requests waiting to be applied in send order.
+#[derive(Default)]
+struct Wire {
+    queue: VecDeque<(Instant, Job)>,
+    /// A worker task is applying the queue (its current job may already be popped).
+    draining: bool,
+}
+
+/// A [`RedisNode`] wrapper that injects latency, failures, hangs, lost replies, partitions and late,
+/// reordered requests.
 ///
-/// Time passes on the given [`Timer`] (a [`VirtualClock`](crate::VirtualClock) in simulations), so
-/// delays cost no real time in tests. Dropping a call's future while it waits drops the inner call too,
-/// like a cancelled request on a multiplexed connection.
+/// Time passes on the given [`Timer`] (a [`VirtualClock`](crate::VirtualClock) in simulations), so delays
+/// cost no real time in tests. A request is *sent* once its pre-send delay ([`Fault::Delay`], random latency)
+/// is over: dropping the call before that means it is never applied; dropping it after, it may still be
+/// applied ([`Fault::Late`], or a FIFO connection busy with a late request).
+///
+/// Late requests run detached from the caller, on the spawner given to [`with_spawner`](Self::with_spawner)
+/// (in a simulation, [`Sim::spawner`](crate::Sim::spawner): the network is not paused with a client).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{RedisNode, Token, Ttl};
+/// use redlease_testkit::{Fault, FaultyNode, MemoryNode, Op, Sim};
+///
+/// let mut sim = Sim::new(1);
+/// let clock = sim.clock();
+/// let memory = MemoryNode::with_timer(clock.clone());
+/// let (node, faults) = FaultyNode::with_spawner(memory.clone(), clock.clone(), sim.spawner());
+/// // The connection resets after the SET was written: the caller gets an ambiguous error at once, and the
+/// // SET reaches the node 2 s later.
+/// faults.script(Op::Acquire, [Fault::LateAfterError(Duration::from_secs(2))]);
+/// let token = Token::random().unwrap();
+/// let ttl = Ttl::from_duration(Duration::from_secs(10)).unwrap();
+/// let err = sim.block_on(node.acquire("k", &token, ttl)).unwrap_err();
+/// assert!(err.is_ambiguous());
+/// sim.run_for(Duration::from_millis(1_999));
+/// assert_eq!(memory.get("k"), None, "not applied yet");
+/// sim.run_for(Duration::from_millis(2));
+/// assert_eq!(memory.get("k").as_deref(), Some(token.as_str().as_bytes()));
+/// assert_eq!(faults.applied_after_caller_left(Op::Acquire), 1);
+/// ```
 pub struct FaultyNode<N> {
-    inner: N,
+    inner: Arc<N>,
     faults: Faults,
     timer: Arc<dyn Timer>,
+    spawner: Option<Arc<dyn Spawn>>,
+    /// The current FIFO connection (replaced on a reset when [`Delivery::Reconnecting`]).
+    wire: Mutex<Arc<Mutex<Wire>>>,
 }
 
 impl<N: fmt::Debug> fmt::Debug for FaultyNode<N> {
@@ -247,15 +540,66 @@ impl<N: fmt::Debug> fmt::Debug for FaultyNode<N> {
     }
 }
 
-impl<N: RedisNode> FaultyNode<N> {
+fn lock_wire(wire: &Mutex<Wire>) -> MutexGuard<'_, Wire> {
+    wire.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn sleep_on(timer: &dyn Timer, d: Duration) {
+    if !d.is_zero() {
+        let at = timer.now() + d;
+        timer.sleep_until(at).await;
+    }
+}
+
+/// Applies the FIFO queue in order, then ends (a worker exists only while requests wait).
+async fn drain(wire: Arc<Mutex<Wire>>, timer: Arc<dyn Timer>) {
+    loop {
+        let next = {
+            let mut w = lock_wire(&wire);
+            match w.queue.pop_front() {
+                Some(job) => Some(job),
+                None => {
+                    w.draining = false;
+                    None
+                }
+            }
+        };
+        let Some((at, job)) = next else { return };
+        if timer.now() < at {
+            timer.sleep_until(at).await;
+        }
+        job.await;
+    }
+}
+
+impl<N: RedisNode + 'static> FaultyNode<N> {
     /// Wraps `inner`; returns the node and its control panel.
+    ///
+    /// Such a node cannot apply a request after its caller left: [`Fault::Late`] and
+    /// [`Fault::LateAfterError`] fail with a not-applied error. Use [`with_spawner`](Self::with_spawner) for
+    /// those.
     pub fn new(inner: N, timer: impl Timer) -> (Self, Faults) {
+        Self::build(inner, Arc::new(timer), None)
+    }
+
+    /// Wraps `inner`, applying late requests as tasks on `spawner`; returns the node and its control panel.
+    pub fn with_spawner(
+        inner: N,
+        timer: impl Timer,
+        spawner: impl Spawn + 'static,
+    ) -> (Self, Faults) {
+        Self::build(inner, Arc::new(timer), Some(Arc::new(spawner)))
+    }
+
+    fn build(inner: N, timer: Arc<dyn Timer>, spawner: Option<Arc<dyn Spawn>>) -> (Self, Faults) {
         let faults = Faults::default();
         (
             Self {
-                inner,
+                inner: Arc::new(inner),
                 faults: faults.clone(),
-                timer: Arc::new(timer),
+                timer,
+                spawner,
+                wire: Mutex::default(),
             },
             faults,
         )
@@ -266,65 +610,170 @@ impl<N: RedisNode> FaultyNode<N> {
         &self.faults
     }
 
-    async fn sleep(&self, d: Duration) {
-        if !d.is_zero() {
-            let at = self.timer.now() + d;
-            self.timer.sleep_until(at).await;
+    /// Sends the request: `Inline` if it is to be applied at once by the caller's future (zero `delay` and
+    /// nothing queued ahead of it on a FIFO connection), else detached — built by `detach` as an owned
+    /// future and applied after `delay` on the spawner — with a receiver for the reply.
+    fn route<T, A>(
+        &self,
+        (op, seq, delivery): (Op, u64, Delivery),
+        delay: Duration,
+        detach: A,
+    ) -> Result<Route<T>, NodeError>
+    where
+        T: Send + 'static,
+        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
+    {
+        let wire = Arc::clone(&self.wire.lock().unwrap_or_else(|p| p.into_inner()));
+        let fifo_busy = delivery != Delivery::Pool && lock_wire(&wire).draining;
+        if delay.is_zero() && !fifo_busy {
+            self.faults.count_applied(op, seq, false, false);
+            return Ok(Route::Inline);
+        }
+        let Some(spawner) = &self.spawner else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "FaultyNode: a late request needs a node built with FaultyNode::with_spawner",
+            ));
+        };
+        let (tx, rx) = reply_channel();
+        let apply = detach(Arc::clone(&self.inner));
+        let faults = self.faults.clone();
+        faults.lock().in_flight += 1;
+        let job: Job = Box::pin(async move {
+            let reply = apply.await;
+            faults.count_applied(op, seq, tx.caller_left(), true);
+            tx.send(reply);
+        });
+        let at = self.timer.now() + delay;
+        match delivery {
+            Delivery::Pool => {
+                let timer = Arc::clone(&self.timer);
+                spawner.spawn(Box::pin(async move {
+                    timer.sleep_until(at).await;
+                    job.await;
+                }));
+            }
+            _ => {
+                let start = {
+                    let mut w = lock_wire(&wire);
+                    w.queue.push_back((at, job));
+                    !std::mem::replace(&mut w.draining, true)
+                };
+                if start {
+                    spawner.spawn(Box::pin(drain(wire, Arc::clone(&self.timer))));
+                }
+            }
+        }
+        Ok(Route::Detached(rx))
+    }
+
+    /// Sends the request (see [`route`](Self::route)) and waits for its reply.
+    async fn deliver<T, F, A>(
+        &self,
+        call: (Op, u64, Delivery),
+        delay: Duration,
+        inline: F,
+        detach: A,
+    ) -> Reply<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = Reply<T>>,
+        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
+    {
+        match self.route(call, delay, detach)? {
+            Route::Inline => inline.await,
+            Route::Detached(rx) => rx.await.unwrap_or_else(|| {
+                Err(NodeError::ambiguous(
+                    NodeErrorKind::Io,
+                    "FaultyNode: the late request was dropped by its executor",
+                ))
+            }),
         }
     }
 
-    async fn run<T, F>(&self, op: Op, call: F) -> Result<T, NodeError>
+    /// Runs one call of `op`: `inline` is the call on the inner node, `detach` builds an owned copy of it for
+    /// a late apply (only invoked when one is needed, so a plain call clones nothing).
+    async fn run<T, F, A>(&self, op: Op, inline: F, detach: A) -> Reply<T>
     where
-        F: std::future::Future<Output = Result<T, NodeError>>,
+        T: Send + 'static,
+        F: Future<Output = Reply<T>>,
+        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
     {
-        let (fault, latency) = self.faults.next(op);
-        self.sleep(latency).await;
+        let (fault, latency, delivery, seq) = self.faults.next(op);
+        let call = (op, seq, delivery);
+        sleep_on(&*self.timer, latency).await;
         match fault {
-            None => {
-                self.faults.count_applied(op);
-                call.await
-            }
+            None => self.deliver(call, Duration::ZERO, inline, detach).await,
             Some(Fault::Delay(d)) => {
-                self.sleep(d).await;
-                self.faults.count_applied(op);
-                call.await
+                sleep_on(&*self.timer, d).await;
+                self.deliver(call, Duration::ZERO, inline, detach).await
             }
             Some(Fault::Fail(kind)) => Err(NodeError::not_applied(kind, "injected failure")),
             Some(Fault::Hang) => std::future::pending().await,
             Some(Fault::ApplyThenHang) => {
-                self.faults.count_applied(op);
-                let _ = call.await;
+                let _ = self.deliver(call, Duration::ZERO, inline, detach).await;
                 std::future::pending().await
             }
             Some(Fault::ReplyLost) => {
-                self.faults.count_applied(op);
-                let _ = call.await;
+                let _ = self.deliver(call, Duration::ZERO, inline, detach).await;
                 Err(NodeError::ambiguous(
                     NodeErrorKind::Io,
                     "injected lost reply",
                 ))
             }
             Some(Fault::SlowReply(d)) => {
-                self.faults.count_applied(op);
-                let result = call.await;
-                self.sleep(d).await;
+                let result = self.deliver(call, Duration::ZERO, inline, detach).await;
+                sleep_on(&*self.timer, d).await;
                 result
+            }
+            Some(Fault::Late(d)) => self.deliver(call, d, inline, detach).await,
+            Some(Fault::LateAfterError(d)) => {
+                // The receiver is dropped at once: the caller has left before the request lands.
+                drop(self.route(call, d.max(Duration::from_nanos(1)), detach)?);
+                if delivery == Delivery::Reconnecting {
+                    // Later requests go over a new connection; the old one drains on its own.
+                    *self.wire.lock().unwrap_or_else(|p| p.into_inner()) = Arc::default();
+                }
+                Err(NodeError::ambiguous(
+                    NodeErrorKind::Io,
+                    "injected connection reset after the request was written",
+                ))
             }
         }
     }
 }
 
+/// Where a sent request is applied.
+enum Route<T> {
+    /// By the caller's future, now.
+    Inline,
+    /// Later, on the spawner; the reply arrives here.
+    Detached(ReplyReceiver<Reply<T>>),
+}
+
 #[async_trait]
-impl<N: RedisNode> RedisNode for FaultyNode<N> {
+impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        self.run(Op::Acquire, self.inner.acquire(key, token, ttl))
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
+            let (key, token) = (key.to_owned(), token.clone());
+            Box::pin(async move { n.acquire(&key, &token, ttl).await })
+        };
+        self.run(Op::Acquire, self.inner.acquire(key, token, ttl), detach)
             .await
     }
 
     /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own fast path.
     async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        self.run(Op::Acquire, self.inner.acquire_fresh(key, token, ttl))
-            .await
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
+            let (key, token) = (key.to_owned(), token.clone());
+            Box::pin(async move { n.acquire_fresh(&key, &token, ttl).await })
+        };
+        self.run(
+            Op::Acquire,
+            self.inner.acquire_fresh(key, token, ttl),
+            detach,
+        )
+        .await
     }
 
     async fn acquire_fenced(
@@ -334,27 +783,92 @@ impl<N: RedisNode> RedisNode for FaultyNode<N> {
         token: &Token,
         ttl: Ttl,
     ) -> Result<Option<u64>, NodeError> {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<Option<u64>>> {
+            let (key, fence_key, token) = (key.to_owned(), fence_key.to_owned(), token.clone());
+            Box::pin(async move { n.acquire_fenced(&key, &fence_key, &token, ttl).await })
+        };
         self.run(
             Op::AcquireFenced,
             self.inner.acquire_fenced(key, fence_key, token, ttl),
+            detach,
         )
         .await
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-        self.run(Op::Release, self.inner.release(key, token)).await
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
+            let (key, token) = (key.to_owned(), token.clone());
+            Box::pin(async move { n.release(&key, &token).await })
+        };
+        self.run(Op::Release, self.inner.release(key, token), detach)
+            .await
     }
 
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        self.run(Op::Extend, self.inner.extend(key, token, ttl))
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
+            let (key, token) = (key.to_owned(), token.clone());
+            Box::pin(async move { n.extend(&key, &token, ttl).await })
+        };
+        self.run(Op::Extend, self.inner.extend(key, token, ttl), detach)
             .await
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-        self.run(Op::Inspect, self.inner.inspect(key)).await
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<Option<KeyState>>> {
+            let key = key.to_owned();
+            Box::pin(async move { n.inspect(&key).await })
+        };
+        self.run(Op::Inspect, self.inner.inspect(key), detach).await
     }
 
     fn endpoint(&self) -> Option<String> {
         self.inner.endpoint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_faults_draw_every_kind_at_about_its_probability() {
+        let faults = Faults::default();
+        let random = RandomFaults::hostile(42);
+        faults.random(random.clone());
+        let mut counts: HashMap<&'static str, u32> = HashMap::new();
+        let draws: u32 = 20_000;
+        for _ in 0..draws {
+            let (fault, latency, _, _) = faults.next(Op::Extend);
+            assert!(latency <= random.max_latency);
+            let name = match fault {
+                None => "none",
+                Some(Fault::Fail(_)) => "fail",
+                Some(Fault::Hang) => "hang",
+                Some(Fault::ReplyLost) => "reply_lost",
+                Some(Fault::SlowReply(_)) => "slow_reply",
+                Some(Fault::Late(d)) => {
+                    assert!(d <= random.max_late);
+                    "late"
+                }
+                Some(Fault::LateAfterError(d)) => {
+                    assert!(d <= random.max_late);
+                    "late_after_error"
+                }
+                Some(other) => panic!("unexpected {other:?}"),
+            };
+            *counts.entry(name).or_default() += 1;
+        }
+        for (name, p) in [
+            ("fail", random.fail),
+            ("hang", random.hang),
+            ("reply_lost", random.reply_lost),
+            ("slow_reply", random.slow_reply),
+            ("late", random.late),
+            ("late_after_error", random.late_after_error),
+        ] {
+            let got = f64::from(counts.get(name).copied().unwrap_or(0)) / f64::from(draws);
+            assert!((got - p).abs() < 0.01, "{name}: {got} vs {p}");
+        }
+        assert_eq!(faults.calls(Op::Extend), u64::from(draws));
     }
 }

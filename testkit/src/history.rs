@@ -5,6 +5,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use redlease::{EventKind as CoreEvent, LeaseEvent, Observer};
+
+use crate::SkewedClock;
+
 /// One thing a client observed about a lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -25,19 +29,163 @@ pub enum EventKind {
     Lost,
     /// The client started releasing the lease (it stopped believing it holds it).
     Released,
+    /// The whole client was stopped (a GC pause, `SIGSTOP`; see [`Sim::pause`](crate::Sim::pause)) from
+    /// the event's instant until `until`, whatever lock the event names. A stopped client cannot learn of a
+    /// loss: a deadline that falls in a pause is checked against the pause's end instead.
+    Paused {
+        /// When the client ran again.
+        until: Instant,
+    },
+}
+
+/// What the client's own clock read at an event, when the client runs on a clock other than the one the
+/// history is kept on (for example a [`SkewedClock`](crate::SkewedClock)): lets [`History::check`] also
+/// assert that every loss was signalled by the deadline the client computed on its own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientView {
+    /// The client's clock reading when the event happened.
+    pub at: Instant,
+    /// For [`EventKind::Acquired`] and [`EventKind::Extended`]: the validity deadline on the client's clock
+    /// (what [`Lease::valid_until`](redlease::Lease::valid_until) reports there).
+    pub valid_until: Option<Instant>,
+}
+
+impl ClientView {
+    /// The client's clock read `at`; `valid_until` is its deadline for acquisitions and extensions.
+    pub fn new(at: Instant, valid_until: Option<Instant>) -> Self {
+        Self { at, valid_until }
+    }
 }
 
 /// A recorded event.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Event {
     /// Which client (any stable number the test chooses).
     pub client: u64,
     /// The lock key.
     pub lock: String,
-    /// When it happened (on the clock the leases use).
+    /// When it happened (on the history's clock, common to every client).
     pub at: Instant,
-    /// What happened.
+    /// What happened (deadlines on the history's clock).
     pub kind: EventKind,
+    /// The same event seen on the client's own clock, if it has one.
+    pub client_view: Option<ClientView>,
+}
+
+impl Event {
+    /// An event at `at` on the history's clock, with no client view.
+    pub fn new(client: u64, lock: impl Into<String>, at: Instant, kind: EventKind) -> Self {
+        Self {
+            client,
+            lock: lock.into(),
+            at,
+            kind,
+            client_view: None,
+        }
+    }
+
+    /// Adds what the client's own clock read.
+    #[must_use]
+    pub fn with_client_view(mut self, view: ClientView) -> Self {
+        self.client_view = Some(view);
+        self
+    }
+}
+
+/// An [`Observer`] that records the leases of one client's manager into a [`History`] under one client number
+/// (so that [`EventKind::Paused`] records of that client apply to them), optionally from the client's own
+/// [`SkewedClock`]: then every instant is converted to the clock's base (the history's clock) and the
+/// event also carries the client's view, so [`History::check`] asserts losses by the client's clock too.
+///
+/// Make one with [`History::recorder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, LockManager};
+/// use redlease_testkit::{History, MemoryNode, Sim, SkewedClock};
+///
+/// let mut sim = Sim::new(1);
+/// let client_clock = SkewedClock::new(sim.clock(), -0.002); // this client's clock runs 0.2 % slow
+/// let history = History::new();
+/// let manager = LockManager::single(MemoryNode::with_timer(sim.clock()), Config::default())
+///     .unwrap()
+///     .with_timer(client_clock.clone())
+///     .with_observer(history.recorder(7).on_clock(client_clock));
+/// let lock = manager.lock("job").expiry(Duration::from_secs(10));
+/// let lease = sim.block_on(lock.try_acquire()).unwrap();
+/// sim.block_on(lease.lost()); // it expires
+/// let events = history.events();
+/// assert_eq!(events.len(), 2);
+/// assert!(events.iter().all(|e| e.client == 7 && e.client_view.is_some()));
+/// assert_eq!(history.check(), Ok(()));
+/// ```
+#[derive(Clone)]
+pub struct ClientRecorder {
+    history: History,
+    client: u64,
+    clock: Option<SkewedClock>,
+}
+
+impl fmt::Debug for ClientRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientRecorder")
+            .field("client", &self.client)
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl ClientRecorder {
+    /// The client's manager runs on `clock` (its [`with_timer`](redlease::LockManager::with_timer)), whose
+    /// base is the history's clock.
+    #[must_use]
+    pub fn on_clock(mut self, clock: SkewedClock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+}
+
+impl Observer for ClientRecorder {
+    fn event(&self, event: &LeaseEvent<'_>) {
+        let (kind, local_until) = match event.kind {
+            CoreEvent::Acquired {
+                valid_until, fence, ..
+            } => (
+                EventKind::Acquired { valid_until, fence },
+                Some(valid_until),
+            ),
+            CoreEvent::Extended { valid_until, .. } | CoreEvent::Capped { valid_until } => {
+                (EventKind::Extended { valid_until }, Some(valid_until))
+            }
+            CoreEvent::Lost { .. } => (EventKind::Lost, None),
+            CoreEvent::Released { .. } => (EventKind::Released, None),
+            _ => return,
+        };
+        let Some(clock) = &self.clock else {
+            self.history.record(self.client, event.key, event.at, kind);
+            return;
+        };
+        let global = |t: Instant| clock.base_at(t);
+        let kind = match kind {
+            EventKind::Acquired { valid_until, fence } => EventKind::Acquired {
+                valid_until: global(valid_until),
+                fence,
+            },
+            EventKind::Extended { valid_until } => EventKind::Extended {
+                valid_until: global(valid_until),
+            },
+            other => other,
+        };
+        self.history.record_with_view(
+            self.client,
+            event.key,
+            global(event.at),
+            kind,
+            ClientView::new(event.at, local_until),
+        );
+    }
 }
 
 /// A violation found by [`History::check`].
@@ -69,6 +217,15 @@ pub enum Violation {
         /// The client.
         client: u64,
         /// How late, past the deadline.
+        late_by: std::time::Duration,
+    },
+    /// A loss was signalled after the validity deadline the client computed on its own clock.
+    LateLossOnClientClock {
+        /// The lock.
+        lock: String,
+        /// The client.
+        client: u64,
+        /// How late, past the deadline, by the client's clock.
         late_by: std::time::Duration,
     },
     /// An event that does not fit the client's lease lifecycle (e.g. an extension while not holding).
@@ -107,6 +264,16 @@ impl fmt::Display for Violation {
                     "lock {lock:?}: client {client} learned of its loss {late_by:?} after the deadline"
                 )
             }
+            Self::LateLossOnClientClock {
+                lock,
+                client,
+                late_by,
+            } => {
+                write!(
+                    f,
+                    "lock {lock:?}: client {client} learned of its loss {late_by:?} after the deadline by its own clock"
+                )
+            }
             Self::Malformed(what) => write!(f, "malformed history: {what}"),
         }
     }
@@ -133,6 +300,8 @@ struct Interval {
     start: Instant,
     end: Instant,
     fence: Option<u64>,
+    /// The validity deadline on the client's own clock, when the events carry a client view.
+    local_end: Option<Instant>,
 }
 
 impl History {
@@ -143,15 +312,36 @@ impl History {
 
     /// Records an event.
     pub fn record(&self, client: u64, lock: &str, at: Instant, kind: EventKind) {
+        self.push(Event::new(client, lock, at, kind));
+    }
+
+    /// Records an event together with what the client's own clock read.
+    pub fn record_with_view(
+        &self,
+        client: u64,
+        lock: &str,
+        at: Instant,
+        kind: EventKind,
+        view: ClientView,
+    ) {
+        self.push(Event::new(client, lock, at, kind).with_client_view(view));
+    }
+
+    /// An [`Observer`] for client `client`'s manager that records into this history; see [`ClientRecorder`].
+    pub fn recorder(&self, client: u64) -> ClientRecorder {
+        ClientRecorder {
+            history: self.clone(),
+            client,
+            clock: None,
+        }
+    }
+
+    /// Records a built [`Event`].
+    pub fn push(&self, event: Event) {
         self.events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(Event {
-                client,
-                lock: lock.to_owned(),
-                at,
-                kind,
-            });
+            .push(event);
     }
 
     /// All events in recording order.
@@ -171,7 +361,8 @@ impl History {
     }
 
     /// Checks that no two believed-held intervals of one lock overlap, that fencing tokens strictly increase
-    /// in acquisition order, and that every loss was learned no later than its validity deadline.
+    /// in acquisition order, and that every loss was learned no later than its validity deadline — on the
+    /// history's clock, and also on the client's own clock for events that carry a [`ClientView`].
     ///
     /// A client believes it holds a lease from `Acquired` until the earliest of `Lost`, `Released` and its
     /// current validity deadline.
@@ -184,9 +375,30 @@ impl History {
             return Ok(());
         };
         let mut by_lock: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
+        let mut pauses: BTreeMap<u64, Vec<(Instant, Instant)>> = BTreeMap::new();
         for e in &events {
-            by_lock.entry(&e.lock).or_default().push(e);
+            match e.kind {
+                EventKind::Paused { until } => {
+                    pauses.entry(e.client).or_default().push((e.at, until));
+                }
+                _ => by_lock.entry(&e.lock).or_default().push(e),
+            }
         }
+        // When a loss due at `deadline` can be signalled: then, or at the end of a pause covering it.
+        let due = |client: u64, deadline: Instant| -> (Instant, bool) {
+            let mut due = deadline;
+            let mut paused = false;
+            while let Some(end) = pauses.get(&client).and_then(|ws| {
+                ws.iter()
+                    .filter(|(from, until)| *from <= due && due < *until)
+                    .map(|(_, until)| *until)
+                    .max()
+            }) {
+                due = end;
+                paused = true;
+            }
+            (due, paused)
+        };
         for (lock, events) in by_lock {
             let mut open: BTreeMap<u64, Interval> = BTreeMap::new();
             let mut closed: Vec<Interval> = Vec::new();
@@ -206,12 +418,18 @@ impl History {
                                 start: e.at,
                                 end: *valid_until,
                                 fence: *fence,
+                                local_end: e.client_view.and_then(|v| v.valid_until),
                             },
                         );
                     }
                     EventKind::Extended { valid_until } => match open.get_mut(&e.client) {
                         // An extension observed after the deadline does not revive belief.
-                        Some(iv) if e.at < iv.end => iv.end = *valid_until,
+                        Some(iv) if e.at < iv.end => {
+                            iv.end = *valid_until;
+                            if let Some(end) = e.client_view.and_then(|v| v.valid_until) {
+                                iv.local_end = Some(end);
+                            }
+                        }
                         Some(_) => {}
                         None => {
                             return Err(Violation::Malformed(format!(
@@ -227,16 +445,30 @@ impl History {
                                 e.client
                             )));
                         };
-                        if e.kind == EventKind::Lost && e.at > iv.end {
+                        let (due, paused) = due(e.client, iv.end);
+                        if e.kind == EventKind::Lost && e.at > due {
                             return Err(Violation::LateLoss {
                                 lock: lock.to_owned(),
                                 client: e.client,
-                                late_by: e.at - iv.end,
+                                late_by: e.at - due,
                             });
+                        }
+                        // A pause is measured on the history's clock only.
+                        if let (EventKind::Lost, Some(view), Some(end), false) =
+                            (&e.kind, e.client_view, iv.local_end, paused)
+                        {
+                            if view.at > end {
+                                return Err(Violation::LateLossOnClientClock {
+                                    lock: lock.to_owned(),
+                                    client: e.client,
+                                    late_by: view.at - end,
+                                });
+                            }
                         }
                         iv.end = iv.end.min(e.at);
                         closed.push(iv);
                     }
+                    EventKind::Paused { .. } => {}
                 }
             }
             closed.extend(open.into_values());
@@ -438,6 +670,126 @@ mod tests {
             },
         );
         h.record(1, "k", t0 + ms(11), EventKind::Lost);
+        assert!(matches!(h.check(), Err(Violation::LateLoss { .. })));
+    }
+
+    #[test]
+    fn late_loss_by_the_clients_own_clock_is_found() {
+        // The client's clock runs slow: on the history's clock the loss is on time, on its own it is late.
+        let t0 = Instant::now();
+        let local0 = t0 + ms(1_000);
+        let h = History::new();
+        h.record_with_view(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: None,
+            },
+            ClientView::new(local0, Some(local0 + ms(100))),
+        );
+        h.record_with_view(
+            1,
+            "k",
+            t0 + ms(50),
+            EventKind::Extended {
+                valid_until: t0 + ms(200),
+            },
+            ClientView::new(local0 + ms(50), Some(local0 + ms(150))),
+        );
+        h.record_with_view(
+            1,
+            "k",
+            t0 + ms(190),
+            EventKind::Lost,
+            ClientView::new(local0 + ms(160), None),
+        );
+        assert_eq!(
+            h.check(),
+            Err(Violation::LateLossOnClientClock {
+                lock: "k".into(),
+                client: 1,
+                late_by: ms(10),
+            })
+        );
+        // The same history signalled at 150 ms by the client's clock passes.
+        let ok = History::new();
+        for e in h.events() {
+            let e = match (&e.kind, e.client_view) {
+                (EventKind::Lost, Some(v)) => {
+                    Event::new(e.client, e.lock.clone(), e.at, EventKind::Lost)
+                        .with_client_view(ClientView::new(v.at - ms(10), None))
+                }
+                _ => e,
+            };
+            ok.push(e);
+        }
+        assert_eq!(ok.check(), Ok(()));
+    }
+
+    #[test]
+    fn a_loss_due_during_a_pause_may_be_signalled_when_the_pause_ends() {
+        let t0 = Instant::now();
+        let history = |lost_at: Duration| {
+            let h = History::new();
+            h.record(
+                1,
+                "k",
+                t0,
+                EventKind::Acquired {
+                    valid_until: t0 + ms(100),
+                    fence: None,
+                },
+            );
+            h.record(
+                1,
+                "",
+                t0 + ms(50),
+                EventKind::Paused {
+                    until: t0 + ms(120),
+                },
+            );
+            h.record(
+                1,
+                "",
+                t0 + ms(110),
+                EventKind::Paused {
+                    until: t0 + ms(150),
+                },
+            );
+            h.record(1, "k", t0 + lost_at, EventKind::Lost);
+            h
+        };
+        assert_eq!(history(ms(150)).check(), Ok(()));
+        assert_eq!(
+            history(ms(151)).check(),
+            Err(Violation::LateLoss {
+                lock: "k".into(),
+                client: 1,
+                late_by: ms(1),
+            })
+        );
+        // Another client's pause excuses nothing.
+        let h = History::new();
+        h.record(
+            1,
+            "k",
+            t0,
+            EventKind::Acquired {
+                valid_until: t0 + ms(100),
+                fence: None,
+            },
+        );
+        h.record(
+            2,
+            "",
+            t0,
+            EventKind::Paused {
+                until: t0 + ms(500),
+            },
+        );
+        h.record(1, "k", t0 + ms(101), EventKind::Lost);
         assert!(matches!(h.check(), Err(Violation::LateLoss { .. })));
     }
 

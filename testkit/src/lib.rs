@@ -1,15 +1,24 @@
-//! Test doubles for [`redlease`]: make lock logic testable deterministically.
+//! Test doubles for [`redlease`]: make lock logic testable deterministically, against a world as hostile as
+//! a real network.
 //!
 //! - [`MemoryNode`]: an in-memory node with Redis semantics for redlease's operations, on any clock.
-//! - [`FaultyNode`] and [`Faults`]: latency, failures, hangs, lost replies and partitions around any node,
-//!   scripted per operation or random from a seed.
-//! - [`Sim`] and [`VirtualClock`]: a deterministic executor on virtual time; a 30-second lease lifecycle
-//!   runs in microseconds and a failing seed prints how to replay it.
-//! - [`History`]: records what lease holders believed and checks that no two overlapped.
+//! - [`FaultyNode`] and [`Faults`]: latency, failures, hangs, lost replies, partitions, and requests applied
+//!   late — after the caller gave up, in order on a FIFO connection or reordered on a pool ([`Delivery`]) —
+//!   scripted per operation or random from a seed ([`RandomFaults`], everything at once with
+//!   [`RandomFaults::hostile`]).
+//! - [`SkewedClock`]: a clock with its own rate error and offset, so each node expires keys on its own clock.
+//! - [`Sim`] and [`VirtualClock`]: a deterministic executor on virtual time, with clients that can be paused
+//!   ([`Sim::client`], [`Sim::pause`]); a 30-second lease lifecycle runs in microseconds and a failing seed
+//!   prints how to replay it.
+//! - [`cancel`]: drop a future after each of its polls in turn, to cancel it at every await point.
+//! - [`History`]: records what lease holders believed and checks that no two overlapped, that fencing tokens
+//!   increase and that losses were signalled in time (also by the client's own clock).
 //! - [`proxy::FaultProxy`]: a TCP proxy that delays, blackholes, resets or drops replies, for live tests.
 //! - [`conformance`]: the contract suite any [`RedisNode`](redlease::RedisNode) can run in one call.
 #![forbid(unsafe_code)]
 
+pub mod cancel;
+mod clock;
 pub mod conformance;
 mod fault;
 mod history;
@@ -19,7 +28,8 @@ mod recorder;
 pub mod server;
 mod sim;
 
-pub use fault::{Fault, Faults, FaultyNode, Op, RandomFaults};
-pub use history::{Event, EventKind, History, Violation};
+pub use clock::SkewedClock;
+pub use fault::{Delivery, Fault, Faults, FaultyNode, Op, RandomFaults};
+pub use history::{ClientRecorder, ClientView, Event, EventKind, History, Violation};
 pub use memory::MemoryNode;
 pub use sim::{Sim, SimSpawner, VirtualClock, block_on, for_each_seed};

@@ -68,7 +68,8 @@ impl MemoryNode {
         Self::with_timer(SystemTimer)
     }
 
-    /// A node whose keys expire by `timer`'s clock (e.g. a [`VirtualClock`](crate::VirtualClock)).
+    /// A node whose keys expire by `timer`'s clock (e.g. a [`VirtualClock`](crate::VirtualClock), or a
+    /// [`SkewedClock`](crate::SkewedClock) for a node whose clock runs fast or slow).
     pub fn with_timer(timer: impl Timer) -> Self {
         Self {
             store: Arc::default(),

@@ -28,7 +28,9 @@ impl Observer for History {
             CoreEvent::Acquired {
                 valid_until, fence, ..
             } => EventKind::Acquired { valid_until, fence },
-            CoreEvent::Extended { valid_until, .. } => EventKind::Extended { valid_until },
+            CoreEvent::Extended { valid_until, .. } | CoreEvent::Capped { valid_until } => {
+                EventKind::Extended { valid_until }
+            }
             CoreEvent::Lost { .. } => EventKind::Lost,
             CoreEvent::Released { .. } => EventKind::Released,
             _ => return,

@@ -168,7 +168,7 @@ type LocalTask = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 struct Queue {
     ready: Mutex<VecDeque<usize>>,
-    inbox: Mutex<Vec<LocalTask>>,
+    inbox: Mutex<Vec<(LocalTask, Option<u64>)>>,
 }
 
 struct TaskWaker {
@@ -194,7 +194,36 @@ impl Wake for TaskWaker {
 
 const MAIN: usize = usize::MAX;
 
-/// A deterministic executor on a [`VirtualClock`].
+struct SimTask {
+    future: LocalTask,
+    waker: Arc<TaskWaker>,
+    /// The client this task belongs to ([`Sim::client`]), if any: paused with it.
+    group: Option<u64>,
+}
+
+/// The end of the pause that covers `now` for `group` (following back-to-back pauses), if it is paused.
+fn paused_until(
+    pauses: &BTreeMap<u64, Vec<(Instant, Instant)>>,
+    group: u64,
+    now: Instant,
+) -> Option<Instant> {
+    let windows = pauses.get(&group)?;
+    let mut until: Option<Instant> = None;
+    loop {
+        let at = until.unwrap_or(now);
+        let next = windows
+            .iter()
+            .filter(|(start, end)| *start <= at && at < *end)
+            .map(|(_, end)| *end)
+            .max();
+        match next {
+            Some(end) if until.is_none_or(|u| end > u) => until = Some(end),
+            _ => return until,
+        }
+    }
+}
+
+/// A deterministic executor on a [`VirtualClock`], with clients that can be paused.
 ///
 /// ```
 /// use std::time::Duration;
@@ -210,14 +239,44 @@ const MAIN: usize = usize::MAX;
 /// });
 /// assert_eq!(slept, Duration::from_secs(600)); // ten virtual minutes, no real waiting
 /// ```
+///
+/// Tasks spawned through [`client`](Self::client) belong to that client and stop together when it is
+/// [paused](Self::pause), the way a GC pause or `SIGSTOP` stops a process: none of them is polled until the
+/// pause ends, their timers fire but the wake-ups wait, and meanwhile virtual time, the network and other
+/// clients go on.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use std::time::Duration;
+/// use redlease::Timer;
+/// use redlease_testkit::Sim;
+///
+/// let mut sim = Sim::new(1);
+/// let clock = sim.clock();
+/// let t0 = clock.now();
+/// let woke_at = Arc::new(Mutex::new(None));
+/// let (c, w) = (clock.clone(), woke_at.clone());
+/// sim.client(1).spawn(async move {
+///     c.sleep_until(c.now() + Duration::from_secs(1)).await;
+///     *w.lock().unwrap() = Some(c.now());
+/// });
+/// sim.run_for(Duration::from_millis(100)); // the client now sleeps until t0 + 1 s
+/// sim.pause(1, Duration::from_secs(5)); // stopped from 0.1 s to 5.1 s
+/// sim.run_until_idle(Duration::from_secs(60));
+/// assert_eq!(*woke_at.lock().unwrap(), Some(t0 + Duration::from_millis(5_100)));
+/// ```
 pub struct Sim {
     clock: VirtualClock,
     seed: u64,
     rng: Jitter,
     queue: Arc<Queue>,
-    tasks: Vec<Option<(LocalTask, Arc<TaskWaker>)>>,
+    tasks: Vec<Option<SimTask>>,
     /// Polls allowed at one virtual instant before the run is declared a livelock.
     max_polls_per_instant: u64,
+    /// Pause windows `[start, end)` per client.
+    pauses: BTreeMap<u64, Vec<(Instant, Instant)>>,
+    /// Tasks woken while their client was paused, in wake order.
+    deferred: Vec<usize>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -231,15 +290,20 @@ impl std::fmt::Debug for Sim {
 }
 
 /// A handle that spawns onto a [`Sim`] from anywhere (it is `Send + Sync`); pass it to
-/// [`LockManager::with_spawner`](redlease::LockManager::with_spawner).
+/// [`LockManager::with_spawner`](redlease::LockManager::with_spawner). One from [`Sim::client`] spawns into
+/// that client's group (paused with it).
 #[derive(Clone)]
 pub struct SimSpawner {
     queue: Arc<Queue>,
+    group: Option<u64>,
 }
 
 impl std::fmt::Debug for SimSpawner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SimSpawner")
+        match self.group {
+            Some(g) => write!(f, "SimSpawner(client {g})"),
+            None => f.write_str("SimSpawner"),
+        }
     }
 }
 
@@ -250,7 +314,12 @@ impl SimSpawner {
             .inbox
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(Box::pin(task));
+            .push((Box::pin(task), self.group));
+    }
+
+    /// The client whose tasks this spawner creates, if any.
+    pub fn client(&self) -> Option<u64> {
+        self.group
     }
 }
 
@@ -273,6 +342,8 @@ impl Sim {
             }),
             tasks: Vec::new(),
             max_polls_per_instant: 1_000_000,
+            pauses: BTreeMap::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -292,19 +363,74 @@ impl Sim {
         Jitter::from_seed(self.rng.next_u64())
     }
 
-    /// A spawner for background tasks.
+    /// A spawner for background tasks that belong to no client (never paused): the network, servers.
     pub fn spawner(&self) -> SimSpawner {
         SimSpawner {
             queue: Arc::clone(&self.queue),
+            group: None,
         }
     }
 
-    /// Spawns a background task.
+    /// A spawner for the tasks of client `id`: give it to that client's
+    /// [`LockManager::with_spawner`](redlease::LockManager::with_spawner) so its renewals and clean-ups stop
+    /// when the client is [paused](Self::pause).
+    pub fn client(&self, id: u64) -> SimSpawner {
+        SimSpawner {
+            queue: Arc::clone(&self.queue),
+            group: Some(id),
+        }
+    }
+
+    /// Spawns a background task (belonging to no client).
     pub fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         self.spawner().spawn(task);
     }
 
-    /// Background tasks not yet finished.
+    /// Stops client `client` for `duration` from now: none of its tasks is polled until then.
+    pub fn pause(&mut self, client: u64, duration: Duration) {
+        let now = self.clock.now();
+        self.pause_at(client, now, duration);
+    }
+
+    /// Stops client `client` for `duration` from `at` (which may be in the future).
+    pub fn pause_at(&mut self, client: u64, at: Instant, duration: Duration) {
+        if duration.is_zero() {
+            return;
+        }
+        let end = at.checked_add(duration).unwrap_or(at);
+        self.pauses.entry(client).or_default().push((at, end));
+    }
+
+    /// Schedules `count` pauses of client `client` at instants uniform over the next `horizon`, each lasting
+    /// up to `max_pause` (uniform), drawn from `seed`; returns them as `(start, duration)`.
+    pub fn random_pauses(
+        &mut self,
+        client: u64,
+        seed: u64,
+        horizon: Duration,
+        count: usize,
+        max_pause: Duration,
+    ) -> Vec<(Instant, Duration)> {
+        let mut rng = Jitter::from_seed(seed);
+        let now = self.clock.now();
+        let pauses: Vec<(Instant, Duration)> = (0..count)
+            .map(|_| {
+                let at = now + horizon.mul_f64(rng.next_unit());
+                (at, max_pause.mul_f64(rng.next_unit()))
+            })
+            .collect();
+        for &(at, d) in &pauses {
+            self.pause_at(client, at, d);
+        }
+        pauses
+    }
+
+    /// Whether client `client` is paused now.
+    pub fn is_paused(&self, client: u64) -> bool {
+        paused_until(&self.pauses, client, self.clock.now()).is_some()
+    }
+
+    /// Background tasks not yet finished (paused ones included).
     pub fn live_tasks(&self) -> usize {
         self.tasks.iter().filter(|t| t.is_some()).count()
             + self
@@ -316,9 +442,9 @@ impl Sim {
     }
 
     fn adopt_inbox(&mut self) {
-        let new: Vec<LocalTask> =
+        let new: Vec<(LocalTask, Option<u64>)> =
             std::mem::take(&mut *self.queue.inbox.lock().unwrap_or_else(|p| p.into_inner()));
-        for task in new {
+        for (future, group) in new {
             let id = self.tasks.len();
             let waker = Arc::new(TaskWaker {
                 id,
@@ -326,7 +452,11 @@ impl Sim {
                 queued: AtomicBool::new(false),
             });
             waker.wake_by_ref();
-            self.tasks.push(Some((task, waker)));
+            self.tasks.push(Some(SimTask {
+                future,
+                waker,
+                group,
+            }));
         }
     }
 
@@ -339,15 +469,72 @@ impl Sim {
     }
 
     fn poll_task(&mut self, id: usize) {
-        let Some(Some((task, waker))) = self.tasks.get_mut(id) else {
+        let now = self.clock.now();
+        let Some(Some(task)) = self.tasks.get_mut(id) else {
             return;
         };
-        waker.queued.store(false, Ordering::Release);
-        let w = Waker::from(Arc::clone(waker));
+        if let Some(group) = task.group {
+            if paused_until(&self.pauses, group, now).is_some() {
+                // Stays marked as queued: further wake-ups add nothing until it is released.
+                self.deferred.push(id);
+                return;
+            }
+        }
+        task.waker.queued.store(false, Ordering::Release);
+        let w = Waker::from(Arc::clone(&task.waker));
         let mut cx = Context::from_waker(&w);
-        if task.as_mut().poll(&mut cx).is_ready() {
+        if task.future.as_mut().poll(&mut cx).is_ready() {
             self.tasks[id] = None;
         }
+    }
+
+    /// Queues the deferred tasks whose client is no longer paused, and forgets pauses that are over.
+    fn release_deferred(&mut self) {
+        let now = self.clock.now();
+        if self.deferred.is_empty() && self.pauses.is_empty() {
+            return;
+        }
+        let (pauses, tasks) = (&self.pauses, &self.tasks);
+        let mut released = Vec::new();
+        self.deferred.retain(|&id| {
+            let group = tasks.get(id).and_then(Option::as_ref).and_then(|t| t.group);
+            let paused = group.is_some_and(|g| paused_until(pauses, g, now).is_some());
+            if !paused {
+                released.push(id);
+            }
+            paused
+        });
+        if !released.is_empty() {
+            self.queue
+                .ready
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(released);
+        }
+        self.pauses.retain(|_, windows| {
+            windows.retain(|(_, end)| *end > now);
+            !windows.is_empty()
+        });
+    }
+
+    /// The next instant something can happen: a timer, or the end of a pause holding back a woken task.
+    fn next_wakeup(&self) -> Option<Instant> {
+        let now = self.clock.now();
+        let resume = self
+            .deferred
+            .iter()
+            .filter_map(|&id| self.tasks.get(id)?.as_ref()?.group)
+            .filter_map(|g| paused_until(&self.pauses, g, now))
+            .min();
+        match (self.clock.next_deadline(), resume) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn advance_to(&mut self, at: Instant) {
+        self.clock.advance_to(at);
+        self.release_deferred();
     }
 
     /// Runs `fut` and every spawned task until `fut` completes, advancing virtual time whenever all are idle.
@@ -355,8 +542,46 @@ impl Sim {
     /// # Panics
     /// On a deadlock (everything waits and no timer is pending) or a livelock (a million polls without time
     /// moving); the message names the seed.
-    #[allow(clippy::panic)]
     pub fn block_on<F: Future>(&mut self, fut: F) -> F::Output {
+        match self.drive(fut, None) {
+            Some(out) => out,
+            None => unreachable!("an unbounded run ends only when its future completes"),
+        }
+    }
+
+    /// Like [`block_on`](Self::block_on), but drops `fut` right after its `polls`-th poll if it is still
+    /// pending (with `polls == 0`, before it was ever polled) and returns `None`; spawned tasks stay.
+    ///
+    /// Dropping a future after its k-th poll for every k is how to cancel it at each of its await points:
+    /// see [`cancel::each_poll`](crate::cancel::each_poll).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::Timer;
+    /// use redlease_testkit::Sim;
+    ///
+    /// let mut sim = Sim::new(1);
+    /// let clock = sim.clock();
+    /// let two_sleeps = |clock: redlease_testkit::VirtualClock| async move {
+    ///     clock.sleep_until(clock.now() + Duration::from_secs(1)).await;
+    ///     clock.sleep_until(clock.now() + Duration::from_secs(1)).await;
+    ///     7
+    /// };
+    /// assert_eq!(sim.block_on_for_polls(two_sleeps(clock.clone()), 2), None);
+    /// assert_eq!(sim.block_on_for_polls(two_sleeps(clock.clone()), 3), Some(7));
+    /// ```
+    ///
+    /// # Panics
+    /// As [`block_on`](Self::block_on).
+    pub fn block_on_for_polls<F: Future>(&mut self, fut: F, polls: usize) -> Option<F::Output> {
+        self.drive(fut, Some(polls))
+    }
+
+    #[allow(clippy::panic)]
+    fn drive<F: Future>(&mut self, fut: F, mut budget: Option<usize>) -> Option<F::Output> {
+        if budget == Some(0) {
+            return None;
+        }
         let mut fut = std::pin::pin!(fut);
         let main = Arc::new(TaskWaker {
             id: MAIN,
@@ -368,6 +593,7 @@ impl Sim {
         let mut polls_here = 0u64;
         loop {
             self.adopt_inbox();
+            self.release_deferred();
             while let Some(id) = self.pop_ready() {
                 polls_here += 1;
                 if polls_here > self.max_polls_per_instant {
@@ -380,16 +606,22 @@ impl Sim {
                     main.queued.store(false, Ordering::Release);
                     let mut cx = Context::from_waker(&main_waker);
                     if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
-                        return out;
+                        return Some(out);
+                    }
+                    if let Some(left) = &mut budget {
+                        *left -= 1;
+                        if *left == 0 {
+                            return None;
+                        }
                     }
                 } else {
                     self.poll_task(id);
                 }
                 self.adopt_inbox();
             }
-            match self.clock.next_deadline() {
+            match self.next_wakeup() {
                 Some(at) => {
-                    self.clock.advance_to(at);
+                    self.advance_to(at);
                     polls_here = 0;
                 }
                 None => panic!(
@@ -411,8 +643,9 @@ impl Sim {
     /// finished.
     pub fn run_until_idle(&mut self, limit: Duration) -> bool {
         let until = self.clock.now() + limit;
-        while self.clock.now() < until {
+        while self.clock.now() <= until {
             self.adopt_inbox();
+            self.release_deferred();
             while let Some(id) = self.pop_ready() {
                 self.poll_task(id);
                 self.adopt_inbox();
@@ -420,8 +653,8 @@ impl Sim {
             if self.live_tasks() == 0 {
                 return true;
             }
-            match self.clock.next_deadline() {
-                Some(at) if at <= until => self.clock.advance_to(at),
+            match self.next_wakeup() {
+                Some(at) if at <= until => self.advance_to(at),
                 _ => break,
             }
         }

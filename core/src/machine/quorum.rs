@@ -133,6 +133,19 @@ impl Tally {
             })
     }
 
+    /// Indices of the nodes whose request may still be carried out later: they failed ambiguously or have
+    /// not answered (a `Yes` or `No` means the request was carried out already).
+    pub fn unsettled_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        self.replies
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| match r {
+                None => Some(i),
+                Some(Reply::Failed(e)) if e.is_ambiguous() => Some(i),
+                _ => None,
+            })
+    }
+
     /// The failures, by node index.
     pub fn errors(&self) -> Vec<(usize, NodeError)> {
         self.replies

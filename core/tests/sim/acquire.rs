@@ -1,5 +1,8 @@
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
 use redlease::{Error, LossReason, NotAcquiredReason, Timer};
-use redlease_testkit::{Fault, Op};
+use redlease_testkit::{Delivery, EventKind, Fault, Faults, History, Op, RandomFaults};
 
 use crate::support::*;
 
@@ -156,51 +159,82 @@ fn release_after_expiry_reports_lost_and_keeps_the_new_owners_key() {
     }
 }
 
-#[test]
-fn fencing_tokens_strictly_increase_over_1000_contended_acquisitions() {
-    let mut c = Cluster::new(1, 4, config().expiry(secs(5)).retry_delay(ms(1)));
+/// Four workers contend for one fenced lock on one node whose requests fail, hang, lose replies, arrive
+/// late after the caller gave up, and (with `delivery`) are reordered: acquisitions retry, reuse their token,
+/// recognise their own late writes and clean up. Returns the history and the node's fault counters.
+fn fenced_contention_under_faults(seed: u64, delivery: Delivery) -> (History, Faults) {
+    let mut c = Cluster::new(1, seed, config().expiry(secs(2)).retry_delay(ms(10)));
+    c.faults[0].random(
+        RandomFaults::new(seed, 0.03, 0.02, 0.06, ms(5))
+            .slow_reply(0.03)
+            .late(0.06, ms(900))
+            .late_after_error(0.04)
+            .delivery(delivery),
+    );
     let clock = c.clock.clone();
-    let fences = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    for worker in 0..8u64 {
+    let history = History::new();
+    let done = Arc::new(AtomicUsize::new(0));
+    for worker in 0..4u64 {
         let lock = c.manager.lock("migrate").fenced("migrate:fence");
-        let fences = fences.clone();
-        let done = done.clone();
-        let clock = clock.clone();
+        let (history, done, clock) = (history.clone(), done.clone(), clock.clone());
         c.sim.spawn(async move {
-            while done.load(std::sync::atomic::Ordering::SeqCst) < 1000 {
-                match lock.acquire_within(secs(60)).await {
-                    Ok(lease) => {
-                        let n = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        fences
-                            .lock()
-                            .unwrap()
-                            .push((n, worker, lease.fencing_token().unwrap()));
-                        clock.sleep_until(clock.now() + ms(1 + worker)).await;
-                        lease.release().await.unwrap();
-                    }
-                    Err(e) => assert!(e.is_contended(), "{e:?}"),
-                }
+            while done.load(SeqCst) < 1000 {
+                let Ok(lease) = lock.acquire_within(secs(60)).await else {
+                    continue;
+                };
+                done.fetch_add(1, SeqCst);
+                history.record(
+                    worker,
+                    "migrate",
+                    clock.now(),
+                    EventKind::Acquired {
+                        valid_until: lease.valid_until(),
+                        fence: lease.fencing_token(),
+                    },
+                );
+                clock.sleep_until(clock.now() + ms(1 + worker)).await;
+                history.record(worker, "migrate", clock.now(), EventKind::Released);
+                let _ = lease.release().await;
             }
         });
     }
-    c.sim.run_until_idle(secs(3600));
-    let fences = fences.lock().unwrap();
-    assert!(fences.len() >= 1000);
-    let workers: std::collections::HashSet<u64> = fences.iter().map(|f| f.1).collect();
     assert!(
-        workers.len() > 1,
-        "acquisitions should be spread over workers"
+        c.sim.run_until_idle(secs(36_000)),
+        "seed {seed}: workers stuck"
     );
-    for pair in fences.windows(2) {
+    (history, c.faults[0].clone())
+}
+
+#[test]
+fn fencing_tokens_strictly_increase_over_1000_acquisitions_with_retries_lost_replies_and_late_applies()
+ {
+    for (seed, delivery) in [(4u64, Delivery::Fifo), (5, Delivery::Pool)] {
+        let (history, faults) = fenced_contention_under_faults(seed, delivery);
+        // The faults really happened: ambiguous replies forced retries, and requests landed after their
+        // caller had given up (and were reordered on the pool).
+        let late = faults.applied_after_caller_left(Op::AcquireFenced)
+            + faults.applied_after_caller_left(Op::Release);
+        assert!(late >= 20, "{delivery:?}: only {late} late applies");
         assert!(
-            pair[1].2 > pair[0].2,
-            "fence {} after {}",
-            pair[1].2,
-            pair[0].2
+            faults.calls(Op::AcquireFenced) > 1100,
+            "{delivery:?}: too few retries ({} SETs for 1000 leases)",
+            faults.calls(Op::AcquireFenced)
         );
+        if delivery == Delivery::Pool {
+            assert!(faults.reordered() > 0);
+        }
+        assert!(history.acquisitions() >= 1000);
+        let workers: std::collections::HashSet<u64> =
+            history.events().iter().map(|e| e.client).collect();
+        assert!(
+            workers.len() > 1,
+            "acquisitions should be spread over workers"
+        );
+        // Tokens strictly increase in acquisition order, and no two believed-held intervals overlap.
+        if let Err(v) = history.check() {
+            panic!("seed {seed} ({delivery:?}): {v}");
+        }
     }
-    assert_eq!(fences.last().unwrap().2, fences.len() as u64);
 }
 
 #[test]
@@ -228,6 +262,105 @@ fn hung_single_node_bounds_every_operation_by_the_operation_timeout() {
         }
         other => panic!("{other:?}"),
     }
+    extend_release_renewal_and_run_are_bounded_on_a_hung_node(timeout);
+}
+
+/// Acquires "job" on a healthy node, then hangs it.
+fn hung_after_acquire(seed: u64, spawner: bool, renew: bool) -> (Cluster, redlease::Lease) {
+    let mut c = if spawner {
+        Cluster::with_spawner(1, seed, config())
+    } else {
+        Cluster::new(1, seed, config())
+    };
+    let mut lock = c.manager.lock("job");
+    if renew {
+        lock = lock.auto_renew(secs(5));
+    }
+    let lease = c.try_acquire(&lock).unwrap();
+    c.faults[0].always_all(Fault::Hang);
+    (c, lease)
+}
+
+fn extend_release_renewal_and_run_are_bounded_on_a_hung_node(timeout: std::time::Duration) {
+    // extend: one extension round cut at the timeout, then the give-up clean-up, also cut at it.
+    let (mut c, lease) = hung_after_acquire(50, false, false);
+    let start = c.now();
+    let err = c
+        .sim
+        .block_on(async { lease.extend(secs(30)).await })
+        .unwrap_err();
+    let took = c.now() - start;
+    assert!(
+        took >= timeout && took <= timeout * 2,
+        "extend took {took:?}: {err:?}"
+    );
+    assert!(
+        matches!(
+            err,
+            Error::Lost {
+                reason: LossReason::ExtendFailed,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!lease.is_held());
+
+    // release: one round, cut at the timeout; it cannot tell whether the lease was held.
+    let (mut c, lease) = hung_after_acquire(51, false, false);
+    let start = c.now();
+    let err = c
+        .sim
+        .block_on(async move { lease.release().await })
+        .unwrap_err();
+    assert_eq!(c.now() - start, timeout, "{err:?}");
+    assert!(matches!(err, Error::Quorum(_)), "{err:?}");
+
+    // Background renewal: every renewal round is cut at the timeout, and the loss is signalled by the
+    // validity deadline; afterwards nothing talks to the node any more.
+    let (mut c, lease) = hung_after_acquire(52, true, true);
+    let deadline = lease.valid_until();
+    let signal = lease.lost();
+    let reason = c.sim.block_on(signal);
+    assert!(
+        c.now() <= deadline,
+        "loss signalled {:?} late",
+        c.now() - deadline
+    );
+    assert!(
+        matches!(reason, LossReason::Expired | LossReason::ExtendFailed),
+        "{reason:?}"
+    );
+    let renewals = c.faults[0].calls(Op::Extend);
+    assert!(renewals >= 2, "renewal kept trying: {renewals} rounds");
+    drop(lease);
+    assert!(
+        c.sim.run_until_idle(timeout * 4),
+        "renewal and clean-up end"
+    );
+    let calls = c.calls();
+    c.sim.run_for(secs(120));
+    assert_eq!(c.calls(), calls);
+
+    // run(): renewal inside the future; the work is stopped by the deadline, and run returns within one
+    // more operation timeout (its clean-up).
+    let (mut c, lease) = hung_after_acquire(53, false, true);
+    let deadline = lease.valid_until();
+    let clock = c.clock.clone();
+    let r = c.sim.block_on(async {
+        lease
+            .run(async {
+                clock.sleep_until(clock.now() + secs(600)).await;
+            })
+            .await
+    });
+    assert!(matches!(r, Err(Error::Lost { .. })), "{r:?}");
+    assert!(
+        c.now() <= deadline + timeout,
+        "run returned {:?} after the deadline",
+        c.now().saturating_duration_since(deadline)
+    );
+    assert!(c.faults[0].calls(Op::Extend) >= 2);
 }
 
 #[test]
@@ -701,4 +834,143 @@ fn an_acquisition_dropped_mid_round_is_cleaned_up_in_the_background_with_a_spawn
             assert_eq!(c.nodes.iter().filter(|n| n.get("job").is_some()).count(), 0);
         }
     }
+}
+
+#[test]
+fn a_late_clean_up_of_an_earlier_attempt_never_deletes_the_key_a_retry_won() {
+    // Attempt 1's SET is applied but its reply lost; its compare-and-delete sits in a pool connection past
+    // the operation timeout and lands 1.5 s later. Whatever the retries do meanwhile, the client must not
+    // believe it holds a key that no node has: once the delete has landed, either the first client holds
+    // nothing or a second client cannot acquire.
+    for fenced in [false, true] {
+        let mut c = Cluster::new(1, 60, config());
+        let op = if fenced {
+            Op::AcquireFenced
+        } else {
+            Op::Acquire
+        };
+        c.faults[0].delivery(Delivery::Pool);
+        c.faults[0].script(op, [Fault::ReplyLost]);
+        c.faults[0].script(Op::Release, [Fault::Late(ms(1_500))]);
+        let mut lock = c.manager.lock("job");
+        if fenced {
+            lock = lock.fenced("job:fence");
+        }
+        let first = c.sim.block_on({
+            let lock = lock.clone();
+            async move { lock.acquire().await }
+        });
+        c.sim.run_for(secs(2));
+        assert_eq!(
+            c.faults[0].applied_after_caller_left(Op::Release),
+            1,
+            "the late clean-up landed"
+        );
+        let second = c.sim.block_on({
+            let lock = lock.clone();
+            async move { lock.try_acquire().await }
+        });
+        if let (Ok(first), Ok(_)) = (&first, &second) {
+            assert!(
+                !first.is_held(),
+                "fenced {fenced}: two holders at once (the first holds for {:?} more)",
+                first.valid_until() - c.now()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_straggling_acquisition_request_never_shortens_a_longer_extension() {
+    // Found by the everything-hostile simulation (seed 60 of `clients_paused_clocks_skewed_…`). Attempt 1's
+    // SET is written but the connection resets (ambiguous at once) and it reaches the node, over another pool
+    // connection, only 1.2 s later. Attempt 2 wins; the holder extends to 10 s; then the straggler lands on
+    // the key that holds its own token, and the own-token branch sets the acquisition TTL (2 s) again: the key
+    // would expire at about 3.2 s while the holder believes it holds it until about 10 s.
+    for fenced in [false, true] {
+        let mut c = Cluster::new(1, 61, config());
+        let op = if fenced {
+            Op::AcquireFenced
+        } else {
+            Op::Acquire
+        };
+        c.faults[0].delivery(Delivery::Pool);
+        c.faults[0].script(op, [Fault::LateAfterError(ms(1_200))]);
+        let mut lock = c.manager.lock("job").expiry(secs(2));
+        if fenced {
+            lock = lock.fenced("job:fence");
+        }
+        let first = c
+            .sim
+            .block_on({
+                let lock = lock.clone();
+                async move { lock.acquire().await }
+            })
+            .unwrap();
+        // The straggler may still land and set 2 s again: the core must not count this node for a longer
+        // extension (with one node, the extension fails and the lease is given up — never two holders).
+        let extended = c.sim.block_on(async { first.extend(secs(10)).await });
+        assert!(
+            extended.is_err(),
+            "fenced {fenced}: a 10 s extension counted a node a 2 s straggler can still reach"
+        );
+        c.sim.run_for(secs(3));
+        assert_eq!(
+            c.faults[0].applied_after_caller_left(op),
+            1,
+            "the straggler landed"
+        );
+        let second = c.sim.block_on({
+            let lock = lock.clone();
+            async move { lock.try_acquire().await }
+        });
+        assert!(
+            !(first.is_held() && second.is_ok()),
+            "fenced {fenced}: two holders at once (the first holds for {:?} more)",
+            first.valid_until() - c.now()
+        );
+    }
+}
+
+#[test]
+fn a_shortening_extension_in_flight_already_bounds_what_the_lease_believes() {
+    // Found by the everything-hostile simulation (seed 46 without late acquisitions). A 30 s lease is
+    // extended to 1 s: the node applies the PEXPIRE at once, but its reply takes 100 ms, and 50 ms into the
+    // round the client is paused for 2 s (GC, SIGSTOP). The key expires on the node at about 1 s and another
+    // client takes the lock. When the paused client resumes, its own tasks must not see the lease as held
+    // until the old 30 s deadline: once a shorter TTL may have been applied, the deadline cannot be later than
+    // the round's start plus that TTL.
+    let mut c = Cluster::new(1, 62, config());
+    let lock = c.manager.lock("job").expiry(secs(30));
+    let lease = std::sync::Arc::new(c.try_acquire(&lock).unwrap());
+    c.faults[0].script(Op::Extend, [Fault::SlowReply(ms(100))]);
+    let start = c.now();
+    let seen: std::sync::Arc<std::sync::Mutex<Option<(bool, std::time::Instant)>>> = Arc::default();
+    let client = c.sim.client(1);
+    {
+        let lease = lease.clone();
+        client.spawn(async move {
+            let _ = lease.extend(secs(1)).await;
+        });
+    }
+    {
+        // Another task of the same client, woken during the pause before the extension's reply.
+        let (lease, seen, clock) = (lease.clone(), seen.clone(), c.clock.clone());
+        client.spawn(async move {
+            clock.sleep_until(start + ms(60)).await;
+            *seen.lock().unwrap() = Some((lease.is_held(), lease.valid_until()));
+        });
+    }
+    c.sim.run_for(ms(50));
+    c.sim.pause(1, secs(2));
+    c.sim.run_for(ms(1_100));
+    let other = c.try_acquire(&c.manager.lock("job"));
+    assert!(other.is_ok(), "the key expired on the node after 1 s");
+    assert!(c.sim.run_until_idle(secs(5)));
+    let (held, until) = seen.lock().unwrap().unwrap();
+    assert!(
+        !held || until <= start + secs(1),
+        "after the pause the lease still looked held until {:?} from the round's start",
+        until - start
+    );
 }

@@ -1,7 +1,8 @@
 use std::time::Duration;
 
 use redlease::{Config, LockManager, RedisNode, Timer};
-use redlease_testkit::{Faults, FaultyNode, MemoryNode, Sim, VirtualClock};
+use redlease_testkit::cancel::SimHost;
+use redlease_testkit::{Faults, FaultyNode, MemoryNode, Sim, SkewedClock, VirtualClock};
 
 /// N in-memory nodes behind fault wrappers, a manager over them, all on one virtual clock.
 pub(crate) struct Cluster {
@@ -26,15 +27,36 @@ impl Cluster {
         Self::build(n, seed, config, true)
     }
 
+    /// Like `new` (`spawner`: like `with_spawner`), with node `i` expiring keys on a clock running
+    /// `rates[i]` fast (negative: slow) relative to the clients' clock.
+    pub(crate) fn with_node_rates(seed: u64, config: Config, rates: &[f64], spawner: bool) -> Self {
+        Self::build_on(rates.len(), seed, config, spawner, |clock, i| {
+            MemoryNode::with_timer(SkewedClock::new(clock.clone(), rates[i]))
+        })
+    }
+
     fn build(n: usize, seed: u64, config: Config, spawner: bool) -> Self {
+        Self::build_on(n, seed, config, spawner, |clock, _| {
+            MemoryNode::with_timer(clock.clone())
+        })
+    }
+
+    fn build_on(
+        n: usize,
+        seed: u64,
+        config: Config,
+        spawner: bool,
+        node: impl Fn(&VirtualClock, usize) -> MemoryNode,
+    ) -> Self {
         let sim = Sim::new(seed);
         let clock = sim.clock();
         let mut nodes = Vec::new();
         let mut faults = Vec::new();
         let mut wrapped = Vec::new();
-        for _ in 0..n {
-            let node = MemoryNode::with_timer(clock.clone());
-            let (faulty, f) = FaultyNode::new(node.clone(), clock.clone());
+        for i in 0..n {
+            let node = node(&clock, i);
+            // Late requests run on the simulation's network spawner, never paused with a client.
+            let (faulty, f) = FaultyNode::with_spawner(node.clone(), clock.clone(), sim.spawner());
             nodes.push(node);
             faults.push(f);
             wrapped.push(faulty);
@@ -73,6 +95,66 @@ impl Cluster {
         self.clock.now()
     }
 
+    /// Every hostile condition at once, from `seed`: `n` nodes on clocks up to 0.6 % fast or slow (within the
+    /// default 1 % drift allowance together with 0.2 % client clocks, see `hostile_client`), each with
+    /// `RandomFaults::hostile` (late requests; pool, FIFO or reconnecting delivery by seed), and a network
+    /// spawner.
+    #[allow(dead_code)]
+    pub(crate) fn hostile(n: usize, seed: u64, config: Config) -> Self {
+        let mut rng = redlease::machine::Jitter::from_seed(seed ^ 0xABCD);
+        let rates: Vec<f64> = (0..n)
+            .map(|_| 0.006 * (2.0 * rng.next_unit() - 1.0))
+            .collect();
+        let c = Self::with_node_rates(seed, config, &rates, true);
+        for (i, f) in c.faults.iter().enumerate() {
+            f.random(redlease_testkit::RandomFaults::hostile(
+                seed.wrapping_mul(7).wrapping_add(i as u64),
+            ));
+        }
+        c
+    }
+
+    /// Client `id` of a hostile run: its manager runs on its own clock (up to 0.2 % fast or slow, offset up to
+    /// 5 s), in its own task group, paused `pauses` times (up to 3 s each) within `horizon`, and reports to
+    /// `history` as client `id` on its own clock (pauses recorded too). Returns the manager and the client's
+    /// clock (sleep on it: the client's work runs on its own clock as well).
+    #[allow(dead_code)]
+    pub(crate) fn hostile_client(
+        &mut self,
+        id: u64,
+        history: &redlease_testkit::History,
+        horizon: Duration,
+        pauses: usize,
+    ) -> (LockManager, SkewedClock) {
+        let seed = self.sim.seed();
+        let mut rng = redlease::machine::Jitter::from_seed(seed ^ id.wrapping_mul(0x9E37_79B9));
+        let clock =
+            SkewedClock::random(self.clock.clone(), &mut rng, 0.002, Duration::from_secs(5));
+        let manager = self
+            .client_manager(id)
+            .with_timer(clock.clone())
+            .with_observer(history.recorder(id).on_clock(clock.clone()));
+        let windows =
+            self.sim
+                .random_pauses(id, rng.next_u64(), horizon, pauses, Duration::from_secs(3));
+        for (at, d) in windows {
+            history.record(
+                id,
+                "",
+                at,
+                redlease_testkit::EventKind::Paused { until: at + d },
+            );
+        }
+        (manager, clock)
+    }
+
+    /// A manager for client `id` over the same nodes, whose background tasks (renewal, clean-ups) run in that
+    /// client's task group, paused with it (`Sim::pause`).
+    #[allow(dead_code)]
+    pub(crate) fn client_manager(&self, id: u64) -> LockManager {
+        self.manager.clone().with_spawner(self.sim.client(id))
+    }
+
     /// Which nodes hold `key` with the value `value`.
     pub(crate) fn holders(&self, key: &str, value: &str) -> Vec<usize> {
         (0..self.nodes.len())
@@ -92,6 +174,12 @@ impl Cluster {
                 assert!(key.contains("fence"), "node {i}: key {key:?} has no TTL");
             }
         }
+    }
+}
+
+impl SimHost for Cluster {
+    fn sim(&mut self) -> &mut Sim {
+        &mut self.sim
     }
 }
 
