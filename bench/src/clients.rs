@@ -662,7 +662,11 @@ impl Client {
     pub(crate) async fn release(&self, held: Held) -> Res<()> {
         match (self, held) {
             (Client::Raw(raw), Held::Raw(h)) => raw.release(h).await,
-            (_, Held::Redlease(lease)) => lease.release().await.map_err(ctx("redlease: release")),
+            (_, Held::Redlease(lease)) => lease
+                .release()
+                .await
+                .map(drop)
+                .map_err(ctx("redlease: release")),
             (_, Held::Rslock(lock)) => {
                 lock.release().await;
                 Ok(())
