@@ -186,13 +186,18 @@ pub(crate) fn observer_costs(rows: &[Row]) -> String {
         }
     }
     for variant in ["redlease/memory+noop-observer", "redlease/memory+metrics"] {
-        let base = find(rows, "S7", "redlease/memory", None).and_then(|r| r.allocs_per_op);
-        let with = find(rows, "S7", variant, None).and_then(|r| r.allocs_per_op);
+        let base = find(rows, "S7", "redlease/memory", None);
+        let with = find(rows, "S7", variant, None);
+        let allocs = |r: Option<&Row>| r.and_then(|r| r.allocs_per_op);
+        let p50 = |r: Option<&Row>| r.and_then(|r| r.p50_us);
         let _ = writeln!(
             out,
-            "S7 allocations per pair {variant}: {} (redlease/memory: {})",
-            cell(with, 1),
-            cell(base, 1)
+            "S7 {variant}: {} allocations per pair (redlease/memory: {}); pair p50 {} µs / {} µs = {}",
+            cell(allocs(with), 1),
+            cell(allocs(base), 1),
+            cell(p50(with), 2),
+            cell(p50(base), 2),
+            fmt_ratio(ratio(p50(with), p50(base)))
         );
     }
     out
