@@ -844,14 +844,15 @@ impl Lease {
     ///   it ([`LossReason::NotHeld`]), or too few nodes answered in time or too little validity remained
     ///   ([`LossReason::ExtendFailed`], with the node errors as `source`). After a failed extension the lease
     ///   is given up and its token deleted from every node that may still hold it.
-    pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
-        // In a span with the `tracing` feature.
+    pub fn extend(&self, ttl: Duration) -> impl Future<Output = Result<(), Error>> {
+        // In a span with the `tracing` feature. Not an `async fn`: without the feature this is the
+        // extension's own future, no bigger.
         let span = crate::trace::span(crate::trace::SpanOf::Extend(
             &self.shared.key,
             self.shared.engine.mode,
             self.shared.id,
         ));
-        crate::trace::instrument(span, self.extend_in(ttl)).await
+        crate::trace::instrument(span, self.extend_in(ttl))
     }
 
     async fn extend_in(&self, ttl: Duration) -> Result<(), Error> {
@@ -897,20 +898,22 @@ impl Lease {
     ///   done under it may have overlapped another holder;
     /// - [`Error::Quorum`] if too few nodes answered to tell whether the lease was still held (the remaining
     ///   keys expire by their TTL).
-    pub async fn release(mut self) -> Result<ReleaseReport, Error> {
+    pub fn release(self) -> impl Future<Output = Result<ReleaseReport, Error>> {
+        // In a span with the `tracing` feature. Not an `async fn`: without the feature this is the release's
+        // own future, no bigger. (Nothing happens before the first poll: dropped unpolled, the future drops
+        // the lease, as before.)
+        let span = crate::trace::span(crate::trace::SpanOf::Release(
+            &self.shared.key,
+            self.shared.engine.mode,
+            self.shared.id,
+        ));
+        crate::trace::instrument(span, self.release_in())
+    }
+
+    async fn release_in(mut self) -> Result<ReleaseReport, Error> {
         self.armed = false;
         let shared = Arc::clone(&self.shared);
         drop(self);
-        // In a span with the `tracing` feature.
-        let span = crate::trace::span(crate::trace::SpanOf::Release(
-            &shared.key,
-            shared.engine.mode,
-            shared.id,
-        ));
-        crate::trace::instrument(span, Self::release_in(shared)).await
-    }
-
-    async fn release_in(shared: Arc<Shared>) -> Result<ReleaseReport, Error> {
         let prior = shared.end(false);
         let engine = &shared.engine;
         let mut guard = CleanupOnDrop::new(

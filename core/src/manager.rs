@@ -465,10 +465,11 @@ impl Lock {
         self.acquire_with(Limit::Until(deadline)).await
     }
 
-    async fn acquire_with(&self, limit: Limit) -> Result<Lease, Error> {
-        // In a span with the `tracing` feature; the acquisition itself otherwise.
+    /// The acquisition, in a span with the `tracing` feature. Not an `async fn`: without the feature this is
+    /// the acquisition's own future, no bigger.
+    fn acquire_with(&self, limit: Limit) -> impl Future<Output = Result<Lease, Error>> {
         let span = crate::trace::span(crate::trace::SpanOf::Acquire(&self.key, self.engine.mode));
-        crate::trace::instrument(span, self.acquire_in(limit)).await
+        crate::trace::instrument(span, self.acquire_in(limit))
     }
 
     async fn acquire_in(&self, limit: Limit) -> Result<Lease, Error> {
