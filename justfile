@@ -20,6 +20,10 @@ test:
 test-live:
     REDLEASE_REQUIRE_REDIS=1 cargo test --all-features
 
+# The soak as CI runs it: 60 s per setup (the default run soaks a few seconds).
+soak secs="60":
+    REDLEASE_REQUIRE_REDIS=1 REDLEASE_SOAK_SECS={{secs}} cargo test -p redlease-chaos --test soak
+
 docs:
     RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
 

@@ -3,8 +3,9 @@
 //!
 //! Must hold: every round has exactly one holder (every counter value is read by exactly one holder), no update
 //! is lost (final counter = total rounds), the reported holder intervals (`CLOCK_REALTIME`, shared by all
-//! processes) never overlap, and in single mode the fencing tokens increase in holding order. A control run
-//! without the lock shows that the counter check does detect lost updates.
+//! processes) never overlap, and in single mode the fencing tokens increase in holding order. The hundred-
+//! acquirer runs put 25 acquiring tasks in each of four processes. A control run without the lock shows that
+//! the counter check does detect lost updates.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -37,17 +38,20 @@ fn parse_hold(line: &str) -> Hold {
     }
 }
 
-/// Runs `procs` workers for `rounds` rounds each and returns their holds and the final counter.
+/// Runs `procs` workers of `tasks` acquirers each for `rounds` rounds per acquirer and returns their holds and
+/// the final counter.
 fn run_workers(
     servers: &RedisServers,
     mode: &str,
     procs: usize,
+    tasks: u64,
     rounds: u64,
     unlocked: bool,
 ) -> (Vec<Hold>, i64) {
     let urls = servers.urls().join(",");
     let fence_key = if mode == "single" { "chaos:fence" } else { "" };
     let rounds_text = rounds.to_string();
+    let tasks_text = tasks.to_string();
     let mut workers: Vec<Worker> = (0..procs)
         .map(|i| {
             let seed = (i + 1).to_string();
@@ -68,6 +72,8 @@ fn run_workers(
                     &seed,
                     "--unlocked",
                     if unlocked { "true" } else { "false" },
+                    "--tasks",
+                    &tasks_text,
                 ],
             )
         })
@@ -91,7 +97,7 @@ fn run_workers(
             .collect();
         assert_eq!(
             mine.len() as u64,
-            rounds,
+            tasks * rounds,
             "worker {} reported {} rounds",
             w.name,
             mine.len()
@@ -116,13 +122,13 @@ fn show(h: &Hold, origin: u128) -> String {
     )
 }
 
-fn contention(test: &str, mode: &str, n_servers: usize, procs: usize, rounds: u64) {
+fn contention(test: &str, mode: &str, n_servers: usize, procs: usize, tasks: u64, rounds: u64) {
     let Some(servers) = RedisServers::start_or_skip(test, n_servers) else {
         return;
     };
     let t0 = std::time::Instant::now();
-    let (mut holds, counter) = run_workers(&servers, mode, procs, rounds, false);
-    let total = procs as i64 * rounds as i64;
+    let (mut holds, counter) = run_workers(&servers, mode, procs, tasks, rounds, false);
+    let total = procs as i64 * tasks as i64 * rounds as i64;
     holds.sort_by_key(|h| h.start);
     let origin = holds[0].start;
 
@@ -157,10 +163,21 @@ fn contention(test: &str, mode: &str, n_servers: usize, procs: usize, rounds: u6
         }
     }
     // The processes really contended: the lock changed hands between processes many times.
-    let handovers = holds.windows(2).filter(|p| p[0].id != p[1].id).count();
+    let process = |h: &Hold| h.id.split('.').next().unwrap_or_default().to_owned();
+    let handovers = holds
+        .windows(2)
+        .filter(|p| process(&p[0]) != process(&p[1]))
+        .count();
     assert!(
         handovers >= procs,
         "{mode}: only {handovers} handovers between processes; no real contention"
+    );
+    // Every acquirer won its rounds.
+    let acquirers: std::collections::BTreeSet<&str> = holds.iter().map(|h| h.id.as_str()).collect();
+    assert_eq!(
+        acquirers.len() as u64,
+        procs as u64 * tasks,
+        "{mode}: acquirers that held"
     );
     // Every lease was released: nothing is left on any server.
     for s in servers.iter() {
@@ -171,7 +188,8 @@ fn contention(test: &str, mode: &str, n_servers: usize, procs: usize, rounds: u6
         );
     }
     eprintln!(
-        "{test}: {procs} processes x {rounds} rounds, {handovers} handovers, {:?}",
+        "{test}: {procs} processes x {tasks} tasks x {rounds} rounds, {handovers} handovers between \
+         processes, {:?}",
         t0.elapsed()
     );
 }
@@ -183,6 +201,7 @@ fn single_mode_processes_hold_one_at_a_time_and_lose_no_counter_update() {
         "single",
         1,
         4,
+        1,
         100,
     );
 }
@@ -194,7 +213,32 @@ fn redlock_processes_on_three_servers_hold_one_at_a_time_and_lose_no_counter_upd
         "redlock",
         3,
         4,
+        1,
         50,
+    );
+}
+
+#[test]
+fn a_hundred_acquirers_in_tasks_of_four_processes_hold_one_at_a_time_and_lose_no_counter_update() {
+    contention(
+        "a_hundred_acquirers_in_tasks_of_four_processes_hold_one_at_a_time_and_lose_no_counter_update",
+        "single",
+        1,
+        4,
+        25,
+        3,
+    );
+}
+
+#[test]
+fn a_hundred_redlock_acquirers_in_tasks_of_four_processes_hold_one_at_a_time_and_lose_no_update() {
+    contention(
+        "a_hundred_redlock_acquirers_in_tasks_of_four_processes_hold_one_at_a_time_and_lose_no_update",
+        "redlock",
+        3,
+        4,
+        25,
+        2,
     );
 }
 
@@ -205,7 +249,7 @@ fn without_the_lock_the_same_processes_lose_counter_updates() {
     let Some(servers) = RedisServers::start_or_skip(test, 1) else {
         return;
     };
-    let (mut holds, counter) = run_workers(&servers, "single", 4, 50, true);
+    let (mut holds, counter) = run_workers(&servers, "single", 4, 1, 50, true);
     holds.sort_by_key(|h| h.start);
     let overlaps = holds.windows(2).filter(|p| p[1].start < p[0].end).count();
     assert!(

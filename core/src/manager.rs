@@ -521,11 +521,17 @@ impl Lock {
                     fresh,
                 )
                 .await;
-            fresh = false;
+            // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
+            // change a key that exists, ours included; only an own-token branch resets the TTL when it lands.
+            let nx = fresh && self.fence_key.is_none();
             for i in r.tally.unsettled_indices() {
+                if nx && engine.nodes[i].acquire_fresh_is_nx() {
+                    continue;
+                }
                 unsettled.resize(n, false);
                 unsettled[i] = true;
             }
+            fresh = false;
             let drift = crate::machine::validity::drift(plan.ttl, config.get_drift_factor());
             let reason = if r.tally.verdict() == Verdict::Quorum {
                 if let Some(valid_until) =

@@ -234,6 +234,17 @@ pub trait RedisNode: Send + Sync {
         self.acquire(key, token, ttl).await
     }
 
+    /// Whether [`acquire_fresh`](Self::acquire_fresh) never changes a key that exists — not even one holding
+    /// this token — as a plain `SET NX` does. The default `acquire_fresh` (which calls
+    /// [`acquire`](Self::acquire)) resets the TTL of a key holding the token, so the default is `false`.
+    ///
+    /// The core uses it for late requests: a fresh request that lands after a later round extended the key
+    /// with a longer TTL cannot shorten it when this is `true`, so such a node still counts for that
+    /// extension. Return `true` only if `acquire_fresh` really is a plain `SET key token NX PX ttl`.
+    fn acquire_fresh_is_nx(&self) -> bool {
+        false
+    }
+
     /// Takes the lock and issues a fencing token, in one atomic step.
     ///
     /// Atomically: if `key` does not exist, `INCR fence_key`, `SET key token PX ttl` and return the incremented
@@ -277,6 +288,9 @@ macro_rules! forward_node {
             }
             async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
                 (**self).acquire_fresh(key, token, ttl).await
+            }
+            fn acquire_fresh_is_nx(&self) -> bool {
+                (**self).acquire_fresh_is_nx()
             }
             async fn acquire_fenced(
                 &self,

@@ -90,8 +90,10 @@ mod tests {
         );
     }
 
+    /// Only uniqueness within one process (a seeded generator would pass this too); that tokens come from the
+    /// OS and differ across processes is `tokens_differ_across_processes_and_every_bit_is_unbiased`.
     #[test]
-    fn hundred_thousand_tokens_are_distinct() {
+    fn a_hundred_thousand_tokens_in_one_process_never_repeat() {
         let mut seen = HashSet::with_capacity(100_000);
         for _ in 0..100_000 {
             assert!(seen.insert(Token::random().unwrap().as_str().to_owned()));

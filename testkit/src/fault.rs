@@ -6,7 +6,7 @@
 //! [`Fault::LateAfterError`]), after the caller timed out or dropped the call, and — on a
 //! [`Delivery::Pool`] — after requests sent later to the same node.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -36,6 +36,17 @@ pub enum Op {
 }
 
 impl Op {
+    /// The operation's slot in per-operation tables.
+    fn index(self) -> usize {
+        match self {
+            Op::Acquire => 0,
+            Op::AcquireFenced => 1,
+            Op::Release => 2,
+            Op::Extend => 3,
+            Op::Inspect => 4,
+        }
+    }
+
     /// Every operation.
     pub const ALL: [Op; 5] = [
         Op::Acquire,
@@ -198,14 +209,15 @@ impl RandomFaults {
 
 #[derive(Default)]
 struct Plan {
-    scripted: HashMap<Op, VecDeque<Fault>>,
-    always: HashMap<Op, Fault>,
+    scripted: [VecDeque<Fault>; 5],
+    always: [Option<Fault>; 5],
     partitioned: bool,
     random: Option<(RandomFaults, Jitter)>,
     delivery: Delivery,
-    calls: HashMap<Op, u64>,
-    applied: HashMap<Op, u64>,
-    applied_after_caller_left: HashMap<Op, u64>,
+    // Per operation, by `Op::index` (arrays: a simulation counts millions of calls).
+    calls: [u64; 5],
+    applied: [u64; 5],
+    applied_after_caller_left: [u64; 5],
     in_flight: u64,
     next_seq: u64,
     highest_applied_seq: Option<u64>,
@@ -224,7 +236,13 @@ impl fmt::Debug for Faults {
         f.debug_struct("Faults")
             .field("partitioned", &plan.partitioned)
             .field("delivery", &plan.delivery)
-            .field("calls", &plan.calls)
+            .field(
+                "calls",
+                &Op::ALL
+                    .iter()
+                    .map(|op| (*op, plan.calls[op.index()]))
+                    .collect::<Vec<_>>(),
+            )
             .field("in_flight", &plan.in_flight)
             .finish()
     }
@@ -237,13 +255,13 @@ impl Faults {
 
     /// Queues faults for the next calls of `op`, in order (one fault per call).
     pub fn script(&self, op: Op, faults: impl IntoIterator<Item = Fault>) -> &Self {
-        self.lock().scripted.entry(op).or_default().extend(faults);
+        self.lock().scripted[op.index()].extend(faults);
         self
     }
 
     /// Applies `fault` to every call of `op` until [`clear`](Self::clear)ed (after scripted faults run out).
     pub fn always(&self, op: Op, fault: Fault) -> &Self {
-        self.lock().always.insert(op, fault);
+        self.lock().always[op.index()] = Some(fault);
         self
     }
 
@@ -288,8 +306,8 @@ impl Faults {
     /// requests already in the network still arrive.
     pub fn clear(&self) -> &Self {
         let mut plan = self.lock();
-        plan.scripted.clear();
-        plan.always.clear();
+        plan.scripted.iter_mut().for_each(VecDeque::clear);
+        plan.always = Default::default();
         plan.random = None;
         plan.partitioned = false;
         self
@@ -297,32 +315,28 @@ impl Faults {
 
     /// Calls of `op` so far (whatever happened to them).
     pub fn calls(&self, op: Op) -> u64 {
-        self.lock().calls.get(&op).copied().unwrap_or(0)
+        self.lock().calls[op.index()]
     }
 
     /// Calls of every operation so far.
     pub fn total_calls(&self) -> u64 {
-        self.lock().calls.values().sum()
+        self.lock().calls.iter().sum()
     }
 
     /// Calls of `op` that reached the inner node.
     pub fn applied(&self, op: Op) -> u64 {
-        self.lock().applied.get(&op).copied().unwrap_or(0)
+        self.lock().applied[op.index()]
     }
 
     /// Calls of every operation that reached the inner node.
     pub fn total_applied(&self) -> u64 {
-        self.lock().applied.values().sum()
+        self.lock().applied.iter().sum()
     }
 
     /// Calls of `op` that reached the inner node after their caller had stopped waiting (it dropped the
     /// call, or got an error from [`Fault::LateAfterError`]) — evidence that a late apply really happened.
     pub fn applied_after_caller_left(&self, op: Op) -> u64 {
-        self.lock()
-            .applied_after_caller_left
-            .get(&op)
-            .copied()
-            .unwrap_or(0)
+        self.lock().applied_after_caller_left[op.index()]
     }
 
     /// Requests sent but not yet applied (sitting in the network).
@@ -340,7 +354,7 @@ impl Faults {
     /// The fault for the next call of `op`, its pre-send latency, the delivery and the call's sequence number.
     fn next(&self, op: Op) -> (Option<Fault>, Duration, Delivery, u64) {
         let mut plan = self.lock();
-        *plan.calls.entry(op).or_default() += 1;
+        plan.calls[op.index()] += 1;
         plan.next_seq += 1;
         let seq = plan.next_seq;
         let delivery = plan.delivery;
@@ -352,10 +366,10 @@ impl Faults {
                 seq,
             );
         }
-        if let Some(fault) = plan.scripted.get_mut(&op).and_then(VecDeque::pop_front) {
+        if let Some(fault) = plan.scripted[op.index()].pop_front() {
             return (Some(fault), Duration::ZERO, delivery, seq);
         }
-        if let Some(fault) = plan.always.get(&op) {
+        if let Some(fault) = &plan.always[op.index()] {
             return (Some(fault.clone()), Duration::ZERO, delivery, seq);
         }
         if let Some((random, rng)) = &mut plan.random {
@@ -386,9 +400,9 @@ impl Faults {
 
     fn count_applied(&self, op: Op, seq: u64, caller_left: bool, detached: bool) {
         let mut plan = self.lock();
-        *plan.applied.entry(op).or_default() += 1;
+        plan.applied[op.index()] += 1;
         if caller_left {
-            *plan.applied_after_caller_left.entry(op).or_default() += 1;
+            plan.applied_after_caller_left[op.index()] += 1;
         }
         if detached {
             plan.in_flight = plan.in_flight.saturating_sub(1);
@@ -821,6 +835,10 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
         self.run(Op::Inspect, self.inner.inspect(key), detach).await
     }
 
+    fn acquire_fresh_is_nx(&self) -> bool {
+        self.inner.acquire_fresh_is_nx()
+    }
+
     fn endpoint(&self) -> Option<String> {
         self.inner.endpoint()
     }
@@ -829,6 +847,7 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     #[test]
     fn hostile_faults_draw_every_kind_at_about_its_probability() {

@@ -178,12 +178,21 @@ impl Observer for ClientRecorder {
             },
             other => other,
         };
+        let mut local_at = event.at;
+        if let CoreEvent::Lost { valid_until, .. } = event.kind {
+            // A fast clock advances by more than 1 ns of its own time per base nanosecond, so its readings
+            // can step over the deadline: a loss seen at the first reading past it was seen as early as this
+            // clock allows, which is at the deadline.
+            if local_at > valid_until && local_at <= clock.local_at(clock.base_at(valid_until)) {
+                local_at = valid_until;
+            }
+        }
         self.history.record_with_view(
             self.client,
             event.key,
             global(event.at),
             kind,
-            ClientView::new(event.at, local_until),
+            ClientView::new(local_at, local_until),
         );
     }
 }

@@ -285,6 +285,27 @@ impl RedisNode for MemoryNode {
         }))
     }
 
+    /// `SET key token NX PX ttl`: sets the key if it does not exist, changes nothing if it does.
+    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        if store.live(key, now).is_some() {
+            return Ok(false);
+        }
+        store.keys.insert(
+            key.to_owned(),
+            Entry {
+                value: token.as_str().as_bytes().to_vec(),
+                expires_at: expiry(now, ttl),
+            },
+        );
+        Ok(true)
+    }
+
+    fn acquire_fresh_is_nx(&self) -> bool {
+        true
+    }
+
     fn endpoint(&self) -> Option<String> {
         Some(format!("memory://{}", self.id))
     }

@@ -25,10 +25,28 @@ pub enum ProxyMode {
     Blackhole,
     /// Forward requests to the server but throw its replies away (applied, reply lost).
     DropReplies,
+    /// Forward requests; throw away the next chunk of replies (one reply, for a client with one request in
+    /// flight), close that connection (the link fails right after the server ran the command; a stream that
+    /// silently lost bytes and carried on would mismatch later replies), and switch to the mode given to
+    /// [`FaultProxy::lose_next_reply_then`] ([`Forward`](Self::Forward) when set with
+    /// [`FaultProxy::set_mode`]).
+    LoseNextReply,
+    /// Unreachable: open connections are cut (at once when set with [`FaultProxy::set_mode`], at the lost reply
+    /// after [`FaultProxy::lose_next_reply_then`]) and new ones are closed as soon as they are accepted, before
+    /// anything reaches the server.
+    Refuse,
 }
 
 struct Shared {
     mode: Mutex<ProxyMode>,
+    /// The mode after [`ProxyMode::LoseNextReply`] lost its reply.
+    after_lost_reply: Mutex<ProxyMode>,
+    /// Request chunks swallowed by [`ProxyMode::Blackhole`].
+    swallowed: AtomicU64,
+    /// Reply chunks thrown away ([`ProxyMode::DropReplies`], [`ProxyMode::LoseNextReply`], blackhole).
+    dropped: AtomicU64,
+    /// Connections closed on accept by [`ProxyMode::Refuse`].
+    refused: AtomicU64,
     streams: Mutex<Vec<TcpStream>>,
     stop: AtomicBool,
     accepted: AtomicU64,
@@ -40,6 +58,19 @@ impl Shared {
     }
     fn streams(&self) -> MutexGuard<'_, Vec<TcpStream>> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// In [`ProxyMode::LoseNextReply`], claims the one reply to lose and switches to the next mode; `false`
+    /// when another connection claimed it first (the mode has changed since the chunk was read).
+    fn claim_lost_reply(&self) -> bool {
+        let mut mode = self.mode.lock().unwrap_or_else(|p| p.into_inner());
+        if *mode != ProxyMode::LoseNextReply {
+            return false;
+        }
+        *mode = *self
+            .after_lost_reply
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        true
     }
 }
 
@@ -71,6 +102,10 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             mode: Mutex::new(ProxyMode::Forward),
+            after_lost_reply: Mutex::new(ProxyMode::Forward),
+            swallowed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
             streams: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
@@ -101,7 +136,42 @@ impl FaultProxy {
 
     /// Switches every open and future connection to `mode`.
     pub fn set_mode(&self, mode: ProxyMode) {
+        *self
+            .shared
+            .after_lost_reply
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = ProxyMode::Forward;
         *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+        if mode == ProxyMode::Refuse {
+            self.reset();
+        }
+    }
+
+    /// Switches to [`ProxyMode::LoseNextReply`]: the next reply is thrown away (its request was applied) and
+    /// its connection closed, and at that moment the proxy switches to `then` (e.g. [`ProxyMode::Refuse`], so
+    /// that the client cannot reconnect until the test heals the link).
+    pub fn lose_next_reply_then(&self, then: ProxyMode) {
+        *self
+            .shared
+            .after_lost_reply
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = then;
+        *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = ProxyMode::LoseNextReply;
+    }
+
+    /// Request chunks swallowed by [`ProxyMode::Blackhole`] so far.
+    pub fn swallowed_requests(&self) -> u64 {
+        self.shared.swallowed.load(Ordering::SeqCst)
+    }
+
+    /// Connections closed on accept by [`ProxyMode::Refuse`] so far.
+    pub fn refused(&self) -> u64 {
+        self.shared.refused.load(Ordering::SeqCst)
+    }
+
+    /// Reply chunks thrown away so far (any mode).
+    pub fn dropped_replies(&self) -> u64 {
+        self.shared.dropped.load(Ordering::SeqCst)
     }
 
     /// The current mode.
@@ -141,6 +211,11 @@ fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
         }
         let Ok(client) = client else { continue };
         shared.accepted.fetch_add(1, Ordering::Relaxed);
+        if shared.mode() == ProxyMode::Refuse {
+            shared.refused.fetch_add(1, Ordering::SeqCst);
+            let _ = client.shutdown(Shutdown::Both);
+            continue;
+        }
         let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(2)) else {
             let _ = client.shutdown(Shutdown::Both);
             continue;
@@ -184,12 +259,35 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, direction: Dire
             Err(_) => break,
         };
         match (shared.mode(), direction) {
+            (ProxyMode::Refuse, _) => break,
             (ProxyMode::Forward, _) => {}
             (ProxyMode::Latency(d), _) => std::thread::sleep(d),
-            (ProxyMode::Blackhole, Direction::Request) => continue,
-            (ProxyMode::Blackhole, Direction::Reply) => continue,
-            (ProxyMode::DropReplies, Direction::Reply) => continue,
-            (ProxyMode::DropReplies, Direction::Request) => {}
+            (ProxyMode::Blackhole, Direction::Request) => {
+                shared.swallowed.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            (ProxyMode::Blackhole | ProxyMode::DropReplies, Direction::Reply) => {
+                shared.dropped.fetch_add(1, Ordering::SeqCst);
+                continue;
+            }
+            (ProxyMode::DropReplies | ProxyMode::LoseNextReply, Direction::Request) => {}
+            (ProxyMode::LoseNextReply, Direction::Reply) => {
+                if shared.claim_lost_reply() {
+                    shared.dropped.fetch_add(1, Ordering::SeqCst);
+                    // The link goes down right after the server ran the command.
+                    break;
+                }
+                // Claimed elsewhere meanwhile: this chunk is handled by the mode now in force.
+                match shared.mode() {
+                    ProxyMode::Refuse => break,
+                    ProxyMode::Blackhole | ProxyMode::DropReplies => {
+                        shared.dropped.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    ProxyMode::Latency(d) => std::thread::sleep(d),
+                    _ => {}
+                }
+            }
         }
         if to.write_all(&buf[..n]).is_err() {
             break;
@@ -262,6 +360,69 @@ mod tests {
             .unwrap();
         assert_eq!(roundtrip(&mut fresh, b"back").unwrap(), b"back");
         assert_eq!(proxy.accepted(), 2);
+    }
+
+    #[test]
+    fn lose_next_reply_loses_exactly_one_reply_then_switches_mode() {
+        let proxy = FaultProxy::start(echo()).unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        proxy.lose_next_reply_then(ProxyMode::Blackhole);
+        assert!(roundtrip(&mut c, b"lost").is_err(), "the reply is lost");
+        let mut buf = [0u8; 1];
+        assert!(
+            matches!(c.read(&mut buf), Ok(0) | Err(_)),
+            "and its connection closed"
+        );
+        assert_eq!(proxy.mode(), ProxyMode::Blackhole);
+        assert_eq!(
+            (proxy.dropped_replies(), proxy.swallowed_requests()),
+            (1, 0)
+        );
+        let mut d = TcpStream::connect(proxy.addr()).unwrap();
+        d.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert!(roundtrip(&mut d, b"void").is_err(), "then blackholed");
+        assert_eq!(proxy.swallowed_requests(), 1);
+        // Set directly, it forwards after the one lost reply.
+        proxy.set_mode(ProxyMode::LoseNextReply);
+        let mut fresh = TcpStream::connect(proxy.addr()).unwrap();
+        fresh
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert!(roundtrip(&mut fresh, b"gone").is_err());
+        assert_eq!(proxy.mode(), ProxyMode::Forward);
+        let mut again = TcpStream::connect(proxy.addr()).unwrap();
+        again
+            .set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        assert_eq!(roundtrip(&mut again, b"back").unwrap(), b"back");
+    }
+
+    #[test]
+    fn refuse_cuts_open_connections_and_closes_new_ones() {
+        let proxy = FaultProxy::start(echo()).unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        proxy.lose_next_reply_then(ProxyMode::Refuse);
+        assert!(roundtrip(&mut c, b"lost").is_err(), "the reply is lost");
+        let mut buf = [0u8; 1];
+        assert!(
+            matches!(c.read(&mut buf), Ok(0) | Err(_)),
+            "and the link cut"
+        );
+        let mut d = TcpStream::connect(proxy.addr()).unwrap();
+        d.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        assert!(matches!(d.read(&mut buf), Ok(0) | Err(_)), "refused");
+        assert_eq!(proxy.refused(), 1);
+        proxy.set_mode(ProxyMode::Forward);
+        let mut e = TcpStream::connect(proxy.addr()).unwrap();
+        e.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        assert_eq!(roundtrip(&mut e, b"back").unwrap(), b"back");
     }
 
     #[test]

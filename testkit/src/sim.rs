@@ -271,12 +271,16 @@ pub struct Sim {
     rng: Jitter,
     queue: Arc<Queue>,
     tasks: Vec<Option<SimTask>>,
+    /// Tasks in `tasks` not yet finished.
+    live: usize,
     /// Polls allowed at one virtual instant before the run is declared a livelock.
     max_polls_per_instant: u64,
     /// Pause windows `[start, end)` per client.
     pauses: BTreeMap<u64, Vec<(Instant, Instant)>>,
     /// Tasks woken while their client was paused, in wake order.
     deferred: Vec<usize>,
+    /// The earliest end of a pause in `pauses` (when to forget it).
+    prune_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -341,9 +345,11 @@ impl Sim {
                 inbox: Mutex::new(Vec::new()),
             }),
             tasks: Vec::new(),
+            live: 0,
             max_polls_per_instant: 1_000_000,
             pauses: BTreeMap::new(),
             deferred: Vec::new(),
+            prune_at: None,
         }
     }
 
@@ -399,6 +405,7 @@ impl Sim {
         }
         let end = at.checked_add(duration).unwrap_or(at);
         self.pauses.entry(client).or_default().push((at, end));
+        self.prune_at = Some(self.prune_at.map_or(end, |p| p.min(end)));
     }
 
     /// Schedules `count` pauses of client `client` at instants uniform over the next `horizon`, each lasting
@@ -432,7 +439,7 @@ impl Sim {
 
     /// Background tasks not yet finished (paused ones included).
     pub fn live_tasks(&self) -> usize {
-        self.tasks.iter().filter(|t| t.is_some()).count()
+        self.live
             + self
                 .queue
                 .inbox
@@ -445,6 +452,7 @@ impl Sim {
         let new: Vec<(LocalTask, Option<u64>)> =
             std::mem::take(&mut *self.queue.inbox.lock().unwrap_or_else(|p| p.into_inner()));
         for (future, group) in new {
+            // Slots are never reused: a stale waker of a finished task finds an empty slot.
             let id = self.tasks.len();
             let waker = Arc::new(TaskWaker {
                 id,
@@ -457,6 +465,7 @@ impl Sim {
                 waker,
                 group,
             }));
+            self.live += 1;
         }
     }
 
@@ -485,13 +494,21 @@ impl Sim {
         let mut cx = Context::from_waker(&w);
         if task.future.as_mut().poll(&mut cx).is_ready() {
             self.tasks[id] = None;
+            self.live -= 1;
         }
     }
 
     /// Queues the deferred tasks whose client is no longer paused, and forgets pauses that are over.
     fn release_deferred(&mut self) {
         let now = self.clock.now();
-        if self.deferred.is_empty() && self.pauses.is_empty() {
+        if self.prune_at.is_some_and(|at| at <= now) {
+            self.pauses.retain(|_, windows| {
+                windows.retain(|(_, end)| *end > now);
+                !windows.is_empty()
+            });
+            self.prune_at = self.pauses.values().flatten().map(|(_, end)| *end).min();
+        }
+        if self.deferred.is_empty() {
             return;
         }
         let (pauses, tasks) = (&self.pauses, &self.tasks);
@@ -511,10 +528,6 @@ impl Sim {
                 .unwrap_or_else(|p| p.into_inner())
                 .extend(released);
         }
-        self.pauses.retain(|_, windows| {
-            windows.retain(|(_, end)| *end > now);
-            !windows.is_empty()
-        });
     }
 
     /// The next instant something can happen: a timer, or the end of a pause holding back a woken task.
@@ -591,9 +604,10 @@ impl Sim {
         main.wake_by_ref();
         let main_waker = Waker::from(Arc::clone(&main));
         let mut polls_here = 0u64;
+        // Pauses only end as time moves: after this, `advance_to` releases what they held back.
+        self.release_deferred();
         loop {
             self.adopt_inbox();
-            self.release_deferred();
             while let Some(id) = self.pop_ready() {
                 polls_here += 1;
                 if polls_here > self.max_polls_per_instant {
@@ -643,9 +657,9 @@ impl Sim {
     /// finished.
     pub fn run_until_idle(&mut self, limit: Duration) -> bool {
         let until = self.clock.now() + limit;
+        self.release_deferred();
         while self.clock.now() <= until {
             self.adopt_inbox();
-            self.release_deferred();
             while let Some(id) = self.pop_ready() {
                 self.poll_task(id);
                 self.adopt_inbox();

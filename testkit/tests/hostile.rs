@@ -364,3 +364,33 @@ fn each_poll_cuts_a_multi_step_future_at_every_await_point() {
     assert_eq!(seen.iter().filter(|c| c.completed).count(), 1);
     assert_eq!(seen.len(), 4);
 }
+
+#[test]
+fn a_loss_signalled_at_a_fast_clocks_first_reading_past_the_deadline_is_on_time() {
+    // A clock running 50 % fast advances 1 or 2 of its nanoseconds per base nanosecond, so a sleep until a
+    // deadline may end at a reading 1 ns past it: the earliest the client can possibly learn of the loss.
+    use redlease::{Config, LockManager};
+    use redlease_testkit::{History, SkewedClock};
+    let mut sim = Sim::new(9);
+    let clock = SkewedClock::new(sim.clock(), 0.5);
+    let history = History::new();
+    let manager = LockManager::single(MemoryNode::with_timer(clock.clone()), Config::default())
+        .unwrap()
+        .with_timer(clock.clone())
+        .with_observer(history.recorder(1).on_clock(clock.clone()));
+    let mut skipped = 0;
+    for i in 0..40u64 {
+        let lock = manager.lock(format!("k{i}")).expiry(ms(1_000 + i));
+        let lease = sim.block_on(lock.try_acquire()).unwrap();
+        let deadline = lease.valid_until();
+        sim.block_on(lease.lost());
+        if clock.now() > deadline {
+            skipped += 1;
+        }
+    }
+    assert!(
+        skipped > 0,
+        "no deadline fell between two readings: the test shows nothing"
+    );
+    assert_eq!(history.check(), Ok(()));
+}

@@ -9,7 +9,11 @@ use redlease_testkit::proxy::ProxyMode;
 use crate::common::{self, BACKENDS, Proxied, config, get, key, not_acquired_reason, pttl};
 
 const OP: Duration = Duration::from_millis(150);
+/// Room for scheduling on a loaded machine above the rounds a bound counts.
 const SLACK: Duration = Duration::from_millis(400);
+/// The Redlock test's operation timeout: "decided without waiting for the hung node" is asserted as
+/// "returned before the timeout", which leaves OP_REDLOCK minus two loopback round trips for scheduling.
+const OP_REDLOCK: Duration = Duration::from_millis(400);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_operation_timeout() {
@@ -62,8 +66,9 @@ async fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_opera
             at_risk_after <= Duration::from_millis(100) + OP + SLACK,
             "{backend:?}: at risk only after {at_risk_after:?}"
         );
+        // The signal fires by the deadline; this task learns of it after a wake-up (one OP of room).
         assert!(
-            lost_at <= renewed.valid_until() + Duration::from_millis(50),
+            lost_at <= renewed.valid_until() + OP,
             "{backend:?}: lost {:?} after the deadline",
             lost_at - renewed.valid_until()
         );
@@ -140,7 +145,7 @@ async fn redlock_with_a_hung_node_proceeds_with_the_others_and_a_hung_majority_f
             return;
         };
         let nodes = common::nodes(backend, &set.urls()).await;
-        let manager = LockManager::redlock_dyn(nodes, config(Duration::from_secs(2), OP))
+        let manager = LockManager::redlock_dyn(nodes, config(Duration::from_secs(2), OP_REDLOCK))
             .unwrap()
             .with_spawner(common::tokio_spawner);
         set.proxies[0].set_mode(ProxyMode::Blackhole);
@@ -156,7 +161,7 @@ async fn redlock_with_a_hung_node_proceeds_with_the_others_and_a_hung_majority_f
             .await
             .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
         assert!(
-            started.elapsed() < OP,
+            started.elapsed() < OP_REDLOCK,
             "{backend:?}: acquire waited for the hung node"
         );
         let token = lease.token().as_str().to_owned();
@@ -171,7 +176,7 @@ async fn redlock_with_a_hung_node_proceeds_with_the_others_and_a_hung_majority_f
         let started = Instant::now();
         lease.extend(Duration::from_secs(2)).await.unwrap();
         assert!(
-            started.elapsed() < OP,
+            started.elapsed() < OP_REDLOCK,
             "{backend:?}: extend waited for the hung node"
         );
 
@@ -195,7 +200,7 @@ async fn redlock_with_a_hung_node_proceeds_with_the_others_and_a_hung_majority_f
         lease.release().await.unwrap();
         let elapsed = started.elapsed();
         assert!(
-            elapsed <= OP + SLACK,
+            elapsed <= 2 * OP_REDLOCK,
             "{backend:?}: release took {elapsed:?}"
         );
         assert_eq!(set.values(&k).concat(), "");
@@ -215,7 +220,10 @@ async fn redlock_with_a_hung_node_proceeds_with_the_others_and_a_hung_majority_f
             not_acquired_reason(&err),
             Some(NotAcquiredReason::TooFewNodes)
         );
-        assert!(elapsed <= 2 * OP + SLACK, "{backend:?}: took {elapsed:?}");
+        assert!(
+            elapsed <= 3 * OP_REDLOCK,
+            "{backend:?}: took {elapsed:?} (a round and a clean-up round)"
+        );
         assert_eq!(
             get(&set.servers[2], &k),
             "",

@@ -15,6 +15,7 @@ mod common;
 mod extend_partial;
 mod hung;
 mod lost_reply;
+mod lost_reply_retry;
 mod renewal;
 mod slow_quorum;
 mod stall;

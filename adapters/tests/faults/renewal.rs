@@ -18,6 +18,20 @@ const INTERVAL: Duration = Duration::from_millis(150);
 const OP: Duration = Duration::from_millis(100);
 const STALL: Duration = Duration::from_millis(400);
 
+/// Waits until a renewal of `lease` has succeeded (its deadline moved), at most one TTL: an ordering, not a
+/// guess of how long a renewal takes on a loaded machine.
+async fn one_renewal_succeeded(lease: &Lease) {
+    let first = lease.valid_until();
+    let started = Instant::now();
+    while lease.valid_until() == first {
+        assert!(
+            started.elapsed() < TTL,
+            "no renewal succeeded within one TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Inside `lease.run`: stalls the servers for `STALL` with `pause`/`resume`, and returns the states seen
 /// (sampled every 5 ms) during the stall and until the lease is held again.
 async fn stall_and_watch(
@@ -86,7 +100,7 @@ async fn a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_aga
         let (states, recovered) = lease
             .run(async {
                 // Let one renewal succeed first.
-                tokio::time::sleep(INTERVAL + Duration::from_millis(50)).await;
+                one_renewal_succeeded(&lease).await;
                 stall_and_watch(&lease, || server.pause(), || server.resume()).await
             })
             .await
@@ -121,7 +135,7 @@ async fn redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again() {
             .unwrap();
         let (states, recovered) = lease
             .run(async {
-                tokio::time::sleep(INTERVAL + Duration::from_millis(50)).await;
+                one_renewal_succeeded(&lease).await;
                 stall_and_watch(
                     &lease,
                     || {
@@ -268,9 +282,10 @@ async fn a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_befo
                 persistent_failure(&set, &manager, &competitor, &k, hung).await;
             assert!(at_risk, "{what}: never at risk before the loss");
             assert_eq!(reason, LossReason::Expired, "{what}");
-            // The signal fires at the deadline (timer granularity and scheduling aside)...
+            // The signal fires at the deadline; this task learns of it after a wake-up, for which one
+            // operation timeout is left on a loaded machine...
             assert!(
-                lost_at <= valid_until + Duration::from_millis(30),
+                lost_at <= valid_until + OP,
                 "{what}: lost {:?} after the validity deadline",
                 lost_at - valid_until
             );

@@ -10,12 +10,13 @@ use redlease_testkit::server::RedisServers;
 
 use crate::common::{self, Backend, config};
 
+// Every bound below is an ordering, or leaves a whole share of these settings as room for scheduling on a
+// loaded machine: OP_TIMEOUT − 2 × LATENCY (600 ms) for a quorum round, 2 × LATENCY (200 ms) between the
+// test's clock reading and the library's, one OP_TIMEOUT for a round bounded by the timeout.
 const TTL: Duration = Duration::from_secs(2);
-const OP_TIMEOUT: Duration = Duration::from_millis(400);
+const OP_TIMEOUT: Duration = Duration::from_millis(800);
 /// Added by the proxies in front of the two healthy servers, to each request and to each reply.
-const LATENCY: Duration = Duration::from_millis(60);
-/// Scheduling noise allowed between the test's clock readings and the library's.
-const SLACK: Duration = Duration::from_millis(25);
+const LATENCY: Duration = Duration::from_millis(100);
 
 /// The README's drift allowance for a TTL and the default factor 0.01: `ceil(ttl × 0.01) + 2 ms`.
 fn drift(ttl: Duration) -> Duration {
@@ -67,18 +68,20 @@ async fn redlock_with_a_stalled_minority_is_bounded_by_the_operation_timeout_and
             elapsed >= 2 * LATENCY,
             "{backend:?}: the round took {elapsed:?}, less than the proxies' latency: the test is not testing"
         );
+        // Decided by the quorum: the round did not wait for the stalled server until the timeout.
         assert!(
-            elapsed < OP_TIMEOUT + SLACK,
-            "{backend:?}: {elapsed:?} despite an operation timeout of {OP_TIMEOUT:?}"
+            elapsed < OP_TIMEOUT,
+            "{backend:?}: {elapsed:?}: the round waited for the stalled server (operation timeout {OP_TIMEOUT:?})"
         );
         // Validity is ttl − drift from the start of the round: what is left on return already excludes the
-        // time the round took. A lease measured from the replies would have about `elapsed` more.
+        // time the round took. A lease measured from the replies, which came at least 2 × LATENCY after the
+        // start, would be valid until at least start + 2 × LATENCY + budget.
         let budget = TTL - drift(TTL);
-        let remaining_at_return = lease.valid_until().saturating_duration_since(end);
         assert!(
-            remaining_at_return <= budget.saturating_sub(elapsed) + SLACK,
-            "{backend:?}: {remaining_at_return:?} left after a {elapsed:?} round, more than ttl − drift − elapsed = {:?}",
-            budget.saturating_sub(elapsed)
+            lease.valid_until() < start + budget + 2 * LATENCY,
+            "{backend:?}: valid {:?} from the start of a {elapsed:?} round, counted from the replies rather \
+             than from the round's start (ttl − drift = {budget:?})",
+            lease.valid_until() - start
         );
         assert!(
             lease.valid_until() >= start + budget,
@@ -100,8 +103,9 @@ async fn redlock_with_a_stalled_minority_is_bounded_by_the_operation_timeout_and
         let released = Instant::now();
         lease.release().await.unwrap();
         let release_took = released.elapsed();
+        // One round bounded by the timeout (a second OP_TIMEOUT as room for scheduling).
         assert!(
-            release_took < OP_TIMEOUT + SLACK,
+            release_took < 2 * OP_TIMEOUT,
             "{backend:?}: release took {release_took:?}"
         );
 
@@ -115,8 +119,9 @@ async fn redlock_with_a_stalled_minority_is_bounded_by_the_operation_timeout_and
             .await
             .unwrap_err();
         let elapsed = start.elapsed();
+        // Two rounds bounded by the timeout (a third OP_TIMEOUT as room for scheduling).
         assert!(
-            elapsed >= OP_TIMEOUT && elapsed < OP_TIMEOUT * 2 + 4 * SLACK,
+            elapsed >= OP_TIMEOUT && elapsed < OP_TIMEOUT * 3,
             "{backend:?}: took {elapsed:?}; expected one round cut at the timeout ({OP_TIMEOUT:?}) plus a clean-up round bounded by it"
         );
         assert!(!err.is_contended(), "{backend:?}: {err}");

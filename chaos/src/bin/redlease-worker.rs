@@ -17,15 +17,17 @@
 //! | `--store` | fenced store key on the first node (`pause-holder`, `fenced-writer`) | `chaos:store` |
 //! | `--seed` | seed of the random pauses | the process id |
 //! | `--unlocked` | `true`: `contend` without the lock (the control experiment) | `false` |
+//! | `--tasks` | concurrent acquirers in this process (`contend`), each a tokio task with its own connection | `1` |
 //!
 //! Every worker prints `READY` once connected and then waits for a line on stdin (the start signal), so
 //! that the test can start all processes at once. It reports on stdout, one line per event, `KEY=VALUE`
 //! fields after a verb; times are nanoseconds of `CLOCK_REALTIME`, which all processes share. On any error
 //! it prints `ERROR <message>` and exits with status 1.
 //!
-//! - `contend`: `rounds` times: acquire, `GET` the counter, sleep 0–2 ms, `SET` counter+1, release. Prints
-//!   `HOLD id= start= end= read= fence= held=` per round (`start` after the acquisition returned, `end` before
-//!   the release was sent, `held` whether the lease was still valid at `end`), then `DONE`.
+//! - `contend`: each of `tasks` tasks, `rounds` times: acquire, `GET` the counter, sleep 0–2 ms, `SET`
+//!   counter+1, release. Prints `HOLD id= start= end= read= fence= held=` per round (`id` is `<id>.<task>`
+//!   with more than one task; `start` after the acquisition returned, `end` before the release was sent,
+//!   `held` whether the lease was still valid at `end`), then `DONE` once every task is done.
 //! - `pause-holder`: acquires a fenced lock renewed in the background (`auto_renew` at a third of the TTL),
 //!   watches its loss signal, writes to the fenced store (`WRITE`), prints `PAUSE_ME` and waits for a second
 //!   stdin line. The test stops it meanwhile. After the line it reports whether the loss signal had fired
@@ -178,13 +180,46 @@ fn fence_text(lease: &Lease) -> String {
         .map_or_else(|| "-".to_owned(), |f| f.to_string())
 }
 
-async fn contend(mut w: Worker, args: &Args) -> Result<()> {
+async fn contend(w: Worker, args: &Args) -> Result<()> {
     let rounds = args.num("rounds", 20)?;
+    let tasks = args.num("tasks", 1)?;
     let counter = args.get("counter", Some("chaos:counter"))?;
     // The control experiment: the same read-modify-write without the lock.
     let unlocked = args.get("unlocked", Some("false"))? == "true";
-    let mut conn = w.first_node().await?;
-    let lock = w.lock();
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let id = if tasks == 1 {
+            w.id.clone()
+        } else {
+            format!("{}.{task}", w.id)
+        };
+        let conn = w.first_node().await?;
+        let lock = w.lock();
+        let rng = Rng::new(w.rng.clone().next_u64() ^ task.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let counter = counter.clone();
+        handles.push(tokio::spawn(contend_task(
+            id, conn, lock, rng, counter, rounds, unlocked,
+        )));
+    }
+    for handle in handles {
+        handle
+            .await
+            .map_err(|e| format!("a contending task failed: {e}"))??;
+    }
+    say(&format!("DONE id={} rounds={rounds} tasks={tasks}", w.id));
+    Ok(())
+}
+
+/// One acquirer: `rounds` locked read-modify-writes of the counter.
+async fn contend_task(
+    id: String,
+    mut conn: redis::aio::MultiplexedConnection,
+    lock: redlease::Lock,
+    mut rng: Rng,
+    counter: String,
+    rounds: u64,
+    unlocked: bool,
+) -> Result<()> {
     for round in 0..rounds {
         let lease = if unlocked {
             None
@@ -192,7 +227,7 @@ async fn contend(mut w: Worker, args: &Args) -> Result<()> {
             let lease = lock
                 .acquire_within(Duration::from_secs(60))
                 .await
-                .map_err(|e| format!("round {round}: acquire: {e}"))?;
+                .map_err(|e| format!("{id} round {round}: acquire: {e}"))?;
             Some(lease)
         };
         let start = wall_ns();
@@ -200,7 +235,7 @@ async fn contend(mut w: Worker, args: &Args) -> Result<()> {
         let read = get_counter(&mut conn, &counter)
             .await
             .map_err(|e| format!("GET: {e}"))?;
-        tokio::time::sleep(w.rng.millis(0, 2)).await;
+        tokio::time::sleep(rng.millis(0, 2)).await;
         let () = redis::cmd("SET")
             .arg(&counter)
             .arg(read + 1)
@@ -211,19 +246,17 @@ async fn contend(mut w: Worker, args: &Args) -> Result<()> {
         let held = lease.as_ref().is_none_or(Lease::is_held);
         let fence = lease.as_ref().map_or_else(|| "-".to_owned(), fence_text);
         say(&format!(
-            "HOLD id={} start={start} end={end} read={read} fence={fence} held={held}",
-            w.id
+            "HOLD id={id} start={start} end={end} read={read} fence={fence} held={held}"
         ));
         if let Some(lease) = lease {
             lease
                 .release()
                 .await
-                .map_err(|e| format!("round {round}: release: {e}"))?;
+                .map_err(|e| format!("{id} round {round}: release: {e}"))?;
         }
         // Step back briefly, so that the lock changes hands between processes.
-        tokio::time::sleep(w.rng.millis(0, 3)).await;
+        tokio::time::sleep(rng.millis(0, 3)).await;
     }
-    say(&format!("DONE id={} rounds={rounds}", w.id));
     Ok(())
 }
 

@@ -1,0 +1,118 @@
+//! A lost reply followed by a retry through the manager. The first attempt's write is applied, its reply is
+//! lost, its connection cut and the link down for a moment (the proxy); meanwhile the server is made to
+//! refuse scripts (an ACL), so the clean-up sent once the link is back is refused (`NOPERM`, a definite
+//! refusal: nothing ran) and our token stays on the server; the next attempt of the same acquisition must
+//! recognise its own token instead of calling the key contended (or, fenced, issuing a second fencing
+//! number). (Where the clean-up's outcome is unknown instead, the retry uses a fresh token by design: see the
+//! README's safety model.)
+
+use std::time::{Duration, Instant};
+
+use redlease::LockManager;
+use redlease_testkit::proxy::ProxyMode;
+use redlease_testkit::server::RedisServer;
+
+use crate::common::{self, Proxied, RECONNECTING, get, key};
+
+const TTL: Duration = Duration::from_secs(10);
+const OP: Duration = Duration::from_millis(300);
+/// The pause before the retry: the window in which the test lifts the ACL after the clean-up was refused (it
+/// reacts within milliseconds; the rest is room for a loaded machine).
+const RETRY_DELAY: Duration = Duration::from_millis(800);
+
+/// `rejected_calls` of `EVALSHA` plus `EVAL` (`INFO commandstats`): scripts the server refused before
+/// running them.
+fn rejected_scripts(server: &RedisServer) -> u64 {
+    server
+        .cmd(&["INFO", "commandstats"])
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split_once("rejected_calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_reply_and_a_refused_clean_up_recognises_its_own_token() {
+    for backend in RECONNECTING {
+        for fenced in [false, true] {
+            let Some(set) = Proxied::start_or_skip(
+                "a_retry_after_a_lost_reply_and_a_refused_clean_up_recognises_its_own_token",
+                1,
+            ) else {
+                return;
+            };
+            let server = &set.servers[0];
+            let what = format!("{backend:?} fenced={fenced}");
+            let node = common::node(backend, &set.urls()[0]).await;
+            // Exactly one retry: a third attempt would also succeed without recognising the token (the
+            // clean-up after a "contended" second attempt deletes our own key).
+            let config = common::config(TTL, OP)
+                .attempts(2)
+                .retry_delay(RETRY_DELAY)
+                .retry_jitter(0.0);
+            let manager = LockManager::single(node, config).unwrap();
+            let k = key(&format!("lost-retry-{fenced}"), backend);
+            let f = k.replace(":lock", ":fence");
+            let mut lock = manager.lock(&k);
+            if fenced {
+                lock = lock.fenced(&f);
+            }
+            // Warm the connection and the script cache, so that the acquisition's first request is its write.
+            lock.try_acquire().await.unwrap().release().await.unwrap();
+            server.cmd(&["DEL", &f]);
+            let proxy = &set.proxies[0];
+            let rejected = rejected_scripts(server);
+
+            // The first attempt's write runs; its reply is lost with its connection, and the link is down.
+            proxy.lose_next_reply_then(ProxyMode::Refuse);
+            let started = Instant::now();
+            let acquisition = tokio::spawn({
+                let lock = lock.clone();
+                async move { lock.acquire().await }
+            });
+            assert!(
+                common::eventually(Duration::from_secs(5), || proxy.dropped_replies() >= 1).await,
+                "{what}: no reply was lost"
+            );
+            // The server now refuses scripts; the link comes back, and the clean-up is refused.
+            server.cmd(&["ACL", "SETUSER", "default", "-evalsha", "-eval"]);
+            let on_server = get(server, &k);
+            assert!(
+                !on_server.is_empty(),
+                "{what}: the first write was not applied"
+            );
+            proxy.set_mode(ProxyMode::Forward);
+            let refused = common::eventually(Duration::from_secs(5), || {
+                rejected_scripts(server) > rejected
+            })
+            .await;
+            server.cmd(&["ACL", "SETUSER", "default", "+@all"]);
+            let lifted = started.elapsed();
+            assert!(refused, "{what}: no clean-up was refused");
+
+            let lease = acquisition.await.unwrap().unwrap_or_else(|e| {
+                panic!("{what}: the retry did not recognise its own token: {e}")
+            });
+            assert!(
+                lifted < RETRY_DELAY,
+                "{what}: the limit was lifted only after {lifted:?}, maybe after the retry was sent"
+            );
+            assert_eq!(lease.token().as_str(), on_server, "{what}");
+            assert_eq!(get(server, &k), on_server, "{what}");
+            if fenced {
+                // One acquisition, one fencing number: the retry returned the number the lost write issued.
+                assert_eq!(lease.fencing_token(), Some(1), "{what}");
+                assert_eq!(get(server, &f), "1", "{what}");
+            }
+            lease.release().await.unwrap();
+            assert_eq!(get(server, &k), "", "{what}");
+        }
+    }
+}
