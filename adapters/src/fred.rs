@@ -19,18 +19,42 @@
 //! # Re-sending is switched off per command
 //!
 //! By default fred re-sends commands that were in flight when a connection closed, once it has reconnected
-//! (`ConnectionConfig::max_command_attempts`, default 3). A lock command re-sent blindly can run twice, and
-//! late: a repeated release reports "not held" after its first copy succeeded, and an acquire re-sent after
-//! redlease gave up re-takes the lock for nobody until its TTL runs out. So every command of a [`FredNode`]
-//! carries its own [`Options`]: `max_attempts: Some(1)` (written at most once; if its connection closes the
-//! caller gets the error instead of a replay) and `fail_fast: true` (when the client is not connected the
-//! command fails at once, unsent, instead of queueing until a reconnection that may come after redlease's
-//! timeout). The client's own settings for other commands are untouched.
+//! (`ConnectionConfig::max_command_attempts`, default 3), and follows cluster redirections. A lock command
+//! re-sent blindly can run twice, and late: a repeated release reports "not held" after its first copy
+//! succeeded, and an acquire re-sent after redlease gave up re-takes the lock for nobody until its TTL runs
+//! out. So every command of a [`FredNode`] carries its own [`Options`]: `max_attempts: Some(1)` (written at
+//! most once; if its connection closes the caller gets the error instead of a replay) and `fail_fast: true`
+//! (while the client is not connected the command fails at once, unsent, instead of queueing until a
+//! reconnection that may come after redlease's timeout). The client's own settings for other commands are
+//! untouched.
 //!
-//! A consequence on Redis Cluster: following a `MOVED`/`ASK` redirection is a second write attempt, which
-//! `max_attempts: Some(1)` refuses. After a resharding, the first command for a moved slot fails (reported as
-//! an ambiguous [`NodeErrorKind::Cluster`] error, because fred's "too many failed write attempts" does not
-//! say why) while fred refreshes its slot map; the next one is routed correctly.
+//! On Redis Cluster, following a `MOVED`/`ASK` redirection would be a second write, which
+//! `max_attempts: Some(1)` refuses ("too many failed write attempts"; fred refreshes its slot map first, so
+//! the next command is routed correctly). fred gives the same error to a command that was in flight when it
+//! reconnected, which may have run; a [`FredNode`] tells the two apart by fred's connection notifications and
+//! reports the redirection as a definite [`NodeErrorKind::Cluster`] error, the other as ambiguous.
+//!
+//! # Ordering
+//!
+//! Requests for one key sent by one node are applied in the order they were sent, or a stale one fails. A
+//! [`Client`] writes its commands in call order on one connection per server. A [`Pool`] would spread
+//! commands over its clients, and two commands for one key on two connections can be applied in either
+//! order; so a [`PoolNode`] sends every command for one key through one pool member, chosen by the key's
+//! hash slot ([`KeyRouted`]). After a reconnect, a command from the old connection may still be applied
+//! late, but its caller got an error (ambiguous), never a success.
+//!
+//! # Not connected, dead servers and starting while a server is down
+//!
+//! A [`FredNode`] checks the client's state before each command: while the client is not connected, or once
+//! the node has seen the connection fail and fred has not reported a new connection since, the command
+//! fails at once with a definite [`NodeErrorKind::Connection`] error (nothing sent). So after a server dies
+//! (`kill -9`) only the commands already in flight are ambiguous; later ones fail promptly. When the last
+//! connection attempt was refused for authentication (a wrong or rotated password) that error is
+//! [`NodeErrorKind::Auth`] instead.
+//!
+//! `init()` fails while the server is down. To start a service while some of its servers are down (Redlock
+//! survives a minority), build the node with [`FredNode::lazy`]: it connects on first use, and its calls
+//! fail definitely until the server is up.
 //!
 //! # Timeouts to set
 //!
@@ -43,37 +67,152 @@
 //!   `PerformanceConfig::default_command_timeout`) of about the operation timeout; it is reported as an
 //!   ambiguous [`NodeErrorKind::Timeout`].
 //!
+//! Set a `ReconnectPolicy` with a delay (not a tight loop): fred reconnects by itself, and with a refused
+//! password every attempt is a new connection the server sees.
+//!
+//! # The capability check
+//!
+//! Before the first acquisition (and again after a failed connection) the node checks that the user may run
+//! everything a lease needs (`EVAL` and the commands inside the scripts), so that `try_acquire()`
+//! never hands out a lease it cannot extend or release; see [`crate::scripts::PROBE`] and
+//! [`FredNode::probe`].
+//!
 //! # Errors
 //!
-//! Redis error replies (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM`, `WRONGTYPE`, …), fail-fast refusals and
-//! refused connections are definite ([`NodeError::not_applied`]); I/O errors, timeouts and closed connections
-//! after writing are ambiguous. See [`node_error`].
+//! Redis error replies (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM`, `WRONGTYPE`, …), fail-fast refusals,
+//! redirections and refused connections are definite ([`NodeError::not_applied`]); I/O errors, timeouts and
+//! closed connections after writing are ambiguous. See [`node_error`].
 //!
 //! Every script goes out as `EVALSHA`; on a `NOSCRIPT` reply (a definite refusal) it is sent once more as
 //! `EVAL`, so it runs at most once. On a cluster each command is routed to the lock key's slot.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
-use fred::interfaces::ClientLike;
-use fred::types::config::{Options, ServerConfig};
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::interfaces::{ClientLike, EventInterface};
+use fred::types::config::{Options, Server, ServerConfig};
+use fred::types::{ClientState, ClusterHash, CustomCommand, Value};
 use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
 
-use crate::ops::{self, Transport};
+use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
+use tokio::sync::broadcast;
 
 /// The fred client crate, re-exported so that versions match.
 pub use ::fred;
 
+/// A fred client a [`FredNode`] can send on, and which of its clients carries the commands for one key.
+///
+/// Implemented for [`Client`] (itself) and [`Pool`] (one member per key, by hash slot), so that every command
+/// for one key goes over one connection, in order.
+pub trait KeyRouted: ClientLike + Clone + Send + Sync + 'static {
+    /// The clients commands are sent on: the client itself, or a pool's members.
+    fn members(&self) -> &[Client];
+
+    /// The index in [`members`](Self::members) of the client that carries every command for `key`.
+    fn member_for_key(&self, key: &str) -> usize {
+        usize::from(slot::hash_slot(key.as_bytes())) % self.members().len().max(1)
+    }
+}
+
+impl KeyRouted for Client {
+    fn members(&self) -> &[Client] {
+        std::slice::from_ref(self)
+    }
+}
+
+impl KeyRouted for Pool {
+    fn members(&self) -> &[Client] {
+        self.clients()
+    }
+}
+
+/// What a node learned about one member client's connection from its errors and fred's notifications.
+struct Health {
+    /// When a command last failed because the connection is gone, or fred last announced a connection error;
+    /// cleared by fred's next reconnection.
+    broken: Mutex<Option<Instant>>,
+    reconnects: Mutex<broadcast::Receiver<Server>>,
+    errors: Mutex<broadcast::Receiver<(FredError, Option<Server>)>>,
+    /// The last connection error fred reported (kept: a later check may drain the channel first).
+    last_error: Mutex<Option<FredError>>,
+}
+
+impl Health {
+    fn new(client: &Client) -> Self {
+        Self {
+            broken: Mutex::new(None),
+            reconnects: Mutex::new(client.reconnect_rx()),
+            errors: Mutex::new(client.error_rx()),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    fn mark_broken(&self) {
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    fn heal(&self) {
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    fn broken_since(&self) -> Option<Instant> {
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether fred reconnected since the last call (also after missed notifications).
+    fn reconnected(&self) -> bool {
+        let mut rx = self.reconnects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = false;
+        loop {
+            match rx.try_recv() {
+                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => seen = true,
+                Err(_) => return seen,
+            }
+        }
+    }
+
+    /// Whether fred reported connection errors since the last call; keeps the last one.
+    fn saw_errors(&self) -> bool {
+        let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rx = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = false;
+        loop {
+            match rx.try_recv() {
+                Ok((err, _)) => {
+                    *last = Some(err);
+                    seen = true;
+                }
+                Err(broadcast::error::TryRecvError::Lagged(_)) => seen = true,
+                Err(_) => return seen,
+            }
+        }
+    }
+
+    /// The last connection error fred reported since the last reconnection, if any.
+    fn last_error(&self) -> Option<FredError> {
+        self.saw_errors();
+        self.last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn clear_last_error(&self) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
 /// A [`RedisNode`] over a fred client `C`: a [`Client`] ([`ClientNode`]) or a [`Pool`] ([`PoolNode`]).
 ///
-/// Built with [`new`](Self::new), which reads the client's config to decide whether to check Redis Cluster
-/// hash slots and what [`endpoint`](RedisNode::endpoint) to report. Connect the client (`init`) before
-/// use; the node never connects or reconnects by itself.
+/// Built with [`new`](Self::new) for a connected client, or [`lazy`](Self::lazy) for one that connects on
+/// first use. Both read the client's config to decide whether to check Redis Cluster hash slots and what
+/// [`endpoint`](RedisNode::endpoint) to report.
 #[derive(Clone)]
 pub struct FredNode<C> {
     client: C,
@@ -81,11 +220,16 @@ pub struct FredNode<C> {
     cluster: bool,
     timeout: Option<Duration>,
     fail_fast: bool,
+    /// For [`lazy`](Self::lazy) nodes: whether `connect()` was called already.
+    connect_started: Option<Arc<AtomicBool>>,
+    /// One per member client, in [`KeyRouted::members`] order.
+    health: Arc<Vec<Health>>,
+    probe: Probe,
 }
 
 /// A node over one fred [`Client`].
 pub type ClientNode = FredNode<Client>;
-/// A node over a fred [`Pool`] (each command goes to the pool's next client).
+/// A node over a fred [`Pool`] (every command for one key goes to the same pool member).
 pub type PoolNode = FredNode<Pool>;
 
 impl<C> fmt::Debug for FredNode<C> {
@@ -96,6 +240,7 @@ impl<C> fmt::Debug for FredNode<C> {
             .field("cluster", &self.cluster)
             .field("timeout", &self.timeout)
             .field("fail_fast", &self.fail_fast)
+            .field("lazy", &self.connect_started.is_some())
             .finish()
     }
 }
@@ -132,18 +277,41 @@ fn config_endpoint(config: &fred::types::config::Config) -> Option<String> {
     }
 }
 
-impl<C: ClientLike> FredNode<C> {
-    /// A node over `client` (a [`Client`] or a [`Pool`]). The cluster slot check is on for clustered configs;
-    /// the endpoint is derived from the config (host and port, never credentials).
+impl<C: KeyRouted> FredNode<C> {
+    /// A node over `client` (a [`Client`] or a [`Pool`]), which you connected (`init`). The cluster slot check
+    /// is on for clustered configs; the endpoint is derived from the config (host and port, never
+    /// credentials).
     pub fn new(client: C) -> Self {
         let config = client.client_config();
         Self {
             endpoint: config_endpoint(&config),
             cluster: config.server.is_clustered(),
-            client,
             timeout: None,
             fail_fast: true,
+            connect_started: None,
+            health: Arc::new(client.members().iter().map(Health::new).collect()),
+            client,
+            probe: Probe::default(),
         }
+    }
+
+    /// A node over a client that is not connected yet: the first call starts fred's connection task
+    /// (`connect()`) and waits for the connection up to the client's connection timeout. If that first
+    /// connection fails, fred's task ends (with the client's default `fail_fast`) and the next call starts it
+    /// again: one connection attempt per call while the server is down, each failing the call definitely.
+    /// Once connected, fred reconnects by the client's `ReconnectPolicy`. Building the node sends nothing,
+    /// so a Redlock service can start while some servers are down.
+    pub fn lazy(client: C) -> Self {
+        let mut node = Self::new(client);
+        node.connect_started = Some(Arc::new(AtomicBool::new(false)));
+        node
+    }
+
+    /// Runs the capability check now (it otherwise runs before the first acquisition), with `example_key`
+    /// standing for the lock keys (choose one your ACL key patterns allow), and remembers the answer until
+    /// a connection fails. A definite [`NodeErrorKind::Auth`] error names what the user may not run.
+    pub async fn probe(&self, example_key: &str) -> Result<(), NodeError> {
+        ops::check(self, example_key, None).await.map(|_| ())
     }
 }
 
@@ -162,9 +330,10 @@ impl<C> FredNode<C> {
         self
     }
 
-    /// Whether commands fail at once, unsent, while the client is not connected (default `true`). With
-    /// `false` they wait for the reconnection (still written at most once), which can outlast redlease's
-    /// operation timeout and then run late.
+    /// Whether commands fail at once, unsent, while the client is not connected or after fred announced a
+    /// dropped connection and has not reconnected since (default `true`). With `false` they wait for the
+    /// reconnection (still written at most once), which can outlast redlease's operation timeout and then
+    /// run late.
     pub fn with_fail_fast(mut self, fail_fast: bool) -> Self {
         self.fail_fast = fail_fast;
         self
@@ -187,22 +356,44 @@ const FAIL_FAST_DETAILS: &str = "Connection closed unexpectedly.";
 /// `max_attempts: Some(1)`, as [`FredNode`] does).
 ///
 /// - a Redis error reply (fred keeps the reply line, `CODE detail…`, as the details) → definite, kind from its
-///   code (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM`/`NOAUTH`/`WRONGPASS` → `Auth`, `MOVED`/`ASK`/`TRYAGAIN`/
-///   `CLUSTERDOWN` → `Cluster`, `BUSY`/`LOADING`/`MASTERDOWN` → `Busy`, `WRONGTYPE`, …);
+///   code (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM` → `Auth`, `MOVED`/`ASK`/`TRYAGAIN`/`CLUSTERDOWN` →
+///   `Cluster`, `BUSY`/`LOADING`/`MASTERDOWN` → `Busy`, `WRONGTYPE`, `FENCE` → `Fence`, …);
+/// - a refused authentication of the connection (`WRONGPASS`, `NOAUTH`) → definite `Auth`;
 /// - fail-fast refusal (client not connected) and refused connections → definite `Connection`;
+/// - "too many redirections" (the server answered `MOVED`/`ASK`, a refusal) → definite `Cluster`;
 /// - routing failures and backpressure (nothing written) → definite `Cluster` / `Busy`;
 /// - client-side argument or configuration errors → definite `Other`;
 /// - timeouts → ambiguous `Timeout`; I/O errors, closed connections and cancellations → ambiguous;
-/// - "too many failed write attempts" (a redirection that would need a second write) → ambiguous `Cluster`;
+/// - "too many failed write attempts" → ambiguous `Connection`: fred raises it when a command already written
+///   once is queued again, which happens to commands in flight when fred reconnects (a [`FredNode`] on a
+///   cluster reports it as a definite `Cluster` redirection when no reconnection happened meanwhile);
 /// - malformed replies → ambiguous `Protocol`; anything else → ambiguous `Other`.
 pub fn node_error(err: &FredError) -> NodeError {
     classify(None, err)
 }
 
+const TOO_MANY_REDIRECTIONS: &str = "Too many redirections.";
+/// How long a node that saw its connection fail waits, with fred reporting itself connected and silent,
+/// before it sends again without a reconnection notice (at least the connection timeout).
+const PROBATION: Duration = Duration::from_secs(1);
+const SECOND_WRITE: &str = "Too many failed write attempts";
+
+/// Whether fred refused to write a command a second time (see [`node_error`]).
+fn is_second_write(err: &NodeError) -> bool {
+    use std::error::Error as _;
+    err.source()
+        .and_then(|s| s.downcast_ref::<FredError>())
+        .is_some_and(|e| e.details().starts_with(SECOND_WRITE))
+}
+/// fred's answer when it has no connection to write a command on (checked before writing).
+const NO_ROUTE: &str = "Failed to route command.";
+
 fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
     let what = script.map_or("the command", |s| s.name);
     let details = err.details();
     let first = details.split_whitespace().next().unwrap_or("");
+    let connection_auth = *err.kind() == ErrorKind::Auth
+        && (matches!(first, "WRONGPASS" | "NOAUTH") || !scripts::looks_like_error_code(first));
     let server_reply = matches!(
         err.kind(),
         ErrorKind::Unknown
@@ -212,13 +403,13 @@ fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
             | ErrorKind::Cluster
             | ErrorKind::Config
     ) && scripts::looks_like_error_code(first);
-    let node_err = if server_reply {
-        let script = script.copied().unwrap_or(Script {
-            name: "command",
-            source: "",
-            sha1: "",
-        });
-        scripts::server_error(&script, details)
+    let node_err = if connection_auth {
+        NodeError::not_applied(
+            NodeErrorKind::Auth,
+            format!("{what}: the connection's authentication was refused ({details})"),
+        )
+    } else if server_reply {
+        scripts::server_error(script.unwrap_or(&scripts::COMMAND), details)
     } else {
         match err.kind() {
             ErrorKind::Canceled if details == FAIL_FAST_DETAILS => NodeError::not_applied(
@@ -239,9 +430,12 @@ fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
                 NodeErrorKind::Timeout,
                 format!("{what}: no reply before fred's command timeout"),
             ),
-            ErrorKind::Auth => NodeError::not_applied(
-                NodeErrorKind::Auth,
-                format!("{what}: authentication failed ({details})"),
+            ErrorKind::Routing if details == TOO_MANY_REDIRECTIONS => NodeError::not_applied(
+                NodeErrorKind::Cluster,
+                format!(
+                    "{what}: the server redirected the command (MOVED/ASK), which redlease does not follow; \
+                     fred refreshed its slot map, so the next call is routed anew"
+                ),
             ),
             ErrorKind::Routing => NodeError::not_applied(
                 NodeErrorKind::Cluster,
@@ -261,15 +455,17 @@ fn classify(script: Option<&Script>, err: &FredError) -> NodeError {
                 NodeErrorKind::Other,
                 format!("{what}: refused by the client before sending ({details})"),
             ),
-            ErrorKind::Unknown if details.starts_with("Too many failed write attempts") => {
-                NodeError::ambiguous(
-                    NodeErrorKind::Cluster,
-                    format!(
-                        "{what}: fred needed a second write attempt (e.g. to follow a cluster redirection), \
-                         which redlease disables"
-                    ),
-                )
-            }
+            ErrorKind::Unknown if details == NO_ROUTE => NodeError::not_applied(
+                NodeErrorKind::Connection,
+                format!("{what}: no connection to the server (not sent)"),
+            ),
+            ErrorKind::Unknown if details.starts_with(SECOND_WRITE) => NodeError::ambiguous(
+                NodeErrorKind::Connection,
+                format!(
+                    "{what}: fred queued the command again after writing it once (a reconnection with the \
+                         command in flight); it may have been applied"
+                ),
+            ),
             ErrorKind::Protocol | ErrorKind::Parse | ErrorKind::NotFound => NodeError::ambiguous(
                 NodeErrorKind::Protocol,
                 format!("{what}: malformed reply ({})", err.kind().to_str()),
@@ -295,14 +491,7 @@ fn to_reply(value: Value) -> Reply {
     }
 }
 
-fn is_noscript(err: &FredError) -> bool {
-    err.details().split_whitespace().next() == Some("NOSCRIPT")
-}
-
-impl<C> FredNode<C>
-where
-    C: ClientLike + Clone + Send + Sync + 'static,
-{
+impl<C: KeyRouted> FredNode<C> {
     fn options(&self) -> Options {
         Options {
             max_attempts: Some(1),
@@ -311,82 +500,218 @@ where
             ..Options::default()
         }
     }
+
+    /// For a lazy node, starts fred's connection task (once, or again after it ended without connecting) and
+    /// waits for the connection, bounded by the client's connection timeout.
+    async fn start(&self) {
+        let Some(started) = &self.connect_started else {
+            return;
+        };
+        if started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let wait = self.client.connection_config().connection_timeout;
+        let clients = self.client.members();
+        for client in clients {
+            if client.state() == ClientState::Disconnected {
+                drop(client.connect());
+            }
+        }
+        let connected = async {
+            let mut all = true;
+            for client in clients {
+                all &= client.wait_for_connect().await.is_ok();
+            }
+            all
+        };
+        match tokio::time::timeout(wait, connected).await {
+            Ok(true) => {
+                // Connected now: nothing learned before this connection applies to it.
+                for health in self.health.iter() {
+                    health.reconnected();
+                    health.saw_errors();
+                    health.clear_last_error();
+                    health.heal();
+                }
+                self.probe.forget();
+            }
+            // The first attempt failed and (with the client's `fail_fast`) fred's connection task ended:
+            // start it again on the next call, one attempt per call.
+            Ok(false) => started.store(false, Ordering::Release),
+            // Still trying (a client built with `fail_fast: false` keeps trying by its policy).
+            Err(_) => {}
+        }
+    }
+
+    /// Sends `cmd` with `values` once, through the client that carries `key`.
+    async fn send(
+        &self,
+        cmd: CustomCommand,
+        key: &str,
+        values: Vec<Value>,
+        what: &Script,
+    ) -> Result<Reply, NodeError> {
+        self.start().await;
+        let index = self.client.member_for_key(key);
+        let (Some(client), Some(health)) =
+            (self.client.members().get(index), self.health.get(index))
+        else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                format!("{}: the fred pool has no client (not sent)", what.name),
+            ));
+        };
+        // fred announces a dropped connection on its error channel at once, while its state may still say
+        // "connected" and a command sent now would wait for the reconnection.
+        if health.saw_errors() && self.fail_fast {
+            health.mark_broken();
+        }
+        if let Some(since) = health.broken_since().filter(|_| self.fail_fast) {
+            // Healed by a reconnection; or, if fred reports itself connected and has announced nothing for a
+            // while (an error that did not close the connection), let one command through on probation.
+            let quiet = self
+                .client
+                .connection_config()
+                .connection_timeout
+                .max(PROBATION);
+            let probation = client.state() == ClientState::Connected && since.elapsed() >= quiet;
+            if health.reconnected() || probation {
+                health.heal();
+                health.clear_last_error();
+                self.probe.forget();
+            } else {
+                return Err(self.not_connected(what, health, true));
+            }
+        }
+        let result = client
+            .with_options(&self.options())
+            .custom::<Value, Value>(cmd, values)
+            .await
+            .map(to_reply)
+            .map_err(|e| classify(Some(what), &e));
+        match result {
+            Err(e) if is_second_write(&e) && self.cluster => {
+                // fred refuses a second write both after a MOVED/ASK redirection (the server refused the
+                // command) and for a command in flight when it reconnected (it may have run). A reconnection
+                // is announced on the error or reconnect channel; without either, it was the redirection.
+                let reconnected = health.saw_errors() | health.reconnected();
+                if reconnected {
+                    health.mark_broken();
+                    Err(e)
+                } else {
+                    Err(NodeError::not_applied(
+                        NodeErrorKind::Cluster,
+                        format!(
+                            "{}: the server redirected the command (MOVED/ASK; the connection stayed up), \
+                             which redlease does not follow; fred refreshed its slot map, so the next call is \
+                             routed anew",
+                            what.name
+                        ),
+                    )
+                    .with_source(e))
+                }
+            }
+            Err(e) if e.kind() == NodeErrorKind::Connection => {
+                health.mark_broken();
+                if e.is_ambiguous() {
+                    Err(e)
+                } else {
+                    Err(self.not_connected(what, health, false).with_source(e))
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// The definite error of a command not sent because the connection is down: `Auth` when fred's last
+    /// connection attempt was refused for authentication, `Connection` otherwise.
+    fn not_connected(&self, what: &Script, health: &Health, known_broken: bool) -> NodeError {
+        if let Some(err) = health.last_error() {
+            let classified = classify(Some(what), &err);
+            if classified.kind() == NodeErrorKind::Auth {
+                return NodeError::not_applied(
+                    NodeErrorKind::Auth,
+                    format!(
+                        "{}: not sent: the client's last connection attempt was refused: {}",
+                        what.name,
+                        classified.message()
+                    ),
+                )
+                .with_source(err);
+            }
+        }
+        let why = if known_broken {
+            "the connection failed and fred has not reconnected since"
+        } else {
+            "the client is not connected"
+        };
+        NodeError::not_applied(
+            NodeErrorKind::Connection,
+            format!("{}: {why} (not sent)", what.name),
+        )
+    }
 }
 
 #[async_trait]
-impl<C> Transport for FredNode<C>
-where
-    C: ClientLike + Clone + Send + Sync + 'static,
-{
-    async fn eval(
+impl<C: KeyRouted> Transport for FredNode<C> {
+    async fn script_once(
         &self,
+        verb: Verb,
         script: &Script,
         keys: &[&str],
         args: &[&str],
     ) -> Result<Reply, NodeError> {
+        let key = keys.first().copied().unwrap_or("");
         // Route by the first key's slot (all keys share it on a cluster; ignored otherwise).
-        let hash = ClusterHash::Custom(slot::hash_slot(
-            keys.first().map_or(&b""[..], |k| k.as_bytes()),
-        ));
-        let client = self.client.with_options(&self.options());
-        let build = |body: &str| {
-            let mut values: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-            values.push(Value::from(body));
-            values.push(Value::Integer(keys.len() as i64));
-            values.extend(keys.iter().map(|k| Value::from(*k)));
-            values.extend(args.iter().map(|a| Value::from(*a)));
-            values
+        let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
+        let body = match verb {
+            Verb::Eval => script.source,
+            Verb::EvalSha => script.sha1,
         };
-        let evalsha = CustomCommand::new_static("EVALSHA", hash.clone(), false);
-        let result = match client
-            .custom::<Value, Value>(evalsha, build(script.sha1))
-            .await
-        {
-            // NOSCRIPT is a refusal: nothing ran, so one EVAL cannot double-apply.
-            Err(e) if is_noscript(&e) => {
-                let eval = CustomCommand::new_static("EVAL", hash, false);
-                client
-                    .custom::<Value, Value>(eval, build(script.source))
-                    .await
-            }
-            other => other,
-        };
-        result.map(to_reply).map_err(|e| classify(Some(script), &e))
+        let mut values: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+        values.push(Value::from(body));
+        values.push(Value::Integer(keys.len() as i64));
+        values.extend(keys.iter().map(|k| Value::from(*k)));
+        values.extend(args.iter().map(|a| Value::from(*a)));
+        let cmd = CustomCommand::new_static(verb.as_str(), hash, false);
+        self.send(cmd, key, values, script).await
     }
 
-    async fn set_nx_px(&self, key: &str, value: &str, ttl_ms: u64) -> Result<Reply, NodeError> {
+    async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
-        let client = self.client.with_options(&self.options());
-        let args = vec![
-            Value::from(key),
-            Value::from(value),
-            Value::from("NX"),
-            Value::from("PX"),
-            Value::from(ttl_ms.to_string()),
-        ];
-        client
-            .custom::<Value, Value>(CustomCommand::new_static("SET", hash, false), args)
-            .await
-            .map(to_reply)
-            .map_err(|e| classify(None, &e))
+        let Some((name, rest)) = args.split_first() else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "an empty command (not sent)",
+            ));
+        };
+        let cmd = CustomCommand::new(name.to_string(), hash, false);
+        let values = rest.iter().map(|a| Value::from(*a)).collect();
+        self.send(cmd, key, values, what).await
     }
 
     fn clustered(&self) -> bool {
         self.cluster
     }
+
+    fn probe(&self) -> &Probe {
+        &self.probe
+    }
 }
 
 #[async_trait]
-impl<C> RedisNode for FredNode<C>
-where
-    C: ClientLike + Clone + Send + Sync + 'static,
-{
+impl<C: KeyRouted> RedisNode for FredNode<C> {
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         ops::acquire(self, key, token, ttl).await
     }
 
     async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         ops::acquire_fresh(self, key, token, ttl).await
+    }
+
+    /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
+    fn acquire_fresh_is_nx(&self) -> bool {
+        true
     }
 
     async fn acquire_fenced(
@@ -470,14 +795,36 @@ mod tests {
             ),
             (
                 ErrorKind::Unknown,
-                "ERR fence counter exhausted",
-                NodeErrorKind::Other,
+                "FENCE the fence counter f is exhausted",
+                NodeErrorKind::Fence,
+            ),
+            (
+                ErrorKind::Unknown,
+                "ERR The user executing the script can't run this command or subcommand",
+                NodeErrorKind::Auth,
+            ),
+            (
+                ErrorKind::Routing,
+                TOO_MANY_REDIRECTIONS,
+                NodeErrorKind::Cluster,
             ),
         ] {
             let err = node_error(&FredError::new(kind, line));
             assert_eq!(err.kind(), expected, "{line}");
             assert!(!err.is_ambiguous(), "{line}");
         }
+    }
+
+    #[test]
+    fn a_refused_connection_authentication_says_so() {
+        let err = node_error(&FredError::new(
+            ErrorKind::Auth,
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        ));
+        assert_eq!(err.kind(), NodeErrorKind::Auth);
+        assert!(!err.is_ambiguous());
+        assert!(err.message().contains("authentication"), "{err}");
+        assert!(!err.message().contains("script"), "{err}");
     }
 
     #[test]
@@ -508,7 +855,7 @@ mod tests {
             (
                 ErrorKind::Unknown,
                 "Too many failed write attempts.",
-                NodeErrorKind::Cluster,
+                NodeErrorKind::Connection,
             ),
             (
                 ErrorKind::Protocol,

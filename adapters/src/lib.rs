@@ -15,6 +15,54 @@
 //! `NOSCRIPT`, classify client errors into definite and ambiguous [`NodeError`](redlease::NodeError)s, and
 //! check Redis Cluster hash slots client-side ([`slot`]) before a fenced acquisition.
 //!
+//! # What every node does before its first write
+//!
+//! The first acquisition on a connection (and the first after the connection failed) checks what the node
+//! permits: a fresh acquisition runs [`scripts::PROBE_ACQUIRE`] (the check and the acquisition in one `EVAL`),
+//! a script acquisition runs [`scripts::PROBE`] before its script. A user who may not run what a lease needs
+//! (`EVAL`, and on Redis 7 the commands inside the scripts, checked with `redis.acl_check_cmd`) gets a
+//! definite [`Auth`](redlease::NodeErrorKind::Auth) error before anything is written, so `try_acquire()`
+//! never hands out a lease it could not extend or release. The check also learns whether the server accepts
+//! `SET … NX GET` (Redis 7.0+): later fresh acquisitions are that one command (a key of another type is
+//! `WRONGTYPE` there, as in the acquire script, so one attempt or three give the same answer); on older
+//! servers they are [`scripts::ACQUIRE_FRESH`]. Neither touches an existing key. Nothing is cached after a
+//! refusal, so a corrected ACL takes effect at the next call. Later capabilities (native conditional
+//! commands) extend the same probe.
+//!
+//! # Order
+//!
+//! Requests for one key sent by one node are applied in the order they were sent, or a stale one fails (its
+//! caller got an error, never a success): redis-rs nodes write on one connection at a time (a reconnect
+//! replaces a connection only after it failed); a fred [`Client`](::fred::clients::Client) writes on one
+//! connection per server, and a fred pool sends every command for one key through one member
+//! ([`fred::KeyRouted`]).
+//!
+//! # Error classification
+//!
+//! Every server error and client condition becomes one [`NodeErrorKind`](redlease::NodeErrorKind); "applied"
+//! says whether the command may have taken effect, "permanent" whether the core ends an acquisition at once
+//! ([`NodeErrorKind::is_permanent`](redlease::NodeErrorKind::is_permanent)) instead of retrying:
+//!
+//! | Reply or condition | Kind | Applied | Permanent |
+//! |---|---|---|---|
+//! | `NOPERM …`; `ERR The user executing the script can't …` (Redis 7.0's in-script refusal); the probe's `NOPERM redlease: …`; `WRONGPASS`, `NOAUTH`, a refused login (also fred's last reconnection) | `Auth` | no | yes |
+//! | `WRONGTYPE` (the lock key holds another type; the message names the lock key) | `WrongType` | no | yes |
+//! | `FENCE …`: the fence key holds another type, is not a non-negative integer, has a TTL, is exhausted, or is missing while the lock holds our token (the message names the fence key) | `Fence` | no | yes |
+//! | lock and fence keys in different Cluster slots (checked before sending), `CROSSSLOT` | `CrossSlot` | no | yes |
+//! | `READONLY` (a replica) | `ReadOnly` | no | no |
+//! | `OOM` | `OutOfMemory` | no | no |
+//! | `BUSY`, `LOADING`, `MASTERDOWN`; fred backpressure | `Busy` | no | no |
+//! | `TRYAGAIN`, `CLUSTERDOWN`, `MOVED`/`ASK` (never followed), fred: no route to the slot's node | `Cluster` | no | no |
+//! | redis-rs: no connection to the slot's node | `Cluster` | maybe | no |
+//! | `NOSCRIPT` (answered by one `EVAL`; reported only if that fails too) | `NoScript` | no | no |
+//! | connection refused; not connected (fred fail-fast, or after fred announced a dropped connection); a redis-rs multiplexed connection seen to drop earlier; a lazy node's failed connection attempt | `Connection` | no | no |
+//! | connection closed or reset with the request possibly written; fred's "too many failed write attempts" after a reconnection | `Connection` | maybe | no |
+//! | the client's response or command timeout | `Timeout` | maybe | no |
+//! | other I/O errors | `Io` | maybe | no |
+//! | a reply of the wrong shape | `Protocol` | maybe | no |
+//! | `ERR redlease: invalid …` (a script argument out of range: a bug in the caller), other `ERR` replies | `Other` | no | no |
+//! | anything else | `Other` | maybe | no |
+//!
 //! [`MultiplexedConnection`]: https://docs.rs/redis/latest/redis/aio/struct.MultiplexedConnection.html
 //! [`ConnectionManager`]: https://docs.rs/redis/latest/redis/aio/struct.ConnectionManager.html
 #![forbid(unsafe_code)]

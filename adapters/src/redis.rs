@@ -18,18 +18,43 @@
 //! # Which connection to use
 //!
 //! - [`MultiplexedConnection`] ([`MultiplexedNode`]): one TCP connection shared by all clones, safe to cancel
-//!   (a dropped request does not desynchronise it). It does not reconnect: after the server goes away every
-//!   call fails until you build a new node.
+//!   (a dropped request does not desynchronise it). It never reconnects: once the node has seen the
+//!   connection drop, every later call fails at once with a definite [`NodeErrorKind::Connection`] error
+//!   (nothing is sent) until you build a new node. To recover by itself, use a [`LazyNode`] or a
+//!   [`ManagedNode`].
+//! - [`LazyNode`] ([`MultiplexedNode::lazy`]): a multiplexed connection opened on first use and opened
+//!   again on the first call after it dropped. Building one sends nothing, so a Redlock service can start
+//!   while a minority of its servers is down; a down server's calls fail definitely (connection refused)
+//!   until it is back.
 //! - [`ConnectionManager`] ([`ManagedNode`]): a multiplexed connection that reconnects in the background
 //!   after an I/O error. It does **not** re-send the failed command, which is what lock commands need.
-//! - [`ClusterConnection`] ([`ClusterNode`]): Redis Cluster. Lock and fence keys are checked client-side to
-//!   share a hash slot (see [`crate::slot`]). Build the client with
-//!   [`ClusterClientBuilder::retries(0)`](redis::cluster::ClusterClientBuilder::retries): redis-rs otherwise
-//!   re-sends a request after an I/O error or a redirection, and a re-sent command whose first copy was applied
-//!   turns a successful release into a "not held" report (the other scripts are harmless to repeat, but a late
-//!   repeat can re-take a lock after redlease gave it up, keeping it blocked for one TTL). With `retries(0)` a
-//!   `MOVED`/`ASK` after a resharding surfaces as a definite [`NodeErrorKind::Cluster`] error and the next
-//!   call is routed with the refreshed slot map.
+//!   [`ManagedNode::connect`] builds it with `set_number_of_retries(0)`: with redis-rs's default retries a
+//!   refused authentication (a wrong or rotated password) is retried and surfaces seconds later as an
+//!   ambiguous error instead of a prompt, definite [`NodeErrorKind::Auth`] error. With
+//!   [`ManagedNode::connect_with_config`] the retries are yours to choose.
+//! - [`ClusterConnection`] ([`ClusterNode`]): Redis Cluster, built only by [`ClusterNode::connect`], which
+//!   sets [`retries(0)`](redis::cluster::ClusterClientBuilder::retries) whatever the builder said: redis-rs
+//!   otherwise re-sends a request after an I/O error or a redirection, and a re-sent command whose first copy
+//!   was applied turns a successful release into a "not held" report (and a late repeat can re-take a lock
+//!   after redlease gave it up). With `retries(0)` a `MOVED`/`ASK` after a resharding surfaces as a definite
+//!   [`NodeErrorKind::Cluster`] error and the next call is routed with the refreshed slot map. Lock and fence
+//!   keys are checked client-side to share a hash slot (see [`crate::slot`]).
+//!
+//! # Ordering
+//!
+//! Requests for one key sent by one node are applied in the order they were sent, or a stale one fails: a
+//! [`MultiplexedNode`], [`ManagedNode`] and [`LazyNode`] write every request on one connection at a time, in
+//! call order (a reconnect starts a new connection only after the old one failed, and the old one's
+//! unanswered requests are reported as ambiguous); a [`ClusterNode`] sends every request for one key to its
+//! slot's primary over one connection.
+//!
+//! # The capability check
+//!
+//! Before the first acquisition on a connection (and again after the connection failed) the node checks
+//! that the user may run everything a lease needs (`EVAL` and the commands inside the scripts),
+//! so that `try_acquire()` never hands out a lease it cannot extend or release: a refusal is a definite
+//! [`NodeErrorKind::Auth`] error before anything is written. [`RedisRsNode::probe`] and [`LazyNode::probe`]
+//! run it eagerly, for example at start-up. See [`crate::scripts::PROBE`].
 //!
 //! # Timeouts to set
 //!
@@ -53,19 +78,43 @@
 //! `EVAL`, so it runs at most once.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Value};
 use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
 
-use crate::ops::{self, Transport};
+use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
 
 /// The redis-rs client crate, re-exported so that versions match.
 pub use ::redis;
 
-/// A [`RedisNode`] over any cloneable redis-rs async connection `C`.
+/// A redis-rs async connection a [`RedisRsNode`] can use: what the node must know about it.
+///
+/// Implemented for [`MultiplexedConnection`] and [`ConnectionManager`]; implement it for a connection type of
+/// your own (a cloneable handle onto one server, on which a dropped request future does not desynchronise
+/// later requests). A Redis Cluster connection is available only through [`ClusterNode::connect`], which
+/// chooses its settings.
+pub trait NodeConnection: ConnectionLike + Clone + Send + Sync + 'static {
+    /// Whether the connection reconnects by itself after it dropped. When it does not, the node fails every
+    /// call after the first dropped-connection error at once, definitely and without sending.
+    const RECONNECTS: bool;
+}
+
+impl NodeConnection for MultiplexedConnection {
+    const RECONNECTS: bool = false;
+}
+
+impl NodeConnection for ConnectionManager {
+    const RECONNECTS: bool = true;
+}
+
+/// A [`RedisNode`] over a cloneable redis-rs async connection `C`.
 ///
 /// Each call clones the connection (cheap for all redis-rs async connections) and runs one script. Use the
 /// aliases [`MultiplexedNode`], [`ManagedNode`] and [`ClusterNode`] and their `connect` constructors, or
@@ -75,9 +124,13 @@ pub struct RedisRsNode<C> {
     conn: C,
     endpoint: Option<String>,
     cluster: bool,
+    reconnects: bool,
+    /// Set once a non-reconnecting connection was seen to drop: nothing is sent on it any more.
+    dead: Arc<AtomicBool>,
+    probe: Probe,
 }
 
-/// A node over one [`MultiplexedConnection`] (no reconnection).
+/// A node over one [`MultiplexedConnection`] (no reconnection; see [`MultiplexedNode::lazy`]).
 pub type MultiplexedNode = RedisRsNode<MultiplexedConnection>;
 /// A node over a reconnecting [`ConnectionManager`].
 pub type ManagedNode = RedisRsNode<ConnectionManager>;
@@ -90,20 +143,27 @@ impl<C> fmt::Debug for RedisRsNode<C> {
             .field("connection", &std::any::type_name::<C>())
             .field("endpoint", &self.endpoint)
             .field("cluster", &self.cluster)
+            .field("dead", &self.dead.load(Ordering::Relaxed))
             .finish()
     }
 }
 
-impl<C> RedisRsNode<C> {
-    /// A node over `conn`, without endpoint and without the cluster slot check.
-    ///
-    /// For a Redis Cluster connection of your own type, add
-    /// [`with_cluster_slot_check(true)`](Self::with_cluster_slot_check).
+impl<C: NodeConnection> RedisRsNode<C> {
+    /// A node over `conn`, without endpoint.
     pub fn new(conn: C) -> Self {
+        Self::build(conn, C::RECONNECTS, false)
+    }
+}
+
+impl<C> RedisRsNode<C> {
+    fn build(conn: C, reconnects: bool, cluster: bool) -> Self {
         Self {
             conn,
             endpoint: None,
-            cluster: false,
+            cluster,
+            reconnects,
+            dead: Arc::new(AtomicBool::new(false)),
+            probe: Probe::default(),
         }
     }
 
@@ -111,13 +171,6 @@ impl<C> RedisRsNode<C> {
     /// server twice. Do not put credentials in it.
     pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoint = Some(endpoint.into());
-        self
-    }
-
-    /// Whether to check, before sending, that the lock and fence keys of a fenced acquisition share a Redis
-    /// Cluster hash slot (on for [`ClusterNode`]s).
-    pub fn with_cluster_slot_check(mut self, check: bool) -> Self {
-        self.cluster = check;
         self
     }
 
@@ -132,6 +185,18 @@ impl<C> RedisRsNode<C> {
     }
 }
 
+impl<C> RedisRsNode<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Runs the capability check now (it otherwise runs before the first acquisition), with `example_key`
+    /// standing for the lock keys (choose one your ACL key patterns allow), and remembers the answer until
+    /// the connection fails. A definite [`NodeErrorKind::Auth`] error names what the user may not run.
+    pub async fn probe(&self, example_key: &str) -> Result<(), NodeError> {
+        ops::check(self, example_key, None).await.map(|_| ())
+    }
+}
+
 /// `redis://host:port/db` (or the socket path) of a client, without credentials.
 fn client_endpoint(client: &redis::Client) -> String {
     let info = client.get_connection_info();
@@ -143,36 +208,59 @@ impl MultiplexedNode {
     ///
     /// To set timeouts, open the connection yourself with
     /// [`get_multiplexed_async_connection_with_config`](redis::Client::get_multiplexed_async_connection_with_config)
-    /// and use [`RedisRsNode::new`].
+    /// and use [`RedisRsNode::new`], or use [`LazyNode::with_config`].
     pub async fn connect(client: &redis::Client) -> Result<Self, RedisError> {
         let conn = client.get_multiplexed_async_connection().await?;
         Ok(Self::new(conn).with_endpoint(client_endpoint(client)))
     }
+
+    /// A node that opens its multiplexed connection on first use and again after it dropped; see
+    /// [`LazyNode`]. Sends nothing now.
+    pub fn lazy(client: redis::Client) -> LazyNode {
+        LazyNode::new(client)
+    }
 }
 
 impl ManagedNode {
-    /// Creates a reconnecting [`ConnectionManager`] with `client`'s settings; the endpoint is taken from the
-    /// client.
+    /// Creates a reconnecting [`ConnectionManager`] with `client`'s settings and `set_number_of_retries(0)`;
+    /// the endpoint is taken from the client.
     ///
-    /// For timeouts and the reconnection policy use
-    /// [`get_connection_manager_with_config`](redis::Client::get_connection_manager_with_config) and
-    /// [`RedisRsNode::new`].
+    /// Each (re)connection is tried once and its failure is the caller's error at once: with redis-rs's
+    /// default retries a refused authentication (a wrong or rotated password) is retried with backoff and
+    /// surfaces seconds later as an ambiguous error. The price: after a failed reconnection the next call
+    /// fails too (and starts the next attempt), so a short outage costs a call more; redlease's retries
+    /// absorb it.
     pub async fn connect(client: &redis::Client) -> Result<Self, RedisError> {
-        let conn = client.get_connection_manager().await?;
+        Self::connect_with_config(
+            client,
+            ConnectionManagerConfig::new().set_number_of_retries(0),
+        )
+        .await
+    }
+
+    /// Creates a [`ConnectionManager`] with `config` as given (timeouts, delays, retries); the endpoint is
+    /// taken from the client. Add `set_number_of_retries(0)` for prompt, definite authentication errors (see
+    /// [`connect`](Self::connect)).
+    pub async fn connect_with_config(
+        client: &redis::Client,
+        config: ConnectionManagerConfig,
+    ) -> Result<Self, RedisError> {
+        let conn = client.get_connection_manager_with_config(config).await?;
         Ok(Self::new(conn).with_endpoint(client_endpoint(client)))
     }
 }
 
 impl ClusterNode {
-    /// A node over a cluster connection, with the client-side slot check on.
-    pub fn cluster(conn: ClusterConnection) -> Self {
-        Self::new(conn).with_cluster_slot_check(true)
-    }
-
-    /// Connects to the cluster with `client`'s settings (build it with `.retries(0)`; see the module docs).
-    /// No endpoint is set: add one with [`with_endpoint`](RedisRsNode::with_endpoint) if needed.
-    pub async fn connect(client: &redis::cluster::ClusterClient) -> Result<Self, RedisError> {
-        Ok(Self::cluster(client.get_async_connection().await?))
+    /// Connects to a Redis Cluster with `builder`'s settings, after setting
+    /// [`retries(0)`](redis::cluster::ClusterClientBuilder::retries) (see the module docs: redis-rs otherwise
+    /// re-sends lock commands). The client-side slot check is on. No endpoint is set: add one with
+    /// [`with_endpoint`](RedisRsNode::with_endpoint) if needed.
+    pub async fn connect(
+        builder: redis::cluster::ClusterClientBuilder,
+    ) -> Result<Self, RedisError> {
+        let client = builder.retries(0).build()?;
+        let conn = client.get_async_connection().await?;
+        Ok(Self::build(conn, true, true))
     }
 }
 
@@ -203,12 +291,7 @@ fn classify(script: Option<&Script>, err: &RedisError) -> NodeError {
             Some(detail) => format!("{code} {detail}"),
             None => code.to_owned(),
         };
-        let script = script.copied().unwrap_or(Script {
-            name: "command",
-            source: "",
-            sha1: "",
-        });
-        scripts::server_error(&script, &line)
+        scripts::server_error(script.unwrap_or(&scripts::COMMAND), &line)
     } else {
         match err.kind() {
             ErrorKind::AuthenticationFailed => NodeError::not_applied(
@@ -264,102 +347,318 @@ fn to_reply(value: Value) -> Reply {
     }
 }
 
+fn script_cmd(verb: Verb, script: &Script, keys: &[&str], args: &[&str]) -> Cmd {
+    let mut cmd = redis::cmd(verb.as_str());
+    cmd.arg(match verb {
+        Verb::Eval => script.source,
+        Verb::EvalSha => script.sha1,
+    })
+    .arg(keys.len());
+    for key in keys {
+        cmd.arg(*key);
+    }
+    for arg in args {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+fn plain_cmd(args: &[&str]) -> Cmd {
+    let mut cmd = redis::cmd(args.first().copied().unwrap_or(""));
+    for arg in args.iter().skip(1) {
+        cmd.arg(*arg);
+    }
+    cmd
+}
+
+/// Sends `cmd` once on `conn`, classifying its error.
+async fn send(
+    conn: &mut (impl ConnectionLike + Send),
+    cmd: &Cmd,
+    what: &Script,
+) -> Result<Reply, NodeError> {
+    cmd.query_async::<Value>(conn)
+        .await
+        .map(to_reply)
+        .map_err(|e| classify(Some(what), &e))
+}
+
+impl<C> RedisRsNode<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn run(&self, cmd: Cmd, what: &Script) -> Result<Reply, NodeError> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Connection,
+                format!(
+                    "{}: the multiplexed connection dropped earlier and never reconnects (not sent); build a new \
+                     node, or use MultiplexedNode::lazy or ManagedNode",
+                    what.name
+                ),
+            ));
+        }
+        let mut conn = self.conn.clone();
+        let result = send(&mut conn, &cmd, what).await;
+        if let Err(e) = &result {
+            if !self.reconnects && is_dropped(e) {
+                self.dead.store(true, Ordering::Release);
+            }
+        }
+        result
+    }
+}
+
+/// Whether a classified error says the connection dropped (redis-rs's driver then stops for good).
+fn is_dropped(err: &NodeError) -> bool {
+    use std::error::Error as _;
+    err.source()
+        .and_then(|s| s.downcast_ref::<RedisError>())
+        .is_some_and(|e| e.is_connection_dropped() || e.is_unrecoverable_error())
+}
+
 #[async_trait]
 impl<C> Transport for RedisRsNode<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    async fn eval(
+    async fn script_once(
         &self,
+        verb: Verb,
         script: &Script,
         keys: &[&str],
         args: &[&str],
     ) -> Result<Reply, NodeError> {
-        let mut conn = self.conn.clone();
-        let build = |verb: &str, body: &str| {
-            let mut cmd = redis::cmd(verb);
-            cmd.arg(body).arg(keys.len());
-            for key in keys {
-                cmd.arg(*key);
-            }
-            for arg in args {
-                cmd.arg(*arg);
-            }
-            cmd
-        };
-        let first = build("EVALSHA", script.sha1)
-            .query_async::<Value>(&mut conn)
-            .await;
-        let result = match first {
-            // NOSCRIPT is a refusal: nothing ran, so one EVAL cannot double-apply.
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                build("EVAL", script.source)
-                    .query_async::<Value>(&mut conn)
-                    .await
-            }
-            other => other,
-        };
-        result.map(to_reply).map_err(|e| classify(Some(script), &e))
+        self.run(script_cmd(verb, script, keys, args), script).await
     }
 
-    async fn set_nx_px(&self, key: &str, value: &str, ttl_ms: u64) -> Result<Reply, NodeError> {
-        let mut conn = self.conn.clone();
-        redis::cmd("SET")
-            .arg(key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
-            .query_async::<Value>(&mut conn)
-            .await
-            .map(to_reply)
-            .map_err(|e| classify(None, &e))
+    async fn command(&self, what: &Script, _key: &str, args: &[&str]) -> Result<Reply, NodeError> {
+        self.run(plain_cmd(args), what).await
     }
 
     fn clustered(&self) -> bool {
         self.cluster
     }
+
+    fn probe(&self) -> &Probe {
+        &self.probe
+    }
+}
+
+/// Implements [`RedisNode`] for a node type through [`ops`] (the type implements [`Transport`] and has an
+/// `endpoint` field).
+macro_rules! impl_node {
+    ([$($generics:tt)*] $ty:ty $(where $($bounds:tt)*)?) => {
+        #[async_trait]
+        impl<$($generics)*> RedisNode for $ty $(where $($bounds)*)? {
+            async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+                ops::acquire(self, key, token, ttl).await
+            }
+
+            async fn acquire_fresh(
+                &self,
+                key: &str,
+                token: &Token,
+                ttl: Ttl,
+            ) -> Result<bool, NodeError> {
+                ops::acquire_fresh(self, key, token, ttl).await
+            }
+
+            /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
+            fn acquire_fresh_is_nx(&self) -> bool {
+                true
+            }
+
+            async fn acquire_fenced(
+                &self,
+                key: &str,
+                fence_key: &str,
+                token: &Token,
+                ttl: Ttl,
+            ) -> Result<Option<u64>, NodeError> {
+                ops::acquire_fenced(self, key, fence_key, token, ttl).await
+            }
+
+            async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+                ops::release(self, key, token).await
+            }
+
+            async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+                ops::extend(self, key, token, ttl).await
+            }
+
+            async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+                ops::inspect(self, key).await
+            }
+
+            fn endpoint(&self) -> Option<String> {
+                self.endpoint.clone()
+            }
+        }
+    };
+}
+
+impl_node!([C] RedisRsNode<C> where C: ConnectionLike + Clone + Send + Sync + 'static);
+
+/// A [`RedisNode`] over a multiplexed connection that is opened on first use and opened again on the first
+/// call after it dropped.
+///
+/// Building one sends nothing, so every node of a Redlock service can be built while some servers are down;
+/// a call to a down server fails definitely (connection refused, or the connection timeout of the config,
+/// nothing sent) and the first call after the server is back connects. A request in flight when the
+/// connection drops is reported as ambiguous and never re-sent. Clones share the connection.
+#[derive(Clone)]
+pub struct LazyNode {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    current: Arc<Mutex<Slot>>,
+    endpoint: Option<String>,
+    /// The capability state of the current connection (forgotten with each new connection).
+    probe: Probe,
+}
+
+/// The current connection of a [`LazyNode`] and a count of the connections opened so far.
+#[derive(Default)]
+struct Slot {
+    conn: Option<MultiplexedConnection>,
+    generation: u64,
+}
+
+impl fmt::Debug for LazyNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyNode")
+            .field("endpoint", &self.endpoint)
+            .field("connected", &self.is_connected())
+            .finish()
+    }
+}
+
+impl LazyNode {
+    /// A lazy node for `client` with redis-rs's default connection settings; the endpoint is taken from the
+    /// client.
+    pub fn new(client: redis::Client) -> Self {
+        Self::with_config(client, AsyncConnectionConfig::new())
+    }
+
+    /// A lazy node whose connections are opened with `config` (set its connection timeout to at most the
+    /// operation timeout, so a call to an unreachable server fails within the round).
+    pub fn with_config(client: redis::Client, config: AsyncConnectionConfig) -> Self {
+        Self {
+            endpoint: Some(client_endpoint(&client)),
+            client,
+            config,
+            current: Arc::new(Mutex::new(Slot::default())),
+            probe: Probe::default(),
+        }
+    }
+
+    /// Replaces the identity reported by [`RedisNode::endpoint`]. Do not put credentials in it.
+    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// Whether a connection is open (it may still turn out to have dropped on its next use).
+    pub fn is_connected(&self) -> bool {
+        self.slot().conn.is_some()
+    }
+
+    /// Connects now if needed and runs the capability check (see [`RedisRsNode::probe`]).
+    pub async fn probe(&self, example_key: &str) -> Result<(), NodeError> {
+        ops::check(self, example_key, None).await.map(|_| ())
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The open connection and its generation, or a new one.
+    async fn connection(&self, what: &Script) -> Result<(MultiplexedConnection, u64), NodeError> {
+        {
+            let slot = self.slot();
+            if let Some(conn) = &slot.conn {
+                return Ok((conn.clone(), slot.generation));
+            }
+        }
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .map_err(|e| connect_error(what, &e))?;
+        let mut slot = self.slot();
+        // A concurrent call may have connected meanwhile: keep one connection.
+        let conn = match &slot.conn {
+            Some(existing) => existing.clone(),
+            None => {
+                slot.conn = Some(conn.clone());
+                slot.generation += 1;
+                self.probe.forget();
+                conn
+            }
+        };
+        Ok((conn, slot.generation))
+    }
+
+    async fn run(&self, cmd: Cmd, what: &Script) -> Result<Reply, NodeError> {
+        let (mut conn, generation) = self.connection(what).await?;
+        let result = send(&mut conn, &cmd, what).await;
+        if let Err(e) = &result {
+            if is_dropped(e) {
+                // Forget this connection (unless a newer one replaced it already); the next call reconnects.
+                let mut slot = self.slot();
+                if slot.generation == generation {
+                    slot.conn = None;
+                }
+            }
+        }
+        result
+    }
+}
+
+/// A failed connection attempt: nothing of the operation was sent.
+fn connect_error(what: &Script, err: &RedisError) -> NodeError {
+    let classified = classify(Some(what), err);
+    if !classified.is_ambiguous() {
+        return classified;
+    }
+    let message = format!(
+        "{}: could not connect (not sent): {}",
+        what.name,
+        if err.is_timeout() {
+            "connection timeout".to_owned()
+        } else {
+            err.category().to_owned()
+        }
+    );
+    NodeError::not_applied(NodeErrorKind::Connection, message).with_source(err.clone())
 }
 
 #[async_trait]
-impl<C> RedisNode for RedisRsNode<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::acquire(self, key, token, ttl).await
-    }
-
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::acquire_fresh(self, key, token, ttl).await
-    }
-
-    async fn acquire_fenced(
+impl Transport for LazyNode {
+    async fn script_once(
         &self,
-        key: &str,
-        fence_key: &str,
-        token: &Token,
-        ttl: Ttl,
-    ) -> Result<Option<u64>, NodeError> {
-        ops::acquire_fenced(self, key, fence_key, token, ttl).await
+        verb: Verb,
+        script: &Script,
+        keys: &[&str],
+        args: &[&str],
+    ) -> Result<Reply, NodeError> {
+        self.run(script_cmd(verb, script, keys, args), script).await
     }
 
-    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-        ops::release(self, key, token).await
+    async fn command(&self, what: &Script, _key: &str, args: &[&str]) -> Result<Reply, NodeError> {
+        self.run(plain_cmd(args), what).await
     }
 
-    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::extend(self, key, token, ttl).await
+    fn clustered(&self) -> bool {
+        false
     }
 
-    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-        ops::inspect(self, key).await
-    }
-
-    fn endpoint(&self) -> Option<String> {
-        self.endpoint.clone()
+    fn probe(&self) -> &Probe {
+        &self.probe
     }
 }
+
+impl_node!([] LazyNode);
 
 #[cfg(test)]
 mod tests {

@@ -36,10 +36,26 @@ pub struct Script {
 }
 
 /// `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 when the lock is (now) ours, 0 when held by
-/// another value. A lock key of another type is a `WRONGTYPE` error (nothing written).
+/// another value.
+///
+/// Error replies, all before any write: `ERR redlease: invalid …` for an empty token or a TTL that is not a
+/// decimal integer in `1..=999999999999999` ms; `WRONGTYPE` when the lock key holds another type; the error of
+/// a command the server refuses inside the script (for example a missing ACL permission).
 pub const ACQUIRE: Script = Script {
     name: "acquire",
-    source: r#"local cur = redis.call('GET', KEYS[1])
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE the lock key ' .. KEYS[1] .. ' holds a value of another type')
+  end
+  return cur
+end
 if cur == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
@@ -50,27 +66,79 @@ if cur == ARGV[1] then
 end
 return 0
 "#,
-    sha1: "a59ab7466326a677250f0894a7507450fecc1945",
+    sha1: "4d902ec4365c62dbe5a12eded6c5997434712aed",
+};
+
+/// The fresh acquisition where the server does not accept `SET … NX GET` (before Redis 7.0). `KEYS[1]` lock,
+/// `ARGV[1]` a token never written before, `ARGV[2]` TTL in ms. Returns 1 when the key was absent (now set),
+/// 0 when it exists: like `SET key token NX PX ttl`, it never touches an existing key (so a late copy cannot
+/// reset a lease's TTL), but a lock key of another type is `WRONGTYPE`, as in [`ACQUIRE`]. Argument and
+/// refusal errors as for [`ACQUIRE`], all before any write.
+pub const ACQUIRE_FRESH: Script = Script {
+    name: "acquire_fresh",
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE the lock key ' .. KEYS[1] .. ' holds a value of another type')
+  end
+  return cur
+end
+if cur == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"#,
+    sha1: "d8a6ba5efe7649ac82963dc070f28879c1e033d3",
 };
 
 /// `KEYS[1]` lock, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]` TTL in ms.
 ///
 /// Returns the fence (a bulk string holding a decimal integer) when the lock is (now) ours, nil when it is held
-/// by another value. Error replies, all before any write: `WRONGTYPE` when either key has another type or the
-/// fence does not hold a non-negative decimal integer; `ERR` when the counter is exhausted (2^63-1) or when the
-/// lock holds our token but the fence key has disappeared (the issued number can no longer be confirmed).
+/// by another value. Error replies, all before any write: invalid arguments as for [`ACQUIRE`]; `FENCE …`
+/// (naming the fence key) when the fence key holds another type, does not hold a non-negative decimal
+/// integer, has a TTL (its numbers would start again after it expired), is exhausted (2^63-1), or is missing
+/// while the lock holds our token (the issued number can no longer be confirmed); `WRONGTYPE` when the lock
+/// key holds another type; the error of a command the server refuses inside the script.
 pub const ACQUIRE_FENCED: Script = Script {
     name: "acquire_fenced",
-    source: r#"local fence = redis.call('GET', KEYS[2])
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local fence = redis.pcall('GET', KEYS[2])
+if type(fence) == 'table' then
+  if fence.err and string.sub(fence.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' holds a value of another type')
+  end
+  return fence
+end
 if fence ~= false then
   if fence ~= '0' and not string.find(fence, '^[1-9][0-9]*$') then
-    return redis.error_reply('WRONGTYPE fence key does not hold a non-negative integer')
+    return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' does not hold a non-negative integer')
   end
   if #fence > 19 or (#fence == 19 and fence >= '9223372036854775807') then
-    return redis.error_reply('ERR fence counter exhausted')
+    return redis.error_reply('FENCE the fence counter ' .. KEYS[2] .. ' is exhausted')
+  end
+  if redis.call('PTTL', KEYS[2]) ~= -1 then
+    return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' has a TTL; fencing numbers would restart when it expires')
   end
 end
-local cur = redis.call('GET', KEYS[1])
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE the lock key ' .. KEYS[1] .. ' holds a value of another type')
+  end
+  return cur
+end
 if cur == false then
   redis.call('INCR', KEYS[2])
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -78,40 +146,57 @@ if cur == false then
 end
 if cur == ARGV[1] then
   if fence == false then
-    return redis.error_reply('ERR fence key missing while the lock holds this token')
+    return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' is missing while the lock holds this token')
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return fence
 end
 return false
 "#,
-    sha1: "697841cacb7f89dba69a3e2767067af6a315fc66",
+    sha1: "49411690fd1d9be63b1dc236e0a8d6bb381b762b",
 };
 
 /// Compare-and-delete. `KEYS[1]` lock, `ARGV[1]` token. Returns 1 if deleted, 0 otherwise (absent, another
-/// value, or a key of another type: never touched).
+/// value, or a key of another type: never touched). Any other error of the read (for example a missing ACL
+/// permission for `GET`) is returned as the script's error, never as "not held".
 pub const RELEASE: Script = Script {
     name: "release",
     source: r#"local cur = redis.pcall('GET', KEYS[1])
-if type(cur) == 'string' and cur == ARGV[1] then
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return 0
+  end
+  return cur
+end
+if cur == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
 "#,
-    sha1: "ed91e7f6ae83acbb700682930faa2f1dcf9ebb93",
+    sha1: "cfafde34fd9088f63a89b56880844671e40972c5",
 };
 
 /// Compare-and-pexpire. `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 if the TTL was set, 0
-/// otherwise. Never creates a key.
+/// otherwise. Never creates a key. An invalid TTL (as for [`ACQUIRE`]: `PEXPIRE 0` would delete the key) and
+/// any error of the read other than `WRONGTYPE` are error replies, before any write.
 pub const EXTEND: Script = Script {
     name: "extend",
-    source: r#"local cur = redis.pcall('GET', KEYS[1])
-if type(cur) == 'string' and cur == ARGV[1] then
+    source: r#"if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return 0
+  end
+  return cur
+end
+if cur == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 "#,
-    sha1: "0ef12642cb0b754794a4e6c36be8d1522a74ed30",
+    sha1: "20f1153a4f93df7f520d499d02a10f77884d4098",
 };
 
 /// Reads value and TTL in one step. `KEYS[1]` key. Returns nil when absent, else `[value, pttl_ms]` (`pttl` is
@@ -127,8 +212,145 @@ return {cur, redis.call('PTTL', KEYS[1])}
     sha1: "0ac8a5fb3e6b7ce51bb8fdd38f52ff2920045c78",
 };
 
+/// The capability probe an adapter runs once per connection before its first script write (the first fresh
+/// acquisition runs [`PROBE_ACQUIRE`] instead). `KEYS[1]` an example lock key (the first one the connection
+/// acquires), optionally `KEYS[2]` its fence key. Writes nothing.
+///
+/// Returns 1 when the server accepts `SET key value NX GET` (Redis 7.0 and later), else 0. Error replies:
+/// `NOPERM redlease: …` listing the commands the lease scripts need that the user may not run on these keys
+/// (checked with `redis.acl_check_cmd` where the server has it, Redis 7.0 and later), and any error of the
+/// `SET` probe other than the two it expects (`READONLY` on a replica, a missing permission, …).
+///
+/// The `SET` probe sends `SET key probe NX GET PX 0`: a server that accepts `NX` with `GET` rejects the
+/// expiry (`invalid expire time`), one that does not rejects the syntax, and neither writes anything.
+pub const PROBE: Script = Script {
+    name: "probe",
+    source: r#"local denied = {}
+if redis.acl_check_cmd then
+  local checks = {
+    {'GET', KEYS[1]}, {'SET', KEYS[1], 'v', 'PX', '1'}, {'PEXPIRE', KEYS[1], '1'}, {'DEL', KEYS[1]},
+    {'PTTL', KEYS[1]}
+  }
+  if KEYS[2] then
+    checks[#checks + 1] = {'GET', KEYS[2]}
+    checks[#checks + 1] = {'INCR', KEYS[2]}
+    checks[#checks + 1] = {'PTTL', KEYS[2]}
+  end
+  for _, c in ipairs(checks) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      denied[#denied + 1] = c[1] .. ' ' .. c[2]
+    end
+  end
+end
+if #denied > 0 then
+  return redis.error_reply('NOPERM redlease: this user may not run ' .. table.concat(denied, ', '))
+end
+local r = redis.pcall('SET', KEYS[1], 'probe', 'NX', 'GET', 'PX', '0')
+if type(r) == 'table' and r.err then
+  if string.find(r.err, 'invalid expire') then
+    return 1
+  end
+  if string.find(r.err, 'syntax error') then
+    return 0
+  end
+  return r
+end
+return redis.error_reply('ERR redlease: the SET probe was not refused')
+"#,
+    sha1: "1eacc102fc2a2117ed83f8190e82772c24bd3133",
+};
+
+impl Script {
+    /// "script", or "command" for the pseudo-scripts that name plain commands in messages.
+    fn noun(&self) -> &'static str {
+        if self.source.is_empty() {
+            "command"
+        } else {
+            "script"
+        }
+    }
+}
+
+/// The first fresh acquisition on a connection: the capability check of [`PROBE`] and the fresh acquisition of
+/// [`ACQUIRE_FRESH`] in one command. `KEYS[1]` lock, `ARGV[1]` a token never written before, `ARGV[2]` TTL in
+/// ms. Returns `[acquired, set_nx_get]`: `acquired` 1 when the key was absent (now set), 0 when it exists
+/// (never touched); `set_nx_get` as [`PROBE`] answers it. Error replies, all before any write: those of
+/// [`PROBE`] and of [`ACQUIRE_FRESH`].
+pub const PROBE_ACQUIRE: Script = Script {
+    name: "probe_acquire",
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local denied = {}
+if redis.acl_check_cmd then
+  local checks = {
+    {'GET', KEYS[1]}, {'SET', KEYS[1], 'v', 'PX', '1'}, {'PEXPIRE', KEYS[1], '1'}, {'DEL', KEYS[1]},
+    {'PTTL', KEYS[1]}
+  }
+  for _, c in ipairs(checks) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      denied[#denied + 1] = c[1] .. ' ' .. c[2]
+    end
+  end
+end
+if #denied > 0 then
+  return redis.error_reply('NOPERM redlease: this user may not run ' .. table.concat(denied, ', '))
+end
+local nxget = 0
+local r = redis.pcall('SET', KEYS[1], 'probe', 'NX', 'GET', 'PX', '0')
+if type(r) == 'table' and r.err then
+  if string.find(r.err, 'invalid expire') then
+    nxget = 1
+  elseif not string.find(r.err, 'syntax error') then
+    return r
+  end
+else
+  return redis.error_reply('ERR redlease: the SET probe was not refused')
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE the lock key ' .. KEYS[1] .. ' holds a value of another type')
+  end
+  return cur
+end
+if cur == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, nxget}
+end
+return {0, nxget}
+"#,
+    sha1: "8535add28bdb9d24d4b4b4dc5bd1cac910def1b4",
+};
+
+/// `[acquired, set_nx_get]` of [`PROBE_ACQUIRE`].
+pub(crate) fn parse_probe_acquire(reply: Reply) -> Result<(bool, bool), NodeError> {
+    let script = &PROBE_ACQUIRE;
+    match reply {
+        Reply::Array(items) => match <[Reply; 2]>::try_from(items) {
+            Ok([acquired, nxget]) => {
+                Ok((parse_flag(script, acquired)?, parse_flag(script, nxget)?))
+            }
+            Err(items) => Err(unexpected(script, &Reply::Array(items))),
+        },
+        other => Err(unexpected(script, &other)),
+    }
+}
+
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 5] = [ACQUIRE, ACQUIRE_FENCED, RELEASE, EXTEND, INSPECT];
+pub const ALL: [Script; 8] = [
+    ACQUIRE,
+    ACQUIRE_FRESH,
+    ACQUIRE_FENCED,
+    RELEASE,
+    EXTEND,
+    INSPECT,
+    PROBE,
+    PROBE_ACQUIRE,
+];
 
 /// A client-neutral view of a script reply, built by each adapter from its client's value type.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +364,7 @@ pub(crate) enum Reply {
 }
 
 fn unexpected(script: &Script, reply: &Reply) -> NodeError {
+    let noun = script.noun();
     // The reply of a script that ran: the command may have taken effect.
     let shape = match reply {
         Reply::Nil => "nil",
@@ -152,7 +375,7 @@ fn unexpected(script: &Script, reply: &Reply) -> NodeError {
     };
     NodeError::ambiguous(
         NodeErrorKind::Protocol,
-        format!("unexpected reply to the {} script: {shape}", script.name),
+        format!("unexpected reply to the {} {noun}: {shape}", script.name),
     )
 }
 
@@ -176,18 +399,26 @@ pub(crate) fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeErro
     }
 }
 
-/// The reply of `SET key token NX PX ttl`: `OK` when set, nil when the key exists.
-pub(crate) fn parse_set_nx(reply: Reply) -> Result<bool, NodeError> {
+/// The reply of `SET key token NX GET PX ttl`: nil when the key was absent (now set), the old value when it
+/// exists (nothing changed).
+pub(crate) fn parse_set_nx_get(reply: Reply) -> Result<bool, NodeError> {
     match &reply {
-        Reply::Bytes(b) if b.as_slice() == b"OK" => Ok(true),
-        Reply::Nil => Ok(false),
+        Reply::Nil => Ok(true),
+        Reply::Bytes(_) => Ok(false),
         _ => Err(unexpected(&SET_NX, &reply)),
     }
 }
 
-/// Not a script: names `SET … NX PX` in messages about its reply.
-const SET_NX: Script = Script {
+/// Not a script: names the fresh acquisition's `SET … NX GET PX` in messages.
+pub(crate) const SET_NX: Script = Script {
     name: "SET NX",
+    source: "",
+    sha1: "",
+};
+
+/// Not a script: names a plain command in messages.
+pub(crate) const COMMAND: Script = Script {
+    name: "requested",
     source: "",
     sha1: "",
 };
@@ -231,8 +462,11 @@ pub(crate) fn parse_inspect(reply: Reply) -> Result<Option<KeyState>, NodeError>
     }
 }
 
-/// The kind of a Redis error reply, from its first token (`NOSCRIPT No matching script…` → `NoScript`).
-pub(crate) fn server_error_kind(code: &str) -> NodeErrorKind {
+/// The kind of a Redis error reply `line` (`CODE detail…`), from its first token (`NOSCRIPT No matching
+/// script…` → `NoScript`), and for `ERR` from the text Redis 7.0 gives a command refused by the ACL inside a
+/// script (`ERR The user executing the script can't run this command…`), which is `Auth`.
+pub(crate) fn server_error_kind(line: &str) -> NodeErrorKind {
+    let code = line.split_whitespace().next().unwrap_or("");
     match code {
         "NOSCRIPT" => NodeErrorKind::NoScript,
         "OOM" => NodeErrorKind::OutOfMemory,
@@ -242,8 +476,18 @@ pub(crate) fn server_error_kind(code: &str) -> NodeErrorKind {
         "TRYAGAIN" | "CLUSTERDOWN" | "MOVED" | "ASK" => NodeErrorKind::Cluster,
         "BUSY" | "LOADING" | "MASTERDOWN" => NodeErrorKind::Busy,
         "WRONGTYPE" => NodeErrorKind::WrongType,
+        "FENCE" => NodeErrorKind::Fence,
+        "ERR" if is_acl_refusal(line) => NodeErrorKind::Auth,
         _ => NodeErrorKind::Other,
     }
+}
+
+/// Whether an `ERR` line is an ACL refusal: Redis 7.0 reports a command a script may not run as
+/// `ERR The user executing the script can't run this command or subcommand` (and a key it may not touch as
+/// `… can't access at least one of the keys …`); later versions say `NOPERM … no permissions …`, which some
+/// proxies wrap in `ERR`.
+fn is_acl_refusal(line: &str) -> bool {
+    line.contains("The user executing the script can't") || line.contains("no permissions")
 }
 
 /// Whether `token` looks like a Redis error code: an uppercase ASCII word (`ERR`, `NOSCRIPT`, `WRONGPASS`).
@@ -256,14 +500,13 @@ pub(crate) fn looks_like_error_code(token: &str) -> bool {
 ///
 /// Error replies never echo arguments, so the line carries no token; it is bounded in length anyway.
 pub(crate) fn server_error(script: &Script, line: &str) -> NodeError {
-    let code = line.split_whitespace().next().unwrap_or("");
     let mut shown: String = line.chars().take(200).collect();
     if shown.len() < line.len() {
         shown.push('…');
     }
     NodeError::not_applied(
-        server_error_kind(code),
-        format!("the {} script was refused: {shown}", script.name),
+        server_error_kind(line),
+        format!("the {} {} was refused: {shown}", script.name, script.noun()),
     )
 }
 
@@ -315,6 +558,16 @@ mod tests {
                 NodeErrorKind::WrongType,
             ),
             ("ERR unknown command", NodeErrorKind::Other),
+            ("FENCE the fence key f has a TTL", NodeErrorKind::Fence),
+            (
+                "ERR The user executing the script can't run this command or subcommand script: ab, on \
+                 @user_script:1.",
+                NodeErrorKind::Auth,
+            ),
+            (
+                "NOPERM User u has no permissions to run the 'get' command script: ab",
+                NodeErrorKind::Auth,
+            ),
         ];
         for (line, kind) in cases {
             let err = server_error(&ACQUIRE, line);

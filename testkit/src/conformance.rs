@@ -12,13 +12,27 @@
 //! block_on(conformance::run(&node, &SystemTimer)).unwrap();
 //! ```
 //!
+//! [`run`] observes state through the node's own [`inspect`](RedisNode::inspect), so a node whose inspect
+//! shares a bug with its writes could pass. [`run_with_reader`] takes an independent [`StateReader`] (for a
+//! Redis node: a second connection that runs `GET` and `PTTL`) and reads every state through it, checking
+//! that `inspect` agrees.
+//!
 //! Expiry is observed by sleeping on `timer` for about 150 ms in total (instant under virtual time). All keys
 //! share one `{hash tag}`, so a Redis Cluster node passes too.
 
 use std::fmt;
 use std::time::Duration;
 
-use redlease::{NodeError, RedisNode, Timer, Token, Ttl};
+use redlease::{KeyState, NodeError, RedisNode, Timer, Token, Ttl, async_trait};
+
+/// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
+/// through the node under test (for Redis: `GET` and `PTTL` on a second connection).
+#[async_trait]
+pub trait StateReader: Send + Sync {
+    /// The value and remaining TTL (`None`: no expiry) of `key`, or `None` when it does not exist; `Err`
+    /// with a description when the read failed.
+    async fn read(&self, key: &str) -> Result<Option<KeyState>, String>;
+}
 
 /// A contract the node under test broke.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +61,7 @@ pub const CASES: &[&str] = &[
     "acquire_held_key_is_contended",
     "acquire_own_token_again_resets_ttl",
     "acquire_fresh_takes_only_a_free_key",
+    "acquire_fresh_that_claims_nx_never_touches_an_existing_key",
     "release_only_own_token",
     "extend_only_own_token_and_never_creates",
     "keys_expire_and_stay_expired",
@@ -61,6 +76,7 @@ pub const CASES: &[&str] = &[
 
 struct Ctx<'a> {
     node: &'a dyn RedisNode,
+    reader: Option<&'a dyn StateReader>,
     timer: &'a dyn Timer,
     prefix: String,
     case: &'static str,
@@ -92,6 +108,28 @@ impl Ctx<'_> {
         r.map_err(|e| self.fail(format!("{op} returned an error: {e}")))
     }
 
+    /// The state of `key`: through the independent reader when there is one (and then `inspect` must agree
+    /// on the value and on having a TTL), else through `inspect`.
+    async fn read(&self, key: &str) -> Result<Option<KeyState>, Failure> {
+        let inspected = self.ok("inspect", self.node.inspect(key).await)?;
+        let Some(reader) = self.reader else {
+            return Ok(inspected);
+        };
+        let read = reader
+            .read(key)
+            .await
+            .map_err(|e| self.fail(format!("the independent read of {key} failed: {e}")))?;
+        let same = match (&read, &inspected) {
+            (None, None) => true,
+            (Some(r), Some(i)) => r.value == i.value && r.ttl.is_some() == i.ttl.is_some(),
+            _ => false,
+        };
+        self.ensure(same, || {
+            format!("inspect of {key} answered {inspected:?}, an independent read {read:?}")
+        })?;
+        Ok(read)
+    }
+
     async fn sleep(&self, d: Duration) {
         let at = self.timer.now() + d;
         self.timer.sleep_until(at).await;
@@ -105,7 +143,7 @@ impl Ctx<'_> {
         ttl: Duration,
         slack: Duration,
     ) -> Outcome {
-        let state = self.ok("inspect", self.node.inspect(key).await)?;
+        let state = self.read(key).await?;
         let Some(state) = state else {
             return Err(self.fail(format!("expected {key} to hold our token, found no key")));
         };
@@ -122,14 +160,14 @@ impl Ctx<'_> {
     }
 
     async fn expect_absent(&self, key: &str) -> Outcome {
-        let state = self.ok("inspect", self.node.inspect(key).await)?;
+        let state = self.read(key).await?;
         self.ensure(state.is_none(), || {
             format!("expected {key} to be absent, found {state:?}")
         })
     }
 
     async fn fence_value(&self, fence_key: &str) -> Result<Option<u64>, Failure> {
-        let state = self.ok("inspect", self.node.inspect(fence_key).await)?;
+        let state = self.read(fence_key).await?;
         match state {
             None => Ok(None),
             Some(s) => {
@@ -165,11 +203,33 @@ const SLACK: Duration = Duration::from_millis(500);
 /// # Errors
 /// The first [`Failure`].
 pub async fn run(node: &dyn RedisNode, timer: &dyn Timer) -> Result<(), Failure> {
+    run_cases(node, None, timer).await
+}
+
+/// Runs every case like [`run`], reading every state through `reader` (independent of the node) and checking
+/// that the node's `inspect` agrees with it.
+///
+/// # Errors
+/// The first [`Failure`].
+pub async fn run_with_reader(
+    node: &dyn RedisNode,
+    reader: &dyn StateReader,
+    timer: &dyn Timer,
+) -> Result<(), Failure> {
+    run_cases(node, Some(reader), timer).await
+}
+
+async fn run_cases(
+    node: &dyn RedisNode,
+    reader: Option<&dyn StateReader>,
+    timer: &dyn Timer,
+) -> Result<(), Failure> {
     let run_id = token()?;
     let prefix = format!("redlease:conformance:{{{}}}:", &run_id.as_str()[..12]);
     for &case in CASES {
         let ctx = Ctx {
             node,
+            reader,
             timer,
             prefix: prefix.clone(),
             case,
@@ -222,6 +282,19 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             )?;
             c.ensure(!again, || "acquire_fresh took a held key".into())?;
             c.expect_held(&k, &owner, long, SLACK).await
+        }
+        "acquire_fresh_that_claims_nx_never_touches_an_existing_key" => {
+            if !node.acquire_fresh_is_nx() {
+                return Ok(());
+            }
+            // A late copy of a fresh acquisition meets the key it set (with its own token), extended since.
+            let (k, t) = (c.key("lock"), token()?);
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG * 3)).await)?;
+            let again = c.ok("acquire_fresh", node.acquire_fresh(&k, &t, ttl(LONG)).await)?;
+            c.ensure(!again, || {
+                "acquire_fresh claims to be SET NX but answered true for an existing key".into()
+            })?;
+            c.expect_held(&k, &t, long * 3, SLACK).await
         }
         "release_only_own_token" => {
             let (k, owner, other) = (c.key("lock"), token()?, token()?);

@@ -1,6 +1,8 @@
 //! Cancellation at random await points: acquire, extend, release and renewal futures dropped after a random
-//! number of polls or a random µs–ms delay, 1000 times (seeded), in single and Redlock mode, with and without
-//! a spawner. After each drop the same nodes must answer correctly (a fresh acquire, inspect and release of
+//! number of polls or a random µs–ms delay, 500 times per backend (redis-rs multiplexed, fred client, fred
+//! pool; seeded), in single and Redlock mode, with and without a spawner. Scripts are not preloaded and the
+//! script cache is flushed before a third of the iterations, so the `EVALSHA` → `NOSCRIPT` → `EVAL` path is
+//! cancelled mid-way too. After each drop the same nodes must answer correctly (a fresh acquire, inspect and release of
 //! another key), and no key may lack a TTL; at the end no renewal traffic may remain (`INFO commandstats`
 //! stays still over a quiet period) and every key expires.
 
@@ -13,7 +15,14 @@ use std::time::Duration;
 use redlease::{Lease, LockManager, RedisNode};
 use redlease_testkit::server::RedisServers;
 
-use crate::common::{self, BACKENDS, Backend, Rng, config, get, lock_calls};
+use crate::common::{self, Backend, Rng, config, get, lock_calls};
+
+/// Both adapters, and a fred pool (several connections per server).
+const BACKENDS: [Backend; 3] = [
+    Backend::RedisMultiplexed,
+    Backend::FredClient,
+    Backend::FredPool,
+];
 
 const ITERATIONS_PER_BACKEND: u32 = 500;
 /// Long enough that a key found gone within `CLEANED_WITHIN` was deleted, not expired.
@@ -84,6 +93,14 @@ impl Setup {
 
     fn servers(&self, redlock: bool) -> usize {
         if redlock { 3 } else { 1 }
+    }
+
+    /// Empties the script cache of the servers in use, so that the next script call is `EVALSHA`, `NOSCRIPT`,
+    /// then `EVAL`.
+    fn flush(&self, redlock: bool) {
+        for i in 0..self.servers(redlock) {
+            self.servers[i].cmd(&["SCRIPT", "FLUSH"]);
+        }
     }
 }
 
@@ -179,14 +196,25 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
         (Op::Renewal, _) => Point::After(Duration::from_micros(rng.below(40_000))),
         _ => Point::After(Duration::from_micros(rng.below(3_000))),
     };
+    let flush = rng.below(3) == 0;
     let what = format!(
         "seed={seed} (replay with REDLEASE_SEED={seed}) {backend:?} iteration {i}: {op:?} at {point:?} \
-         redlock={redlock} spawner={spawner}"
+         redlock={redlock} spawner={spawner} flush={flush}"
     );
     let manager = setup.manager(redlock, spawner);
     let key = format!("cancel:{{{backend:?}}}:{i}");
     match op {
-        Op::Acquire => match cancel_at(manager.lock(&key).try_acquire(), point).await {
+        Op::Acquire => match cancel_at(
+            async {
+                if flush {
+                    setup.flush(redlock);
+                }
+                manager.lock(&key).try_acquire().await
+            },
+            point,
+        )
+        .await
+        {
             Some(Ok(lease)) => {
                 let token = lease.token().as_str().to_owned();
                 check_connections(setup, &manager, redlock, &key, Some(&token), &what).await;
@@ -206,6 +234,9 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
         Op::Extend => {
             let lease = acquired(&manager, &key, false, &what).await;
             let token = lease.token().as_str().to_owned();
+            if flush {
+                setup.flush(redlock);
+            }
             if let Some(result) = cancel_at(lease.extend(TTL), point).await {
                 result.unwrap_or_else(|e| panic!("{what}: extend failed: {e}"));
             }
@@ -219,6 +250,9 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
         Op::Release => {
             let lease = acquired(&manager, &key, false, &what).await;
             let token = lease.token().as_str().to_owned();
+            if flush {
+                setup.flush(redlock);
+            }
             match cancel_at(lease.release(), point).await {
                 Some(result) => {
                     result.unwrap_or_else(|e| panic!("{what}: release failed: {e}"));
@@ -234,6 +268,9 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
         Op::Renewal => {
             let lease = acquired(&manager, &key, true, &what).await;
             let token = lease.token().as_str().to_owned();
+            if flush {
+                setup.flush(redlock);
+            }
             if spawner {
                 // Background renewal: runs until the lease is dropped.
                 if let Point::After(d) = point {
@@ -266,9 +303,6 @@ async fn cancelling_at_random_await_points_leaves_working_connections_no_renewal
     ) else {
         return;
     };
-    for s in servers.iter() {
-        common::preload(s);
-    }
     let seed = common::seed();
     println!("cancellation seed {seed} (replay with REDLEASE_SEED={seed})");
     let mut rng = Rng::new(seed);

@@ -213,6 +213,11 @@ async fn client_kill_with_a_command_in_flight_never_yields_a_wrong_answer_and_th
         "FredClientNoFailFast".to_owned(),
         Arc::new(FredNode::new(client).with_fail_fast(false)),
     ));
+    // A pool: every command for one key on one member's connection, each member reconnecting by itself.
+    cases.push((
+        "FredPool".to_owned(),
+        common::node(common::Backend::FredPool, &server.url()).await,
+    ));
     for (name, node) in &cases {
         let mut tally = Tally::default();
         for round in 0..3 {

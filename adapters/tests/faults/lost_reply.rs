@@ -20,6 +20,7 @@ async fn redlock_lost_replies_on_a_minority_still_acquire_and_release_and_on_a_m
         Backend::RedisMultiplexed,
         Backend::RedisManager,
         Backend::FredClient,
+        Backend::FredPool,
     ] {
         // Fresh servers and proxies per backend: a dropped reply leaves a connection that must be cut.
         let Some(set) = Proxied::start_or_skip(

@@ -120,39 +120,190 @@ async fn client_response_timeouts_are_ambiguous_timeouts() {
     }
 }
 
+/// How long one call to a dead server may take: every backend's connection timeout is 500 ms, and a refused
+/// connection is answered by the kernel at once; a call that waits for a reply that can never come would take
+/// the whole response timeout (500 ms) or hang.
+const PROMPT: Duration = Duration::from_millis(400);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_connection_is_a_definite_connection_error() {
-    let Some(mut server) =
-        RedisServer::start_or_skip("a_refused_connection_is_a_definite_connection_error")
-    else {
+async fn after_the_server_died_every_backend_fails_promptly_and_definitely_without_sending() {
+    let Some(mut server) = RedisServer::start_or_skip(
+        "after_the_server_died_every_backend_fails_promptly_and_definitely_without_sending",
+    ) else {
         return;
     };
     let ttl = Ttl::from_millis(5000).unwrap();
     let token = Token::random().unwrap();
     let mut nodes = Vec::new();
-    for backend in [
-        Backend::RedisManager,
-        Backend::FredClient,
-        Backend::FredPool,
-    ] {
-        nodes.push((backend, common::node(backend, &server.url()).await));
+    for backend in ALL_BACKENDS {
+        let node = match backend {
+            // The adapter's own reconnection settings (the tests' manager retries reconnections, with
+            // backoff, for scenarios that heal a cut connection).
+            Backend::RedisManager => Arc::new(
+                redlease_adapters::redis::ManagedNode::connect(
+                    &redis::Client::open(server.url()).unwrap(),
+                )
+                .await
+                .unwrap(),
+            ),
+            _ => common::node(backend, &server.url()).await,
+        };
+        nodes.push((backend, node));
+    }
+    // Every connection is in use (and has run a script) before the server dies.
+    for (backend, node) in &nodes {
+        let k = common::key("before-kill", *backend);
+        assert!(node.acquire(&k, &token, ttl).await.unwrap(), "{backend:?}");
     }
     server.kill();
+    let nodes_again = nodes.clone();
     for (backend, node) in nodes {
-        // The first call may meet the dying connection (ambiguous); once the client knows the server is
-        // gone, calls are refused before sending.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        loop {
-            let err = node.acquire("k", &token, ttl).await.unwrap_err();
-            if !err.is_ambiguous() {
+        // The first call may meet the dying connection (ambiguous); once the node knows the connection is
+        // gone, calls are refused before sending, promptly.
+        let mut definite = 0;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while definite < 5 {
+            let started = Instant::now();
+            let err = tokio::time::timeout(Duration::from_secs(5), node.acquire("k", &token, ttl))
+                .await
+                .unwrap_or_else(|_| panic!("{backend:?}: a call to a dead server hung"))
+                .unwrap_err();
+            let took = started.elapsed();
+            if err.is_ambiguous() {
+                assert_eq!(
+                    definite, 0,
+                    "{backend:?}: ambiguous after a definite refusal: {err}"
+                );
+            } else {
                 assert_eq!(err.kind(), NodeErrorKind::Connection, "{backend:?}: {err}");
-                break;
+                assert!(took < PROMPT, "{backend:?}: a refusal took {took:?}: {err}");
+                definite += 1;
             }
             assert!(
                 Instant::now() < deadline,
-                "{backend:?}: still ambiguous: {err}"
+                "{backend:?}: still ambiguous after 3 s: {err}"
             );
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // Release and extend too: nothing can be sent, so nothing is ambiguous.
+        let err = node.release("k", &token).await.unwrap_err();
+        assert!(!err.is_ambiguous(), "{backend:?}: {err}");
+        let err = node.extend("k", &token, ttl).await.unwrap_err();
+        assert!(!err.is_ambiguous(), "{backend:?}: {err}");
+    }
+    // And it stays so while the server is down (fred keeps reconnecting in the background meanwhile).
+    for round in 0..5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for (backend, node) in &nodes_again {
+            let started = Instant::now();
+            let err = tokio::time::timeout(Duration::from_secs(5), node.acquire("k", &token, ttl))
+                .await
+                .unwrap_or_else(|_| panic!("{backend:?} round {round}: a call hung"))
+                .unwrap_err();
+            assert!(!err.is_ambiguous(), "{backend:?} round {round}: {err}");
+            assert!(
+                started.elapsed() < PROMPT,
+                "{backend:?} round {round}: {:?}",
+                started.elapsed()
+            );
+        }
+    }
+    // The server comes back (same port, empty): every reconnecting backend works again; a multiplexed
+    // connection never reconnects (documented) and keeps refusing definitely.
+    server.restart();
+    for (backend, node) in &nodes_again {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match node.acquire("back", &token, ttl).await {
+                Ok(acquired) => {
+                    assert!(acquired, "{backend:?}");
+                    assert_ne!(*backend, Backend::RedisMultiplexed, "reconnected?");
+                    break;
+                }
+                Err(e) if *backend == Backend::RedisMultiplexed => {
+                    assert!(!e.is_ambiguous(), "{e}");
+                    break;
+                }
+                Err(e) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{backend:?} never recovered: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// The client address (`ip:port`) of every command `MONITOR` reports on `server` that mentions `needle`,
+/// recorded while `work` runs.
+async fn clients_sending<F: std::future::Future<Output = ()>>(
+    server: &RedisServer,
+    needle: &str,
+    work: F,
+) -> std::collections::BTreeSet<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();
+    stream.write_all(b"*1\r\n$7\r\nMONITOR\r\n").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert_eq!(line.trim_end(), "+OK");
+    work.await;
+    // Commands from clients look like `+1700000000.123456 [0 127.0.0.1:54321] "EVALSHA" …`; the commands a
+    // script runs carry `[0 lua]`.
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        line.clear();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if !line.contains(needle) {
+                    continue;
+                }
+                if let Some(addr) = line
+                    .split_once('[')
+                    .and_then(|(_, rest)| rest.split_once(']'))
+                    .and_then(|(inside, _)| inside.split_whitespace().nth(1))
+                {
+                    if addr != "lua" {
+                        seen.insert(addr.to_owned());
+                    }
+                }
+            }
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fred_pool_sends_every_command_for_one_key_over_one_connection() {
+    let Some(server) = RedisServer::start_or_skip(
+        "a_fred_pool_sends_every_command_for_one_key_over_one_connection",
+    ) else {
+        return;
+    };
+    // Four members: a round-robin pool would spread twenty commands over all of them.
+    let pool = common::fred_builder(&server.url()).build_pool(4).unwrap();
+    redlease_adapters::fred::fred::prelude::ClientLike::init(&pool)
+        .await
+        .unwrap();
+    let node = FredNode::new(pool);
+    let ttl = Ttl::from_millis(5000).unwrap();
+    for k in ["pool:{a}:lock", "pool:{b}:lock", "pool:{c}:lock"] {
+        let token = Token::random().unwrap();
+        let addrs = clients_sending(&server, k, async {
+            for _ in 0..5 {
+                assert!(node.acquire(k, &token, ttl).await.unwrap());
+                assert!(node.extend(k, &token, ttl).await.unwrap());
+                assert!(node.inspect(k).await.unwrap().is_some());
+                assert!(node.release(k, &token).await.unwrap());
+            }
+        })
+        .await;
+        assert_eq!(addrs.len(), 1, "{k}: sent over {addrs:?}");
     }
 }

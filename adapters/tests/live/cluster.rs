@@ -1,7 +1,7 @@
 //! Redis Cluster: fenced locks with one hash tag work; keys in different slots are refused before sending.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redlease::{LockManager, NodeErrorKind, RedisNode, SystemTimer, Token, Ttl};
 use redlease_adapters::fred::FredNode;
@@ -14,14 +14,26 @@ use redlease_testkit::server::RedisCluster;
 
 use crate::common::{self, first_node_error};
 
+/// Scripts sent to any node (run, or refused like a redirected one), and `MOVED` replies sent by any node.
+fn scripts_and_redirections(cluster: &RedisCluster) -> (u64, u64) {
+    let mut out = (0, 0);
+    for n in cluster.nodes() {
+        let s = crate::stats::Stats::of(n);
+        out.0 += s.sent("eval") + s.sent("evalsha");
+        out.1 += n
+            .cmd(&["INFO", "errorstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap());
+    }
+    out
+}
+
 async fn redis_rs_node(cluster: &RedisCluster) -> ClusterNode {
-    let client = redis::cluster::ClusterClientBuilder::new(cluster.urls())
-        .retries(0)
+    let builder = redis::cluster::ClusterClientBuilder::new(cluster.urls())
         .connection_timeout(Duration::from_millis(500))
-        .response_timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
-    ClusterNode::connect(&client).await.unwrap()
+        .response_timeout(Duration::from_millis(500));
+    ClusterNode::connect(builder).await.unwrap()
 }
 
 async fn fred_node(
@@ -142,12 +154,17 @@ async fn cluster_nodes_pass_the_conformance_suite() {
     else {
         return;
     };
+    // Every state read independently, over a cluster connection of its own.
+    let client = redis::cluster::ClusterClientBuilder::new(cluster.urls())
+        .build()
+        .unwrap();
+    let reader = crate::conformance::GetPttl(client.get_async_connection().await.unwrap());
     let node = redis_rs_node(&cluster).await;
-    redlease_testkit::conformance::run(&node, &SystemTimer)
+    redlease_testkit::conformance::run_with_reader(&node, &reader, &SystemTimer)
         .await
         .unwrap();
     let node = fred_node(&cluster).await;
-    redlease_testkit::conformance::run(&node, &SystemTimer)
+    redlease_testkit::conformance::run_with_reader(&node, &reader, &SystemTimer)
         .await
         .unwrap();
     // Plain (unfenced) keys in any slot are routed to their node.
@@ -156,5 +173,116 @@ async fn cluster_nodes_pass_the_conformance_suite() {
     for key in ["a", "b", "c", "d", "e"] {
         assert!(node.acquire(key, &token, ttl).await.unwrap());
         assert!(node.release(key, &token).await.unwrap());
+    }
+}
+
+/// The index of the node owning `slot`, and every node's id, from `CLUSTER NODES`.
+fn slot_owner(cluster: &RedisCluster, slot: u16) -> (usize, Vec<String>) {
+    let ids: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.cmd(&["CLUSTER", "MYID"]))
+        .collect();
+    let nodes = cluster.nodes()[0].cmd(&["CLUSTER", "NODES"]);
+    for line in nodes.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let owns = fields.iter().skip(8).any(|range| {
+            let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+            match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
+                _ => false,
+            }
+        });
+        if owns {
+            let owner = ids.iter().position(|id| id == fields[0]).unwrap();
+            return (owner, ids);
+        }
+    }
+    panic!("no owner of slot {slot}: {nodes}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_slot_is_a_definite_cluster_error_never_a_resend_and_the_next_call_is_routed_anew()
+{
+    let Some(cluster) = RedisCluster::start_or_skip(
+        "a_moved_slot_is_a_definite_cluster_error_never_a_resend_and_the_next_call_is_routed_anew",
+    ) else {
+        return;
+    };
+    // redis-rs built from a builder that asks for 16 retries: the adapter must still never follow (re-send).
+    let builder = redis::cluster::ClusterClientBuilder::new(cluster.urls())
+        .retries(16)
+        .connection_timeout(Duration::from_millis(500))
+        .response_timeout(Duration::from_millis(500));
+    let nodes: Vec<(&str, Arc<dyn RedisNode>)> = vec![
+        (
+            "redis-rs",
+            Arc::new(ClusterNode::connect(builder).await.unwrap()),
+        ),
+        ("fred", Arc::new(fred_node(&cluster).await)),
+    ];
+    let ttl = Ttl::from_millis(5000).unwrap();
+    for (name, node) in nodes {
+        let k = format!("moved:{{{name}}}:lock");
+        let slot = hash_slot(k.as_bytes());
+        let token = Token::random().unwrap();
+        // Connections, slot map and capability check in place.
+        assert!(node.acquire(&k, &token, ttl).await.unwrap(), "{name}");
+        assert!(node.release(&k, &token).await.unwrap(), "{name}");
+        // Move the (empty) slot to another primary behind the client's back.
+        let (owner, ids) = slot_owner(&cluster, slot);
+        let target = (owner + 1) % ids.len();
+        for i in [target, owner, (owner + 2) % ids.len()] {
+            cluster.nodes()[i].cmd(&[
+                "CLUSTER",
+                "SETSLOT",
+                &slot.to_string(),
+                "NODE",
+                &ids[target],
+            ]);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while slot_owner(&cluster, slot).0 != target {
+            assert!(Instant::now() < deadline, "{name}: the slot did not move");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let before = scripts_and_redirections(&cluster);
+        let err = node.acquire(&k, &token, ttl).await.unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Cluster, "{name}: {err}");
+        assert!(
+            !err.is_ambiguous(),
+            "{name}: a redirection is a refusal: {err}"
+        );
+        // Sent once, to the old owner, which refused it: nothing ran anywhere.
+        // Sent once (refused with MOVED, counted as a rejected call); following the redirection would send it
+        // again to the new owner.
+        let after = scripts_and_redirections(&cluster);
+        assert_eq!(after.1 - before.1, 1, "{name}: one MOVED reply");
+        assert_eq!(
+            after.0 - before.0,
+            1,
+            "{name}: followed the redirection: {}",
+            common::chain(&err)
+        );
+        assert_eq!(cluster.cmd_for_key(&k, &["EXISTS", &k]), "0", "{name}");
+        // The client refreshed its slot map: a later call reaches the new owner.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match node.acquire(&k, &token, ttl).await {
+                Ok(true) => break,
+                Ok(false) => panic!("{name}: contended"),
+                Err(e) => {
+                    assert!(!e.is_ambiguous(), "{name}: {e}");
+                    assert!(Instant::now() < deadline, "{name}: never routed anew: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        assert_eq!(
+            cluster.nodes()[target].cmd(&["GET", &k]),
+            token.as_str(),
+            "{name}: not on the new owner"
+        );
+        assert!(node.release(&k, &token).await.unwrap(), "{name}");
     }
 }

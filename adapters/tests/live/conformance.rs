@@ -1,20 +1,136 @@
-//! The testkit's conformance suite against every single-server backend.
+//! The testkit's conformance suite against every single-server backend, with every state read by a second,
+//! independent connection (`GET` + `PTTL`), not through the node's own `inspect`.
 
-use redlease::SystemTimer;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use redlease::{KeyState, NodeError, RedisNode, SystemTimer, Token, Ttl, async_trait};
+use redlease_adapters::redis::redis;
+use redlease_testkit::conformance::{self, StateReader};
 use redlease_testkit::server::RedisServer;
 
 use crate::common::{self, ALL_BACKENDS};
 
+/// Reads a key with `GET` and `PTTL` on its own redis-rs connection (a cluster connection routes both).
+pub(crate) struct GetPttl<C>(pub(crate) C);
+
+#[async_trait]
+impl<C> StateReader for GetPttl<C>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn read(&self, key: &str) -> Result<Option<KeyState>, String> {
+        let mut conn = self.0.clone();
+        let value: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(value) = value else {
+            return Ok(None);
+        };
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        let ttl = u64::try_from(pttl).ok().map(Duration::from_millis);
+        Ok(Some(KeyState::new(value, ttl)))
+    }
+}
+
+/// A reader over a fresh multiplexed connection to `url`.
+pub(crate) async fn reader(url: &str) -> GetPttl<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url).unwrap();
+    GetPttl(client.get_multiplexed_async_connection().await.unwrap())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_backend_passes_the_conformance_suite() {
-    let Some(server) = RedisServer::start_or_skip("every_backend_passes_the_conformance_suite")
-    else {
+async fn every_backend_passes_the_conformance_suite_checked_by_an_independent_reader() {
+    let Some(server) = RedisServer::start_or_skip(
+        "every_backend_passes_the_conformance_suite_checked_by_an_independent_reader",
+    ) else {
         return;
     };
+    let reader = reader(&server.url()).await;
     for backend in ALL_BACKENDS {
         let node = common::node(backend, &server.url()).await;
-        if let Err(failure) = redlease_testkit::conformance::run(&*node, &SystemTimer).await {
+        if let Err(failure) = conformance::run_with_reader(&*node, &reader, &SystemTimer).await {
             panic!("{backend:?}: {failure}");
         }
     }
+}
+
+/// A node that only pretends to extend: it answers `true` for its own key but never sends `PEXPIRE`, and its
+/// `inspect` reports the TTL it pretended to set. Checked through its own `inspect` it looks correct.
+struct PretendsToExtend {
+    inner: std::sync::Arc<dyn RedisNode>,
+    claimed: Mutex<HashMap<String, Duration>>,
+}
+
+#[async_trait]
+impl RedisNode for PretendsToExtend {
+    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.claimed.lock().unwrap().remove(key);
+        self.inner.acquire(key, token, ttl).await
+    }
+    async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<u64>, NodeError> {
+        self.claimed.lock().unwrap().remove(key);
+        self.inner.acquire_fenced(key, fence_key, token, ttl).await
+    }
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+        self.inner.release(key, token).await
+    }
+    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let ours = self
+            .inner
+            .inspect(key)
+            .await?
+            .is_some_and(|s| s.holds(token));
+        if ours {
+            self.claimed
+                .lock()
+                .unwrap()
+                .insert(key.to_owned(), ttl.as_duration());
+        }
+        Ok(ours)
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+        let state = self.inner.inspect(key).await?;
+        let claimed = self.claimed.lock().unwrap().get(key).copied();
+        Ok(state.map(|s| KeyState::new(s.value, claimed.or(s.ttl))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_independent_reader_catches_a_node_whose_inspect_agrees_with_its_own_bug() {
+    let Some(server) = RedisServer::start_or_skip(
+        "the_independent_reader_catches_a_node_whose_inspect_agrees_with_its_own_bug",
+    ) else {
+        return;
+    };
+    let node = PretendsToExtend {
+        inner: common::node(common::Backend::RedisMultiplexed, &server.url()).await,
+        claimed: Mutex::new(HashMap::new()),
+    };
+    // Through its own inspect the broken node passes...
+    conformance::run(&node, &SystemTimer)
+        .await
+        .expect("the self-consistent node passes the inspect-based run");
+    // ...the independent reader sees that the TTL never changed.
+    let reader = reader(&server.url()).await;
+    let failure = conformance::run_with_reader(&node, &reader, &SystemTimer)
+        .await
+        .expect_err("a node that never extends passed with an independent reader");
+    assert_eq!(
+        failure.case, "extend_only_own_token_and_never_creates",
+        "{failure}"
+    );
 }

@@ -14,9 +14,12 @@ mod conformance;
 mod examples;
 mod executor;
 mod long_job;
+mod permissions;
 mod redlock;
 mod redlock_stall;
 mod renewal_loss;
 mod scripts;
 mod single;
 mod split_vote;
+#[path = "../shared/stats.rs"]
+mod stats;

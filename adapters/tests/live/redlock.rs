@@ -179,3 +179,91 @@ async fn redlock_rejects_one_server_named_twice_by_endpoint() {
     let f0 = common::node(Backend::FredClient, &servers[0].url()).await;
     assert_eq!(f0.endpoint(), Some(servers[0].url()));
 }
+
+/// Lazy nodes of `kind` for `urls`, built without any I/O.
+fn lazy_nodes(kind: &str, urls: &[String]) -> Vec<Arc<dyn RedisNode>> {
+    use redlease_adapters::fred::FredNode;
+    use redlease_adapters::redis::LazyNode;
+    urls.iter()
+        .map(|url| -> Arc<dyn RedisNode> {
+            match kind {
+                "LazyNode" => Arc::new(LazyNode::with_config(
+                    redis::Client::open(url.as_str()).unwrap(),
+                    redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(Duration::from_millis(300)))
+                        .set_response_timeout(Some(Duration::from_millis(500))),
+                )),
+                _ => Arc::new(FredNode::lazy(common::fred_client(url))),
+            }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_service_starts_with_a_minority_down_and_the_node_joins_when_it_comes_up() {
+    let Some(mut servers) = RedisServers::start_or_skip(
+        "a_redlock_service_starts_with_a_minority_down_and_the_node_joins_when_it_comes_up",
+        3,
+    ) else {
+        return;
+    };
+    let urls = servers.urls();
+    servers[2].kill();
+    for kind in ["LazyNode", "FredLazy"] {
+        // Building the nodes and the manager sends nothing (no connection reaches the servers that are up),
+        // so server 2 being down does not stop the start.
+        let before: Vec<_> = (0..2)
+            .map(|i| crate::stats::Stats::of(&servers[i]))
+            .collect();
+        let nodes = lazy_nodes(kind, &urls);
+        let manager = LockManager::redlock_dyn(
+            nodes,
+            config(Duration::from_secs(10)).operation_timeout(Duration::from_millis(800)),
+        )
+        .unwrap();
+        for (i, before) in before.iter().enumerate() {
+            let seen = crate::stats::Stats::of(&servers[i]).since(before);
+            assert_eq!(
+                seen.connections, 0,
+                "{kind}: building connected to server {i}"
+            );
+        }
+        let k = format!("lazy:{{{kind}}}:lock");
+        let lease = manager
+            .lock(&k)
+            .try_acquire()
+            .await
+            .unwrap_or_else(|e| panic!("{kind}: with two of three servers up: {e}"));
+        let token = lease.token().as_str().to_owned();
+        assert_eq!(servers[0].cmd(&["GET", &k]), token, "{kind}");
+        assert_eq!(servers[1].cmd(&["GET", &k]), token, "{kind}");
+        lease.release().await.unwrap();
+
+        // Server 2 comes up (same port, empty): the next acquisitions reach it.
+        servers[2].restart();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let lease = manager.lock(&k).try_acquire().await.unwrap();
+            let joined = servers[2].cmd(&["GET", &k]) == lease.token().as_str();
+            lease.release().await.unwrap();
+            if joined {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{kind}: the restarted server never received a lock"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // With all three up, a majority survives losing any one of them again.
+        servers[2].kill();
+        manager
+            .lock(&k)
+            .try_acquire()
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+}

@@ -134,9 +134,9 @@ async fn wrong_types_and_exhausted_fences_fail_definitely_before_writing() {
         let k = key("types", backend);
         let f = common::fence_of(&k);
         for (fence_value, kind) in [
-            ("not-a-number", redlease::NodeErrorKind::WrongType),
-            ("-1", redlease::NodeErrorKind::WrongType),
-            ("9223372036854775807", redlease::NodeErrorKind::Other),
+            ("not-a-number", redlease::NodeErrorKind::Fence),
+            ("-1", redlease::NodeErrorKind::Fence),
+            ("9223372036854775807", redlease::NodeErrorKind::Fence),
         ] {
             server.cmd(&["SET", &f, fence_value]);
             let err = node.acquire_fenced(&k, &f, &token, ttl).await.unwrap_err();
@@ -201,4 +201,147 @@ async fn release_and_extend_work_under_oom_while_acquire_is_refused() {
         );
         server.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
     }
+}
+
+/// Raw `EVAL` of a script (as a user of the public `scripts` module would send it), its reply as text.
+fn raw_eval(
+    server: &RedisServer,
+    script: &scripts::Script,
+    keys: &[&str],
+    args: &[&str],
+) -> Result<String, String> {
+    let numkeys = keys.len().to_string();
+    let mut cmd = vec!["EVAL", script.source, &numkeys];
+    cmd.extend_from_slice(keys);
+    cmd.extend_from_slice(args);
+    server.try_cmd(&cmd)
+}
+
+#[test]
+fn every_script_checks_its_arguments_before_its_first_write() {
+    let Some(server) =
+        RedisServer::start_or_skip("every_script_checks_its_arguments_before_its_first_write")
+    else {
+        return;
+    };
+    let token = "0123456789abcdef0123456789abcdef01234567";
+    let bad_ttls = [
+        "0",
+        "-5",
+        "",
+        "1.5",
+        "1e3",
+        "abc",
+        " 100",
+        "1000000000000000",
+    ];
+    for ttl in bad_ttls {
+        // The fenced acquisition must not increment the counter before refusing (a partial write).
+        server.cmd(&["SET", "f", "7"]);
+        let err = raw_eval(
+            &server,
+            &scripts::ACQUIRE_FENCED,
+            &["k", "f"],
+            &[token, ttl],
+        )
+        .expect_err(ttl);
+        assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
+        assert_eq!(server.cmd(&["GET", "f"]), "7", "{ttl:?}: the fence moved");
+        assert_eq!(server.cmd(&["EXISTS", "k"]), "0", "{ttl:?}");
+        let err = raw_eval(&server, &scripts::ACQUIRE, &["k"], &[token, ttl]).expect_err(ttl);
+        assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
+        assert_eq!(server.cmd(&["EXISTS", "k"]), "0", "{ttl:?}");
+        // Extend with a non-positive TTL would delete the key (`PEXPIRE 0`) or set a wrong one.
+        server.cmd(&["SET", "k", token, "PX", "60000"]);
+        let err = raw_eval(&server, &scripts::EXTEND, &["k"], &[token, ttl]).expect_err(ttl);
+        assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
+        assert_eq!(
+            server.cmd(&["GET", "k"]),
+            token,
+            "{ttl:?}: extend deleted the key"
+        );
+        let pttl: i64 = server.cmd(&["PTTL", "k"]).parse().unwrap();
+        assert!(pttl > 50_000, "{ttl:?}: extend changed the TTL to {pttl}");
+        server.cmd(&["DEL", "k"]);
+    }
+    // A missing TTL argument and an empty token are refused too.
+    let err = raw_eval(&server, &scripts::ACQUIRE_FENCED, &["k", "f"], &[token]).unwrap_err();
+    assert!(err.contains("invalid TTL"), "{err}");
+    let err = raw_eval(&server, &scripts::ACQUIRE, &["k"], &["", "1000"]).unwrap_err();
+    assert!(err.contains("invalid token"), "{err}");
+    assert_eq!(server.cmd(&["GET", "f"]), "7");
+    assert_eq!(server.cmd(&["EXISTS", "k"]), "0");
+    // The largest TTL redlease sends (2^46 ms) is accepted.
+    let max = redlease::Ttl::MAX.as_millis().to_string();
+    assert_eq!(
+        raw_eval(
+            &server,
+            &scripts::ACQUIRE_FENCED,
+            &["k", "f"],
+            &[token, &max]
+        )
+        .unwrap(),
+        "8"
+    );
+    assert_eq!(
+        raw_eval(&server, &scripts::EXTEND, &["k"], &[token, &max]).unwrap(),
+        "1"
+    );
+}
+
+#[test]
+fn the_capability_probe_writes_nothing_and_reports_set_nx_get() {
+    let Some(server) =
+        RedisServer::start_or_skip("the_capability_probe_writes_nothing_and_reports_set_nx_get")
+    else {
+        return;
+    };
+    // Redis 7.0+ accepts SET … NX GET; the probe's own SET is refused for its expiry, never executed.
+    assert_eq!(
+        raw_eval(&server, &scripts::PROBE, &["k"], &[]).unwrap(),
+        "1"
+    );
+    assert_eq!(
+        raw_eval(&server, &scripts::PROBE, &["k", "f"], &[]).unwrap(),
+        "1"
+    );
+    server.cmd(&["SET", "s", "v"]);
+    server.cmd(&["HSET", "h", "a", "1"]);
+    assert_eq!(
+        raw_eval(&server, &scripts::PROBE, &["s"], &[]).unwrap(),
+        "1"
+    );
+    assert_eq!(
+        raw_eval(&server, &scripts::PROBE, &["h"], &[]).unwrap(),
+        "1"
+    );
+    assert_eq!(server.cmd(&["DBSIZE"]), "2");
+    assert_eq!(server.cmd(&["GET", "s"]), "v");
+    assert_eq!(server.cmd(&["EXISTS", "k"]), "0");
+}
+
+#[test]
+fn the_fresh_acquire_script_never_touches_an_existing_key() {
+    let Some(server) =
+        RedisServer::start_or_skip("the_fresh_acquire_script_never_touches_an_existing_key")
+    else {
+        return;
+    };
+    let token = "0123456789abcdef0123456789abcdef01234567";
+    assert_eq!(
+        raw_eval(&server, &scripts::ACQUIRE_FRESH, &["k"], &[token, "60000"]).unwrap(),
+        "1"
+    );
+    assert_eq!(server.cmd(&["GET", "k"]), token);
+    // A late copy of the same fresh acquisition: the key exists (even with this token), nothing changes.
+    server.cmd(&["PEXPIRE", "k", "300000"]);
+    assert_eq!(
+        raw_eval(&server, &scripts::ACQUIRE_FRESH, &["k"], &[token, "1000"]).unwrap(),
+        "0"
+    );
+    let pttl: i64 = server.cmd(&["PTTL", "k"]).parse().unwrap();
+    assert!(pttl > 250_000, "the TTL was reset to {pttl}");
+    server.cmd(&["HSET", "h", "a", "1"]);
+    let err = raw_eval(&server, &scripts::ACQUIRE_FRESH, &["h"], &[token, "1000"]).unwrap_err();
+    assert!(err.starts_with("WRONGTYPE the lock key h"), "{err}");
 }

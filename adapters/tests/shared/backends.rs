@@ -11,7 +11,7 @@ use redlease_adapters::fred::FredNode;
 use redlease_adapters::fred::fred::prelude::{
     Builder, ClientLike, Config as FredConfig, ReconnectPolicy,
 };
-use redlease_adapters::redis::{MultiplexedNode, RedisRsNode, redis};
+use redlease_adapters::redis::{ManagedNode, MultiplexedNode, redis};
 
 /// A kind of node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,35 +39,64 @@ pub(crate) fn fred_builder(url: &str) -> Builder {
     builder
 }
 
-/// A connected node of `backend` for the server (or proxy) at `url`.
+/// The example key of the tests' eager capability checks.
+pub(crate) const PROBE_KEY: &str = "probe:{warm-up}";
+
+/// A connected node of `backend` for the server (or proxy) at `url`, its capability check already run (so
+/// that a test's first acquisition is exactly one lock command, as every later one).
 pub(crate) async fn node(backend: Backend, url: &str) -> Arc<dyn RedisNode> {
+    build(backend, url, true).await
+}
+
+/// A connected node of `backend` for `url` whose capability check runs at its first acquisition.
+pub(crate) async fn unprobed(backend: Backend, url: &str) -> Arc<dyn RedisNode> {
+    build(backend, url, false).await
+}
+
+async fn build(backend: Backend, url: &str, probe: bool) -> Arc<dyn RedisNode> {
     let client = || redis::Client::open(url).expect("redis-rs client");
     match backend {
-        Backend::RedisMultiplexed => Arc::new(
-            MultiplexedNode::connect(&client())
+        Backend::RedisMultiplexed => {
+            let node = MultiplexedNode::connect(&client())
                 .await
-                .expect("multiplexed connect"),
-        ),
+                .expect("multiplexed connect");
+            if probe {
+                node.probe(PROBE_KEY).await.expect("capability check");
+            }
+            Arc::new(node)
+        }
         Backend::RedisManager => {
             let config = redis::aio::ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(Duration::from_millis(500)))
                 .set_response_timeout(Some(Duration::from_millis(500)))
+                // Reconnection retried (with backoff), for scenarios that heal a cut connection.
                 .set_number_of_retries(2);
-            let conn = client()
-                .get_connection_manager_with_config(config)
+            let node = ManagedNode::connect_with_config(&client(), config)
                 .await
-                .expect("connection manager");
-            Arc::new(RedisRsNode::new(conn).with_endpoint(url))
+                .expect("connection manager")
+                .with_endpoint(url);
+            if probe {
+                node.probe(PROBE_KEY).await.expect("capability check");
+            }
+            Arc::new(node)
         }
         Backend::FredClient => {
             let client = fred_builder(url).build().expect("fred client");
             client.init().await.expect("fred init");
-            Arc::new(FredNode::new(client))
+            let node = FredNode::new(client);
+            if probe {
+                node.probe(PROBE_KEY).await.expect("capability check");
+            }
+            Arc::new(node)
         }
         Backend::FredPool => {
             let pool = fred_builder(url).build_pool(2).expect("fred pool");
             pool.init().await.expect("fred pool init");
-            Arc::new(FredNode::new(pool))
+            let node = FredNode::new(pool);
+            if probe {
+                node.probe(PROBE_KEY).await.expect("capability check");
+            }
+            Arc::new(node)
         }
     }
 }
