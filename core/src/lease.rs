@@ -835,7 +835,9 @@ impl Lease {
     /// Extends the lease to `ttl` from now on a majority (single mode: its one node), by compare-and-pexpire.
     ///
     /// Never re-creates an expired key and never issues a new fencing token. Does not change the TTL later
-    /// automatic renewals use.
+    /// automatic renewals use. A `ttl` shorter than what the lease has left moves its deadline earlier before
+    /// the request is sent (the node may apply it whatever becomes of the reply), and automatic renewal
+    /// re-plans for the new deadline.
     ///
     /// # Errors
     /// - [`Error::Config`] for an invalid `ttl` (zero, too long, within the drift allowance), before any
@@ -892,6 +894,9 @@ impl Lease {
     /// Releases the lease: compare-and-delete of its token on every node, waiting for each up to the operation
     /// timeout. The lease ends (renewal stops, loss signals resolve) as soon as this starts, whatever the
     /// outcome.
+    ///
+    /// On success the [`ReleaseReport`] names the nodes that could not confirm the deletion (a minority; they
+    /// keep our key until its TTL ends).
     ///
     /// # Errors
     /// - [`Error::Lost`] if the lease had been lost before the release (expired, taken over, or deleted): work
@@ -970,8 +975,34 @@ impl Lease {
     /// Nothing is spawned: renewal runs inside this future, interleaved with `work`. The lease stays held when
     /// `run` returns; release it afterwards.
     ///
+    /// When several `run`s of one lease overlap, one renews at a time; when it returns, another takes over.
+    ///
     /// # Errors
-    /// [`Error::Lost`] if the lease is lost before `work` completes; `work` is dropped at that point.
+    /// [`Error::Lost`] if the lease is lost before `work` completes, with the cause of the loss (the node
+    /// errors of a failed extension, for example) as its `source`. `work` is dropped at the moment of the loss;
+    /// `run` then finishes deleting the token from the nodes (one round, bounded by the operation timeout)
+    /// before it returns, so that no node keeps our key for a whole TTL.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager
+    ///     .lock("nightly")
+    ///     .auto_renew(Duration::from_secs(10))
+    ///     .try_acquire()
+    ///     .await?;
+    /// match lease.run(async { 2 + 2 }).await {
+    ///     Ok(sum) => assert_eq!(sum, 4),
+    ///     // The lease was lost: the work was stopped; do not act as the owner any more.
+    ///     Err(lost) => eprintln!("{lost}"),
+    /// }
+    /// lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
         let shared = &self.shared;
         let mut signal = self.lost();
