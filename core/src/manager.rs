@@ -479,6 +479,7 @@ impl Lock {
             if engine.timer.now() >= deadline {
                 return Err(Error::NotAcquired {
                     key: self.key.clone(),
+                    mode: engine.mode,
                     attempts: 0,
                     reason: NotAcquiredReason::DeadlinePassed,
                     last_error: None,
@@ -693,6 +694,7 @@ impl Lock {
                 });
                 return Err(Error::NotAcquired {
                     key: self.key.clone(),
+                    mode: engine.mode,
                     attempts: attempt,
                     reason,
                     last_error,
