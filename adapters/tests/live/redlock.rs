@@ -241,10 +241,23 @@ async fn a_redlock_service_starts_with_a_minority_down_and_the_node_joins_when_i
 
         // Server 2 comes up (same port, empty): the next acquisitions reach it.
         servers[2].restart();
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // (A fresh acquisition returns at the quorum: the third node's SET may land a moment later, so each
+        // lease gives it a little time before it is released. The deadline leaves room for the client's
+        // reconnection delay on a loaded machine.)
+        let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let lease = manager.lock(&k).try_acquire().await.unwrap();
-            let joined = servers[2].cmd(&["GET", &k]) == lease.token().as_str();
+            let token = lease.token().as_str().to_owned();
+            let landed_by = Instant::now() + Duration::from_millis(500);
+            let joined = loop {
+                if servers[2].try_cmd(&["GET", &k]).is_ok_and(|v| v == token) {
+                    break true;
+                }
+                if Instant::now() > landed_by {
+                    break false;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
             lease.release().await.unwrap();
             if joined {
                 break;
