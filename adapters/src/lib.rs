@@ -67,6 +67,8 @@
 
 #[cfg(any(feature = "redis", feature = "fred"))]
 mod ops;
+mod commands;
+pub use commands::{Capabilities, Commands};
 pub mod scripts;
 pub mod slot;
 
