@@ -56,10 +56,28 @@ impl Verb {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Probe(Arc<Mutex<ProbeState>>);
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct ProbeState {
     mode: Commands,
     caps: Option<Capabilities>,
+    /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
+    /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
+    fences: std::collections::VecDeque<(String, String, Option<u64>)>,
+}
+
+/// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
+/// within one acquisition; older entries are dropped first).
+const FENCES_KEPT: usize = 256;
+
+impl std::fmt::Debug for ProbeState {
+    // Tokens stay out of Debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeState")
+            .field("mode", &self.mode)
+            .field("caps", &self.caps)
+            .field("fences", &self.fences.len())
+            .finish()
+    }
 }
 
 impl Probe {
@@ -81,6 +99,36 @@ impl Probe {
 
     pub(crate) fn mode(&self) -> Commands {
         self.lock().mode
+    }
+
+    /// What this node recorded for a native fenced acquisition of `key` with `token`: `None` nothing (this
+    /// node never wrote that lock), `Some(None)` written but its number unconfirmed, `Some(Some(n))` issued.
+    fn fence(&self, key: &str, token: &Token) -> Option<Option<u64>> {
+        self.lock()
+            .fences
+            .iter()
+            .rev()
+            .find(|(k, t, _)| k == key && t == token.as_str())
+            .map(|(_, _, n)| *n)
+    }
+
+    fn record_fence(&self, key: &str, token: &Token, fence: Option<u64>) {
+        let mut state = self.lock();
+        state
+            .fences
+            .retain(|(k, t, _)| !(k == key && t == token.as_str()));
+        if state.fences.len() >= FENCES_KEPT {
+            state.fences.pop_front();
+        }
+        state
+            .fences
+            .push_back((key.to_owned(), token.as_str().to_owned(), fence));
+    }
+
+    fn forget_fence(&self, key: &str, token: &Token) {
+        self.lock()
+            .fences
+            .retain(|(k, t, _)| !(k == key && t == token.as_str()));
     }
 
     /// Sets the mode (and forgets what was learned under the old one).
@@ -228,9 +276,9 @@ async fn probe_set_option(
     }
 }
 
-/// The native commands a connection offers, probed with plain commands (no Lua needed).
-async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Found; 3], NodeError> {
-    let ifeq = probe_set_option(t, &scripts::SET_IFEQ, key, &["IFEQ", "redlease:probe"]).await?;
+/// The native commands a connection offers, probed with plain commands (no Lua needed): `DELIFEQ` first
+/// (it is not a `SET`), and only where it is offered the two `SET` options.
+async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 3], NodeError> {
     let delifeq = match note(
         t,
         t.command(
@@ -242,22 +290,29 @@ async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Found; 3], Node
     ) {
         Ok(Reply::Int(_)) => Found::Present,
         Err(e) if e.kind() == NodeErrorKind::WrongType => Found::Present,
-        Err(e) if !e.is_ambiguous() && e.message().to_ascii_lowercase().contains("unknown command") => {
+        Err(e)
+            if !e.is_ambiguous() && e.message().to_ascii_lowercase().contains("unknown command") =>
+        {
             Found::Absent
         }
         Err(e) if denied(&e) => Found::Denied,
         Err(e) => return Err(e),
         Ok(reply) => return Err(scripts::unexpected_reply(&scripts::DELIFEQ, &reply)),
     };
+    if delifeq != Found::Present {
+        return Ok([None, None, Some(delifeq)]);
+    }
+    let ifeq = probe_set_option(t, &scripts::SET_IFEQ, key, &["IFEQ", "redlease:probe"]).await?;
     let nx_get = probe_set_option(t, &scripts::SET_NX, key, &["NX", "GET"]).await?;
-    Ok([nx_get, ifeq, delifeq])
+    Ok([Some(nx_get), Some(ifeq), Some(delifeq)])
 }
 
-fn describe(found: [Found; 3]) -> String {
+fn describe(found: [Option<Found>; 3]) -> String {
     let names = ["SET NX GET", "SET IFEQ", "DELIFEQ"];
     names
         .iter()
         .zip(found)
+        .filter_map(|(name, f)| f.map(|f| (name, f)))
         .map(|(name, f)| {
             let state = match f {
                 Found::Present => "offered",
@@ -280,17 +335,17 @@ async fn without_lua(
 ) -> Result<Capabilities, NodeError> {
     let found = probe_natives(t, key).await?;
     let [nx_get, ifeq, delifeq] = found;
-    if ifeq == Found::Present && delifeq == Found::Present {
+    if ifeq == Some(Found::Present) && delifeq == Some(Found::Present) {
         return Ok(Capabilities {
             lua: false,
-            set_nx_get: nx_get == Found::Present,
+            set_nx_get: nx_get == Some(Found::Present),
             set_ifeq: true,
             delifeq: true,
             commands: mode,
         });
     }
     let natives = describe(found);
-    let acl = ifeq == Found::Denied || delifeq == Found::Denied;
+    let acl = ifeq == Some(Found::Denied) || delifeq == Some(Found::Denied);
     let (kind, message) = match &why {
         Some(e) if scripts_denied(e) => (
             NodeErrorKind::Auth,
@@ -638,18 +693,24 @@ async fn undo(t: &impl Transport, key: &str, token: &Token, err: NodeError) -> N
 ///
 /// 1. `MULTI GET fence PTTL fence EXEC`: the counter must be absent or a non-negative integer below
 ///    2^63-1 without a TTL, else a `Fence` error (nothing written).
-/// 2. `SET lock token NX PX ttl`; if the key exists, `SET lock token IFEQ token PX ttl` (a retry of this
-///    acquisition finds its own token); neither set: held by another (`None`).
+/// 2. `SET lock token NX PX ttl`; if the key exists, it is held by another (`None`), unless it holds our
+///    token (see retries below).
 /// 3. `MULTI INCR fence GET lock PTTL fence EXEC`: the number is issued in the same atomic step that shows
 ///    the lock still holds our token, so the numbers of successive holders increase strictly (their holding
 ///    times do not overlap). If the `INCR` is refused (the counter changed type or overflowed meanwhile) or
 ///    the counter gained a TTL meanwhile, the lock is removed again (`DELIFEQ`) before the error returns.
 ///
+/// Contention changes nothing (no `INCR` without the lock). Retries of one acquisition (same token): the node
+/// remembers what it wrote. A number it issued is returned again after `SET … IFEQ` resets the TTL (as the
+/// script does); a lock it wrote whose number is unconfirmed (the reply of step 3 was lost, or the call was
+/// dropped between steps) gets a new number through step 3, since the old `INCR` may never have run; a lock
+/// holding our token that this node never wrote is a definite `Fence` error, nothing written (as the script
+/// answers a lock without counter).
+///
 /// Gaps in the sequence (numbers issued to no holder): an `INCR` whose lock had already expired (step 3
-/// finds another or no value: `None`), one followed by a refusal, one whose reply was lost, and a retry
-/// after a lost reply (a retry always takes a new number). Every number handed out is larger than every
-/// earlier one. An ambiguous error after step 2 may leave the lock key (with its TTL) for the core's
-/// clean-up, as an ambiguous script reply does.
+/// finds another or no value: `None`), one followed by a refusal, one whose reply was lost (its retry takes a
+/// new number). Every number handed out is larger than every earlier one. An ambiguous error after step 2
+/// may leave the lock key (with its TTL) for the core's clean-up, as an ambiguous script reply does.
 async fn fenced_native(
     t: &impl Transport,
     key: &str,
@@ -673,8 +734,44 @@ async fn fenced_native(
     let [value, pttl] = <[Reply; 2]>::try_from(before)
         .map_err(|items| scripts::unexpected_reply(what, &Reply::Array(items)))?;
     check_fence(fence_key, &value, &pttl)?;
-    if !acquire_native(t, key, token, ttl).await? {
-        return Ok(None);
+    let recorded = t.probe().fence(key, token);
+    if let Some(Some(issued)) = recorded {
+        if value == Reply::Nil {
+            return Err(fence_error(format!(
+                "FENCE the fence key {fence_key} is missing while the lock holds this token"
+            )));
+        }
+        if set_ifeq(t, key, token, ttl).await? {
+            return Ok(Some(issued));
+        }
+    }
+    let written = set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], ttl).await?;
+    if written {
+        t.probe().record_fence(key, token, None);
+    } else if recorded == Some(None) {
+        // Our lock from an earlier attempt whose number is unconfirmed: keep it (resetting its TTL) and
+        // issue a new number below.
+        match set_ifeq(t, key, token, ttl).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            Err(e) if e.kind() == NodeErrorKind::WrongType => {
+                return Err(lock_wrong_type(&scripts::SET_IFEQ, key, e));
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        let holder = note(t, t.command(&scripts::COMMAND, key, &["GET", key]).await);
+        return match holder {
+            Ok(Reply::Bytes(v)) if v == token.as_str().as_bytes() => Err(fence_error(format!(
+                "FENCE the lock {key} holds this token but this node issued it no fencing number; the \
+                 number can no longer be confirmed"
+            ))),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == NodeErrorKind::WrongType => {
+                Err(lock_wrong_type(&scripts::SET_NX_PLAIN, key, e))
+            }
+            Err(e) => Err(e),
+        };
     }
     let issued = note(
         t,
@@ -688,29 +785,32 @@ async fn fenced_native(
     let replies = match issued {
         Ok(replies) => replies,
         Err(e) if e.is_ambiguous() => return Err(e),
-        Err(e) => return Err(undo(t, key, token, incr_refused(fence_key, e)).await),
+        Err(e) => {
+            t.probe().forget_fence(key, token);
+            return Err(undo(t, key, token, incr_refused(fence_key, e)).await);
+        }
     };
     let [fence, holder, pttl] = <[Reply; 3]>::try_from(replies)
         .map_err(|items| scripts::unexpected_reply(what, &Reply::Array(items)))?;
     if holder != Reply::Bytes(token.as_str().as_bytes().to_vec()) {
         // The lock expired (or was deleted) before the number was issued: a gap, and not ours.
+        t.probe().forget_fence(key, token);
         return Ok(None);
     }
-    if scripts::parse_integer(what, &pttl)? != -1 {
-        let err = fence_error(format!(
-            "FENCE the fence key {fence_key} has a TTL; fencing numbers would restart when it expires"
-        ));
-        return Err(undo(t, key, token, err).await);
-    }
-    match scripts::parse_integer(what, &fence)? {
-        n if n >= 1 => Ok(Some(n.unsigned_abs())),
-        _ => {
-            let err = fence_error(format!(
-                "FENCE the fence key {fence_key} does not hold a non-negative integer"
-            ));
-            Err(undo(t, key, token, err).await)
+    let refused = if scripts::parse_integer(what, &pttl)? != -1 {
+        format!("FENCE the fence key {fence_key} has a TTL; fencing numbers would restart when it expires")
+    } else {
+        match scripts::parse_integer(what, &fence)? {
+            n if n >= 1 => {
+                let n = n.unsigned_abs();
+                t.probe().record_fence(key, token, Some(n));
+                return Ok(Some(n));
+            }
+            _ => format!("FENCE the fence key {fence_key} does not hold a non-negative integer"),
         }
-    }
+    };
+    t.probe().forget_fence(key, token);
+    Err(undo(t, key, token, fence_error(refused)).await)
 }
 
 /// The capabilities to choose a release or extension path by: a scripts-only node needs no check (the
@@ -738,6 +838,7 @@ pub(crate) async fn release(
     key: &str,
     token: &Token,
 ) -> Result<bool, NodeError> {
+    t.probe().forget_fence(key, token);
     if path(t, key).await?.is_some_and(|c| c.native_release()) {
         return release_native(t, key, token).await;
     }
@@ -762,15 +863,34 @@ pub(crate) async fn extend(
     scripts::parse_flag(&scripts::EXTEND, reply)
 }
 
+async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
+    let replies = note(
+        t,
+        t.transaction(&scripts::TRANSACTION, key, &[&["GET", key], &["PTTL", key]])
+            .await,
+    )?;
+    scripts::parse_inspect_tx(replies)
+}
+
+/// A read: by the known path, else (an unchecked connection) by the script, falling back to the
+/// transaction where scripts cannot run. No capability check: inspection also works on a replica.
 pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
-    if path(t, key).await?.is_some_and(|c| c.native_acquire()) {
-        let replies = note(
-            t,
-            t.transaction(&scripts::TRANSACTION, key, &[&["GET", key], &["PTTL", key]])
-                .await,
-        )?;
-        return scripts::parse_inspect_tx(replies);
+    let native = match t.probe().get() {
+        Some(caps) => caps.native_acquire(),
+        None => t.probe().mode() == Commands::Native,
+    };
+    if native {
+        return inspect_native(t, key).await;
     }
-    let reply = eval(t, &scripts::INSPECT, &[key], &[]).await?;
-    scripts::parse_inspect(reply)
+    match eval(t, &scripts::INSPECT, &[key], &[]).await {
+        Ok(reply) => scripts::parse_inspect(reply),
+        Err(e)
+            if t.probe().get().is_none()
+                && t.probe().mode() == Commands::Automatic
+                && (lua_absent(&e) || scripts_denied(&e)) =>
+        {
+            inspect_native(t, key).await
+        }
+        Err(e) => Err(e),
+    }
 }

@@ -379,7 +379,8 @@ fn script_cmd(verb: Verb, script: &Script, keys: &[&str], args: &[&str]) -> Cmd 
 
 fn transaction_pipe(cmds: &[&[&str]]) -> redis::Pipeline {
     let mut pipe = redis::pipe();
-    pipe.atomic();
+    // Per-command results, so that an error inside EXEC is reported as that command's server error.
+    pipe.atomic().ignore_errors();
     for args in cmds {
         pipe.add_command(plain_cmd(args));
     }
@@ -400,10 +401,15 @@ async fn send_transaction(
     pipe: &redis::Pipeline,
     what: &Script,
 ) -> Result<Vec<Reply>, NodeError> {
-    pipe.query_async::<Vec<Value>>(conn)
+    let results = pipe
+        .query_async::<Vec<redis::RedisResult<Value>>>(conn)
         .await
-        .map(|values| values.into_iter().map(to_reply).collect())
-        .map_err(|e| classify(Some(what), &e))
+        .map_err(|e| classify(Some(what), &e))?;
+    // The first command error (a server reply inside EXEC's array: definite, classified by its code).
+    results
+        .into_iter()
+        .map(|r| r.map(to_reply).map_err(|e| classify(Some(what), &e)))
+        .collect()
 }
 
 /// Sends `cmd` once on `conn`, classifying its error.
