@@ -60,13 +60,19 @@ pub(crate) fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
-/// Lock commands executed since the last `CONFIG RESETSTAT`: scripts and the plain `SET NX PX` that the
-/// first attempt of an acquisition sends (the test's own admin commands must not use `SET` meanwhile).
+/// Lock commands executed since the last `CONFIG RESETSTAT`: scripts, the plain `SET NX PX` that the
+/// first attempt of an acquisition sends (the test's own admin commands must not use `SET` meanwhile), and
+/// on Valkey the native `SET … IFEQ` (counted as `set`), `DELIFEQ` and the `EXEC` of a Lua-less transaction.
 pub(crate) fn lock_calls(server: &RedisServer) -> u64 {
     server
         .cmd(&["INFO", "commandstats"])
         .lines()
-        .filter(|l| l.starts_with("cmdstat_eval") || l.starts_with("cmdstat_set:"))
+        .filter(|l| {
+            l.starts_with("cmdstat_eval")
+                || l.starts_with("cmdstat_set:")
+                || l.starts_with("cmdstat_delifeq:")
+                || l.starts_with("cmdstat_exec:")
+        })
         .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
         .sum()
 }
