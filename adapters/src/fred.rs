@@ -100,8 +100,8 @@ use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_
 
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
-use crate::{Capabilities, Commands};
 use crate::slot;
+use crate::{Capabilities, Commands};
 use tokio::sync::broadcast;
 
 /// The fred client crate, re-exported so that versions match.

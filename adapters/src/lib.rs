@@ -65,9 +65,9 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod commands;
 #[cfg(any(feature = "redis", feature = "fred"))]
 mod ops;
-mod commands;
 pub use commands::{Capabilities, Commands};
 pub mod scripts;
 pub mod slot;

@@ -30,8 +30,8 @@ use std::sync::{Arc, Mutex};
 use redlease::{KeyState, NodeError, NodeErrorKind, Token, Ttl, async_trait};
 
 use crate::scripts::{self, Reply, Script};
-use crate::{Capabilities, Commands};
 use crate::slot;
+use crate::{Capabilities, Commands};
 
 /// Which script command to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,7 +223,6 @@ fn probe_refused(verb: Verb, err: NodeError) -> NodeError {
     NodeError::not_applied(NodeErrorKind::Auth, message).with_source(err)
 }
 
-
 /// Whether a refusal of a script says that this user may not run scripts, or a command inside them, here.
 fn scripts_denied(err: &NodeError) -> bool {
     let message = err.message();
@@ -291,7 +290,8 @@ async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 
         Ok(Reply::Int(_)) => Found::Present,
         Err(e) if e.kind() == NodeErrorKind::WrongType => Found::Present,
         Err(e)
-            if !e.is_ambiguous() && e.message().to_ascii_lowercase().contains("unknown command") =>
+            if !e.is_ambiguous()
+                && e.message().to_ascii_lowercase().contains("unknown command") =>
         {
             Found::Absent
         }
@@ -356,7 +356,11 @@ async fn without_lua(
             ),
         ),
         Some(e) => (
-            if acl { NodeErrorKind::Auth } else { NodeErrorKind::Unsupported },
+            if acl {
+                NodeErrorKind::Auth
+            } else {
+                NodeErrorKind::Unsupported
+            },
             format!(
                 "capability check before the first write: the server runs no Lua ({}) and a lease without Lua \
                  needs the native DELIFEQ and SET IFEQ ({natives})",
@@ -364,7 +368,11 @@ async fn without_lua(
             ),
         ),
         None => (
-            if acl { NodeErrorKind::Auth } else { NodeErrorKind::Unsupported },
+            if acl {
+                NodeErrorKind::Auth
+            } else {
+                NodeErrorKind::Unsupported
+            },
             format!(
                 "capability check before the first write: the node is pinned to native commands, which need \
                  DELIFEQ and SET IFEQ ({natives})"
@@ -481,7 +489,15 @@ async fn set_ifeq(
     token: &Token,
     ttl: &str,
 ) -> Result<bool, NodeError> {
-    set_if(t, &scripts::SET_IFEQ, key, token, &["IFEQ", token.as_str()], ttl).await
+    set_if(
+        t,
+        &scripts::SET_IFEQ,
+        key,
+        token,
+        &["IFEQ", token.as_str()],
+        ttl,
+    )
+    .await
 }
 
 /// A retried acquisition without Lua: `SET NX PX`, and if the key exists, `SET … IFEQ` on our token (which
@@ -798,7 +814,9 @@ async fn fenced_native(
         return Ok(None);
     }
     let refused = if scripts::parse_integer(what, &pttl)? != -1 {
-        format!("FENCE the fence key {fence_key} has a TTL; fencing numbers would restart when it expires")
+        format!(
+            "FENCE the fence key {fence_key} has a TTL; fencing numbers would restart when it expires"
+        )
     } else {
         match scripts::parse_integer(what, &fence)? {
             n if n >= 1 => {
@@ -826,7 +844,11 @@ async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, Nod
 /// `DELIFEQ key token`: 1 deleted, 0 not (another value, absent, or another type: never touched).
 async fn release_native(t: &impl Transport, key: &str, token: &Token) -> Result<bool, NodeError> {
     let what = &scripts::DELIFEQ;
-    match note(t, t.command(what, key, &["DELIFEQ", key, token.as_str()]).await) {
+    match note(
+        t,
+        t.command(what, key, &["DELIFEQ", key, token.as_str()])
+            .await,
+    ) {
         Ok(reply) => scripts::parse_flag(what, reply),
         Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
         Err(e) => Err(e),

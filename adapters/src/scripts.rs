@@ -504,8 +504,12 @@ pub(crate) fn parse_set_ok(script: &Script, reply: Reply) -> Result<bool, NodeEr
 pub(crate) fn parse_inspect_tx(reply: Vec<Reply>) -> Result<Option<KeyState>, NodeError> {
     match <[Reply; 2]>::try_from(reply) {
         Ok([Reply::Nil, _]) => Ok(None),
-        Ok([value, pttl]) => parse_inspect(Reply::Array(vec![value, pttl]))
-            .map_err(|_| unexpected(&TRANSACTION, &Reply::Other("a GET/PTTL pair of the wrong shape"))),
+        Ok([value, pttl]) => parse_inspect(Reply::Array(vec![value, pttl])).map_err(|_| {
+            unexpected(
+                &TRANSACTION,
+                &Reply::Other("a GET/PTTL pair of the wrong shape"),
+            )
+        }),
         Err(items) => Err(unexpected(&TRANSACTION, &Reply::Array(items))),
     }
 }

@@ -54,7 +54,8 @@ async fn conformance_on(flavor: Flavor, test: &str) {
                 expected_paths(flavor, mode),
                 "{flavor} {backend:?} {mode:?}: {caps:?}"
             );
-            if let Err(failure) = conformance::run_with_reader(&*node, &reader, &SystemTimer).await {
+            if let Err(failure) = conformance::run_with_reader(&*node, &reader, &SystemTimer).await
+            {
                 panic!("matrix: {flavor} {backend:?} {mode:?} ({caps:?}): {failure}");
             }
             eprintln!("matrix: {flavor} {backend:?} {mode:?}: conformance passed ({caps:?})");
@@ -79,7 +80,11 @@ async fn conformance_on_valkey_9_1() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conformance_on_valkey_9_1_without_lua() {
-    conformance_on(Flavor::Valkey91NoLua, "conformance_on_valkey_9_1_without_lua").await;
+    conformance_on(
+        Flavor::Valkey91NoLua,
+        "conformance_on_valkey_9_1_without_lua",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,7 +98,9 @@ async fn conformance_on_a_valkey_9_1_cluster_in_every_mode() {
         .unwrap();
     let reader = crate::conformance::GetPttl(client.get_async_connection().await.unwrap());
     for mode in [Commands::Automatic, Commands::Scripts, Commands::Native] {
-        let node: ClusterNode = crate::cluster::redis_rs_node(&cluster).await.with_commands(mode);
+        let node: ClusterNode = crate::cluster::redis_rs_node(&cluster)
+            .await
+            .with_commands(mode);
         if let Err(failure) = conformance::run_with_reader(&node, &reader, &SystemTimer).await {
             panic!("matrix: valkey 9.1 cluster redis-rs {mode:?}: {failure}");
         }
@@ -101,7 +108,9 @@ async fn conformance_on_a_valkey_9_1_cluster_in_every_mode() {
             "matrix: valkey 9.1 cluster redis-rs {mode:?}: conformance passed ({:?})",
             node.capabilities()
         );
-        let node = crate::cluster::fred_node(&cluster).await.with_commands(mode);
+        let node = crate::cluster::fred_node(&cluster)
+            .await
+            .with_commands(mode);
         if let Err(failure) = conformance::run_with_reader(&node, &reader, &SystemTimer).await {
             panic!("matrix: valkey 9.1 cluster fred {mode:?}: {failure}");
         }
@@ -130,7 +139,10 @@ async fn pinned_modes_fail_with_a_typed_error_before_any_write() {
             let token = Token::random().unwrap();
             let ttl = Ttl::from_millis(10_000).unwrap();
             for (op, result) in [
-                ("acquire_fresh", node.acquire_fresh(&k, &token, ttl).await.map(|_| ())),
+                (
+                    "acquire_fresh",
+                    node.acquire_fresh(&k, &token, ttl).await.map(|_| ()),
+                ),
                 ("acquire", node.acquire(&k, &token, ttl).await.map(|_| ())),
                 (
                     "acquire_fenced",
@@ -147,8 +159,14 @@ async fn pinned_modes_fail_with_a_typed_error_before_any_write() {
                 );
                 assert!(!err.is_ambiguous() && err.is_permanent(), "{err}");
             }
-            assert_eq!(server.cmd(&["DBSIZE"]), "0", "{flavor} {backend:?} {mode:?}");
-            eprintln!("matrix: {flavor} {backend:?} {mode:?}: refused as unsupported, nothing written");
+            assert_eq!(
+                server.cmd(&["DBSIZE"]),
+                "0",
+                "{flavor} {backend:?} {mode:?}"
+            );
+            eprintln!(
+                "matrix: {flavor} {backend:?} {mode:?}: refused as unsupported, nothing written"
+            );
         }
     }
 }
@@ -225,12 +243,20 @@ async fn native_and_script_paths_interoperate_on_one_key() {
             (&native, &scripts, "native -> scripts"),
         ] {
             let token = Token::random().unwrap();
-            assert!(taker.acquire_fresh(&k, &token, short).await.unwrap(), "{names}");
+            assert!(
+                taker.acquire_fresh(&k, &token, short).await.unwrap(),
+                "{names}"
+            );
             assert!(other.extend(&k, &token, long).await.unwrap(), "{names}");
             assert!(pttl(&k) > 10_000, "{backend:?} {names}");
             // The other path recognises the holder's token as its own on a retry, and refuses another.
             assert!(other.acquire(&k, &token, long).await.unwrap(), "{names}");
-            assert!(!other.acquire(&k, &Token::random().unwrap(), long).await.unwrap());
+            assert!(
+                !other
+                    .acquire(&k, &Token::random().unwrap(), long)
+                    .await
+                    .unwrap()
+            );
             assert!(other.inspect(&k).await.unwrap().unwrap().holds(&token));
             assert!(other.release(&k, &token).await.unwrap(), "{names}");
             assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{backend:?} {names}");
@@ -239,7 +265,11 @@ async fn native_and_script_paths_interoperate_on_one_key() {
         let mut last = 0;
         for node in [&scripts, &native, &scripts, &native] {
             let token = Token::random().unwrap();
-            let fence = node.acquire_fenced(&k, &f, &token, short).await.unwrap().unwrap();
+            let fence = node
+                .acquire_fenced(&k, &f, &token, short)
+                .await
+                .unwrap()
+                .unwrap();
             assert_eq!(fence, last + 1, "{backend:?}");
             last = fence;
             assert!(node.release(&k, &token).await.unwrap());
@@ -266,7 +296,13 @@ async fn the_path_is_chosen_again_after_the_server_is_replaced_by_another_binary
         ("redis-rs manager", Arc::new(managed.clone())),
         ("fred client", Arc::new(fred.clone())),
     ];
-    let caps = |i: usize| if i == 0 { managed.capabilities() } else { fred.capabilities() };
+    let caps = |i: usize| {
+        if i == 0 {
+            managed.capabilities()
+        } else {
+            fred.capabilities()
+        }
+    };
     for flavor in [Flavor::Redis, Flavor::Valkey91NoLua, Flavor::Valkey91] {
         if flavor != server.flavor() {
             server.try_restart_as(flavor).unwrap();
@@ -275,14 +311,24 @@ async fn the_path_is_chosen_again_after_the_server_is_replaced_by_another_binary
             let k = format!("restart:{{{name}}}:lock");
             let what = format!("matrix: {flavor} {name}");
             // The first calls after the restart may meet the old connection's failure; the node reconnects.
-            let manager = LockManager::single(Arc::clone(node), common::config(Duration::from_secs(10)))
-                .unwrap();
+            let manager =
+                LockManager::single(Arc::clone(node), common::config(Duration::from_secs(10)))
+                    .unwrap();
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
             let lease = loop {
-                match manager.lock(&k).fenced(common::fence_of(&k)).try_acquire().await {
+                match manager
+                    .lock(&k)
+                    .fenced(common::fence_of(&k))
+                    .try_acquire()
+                    .await
+                {
                     Ok(lease) => break lease,
                     Err(e) => {
-                        assert!(std::time::Instant::now() < deadline, "{what}: {}", common::chain(&e));
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "{what}: {}",
+                            common::chain(&e)
+                        );
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
@@ -292,7 +338,11 @@ async fn the_path_is_chosen_again_after_the_server_is_replaced_by_another_binary
             let caps = caps(i).unwrap_or_else(|| panic!("{what}: unchecked"));
             let expected = expected_paths(flavor, Commands::Automatic);
             assert_eq!(
-                (caps.native_release(), caps.native_extend(), caps.native_acquire()),
+                (
+                    caps.native_release(),
+                    caps.native_extend(),
+                    caps.native_acquire()
+                ),
                 expected,
                 "{what}: {caps:?}"
             );
@@ -323,12 +373,25 @@ async fn native_fenced_acquisition_refuses_a_bad_counter_before_writing_the_lock
             server.cmd(&["DEL", &f]);
             server.cmd(&setup);
             let err = node.acquire_fenced(&k, &f, &token, ttl).await.unwrap_err();
-            assert_eq!(err.kind(), NodeErrorKind::Fence, "{backend:?} {setup:?}: {err}");
+            assert_eq!(
+                err.kind(),
+                NodeErrorKind::Fence,
+                "{backend:?} {setup:?}: {err}"
+            );
             assert!(!err.is_ambiguous(), "{err}");
-            assert!(err.message().contains(needle), "{backend:?} {setup:?}: {err}");
-            assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{backend:?} {setup:?}: lock written");
+            assert!(
+                err.message().contains(needle),
+                "{backend:?} {setup:?}: {err}"
+            );
+            assert_eq!(
+                server.cmd(&["EXISTS", &k]),
+                "0",
+                "{backend:?} {setup:?}: lock written"
+            );
         }
         server.cmd(&["DEL", &f]);
-        eprintln!("matrix: valkey 9.1 without Lua {backend:?}: bad fence counters refused before writing");
+        eprintln!(
+            "matrix: valkey 9.1 without Lua {backend:?}: bad fence counters refused before writing"
+        );
     }
 }

@@ -291,7 +291,8 @@ fn every_script_checks_its_arguments_before_its_first_write() {
 
 #[test]
 fn the_capability_probe_writes_nothing_and_reports_set_nx_get_ifeq_and_delifeq_per_flavor() {
-    let test = "the_capability_probe_writes_nothing_and_reports_set_nx_get_ifeq_and_delifeq_per_flavor";
+    let test =
+        "the_capability_probe_writes_nothing_and_reports_set_nx_get_ifeq_and_delifeq_per_flavor";
     for flavor in [Flavor::Redis, Flavor::Valkey81, Flavor::Valkey91] {
         let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
             continue;
