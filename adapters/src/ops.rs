@@ -761,9 +761,21 @@ async fn fenced_native(
             return Ok(Some(issued));
         }
     }
-    let written = set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], ttl).await?;
-    if written {
+    // Recorded before the SET is sent: a SET NX applied whose reply is lost is ours on the retry.
+    if recorded.is_none() {
         t.probe().record_fence(key, token, None);
+    }
+    let written = match set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], ttl).await {
+        Ok(written) => written,
+        Err(e) => {
+            if !e.is_ambiguous() && recorded.is_none() {
+                t.probe().forget_fence(key, token);
+            }
+            return Err(e);
+        }
+    };
+    if written {
+        // Ours now; its number follows.
     } else if recorded == Some(None) {
         // Our lock from an earlier attempt whose number is unconfirmed: keep it (resetting its TTL) and
         // issue a new number below.
@@ -776,6 +788,9 @@ async fn fenced_native(
             Err(e) => return Err(e),
         }
     } else {
+        if recorded.is_none() {
+            t.probe().forget_fence(key, token);
+        }
         let holder = note(t, t.command(&scripts::COMMAND, key, &["GET", key]).await);
         return match holder {
             Ok(Reply::Bytes(v)) if v == token.as_str().as_bytes() => Err(fence_error(format!(

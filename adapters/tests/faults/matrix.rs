@@ -14,7 +14,7 @@ use redlease_testkit::server::{Flavor, RedisServer};
 
 use crate::common::{self, RECONNECTING, Rng};
 
-const TRIALS_PER_BACKEND: u32 = 16;
+const TRIALS_PER_BACKEND: u32 = 24;
 const LATENCY: Duration = Duration::from_millis(2);
 
 /// Retries `op` through the same node until its connection works again (the loss closed it).
@@ -49,7 +49,8 @@ async fn lost_replies_on(flavor: Flavor, test: &str) {
     let seed = common::seed();
     println!("lost replies on {flavor}: seed {seed} (replay with REDLEASE_SEED={seed})");
     let mut rng = Rng::new(seed);
-    let ttl = Ttl::from_millis(5_000).unwrap();
+    // Far longer than a retry's deadline: a retry must recognise its lock, not outlive it.
+    let ttl = Ttl::from_millis(30_000).unwrap();
     for backend in RECONNECTING {
         let proxy = FaultProxy::start(server.addr().parse().unwrap()).unwrap();
         let node: Arc<dyn RedisNode> = common::node(backend, &format!("{}/0", proxy.url())).await;
@@ -69,7 +70,7 @@ async fn lost_replies_on(flavor: Flavor, test: &str) {
             // loss, switched on at a random moment in that span, lands on a random step.
             // (A one-round-trip call is still waiting for its reply before 2 LATENCY: the loss hits it.)
             let span = match op {
-                Op::Fenced => 8,
+                Op::Fenced => 7,
                 _ => 2,
             };
             let delay = if trial < 3 {
@@ -98,7 +99,7 @@ async fn lost_replies_on(flavor: Flavor, test: &str) {
                             .await
                             .map(|n| n.map(|n| (n, true))),
                         Op::Extend => node
-                            .extend(&k, &token, Ttl::from_millis(8_000).unwrap())
+                            .extend(&k, &token, Ttl::from_millis(40_000).unwrap())
                             .await
                             .map(|b| Some((0, b))),
                         Op::Release => node.release(&k, &token).await.map(|b| Some((0, b))),
