@@ -4,6 +4,9 @@
 //!   async cluster connection);
 //! - `fred`: fred, in [`fred`] (`Client` and `Pool`, centralized or clustered).
 //!
+//! Observability features (off by default): `tracing` turns on redlease's spans and events and adds
+//! `trace::Traced`, a span per node call; `metrics` turns on redlease's `metrics::MetricsObserver`.
+//!
 //! Each module re-exports its client crate (`redlease_adapters::redis::redis`,
 //! `redlease_adapters::fred::fred`) so that versions match. (The modules themselves carry the crates' names,
 //! so the re-exports live inside them rather than at the crate root.)
@@ -79,3 +82,7 @@ pub mod redis;
 #[cfg(feature = "fred")]
 #[cfg_attr(docsrs, doc(cfg(feature = "fred")))]
 pub mod fred;
+
+#[cfg(feature = "tracing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+pub mod trace;

@@ -39,6 +39,14 @@ pub(crate) enum Impl {
     RedleaseFred,
     /// redlease over the testkit's in-memory node (S7 only).
     RedleaseMemory,
+    /// `RedleaseRedis` with an observer that does nothing (S1 only, `--observers`): the hook's own cost.
+    RedleaseRedisNoop,
+    /// `RedleaseRedis` with `redlease::metrics::MetricsObserver` over the `metrics` no-op recorder (S1 only).
+    RedleaseRedisMetrics,
+    /// `RedleaseMemory` with the no-op observer (S7 only).
+    RedleaseMemoryNoop,
+    /// `RedleaseMemory` with `MetricsObserver` over the no-op recorder (S7 only).
+    RedleaseMemoryMetrics,
     /// rslock 0.10 (redis-rs, Redlock).
     Rslock,
     /// distributed-lock-redis 0.2 (fred 9, Redlock).
@@ -59,6 +67,31 @@ impl Impl {
         Impl::Arl,
     ];
 
+    /// The observer variants, added to S1 and S7 by `--observers`.
+    pub(crate) const OBSERVED: [Impl; 4] = [
+        Impl::RedleaseRedisNoop,
+        Impl::RedleaseRedisMetrics,
+        Impl::RedleaseMemoryNoop,
+        Impl::RedleaseMemoryMetrics,
+    ];
+
+    /// The observer this implementation's manager gets.
+    pub(crate) fn observer(self) -> Observed {
+        match self {
+            Impl::RedleaseRedisNoop | Impl::RedleaseMemoryNoop => Observed::Noop,
+            Impl::RedleaseRedisMetrics | Impl::RedleaseMemoryMetrics => Observed::Metrics,
+            _ => Observed::None,
+        }
+    }
+
+    /// Whether it is redlease over the in-memory node (with or without an observer).
+    pub(crate) fn memory(self) -> bool {
+        matches!(
+            self,
+            Impl::RedleaseMemory | Impl::RedleaseMemoryNoop | Impl::RedleaseMemoryMetrics
+        )
+    }
+
     /// The name used in the table and the JSON `impl` key.
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -66,6 +99,10 @@ impl Impl {
             Impl::RedleaseRedis => "redlease/redis",
             Impl::RedleaseFred => "redlease/fred",
             Impl::RedleaseMemory => "redlease/memory",
+            Impl::RedleaseRedisNoop => "redlease/redis+noop-observer",
+            Impl::RedleaseRedisMetrics => "redlease/redis+metrics",
+            Impl::RedleaseMemoryNoop => "redlease/memory+noop-observer",
+            Impl::RedleaseMemoryMetrics => "redlease/memory+metrics",
             Impl::Rslock => "rslock",
             Impl::Dlr => "distributed-lock-redis",
             Impl::Arl => "async-redis-lock",
@@ -74,12 +111,39 @@ impl Impl {
 
     /// Whether it can lock over several independent nodes (Redlock).
     pub(crate) fn redlock(self) -> bool {
-        !matches!(self, Impl::Arl | Impl::RedleaseMemory)
+        !matches!(self, Impl::Arl) && !self.memory()
     }
 
     /// Whether it talks to Redis at all.
     pub(crate) fn networked(self) -> bool {
-        self != Impl::RedleaseMemory
+        !self.memory()
+    }
+}
+
+/// Which observer a redlease manager gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Observed {
+    /// None (the default).
+    None,
+    /// One whose `event` does nothing: what the hook costs by itself (building each event, one dynamic call).
+    Noop,
+    /// `MetricsObserver` (no key label) over the recorder installed in `main` (the `metrics` no-op one).
+    Metrics,
+}
+
+/// An observer that ignores every event.
+struct NoopObserver;
+
+impl redlease::Observer for NoopObserver {
+    fn event(&self, _: &redlease::LeaseEvent<'_>) {}
+}
+
+/// `manager` with the observer `observed` asks for.
+pub(crate) fn observe(manager: LockManager, observed: Observed) -> LockManager {
+    match observed {
+        Observed::None => manager,
+        Observed::Noop => manager.with_observer(NoopObserver),
+        Observed::Metrics => manager.with_observer(redlease::metrics::MetricsObserver::new()),
     }
 }
 
@@ -438,7 +502,7 @@ impl Client {
     pub(crate) async fn connect(imp: Impl, urls: &[String], setup: Setup) -> Res<Client> {
         match imp {
             Impl::Raw => Ok(Client::Raw(RawClient::connect(urls, setup).await?)),
-            Impl::RedleaseRedis => {
+            Impl::RedleaseRedis | Impl::RedleaseRedisNoop | Impl::RedleaseRedisMetrics => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let client = redis::Client::open(url.as_str()).map_err(ctx("redis: open"))?;
@@ -448,7 +512,10 @@ impl Client {
                             .map_err(ctx("redis: connect"))?,
                     );
                 }
-                Ok(Client::Redlease(redlease_manager(nodes, setup)?))
+                Ok(Client::Redlease(observe(
+                    redlease_manager(nodes, setup)?,
+                    imp.observer(),
+                )))
             }
             Impl::RedleaseFred => {
                 let mut nodes = Vec::with_capacity(urls.len());
@@ -463,10 +530,12 @@ impl Client {
                 }
                 Ok(Client::Redlease(redlease_manager(nodes, setup)?))
             }
-            Impl::RedleaseMemory => Ok(Client::Redlease(redlease_manager(
-                vec![redlease_testkit::MemoryNode::new()],
-                setup,
-            )?)),
+            Impl::RedleaseMemory | Impl::RedleaseMemoryNoop | Impl::RedleaseMemoryMetrics => {
+                Ok(Client::Redlease(observe(
+                    redlease_manager(vec![redlease_testkit::MemoryNode::new()], setup)?,
+                    imp.observer(),
+                )))
+            }
             Impl::Rslock => {
                 let mut once = rslock::LockManager::new(urls.to_vec());
                 once.set_retry(1, setup.retry_delay);

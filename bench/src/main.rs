@@ -6,7 +6,13 @@
 //!
 //! ```text
 //! redlease-bench [--quick] [--out PATH] [--only S1,S4] [--impl raw,redlease/redis] [--redlease-timer system|tokio]
+//!                [--observers]
 //! ```
+//!
+//! `--observers` adds four implementations to S1 and S7 only: redlease with a no-op observer and with
+//! `MetricsObserver` over the `metrics` no-op recorder (`redlease/redis+noop-observer`,
+//! `redlease/redis+metrics`, `redlease/memory+noop-observer`, `redlease/memory+metrics`), to measure what
+//! the lease event hook costs.
 //!
 //! - S1 uncontended acquire + release on one node (p50/p99);
 //! - S2 the same on Redlock over 3 and 5 nodes;
@@ -49,6 +55,7 @@ struct Args {
     only: Option<Vec<String>>,
     impls: Option<Vec<String>>,
     tokio_timer: bool,
+    observers: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -58,6 +65,7 @@ fn parse_args() -> Result<Args, String> {
         only: None,
         impls: None,
         tokio_timer: false,
+        observers: false,
     };
     let mut it = std::env::args().skip(1);
     let list = |v: Option<String>, flag: &str| -> Result<Vec<String>, String> {
@@ -67,6 +75,7 @@ fn parse_args() -> Result<Args, String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => args.quick = true,
+            "--observers" => args.observers = true,
             "--out" => args.out = Some(it.next().ok_or("--out needs a path")?.into()),
             "--only" => args.only = Some(list(it.next(), "--only")?),
             "--impl" => args.impls = Some(list(it.next(), "--impl")?),
@@ -77,7 +86,7 @@ fn parse_args() -> Result<Args, String> {
             },
             "-h" | "--help" => {
                 return Err(
-                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio]"
+                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio] [--observers]"
                         .into(),
                 );
             }
@@ -102,20 +111,31 @@ fn machine() -> String {
 fn run(args: &Args) -> Result<Vec<Row>, String> {
     let plan = if args.quick { Plan::QUICK } else { Plan::FULL };
     let wanted = |s: &str| args.only.as_ref().is_none_or(|o| o.iter().any(|x| x == s));
-    let impls: Vec<Impl> = Impl::ALL
-        .into_iter()
-        .filter(|i| {
-            args.impls
-                .as_ref()
-                .is_none_or(|o| o.iter().any(|x| x == i.name()))
-        })
-        .collect();
+    let named = |i: &Impl| {
+        args.impls
+            .as_ref()
+            .is_none_or(|o| o.iter().any(|x| x == i.name()))
+    };
+    let impls: Vec<Impl> = Impl::ALL.into_iter().filter(named).collect();
+    // S1 and S7 also measure the observer variants with `--observers`.
+    let observed: Vec<Impl> = if args.observers {
+        if metrics::set_global_recorder(metrics::NoopRecorder).is_err() {
+            return Err("a metrics recorder was already installed".into());
+        }
+        Impl::ALL
+            .into_iter()
+            .chain(Impl::OBSERVED)
+            .filter(named)
+            .collect()
+    } else {
+        impls.clone()
+    };
     let mut rows = Vec::new();
 
     // S7 first, before any runtime or server thread exists to allocate concurrently.
     let mut s7 = Vec::new();
     if wanted("S7") {
-        for &imp in &impls {
+        for &imp in &observed {
             s7.push(scenarios::allocations(&plan, imp));
         }
     }
@@ -163,7 +183,7 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         rows.push(row);
     };
     if wanted("S1") {
-        scenarios::latency(&env, &plan, &impls, 1)
+        scenarios::latency(&env, &plan, &observed, 1)
             .into_iter()
             .for_each(&mut step);
     }
@@ -231,6 +251,10 @@ fn main() -> ExitCode {
     println!();
     println!("targets (issue 5):");
     print!("{}", report::targets(&rows));
+    if args.observers {
+        println!("lease event hook (--observers):");
+        print!("{}", report::observer_costs(&rows));
+    }
     println!("total time: {:.1} s", started.elapsed().as_secs_f64());
     let json = report::to_json(&rows);
     match &args.out {

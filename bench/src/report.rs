@@ -168,6 +168,41 @@ fn fmt_ratio(r: Option<f64>) -> String {
 }
 
 /// The targets, checked against this run, for both adapters.
+/// What an observer costs: S1 p50 and S7 allocations of the observer variants against plain redlease.
+pub(crate) fn observer_costs(rows: &[Row]) -> String {
+    let mut out = String::new();
+    for variant in ["redlease/redis+noop-observer", "redlease/redis+metrics"] {
+        let base = find(rows, "S1", "redlease/redis", Some(1));
+        let with = find(rows, "S1", variant, Some(1));
+        for (what, f) in [
+            ("p50", (|r: &Row| r.p50_us) as fn(&Row) -> Option<f64>),
+            ("p99", |r: &Row| r.p99_us),
+        ] {
+            let _ = writeln!(
+                out,
+                "S1 {what} {variant} / redlease/redis = {}",
+                fmt_ratio(ratio(with.and_then(f), base.and_then(f)))
+            );
+        }
+    }
+    for variant in ["redlease/memory+noop-observer", "redlease/memory+metrics"] {
+        let base = find(rows, "S7", "redlease/memory", None);
+        let with = find(rows, "S7", variant, None);
+        let allocs = |r: Option<&Row>| r.and_then(|r| r.allocs_per_op);
+        let p50 = |r: Option<&Row>| r.and_then(|r| r.p50_us);
+        let _ = writeln!(
+            out,
+            "S7 {variant}: {} allocations per pair (redlease/memory: {}); pair p50 {} µs / {} µs = {}",
+            cell(allocs(with), 1),
+            cell(allocs(base), 1),
+            cell(p50(with), 2),
+            cell(p50(base), 2),
+            fmt_ratio(ratio(p50(with), p50(base)))
+        );
+    }
+    out
+}
+
 pub(crate) fn targets(rows: &[Row]) -> String {
     let mut out = String::new();
     for imp in ["redlease/redis", "redlease/fred"] {

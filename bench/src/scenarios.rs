@@ -476,9 +476,13 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
             row.p50_us = gaps.quantile_us(0.5);
             row.p99_us = gaps.quantile_us(0.99);
             let retry = match imp {
-                Impl::RedleaseRedis | Impl::RedleaseFred | Impl::RedleaseMemory => {
-                    "acquire_within, retry 5 ms + 0–50 % jitter"
-                }
+                Impl::RedleaseRedis
+                | Impl::RedleaseFred
+                | Impl::RedleaseMemory
+                | Impl::RedleaseRedisNoop
+                | Impl::RedleaseRedisMetrics
+                | Impl::RedleaseMemoryNoop
+                | Impl::RedleaseMemoryMetrics => "acquire_within, retry 5 ms + 0–50 % jitter",
                 Impl::Rslock => "lock() with set_retry(∞, 5 ms): pauses U[0, 5 ms)",
                 Impl::Arl => "its own retry loop, 5 ms apart",
                 Impl::Raw | Impl::Dlr => "harness loop: try, then 5 ms + 0–50 % jitter",
@@ -658,13 +662,14 @@ fn renewal_memory(plan: &Plan, imp: Impl) -> Row {
 /// S7: heap allocations per acquire + release of redlease on the in-memory node (single mode, no spawner).
 pub(crate) fn allocations(plan: &Plan, imp: Impl) -> Row {
     let mut row = Row::new("S7", imp.name(), None);
-    if imp != Impl::RedleaseMemory {
+    if !imp.memory() {
         row.note = "not applicable: no in-memory backend".into();
         return row;
     }
     let result = (|| {
         let manager = LockManager::single(MemoryNode::new(), Config::default())
             .map_err(ctx("redlease: manager"))?;
+        let manager = crate::clients::observe(manager, imp.observer());
         let lock = manager.lock("bench:S7");
         let run = |iters: usize| {
             redlease_testkit::block_on(async {
@@ -679,6 +684,18 @@ pub(crate) fn allocations(plan: &Plan, imp: Impl) -> Row {
         let before = measure::heap();
         run(plan.s7_iters)?;
         let after = measure::heap();
+        // Then the CPU cost: the latency of each pair (no I/O: all of it is redlease's own work, so this is
+        // where an observer's cost shows, if anywhere).
+        let mut samples = Samples::with_capacity(plan.s7_iters);
+        redlease_testkit::block_on(async {
+            for _ in 0..plan.s7_iters {
+                let t = Instant::now();
+                let lease = lock.try_acquire().await.map_err(ctx("acquire"))?;
+                lease.release().await.map_err(ctx("release"))?;
+                samples.push(t.elapsed());
+            }
+            Ok::<(), String>(())
+        })?;
         // The inline sizes of redlease's public futures: what a task awaiting them (or a renewal loop nesting
         // the same rounds) carries, before any allocation of its own.
         let sizes = redlease_testkit::block_on(async {
@@ -693,14 +710,17 @@ pub(crate) fn allocations(plan: &Plan, imp: Impl) -> Row {
             release.await.map_err(ctx("release"))?;
             Ok::<_, String>(sizes)
         })?;
-        Ok::<_, String>((before, after, sizes))
+        Ok::<_, String>((before, after, sizes, samples))
     })();
     match result {
-        Ok((before, after, (acquire, extend, lost, release))) => {
+        Ok((before, after, (acquire, extend, lost, release), mut samples)) => {
             let per = |a: usize, b: usize| (b.saturating_sub(a)) as f64 / plan.s7_iters as f64;
             row.allocs_per_op = Some(per(before.allocations, after.allocations));
+            row.p50_us = samples.quantile_us(0.5);
+            row.p99_us = samples.quantile_us(0.99);
             row.note = format!(
-                "{} try_acquire+release pairs on MemoryNode (one Lock reused, testkit block_on); also {:.1} \
+                "{} try_acquire+release pairs on MemoryNode (one Lock reused, testkit block_on), then as many \
+                 timed (p50/p99 of one pair); also {:.1} \
                  reallocations and {:.0} bytes allocated per pair; future sizes: try_acquire {acquire} B, \
                  extend {extend} B, release {release} B, LossSignal {lost} B",
                 plan.s7_iters,

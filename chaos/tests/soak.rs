@@ -770,7 +770,11 @@ fn soak(test: &str, setup: Setup) {
     let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
     // (About two acquisitions a second are typical; half of one a second leaves room for a loaded machine.)
     assert!(g(&stats.acquired) >= secs / 2, "{summary}; {replay}");
-    assert!(g(&stats.extended) > 0, "{summary}; {replay}");
+    // A few-second default run can be all nemesis and no renewal (seen: 8 acquisitions, 0 extensions in
+    // 5 s); the longer runs CI makes must show extensions.
+    if secs >= 20 {
+        assert!(g(&stats.extended) > 0, "{summary}; {replay}");
+    }
     assert!(log.len() as u64 >= secs, "{summary}; {replay}");
     // Every loss was learned, and returned by `run`, within the bounds after its deadline.
     let late = Duration::from_micros(g(&stats.max_loss_lateness_us));

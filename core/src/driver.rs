@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::config::Config;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
 use crate::node::{NodeError, NodeErrorKind, RedisNode, Ttl};
+use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::SharedTimer;
 use crate::token::Token;
 
@@ -281,18 +282,31 @@ impl Engine {
 
     /// Best-effort compare-and-delete of `token` on `nodes` (all when `None`); failures are tolerated because
     /// the keys expire by themselves. Returns the indices of the nodes that answered, where our token is now
-    /// certainly gone.
+    /// certainly gone. `origin` (the acquisition and why) is reported to the event hook.
     pub(crate) async fn cleanup(
         &self,
         key: &str,
         token: &Token,
         timeout: Duration,
         only: Option<&[usize]>,
+        origin: (LeaseId, CleanupCause),
     ) -> Vec<usize> {
         if only.is_some_and(|o| o.is_empty()) {
             return Vec::new();
         }
         let r = self.release_round(key, token, timeout, only).await;
+        if self.hook.active() {
+            self.hook.emit(
+                key,
+                origin.0,
+                r.ended,
+                EventKind::Cleanup {
+                    cause: origin.1,
+                    nodes: Nodes::new(&r.tally),
+                    round: r.ended.saturating_duration_since(r.started),
+                },
+            );
+        }
         r.values
             .iter()
             .enumerate()
@@ -303,7 +317,13 @@ impl Engine {
 
     /// Runs a compare-and-delete of `token` on every node in the background, if the user supplied a spawner.
     /// Used when an acquisition or a lease is dropped before it could clean up after itself.
-    pub(crate) fn spawn_cleanup(self: &Arc<Self>, key: &str, token: &Token, timeout: Duration) {
+    pub(crate) fn spawn_cleanup(
+        self: &Arc<Self>,
+        key: &str,
+        token: &Token,
+        timeout: Duration,
+        origin: (LeaseId, CleanupCause),
+    ) {
         let Some(spawner) = self.spawner.clone() else {
             return;
         };
@@ -311,7 +331,7 @@ impl Engine {
         let key = key.to_owned();
         let token = token.clone();
         spawner.spawn(Box::pin(async move {
-            let _ = engine.cleanup(&key, &token, timeout, None).await;
+            let _ = engine.cleanup(&key, &token, timeout, None, origin).await;
         }));
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::config::ConfigError;
+use crate::driver::Mode;
 use crate::node::NodeError;
 use crate::token::TokenError;
 
@@ -141,12 +142,41 @@ impl fmt::Display for NotAcquiredReason {
     }
 }
 
-/// The cause named at the top of a `NotAcquired` message: the first node error, if any.
+/// The cause named at the top of an error message: the first node error, if any.
 fn cause(last_error: &Option<Box<QuorumError>>) -> String {
     match last_error.as_deref().and_then(|q| q.errors.first()) {
         Some((i, e)) => format!(" (node {i}: {e})"),
         None => String::new(),
     }
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Single => "single Redis",
+        Mode::Redlock => "Redlock",
+    }
+}
+
+/// Why an acquisition gave up, worded for its mode: one node in single mode, a count in Redlock mode.
+fn not_acquired(
+    mode: Mode,
+    reason: NotAcquiredReason,
+    last_error: &Option<Box<QuorumError>>,
+) -> String {
+    let counts = last_error
+        .as_deref()
+        .map(|q| format!(" ({} of {} required)", q.successes, q.required))
+        .unwrap_or_default();
+    let what = match (mode, reason) {
+        (Mode::Single, NotAcquiredReason::TooFewNodes) => {
+            "the node did not answer successfully".to_owned()
+        }
+        (_, NotAcquiredReason::TooFewNodes) => format!("too few nodes answered{counts}"),
+        (Mode::Single, NotAcquiredReason::Refused) => "refused by the node".to_owned(),
+        (_, NotAcquiredReason::Refused) => format!("refused by too many nodes{counts}"),
+        (_, other) => other.to_string(),
+    };
+    format!("{what}{}", cause(last_error))
 }
 
 /// The errors of redlease's public API.
@@ -166,12 +196,15 @@ pub enum Error {
 
     /// The lock was not acquired within the allowed attempts or time.
     #[error(
-        "lock {key:?} not acquired after {attempts} attempt(s): {reason}{}",
-        cause(last_error)
+        "lock {key:?} not acquired after {attempts} attempt(s) ({}): {}",
+        mode_name(*mode),
+        not_acquired(*mode, *reason, last_error)
     )]
     NotAcquired {
         /// The lock key.
         key: String,
+        /// Single authority or Redlock.
+        mode: Mode,
         /// Attempts made.
         attempts: u32,
         /// Why the last attempt failed.
@@ -182,7 +215,7 @@ pub enum Error {
     },
 
     /// The lease is no longer held.
-    #[error("lease on {key:?} lost: {reason}")]
+    #[error("lease on {key:?} lost: {reason}{}", cause(source))]
     Lost {
         /// The lock key.
         key: String,
@@ -237,6 +270,44 @@ mod tests {
             std::mem::size_of::<Error>() <= 72,
             "{}",
             std::mem::size_of::<Error>()
+        );
+    }
+
+    fn not_acquired_error(mode: Mode, errors: Vec<(usize, NodeError)>) -> Error {
+        let required = if mode == Mode::Single { 1 } else { 2 };
+        Error::NotAcquired {
+            key: "k".into(),
+            mode,
+            attempts: 1,
+            reason: NotAcquiredReason::TooFewNodes,
+            last_error: Some(Box::new(QuorumError::new(
+                Operation::Acquire,
+                0,
+                required,
+                errors,
+            ))),
+        }
+    }
+
+    #[test]
+    fn not_acquired_names_the_mode_and_the_node_error_at_the_top() {
+        let oom =
+            NodeError::not_applied(crate::NodeErrorKind::OutOfMemory, "OOM command not allowed");
+        let single = not_acquired_error(Mode::Single, vec![(0, oom.clone())]).to_string();
+        assert_eq!(
+            single,
+            "lock \"k\" not acquired after 1 attempt(s) (single Redis): the node did not answer successfully \
+             (node 0: out of memory error (not applied): OOM command not allowed)"
+        );
+        assert!(!single.contains("too few nodes"));
+        let redlock =
+            not_acquired_error(Mode::Redlock, vec![(1, oom.clone()), (2, oom)]).to_string();
+        assert!(
+            redlock.starts_with(
+                "lock \"k\" not acquired after 1 attempt(s) (Redlock): too few nodes answered (0 of 2 required) \
+                 (node 1: out of memory"
+            ),
+            "{redlock}"
         );
     }
 

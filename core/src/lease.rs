@@ -14,7 +14,7 @@ use crate::machine::validity::deadline_after_round;
 use crate::machine::{RenewalSchedule, RenewalStep, Verdict};
 use crate::node::NodeError;
 use crate::node::Ttl;
-use crate::observe::{EventKind, LeaseId};
+use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::Sleep;
 use crate::token::Token;
 
@@ -45,7 +45,8 @@ struct State {
     lost: Option<LossReason>,
     /// The node failures behind the loss, if any (reported by [`Lease::run`]).
     loss_source: Option<Box<QuorumError>>,
-    at_risk: bool,
+    /// Since when the lease is at risk (the first failed renewal round of this at-risk period), if it is.
+    at_risk: Option<Instant>,
     ended: bool,
     /// A compare-and-delete of our token on every node has finished (after a loss): nobody needs to repeat it.
     cleaned: bool,
@@ -146,7 +147,7 @@ impl Shared {
                 wall_started: grant.wall_started,
                 lost: None,
                 loss_source: None,
-                at_risk: false,
+                at_risk: None,
                 ended: false,
                 cleaned: false,
                 renewing: false,
@@ -185,13 +186,15 @@ impl Shared {
             (st.lost.unwrap_or(reason), st.take_waiters(), report)
         };
         if let Some(valid_until) = first {
+            let now = self.now();
             self.engine.hook.emit(
                 &self.key,
                 self.id,
-                self.now(),
+                now,
                 EventKind::Lost {
                     reason,
                     valid_until,
+                    held_for: now.saturating_duration_since(self.acquired_at),
                 },
             );
         }
@@ -263,7 +266,13 @@ impl Shared {
         }
         let _ = self
             .engine
-            .cleanup(&self.key, &self.token, self.op_timeout, None)
+            .cleanup(
+                &self.key,
+                &self.token,
+                self.op_timeout,
+                None,
+                (self.id, CleanupCause::Lost),
+            )
             .await;
         self.lock().cleaned = true;
     }
@@ -301,7 +310,7 @@ impl Shared {
     /// of the reply. So before sending, the deadline is capped at what this round would give if it succeeded
     /// now: a holder must not go on believing in its old, later deadline while the key may already expire
     /// sooner (a paused client, a reply that never comes).
-    async fn extend_once(&self, ttl: Ttl, timeout: Duration) -> Extension {
+    async fn extend_once(&self, ttl: Ttl, timeout: Duration, renewal: bool) -> Extension {
         let engine = &self.engine;
         let factor = engine.config.get_drift_factor();
         let unconfirmed = {
@@ -328,6 +337,18 @@ impl Shared {
         let r = engine
             .extend_round(&self.key, &self.token, ttl, timeout, unconfirmed.as_deref())
             .await;
+        if engine.hook.active() {
+            engine.hook.emit(
+                &self.key,
+                self.id,
+                r.ended,
+                EventKind::Extension {
+                    renewal,
+                    nodes: Nodes::new(&r.tally),
+                    round: r.ended.saturating_duration_since(r.started),
+                },
+            );
+        }
         let n = engine.nodes.len();
         {
             let mut st = self.lock();
@@ -404,7 +425,7 @@ impl Shared {
         st.valid_until = valid_until;
         st.round_started = started;
         st.wall_started = wall_started;
-        st.at_risk = false;
+        let was_at_risk = st.at_risk.take();
         let waiters = if earlier {
             st.take_waiters()
         } else {
@@ -420,12 +441,27 @@ impl Shared {
                 renewal,
             },
         );
+        if let Some(since) = was_at_risk {
+            self.engine.hook.emit(
+                &self.key,
+                self.id,
+                now,
+                EventKind::Recovered {
+                    valid_until,
+                    at_risk_for: now.saturating_duration_since(since),
+                },
+            );
+        }
         wake(waiters);
         Ok(())
     }
 
-    fn set_at_risk(&self) {
-        self.lock().at_risk = true;
+    /// Marks the lease at risk since `now` unless it already was; `true` if it was not.
+    fn set_at_risk(&self, now: Instant) -> bool {
+        let mut st = self.lock();
+        let first = st.at_risk.is_none();
+        st.at_risk.get_or_insert(now);
+        first
     }
 
     /// Claims the single renewal loop of this lease; `false` if one already runs.
@@ -462,6 +498,7 @@ impl Shared {
             Some(reason) if unnoticed => Some(EventKind::Lost {
                 reason,
                 valid_until,
+                held_for: now.saturating_duration_since(self.acquired_at),
             }),
             Some(_) => None,
             None => Some(EventKind::Released {
@@ -525,7 +562,13 @@ impl Shared {
             };
             // Boxed: a lease spends nearly all its life asleep between rounds, and thousands may be held at once,
             // so the round's state lives on the heap only while a round runs.
-            match Box::pin(self.extend_once(self.ttl, timeout)).await {
+            let span = crate::trace::span(crate::trace::SpanOf::Renewal(
+                &self.key,
+                self.engine.mode,
+                self.id,
+            ));
+            let round = crate::trace::instrument(span, self.extend_once(self.ttl, timeout, true));
+            match Box::pin(round).await {
                 Extension::Extended {
                     started,
                     wall_started,
@@ -548,14 +591,16 @@ impl Shared {
                     return;
                 }
                 Extension::Failed(source) => {
-                    self.set_at_risk();
+                    let now = self.now();
+                    let first = self.set_at_risk(now);
                     self.engine.hook.emit(
                         &self.key,
                         self.id,
-                        self.now(),
+                        now,
                         EventKind::AtRisk {
                             valid_until,
                             error: source.as_ref(),
+                            first,
                         },
                     );
                     step = self.schedule().after_failure(self.now(), valid_until);
@@ -766,7 +811,7 @@ impl Lease {
 
     /// What the holder may assume right now.
     pub fn state(&self) -> LeaseState {
-        let at_risk = self.shared.lock().at_risk;
+        let at_risk = self.shared.lock().at_risk.is_some();
         match self.shared.current(self.shared.now()) {
             Ok(_) if at_risk => LeaseState::AtRisk,
             Ok(_) => LeaseState::Held,
@@ -790,7 +835,9 @@ impl Lease {
     /// Extends the lease to `ttl` from now on a majority (single mode: its one node), by compare-and-pexpire.
     ///
     /// Never re-creates an expired key and never issues a new fencing token. Does not change the TTL later
-    /// automatic renewals use.
+    /// automatic renewals use. A `ttl` shorter than what the lease has left moves its deadline earlier before
+    /// the request is sent (the node may apply it whatever becomes of the reply), and automatic renewal
+    /// re-plans for the new deadline.
     ///
     /// # Errors
     /// - [`Error::Config`] for an invalid `ttl` (zero, too long, within the drift allowance), before any
@@ -799,7 +846,18 @@ impl Lease {
     ///   it ([`LossReason::NotHeld`]), or too few nodes answered in time or too little validity remained
     ///   ([`LossReason::ExtendFailed`], with the node errors as `source`). After a failed extension the lease
     ///   is given up and its token deleted from every node that may still hold it.
-    pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
+    pub fn extend(&self, ttl: Duration) -> impl Future<Output = Result<(), Error>> {
+        // In a span with the `tracing` feature. Not an `async fn`: without the feature this is the
+        // extension's own future, no bigger.
+        let span = crate::trace::span(crate::trace::SpanOf::Extend(
+            &self.shared.key,
+            self.shared.engine.mode,
+            self.shared.id,
+        ));
+        crate::trace::instrument(span, self.extend_in(ttl))
+    }
+
+    async fn extend_in(&self, ttl: Duration) -> Result<(), Error> {
         let engine = &self.shared.engine;
         let ttl_wire = engine.config.check_expiry(ttl)?;
         let op_timeout = self
@@ -813,7 +871,7 @@ impl Lease {
             .current(now)
             .map_err(|reason| self.shared.lost_error(reason, None))?;
         let timeout = op_timeout.min(valid_until.saturating_duration_since(now));
-        let outcome = self.shared.extend_once(ttl_wire, timeout).await;
+        let outcome = self.shared.extend_once(ttl_wire, timeout, false).await;
         drop(permit);
         match outcome {
             Extension::Extended {
@@ -837,22 +895,54 @@ impl Lease {
     /// timeout. The lease ends (renewal stops, loss signals resolve) as soon as this starts, whatever the
     /// outcome.
     ///
+    /// On success the [`ReleaseReport`] names the nodes that could not confirm the deletion (a minority; they
+    /// keep our key until its TTL ends).
+    ///
     /// # Errors
     /// - [`Error::Lost`] if the lease had been lost before the release (expired, taken over, or deleted): work
     ///   done under it may have overlapped another holder;
     /// - [`Error::Quorum`] if too few nodes answered to tell whether the lease was still held (the remaining
     ///   keys expire by their TTL).
-    pub async fn release(mut self) -> Result<ReleaseReport, Error> {
+    pub fn release(self) -> impl Future<Output = Result<ReleaseReport, Error>> {
+        // In a span with the `tracing` feature. Not an `async fn`: without the feature this is the release's
+        // own future, no bigger. (Nothing happens before the first poll: dropped unpolled, the future drops
+        // the lease, as before.)
+        let span = crate::trace::span(crate::trace::SpanOf::Release(
+            &self.shared.key,
+            self.shared.engine.mode,
+            self.shared.id,
+        ));
+        crate::trace::instrument(span, self.release_in())
+    }
+
+    async fn release_in(mut self) -> Result<ReleaseReport, Error> {
         self.armed = false;
         let shared = Arc::clone(&self.shared);
         drop(self);
         let prior = shared.end(false);
         let engine = &shared.engine;
-        let mut guard = CleanupOnDrop::new(engine, &shared.key, &shared.token, shared.op_timeout);
+        let mut guard = CleanupOnDrop::new(
+            engine,
+            &shared.key,
+            &shared.token,
+            shared.op_timeout,
+            shared.id,
+        );
         let r = engine
             .release_round(&shared.key, &shared.token, shared.op_timeout, None)
             .await;
         guard.disarm();
+        if engine.hook.active() {
+            engine.hook.emit(
+                &shared.key,
+                shared.id,
+                r.ended,
+                EventKind::ReleaseRound {
+                    nodes: Nodes::new(&r.tally),
+                    round: r.ended.saturating_duration_since(r.started),
+                },
+            );
+        }
         if prior.is_some() {
             return Err(shared
                 .loss_error()
@@ -885,8 +975,34 @@ impl Lease {
     /// Nothing is spawned: renewal runs inside this future, interleaved with `work`. The lease stays held when
     /// `run` returns; release it afterwards.
     ///
+    /// When several `run`s of one lease overlap, one renews at a time; when it returns, another takes over.
+    ///
     /// # Errors
-    /// [`Error::Lost`] if the lease is lost before `work` completes; `work` is dropped at that point.
+    /// [`Error::Lost`] if the lease is lost before `work` completes, with the cause of the loss (the node
+    /// errors of a failed extension, for example) as its `source`. `work` is dropped at the moment of the loss;
+    /// `run` then finishes deleting the token from the nodes (one round, bounded by the operation timeout)
+    /// before it returns, so that no node keeps our key for a whole TTL.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager
+    ///     .lock("nightly")
+    ///     .auto_renew(Duration::from_secs(10))
+    ///     .try_acquire()
+    ///     .await?;
+    /// match lease.run(async { 2 + 2 }).await {
+    ///     Ok(sum) => assert_eq!(sum, 4),
+    ///     // The lease was lost: the work was stopped; do not act as the owner any more.
+    ///     Err(lost) => eprintln!("{lost}"),
+    /// }
+    /// lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
         let shared = &self.shared;
         let mut signal = self.lost();
@@ -980,6 +1096,7 @@ impl Drop for Lease {
                     &self.shared.key,
                     &self.shared.token,
                     self.shared.op_timeout,
+                    (self.shared.id, CleanupCause::Dropped),
                 );
             }
         }
@@ -992,6 +1109,7 @@ pub(crate) struct CleanupOnDrop<'a> {
     key: &'a str,
     token: &'a Token,
     timeout: Duration,
+    id: LeaseId,
     armed: bool,
 }
 
@@ -1001,12 +1119,14 @@ impl<'a> CleanupOnDrop<'a> {
         key: &'a str,
         token: &'a Token,
         timeout: Duration,
+        id: LeaseId,
     ) -> Self {
         Self {
             engine,
             key,
             token,
             timeout,
+            id,
             armed: true,
         }
     }
@@ -1019,8 +1139,12 @@ impl<'a> CleanupOnDrop<'a> {
 impl Drop for CleanupOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
-            self.engine
-                .spawn_cleanup(self.key, self.token, self.timeout);
+            self.engine.spawn_cleanup(
+                self.key,
+                self.token,
+                self.timeout,
+                (self.id, CleanupCause::Cancelled),
+            );
         }
     }
 }

@@ -39,6 +39,18 @@
 //! - the driver: runs rounds of [`RedisNode`] calls concurrently, bounded by the operation timeout, on a
 //!   [`Timer`].
 //! - the API: [`LockManager`], [`Lock`], [`Lease`], [`LossSignal`], [`Error`].
+//!
+//! # Observability
+//!
+//! - [`LockManager::with_observer`]: an [`Observer`] told of every acquisition attempt, extension, renewal
+//!   failure and recovery, loss, release and clean-up ([`LeaseEvent`]); free when none is installed.
+//! - feature `tracing`: spans (`redlease.acquire`, `redlease.extend`, `redlease.release`,
+//!   `redlease.renewal`) and events at operator levels (loss and at-risk at warn, contention at debug); never
+//!   a token.
+//! - feature `metrics`: `metrics::MetricsObserver`, counters, histograms and a gauge over the `metrics`
+//!   facade (the table of series is in its module).
+//!
+//! Both features are off by default and add no dependency when off.
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -52,6 +64,11 @@ mod node;
 mod observe;
 mod time;
 mod token;
+mod trace;
+
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub mod metrics;
 
 pub use async_trait::async_trait;
 pub use config::{Config, ConfigError};
@@ -60,7 +77,9 @@ pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{Lock, LockManager};
 pub use node::{Applied, KeyState, NodeError, NodeErrorKind, RedisNode, Ttl};
-pub use observe::{EventKind, LeaseEvent, LeaseId, Observer};
+pub use observe::{
+    AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,
+};
 pub use time::{Sleep, SystemTimer, Timer};
 pub use token::{TOKEN_BYTES, Token, TokenError};
 

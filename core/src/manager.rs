@@ -12,7 +12,7 @@ use crate::lease::{Grant, Lease, Shared};
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{Backoff, Jitter, Verdict};
 use crate::node::{RedisNode, Ttl};
-use crate::observe::{EventKind, Hook, LeaseId, Observer};
+use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
 use crate::time::{SharedTimer, SystemTimer, Timer};
 use crate::token::Token;
 
@@ -258,6 +258,7 @@ enum Limit {
 struct Tokens<'a> {
     engine: &'a Arc<Engine>,
     key: &'a str,
+    id: LeaseId,
     timeout: Duration,
     current: Token,
     stale: Vec<Token>,
@@ -265,10 +266,16 @@ struct Tokens<'a> {
 }
 
 impl<'a> Tokens<'a> {
-    fn new(engine: &'a Arc<Engine>, key: &'a str, timeout: Duration) -> Result<Self, Error> {
+    fn new(
+        engine: &'a Arc<Engine>,
+        key: &'a str,
+        id: LeaseId,
+        timeout: Duration,
+    ) -> Result<Self, Error> {
         Ok(Self {
             engine,
             key,
+            id,
             timeout,
             current: Token::random()?,
             stale: Vec::new(),
@@ -287,7 +294,12 @@ impl<'a> Tokens<'a> {
     fn won(mut self) -> Token {
         self.armed = false;
         for token in std::mem::take(&mut self.stale) {
-            self.engine.spawn_cleanup(self.key, &token, self.timeout);
+            self.engine.spawn_cleanup(
+                self.key,
+                &token,
+                self.timeout,
+                (self.id, CleanupCause::StaleToken),
+            );
         }
         self.current.clone()
     }
@@ -298,7 +310,12 @@ impl<'a> Tokens<'a> {
     fn failed(&mut self) {
         self.armed = false;
         for token in &self.stale {
-            self.engine.spawn_cleanup(self.key, token, self.timeout);
+            self.engine.spawn_cleanup(
+                self.key,
+                token,
+                self.timeout,
+                (self.id, CleanupCause::StaleToken),
+            );
         }
     }
 }
@@ -308,8 +325,12 @@ impl Drop for Tokens<'_> {
         if self.armed {
             // Cancelled, possibly in the middle of a round: the current token may be anywhere.
             self.failed();
-            self.engine
-                .spawn_cleanup(self.key, &self.current, self.timeout);
+            self.engine.spawn_cleanup(
+                self.key,
+                &self.current,
+                self.timeout,
+                (self.id, CleanupCause::Cancelled),
+            );
         }
     }
 }
@@ -444,13 +465,21 @@ impl Lock {
         self.acquire_with(Limit::Until(deadline)).await
     }
 
-    async fn acquire_with(&self, limit: Limit) -> Result<Lease, Error> {
+    /// The acquisition, in a span with the `tracing` feature. Not an `async fn`: without the feature this is
+    /// the acquisition's own future, no bigger.
+    fn acquire_with(&self, limit: Limit) -> impl Future<Output = Result<Lease, Error>> {
+        let span = crate::trace::span(crate::trace::SpanOf::Acquire(&self.key, self.engine.mode));
+        crate::trace::instrument(span, self.acquire_in(limit))
+    }
+
+    async fn acquire_in(&self, limit: Limit) -> Result<Lease, Error> {
         let plan = self.plan()?;
         let engine = &self.engine;
         if let Limit::Until(deadline) = limit {
             if engine.timer.now() >= deadline {
                 return Err(Error::NotAcquired {
                     key: self.key.clone(),
+                    mode: engine.mode,
                     attempts: 0,
                     reason: NotAcquiredReason::DeadlinePassed,
                     last_error: None,
@@ -466,8 +495,10 @@ impl Lock {
             config.get_retry_jitter(),
             Jitter::from_seed(engine.next_seed()),
         );
-        let mut tokens = Tokens::new(engine, &self.key, plan.op_timeout)?;
+        let mut tokens = Tokens::new(engine, &self.key, id, plan.op_timeout)?;
         let mut attempt = 0u32;
+        // Whether an attempt found the lock held by another owner (for the event hook).
+        let mut contended = false;
         // Whether the current token has never been sent: then a plain `SET NX` suffices (no own-token branch).
         let mut fresh = true;
         // Allocated on the first failed attempt only: the common path never needs it.
@@ -522,6 +553,21 @@ impl Lock {
                             .collect::<Box<[u64]>>()
                     });
                     let now = engine.timer.now();
+                    if engine.hook.active() {
+                        engine.hook.emit(
+                            &self.key,
+                            id,
+                            r.ended,
+                            EventKind::Attempt {
+                                attempt,
+                                nodes: Nodes::new(&r.tally),
+                                round: r.ended.saturating_duration_since(r.started),
+                                outcome: AttemptOutcome::Won {
+                                    validity: valid_until.saturating_duration_since(r.ended),
+                                },
+                            },
+                        );
+                    }
                     engine.hook.emit(
                         &self.key,
                         id,
@@ -531,6 +577,7 @@ impl Lock {
                             fence,
                             attempts: attempt,
                             waited: now.saturating_duration_since(began),
+                            contended,
                         },
                     );
                     return Ok(self.lease(
@@ -555,6 +602,20 @@ impl Lock {
             } else {
                 NotAcquiredReason::TooFewNodes
             };
+            contended |= reason == NotAcquiredReason::Contended;
+            if engine.hook.active() {
+                engine.hook.emit(
+                    &self.key,
+                    id,
+                    r.ended,
+                    EventKind::Attempt {
+                        attempt,
+                        nodes: Nodes::new(&r.tally),
+                        round: r.ended.saturating_duration_since(r.started),
+                        outcome: AttemptOutcome::Failed(reason),
+                    },
+                );
+            }
             // Delete our token wherever this or an earlier attempt may have written it and no clean-up has
             // confirmed it gone since. A definite refusal or a definitely-not-applied error left nothing.
             dirty.resize(n, false);
@@ -573,6 +634,18 @@ impl Lock {
                     }
                 }
                 stale_cleanup = c.tally.any_ambiguous();
+                if engine.hook.active() {
+                    engine.hook.emit(
+                        &self.key,
+                        id,
+                        c.ended,
+                        EventKind::Cleanup {
+                            cause: CleanupCause::FailedAttempt,
+                            nodes: Nodes::new(&c.tally),
+                            round: c.ended.saturating_duration_since(c.started),
+                        },
+                    );
+                }
             }
             // A clean-up whose outcome is unknown may still be carried out later — after the next attempt,
             // even, on a pool or a reconnected connection. If the next attempt reused this token, that stale
@@ -607,6 +680,7 @@ impl Lock {
                         reason,
                         attempts: attempt,
                         waited: now.saturating_duration_since(began),
+                        contended,
                     },
                 );
                 let errors = r.tally.errors();
@@ -620,6 +694,7 @@ impl Lock {
                 });
                 return Err(Error::NotAcquired {
                     key: self.key.clone(),
+                    mode: engine.mode,
                     attempts: attempt,
                     reason,
                     last_error,

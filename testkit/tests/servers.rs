@@ -128,7 +128,8 @@ fn start_child(ending: &str) -> ChildServer {
             "1",
         ])
         .env(CHILD_ENV, ending)
-        .stdin(Stdio::null())
+        // The "abort" child waits for a line here before it aborts, so that its server is checked first.
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -162,6 +163,10 @@ fn start_child(ending: &str) -> ChildServer {
         "the child's server dir {} is missing",
         dir.display()
     );
+    if ending == "abort" {
+        let mut stdin = child.stdin.take().unwrap();
+        writeln!(stdin, "go").unwrap();
+    }
     ChildServer {
         child,
         server_pid,
@@ -261,8 +266,13 @@ fn child_process_holds_a_server() {
     out.flush().unwrap();
     drop(out);
     match ending.as_str() {
-        // Ends without unwinding: no destructor runs (like a test binary built with panic = "abort").
-        "abort" => std::process::abort(),
+        // Ends without unwinding: no destructor runs (like a test binary built with panic = "abort"). Only
+        // once the parent has seen the server running (it writes a line when it has).
+        "abort" => {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+            std::process::abort()
+        }
         _ => loop {
             std::thread::sleep(Duration::from_secs(1));
         },

@@ -176,6 +176,11 @@ impl Tally {
         }
     }
 
+    /// Every node's reply so far, by index (`None`: no reply yet, or abandoned). Read by the lease event hook.
+    pub(crate) fn replies(&self) -> &[Option<Reply>] {
+        &self.replies
+    }
+
     /// Whether the driver may stop waiting for replies.
     pub fn is_done(&self) -> bool {
         match self.wait {

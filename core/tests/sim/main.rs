@@ -7,5 +7,6 @@ mod clock_jump;
 mod config;
 mod defects;
 mod history;
+mod observe;
 mod renewal;
 mod support;

@@ -1,0 +1,221 @@
+//! Per-node spans through `tracing` (feature `tracing`, which also turns on redlease's own spans and events).
+//!
+//! redlease's spans (`redlease.acquire`, `redlease.renewal`, …) describe whole rounds; wrapping each node in
+//! [`Traced`] adds one `redlease.node` span (debug) per call on that node, so a slow or failing server shows
+//! up by name:
+//!
+//! | field | value |
+//! |---|---|
+//! | `node` | the node's [`endpoint`](redlease::RedisNode::endpoint) with any `user:password@` removed ([`redact`]), or `node <index>` |
+//! | `op` | `acquire`, `acquire_fresh`, `acquire_fenced`, `release`, `extend`, `inspect` |
+//! | `key` | the lock key |
+//! | `outcome` | `yes`, `no` or `error` |
+//! | `error_kind` | on failure: [`NodeErrorKind::as_str`](redlease::NodeErrorKind::as_str) |
+//!
+//! A failed call also logs a debug event with the error's kind, whether it may have been applied, and its
+//! message (the adapters' messages name the operation and the error category, never a token or a password;
+//! any `user:password@` in it is removed all the same). Tokens are never recorded.
+//!
+//! ```
+//! use redlease::{Config, LockManager};
+//! use redlease_adapters::trace::Traced;
+//!
+//! let node = Traced::new(redlease_testkit::MemoryNode::new());
+//! let manager = LockManager::single(node, Config::default()).unwrap();
+//! # let _ = manager;
+//! ```
+
+use std::fmt;
+
+use redlease::{KeyState, NodeError, RedisNode, Token, Ttl, async_trait};
+use tracing::Instrument;
+use tracing::field::Empty;
+
+/// A [`RedisNode`] that runs every call of `N` in a `redlease.node` span; see the [module docs](self).
+pub struct Traced<N> {
+    inner: N,
+    name: String,
+}
+
+impl<N: fmt::Debug> fmt::Debug for Traced<N> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Traced")
+            .field("node", &self.name)
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl<N: RedisNode> Traced<N> {
+    /// Wraps `inner`, naming it by its endpoint (credentials removed), or `node` if it has none.
+    pub fn new(inner: N) -> Self {
+        let name = inner
+            .endpoint()
+            .map_or_else(|| "node".to_owned(), |e| redact(&e));
+        Self { inner, name }
+    }
+
+    /// Names the node `name` in its spans instead (credentials removed all the same).
+    #[must_use]
+    pub fn with_name(mut self, name: &str) -> Self {
+        self.name = redact(name);
+        self
+    }
+
+    /// The wrapped node.
+    pub fn inner(&self) -> &N {
+        &self.inner
+    }
+
+    fn span(&self, op: &'static str, key: &str) -> tracing::Span {
+        tracing::debug_span!(
+            "redlease.node",
+            node = %self.name,
+            op,
+            key,
+            outcome = Empty,
+            error_kind = Empty
+        )
+    }
+}
+
+/// `url` with the user-info part (`user:password@`) of every `scheme://…` in it removed:
+/// `redis://:pw@10.0.0.5:6379/0` becomes `redis://10.0.0.5:6379/0`. Text without credentials is returned
+/// unchanged.
+pub fn redact(url: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        // The authority ends at the first '/', '?', '#' or whitespace; user-info is up to its last '@'.
+        let end = tail
+            .find(|c: char| c == '/' || c == '?' || c == '#' || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(at) => out.push_str(&authority[at + 1..]),
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Records the outcome of one call on its span, and logs a failure.
+fn finish<T>(span: &tracing::Span, result: &Result<T, NodeError>, yes: impl Fn(&T) -> bool) {
+    match result {
+        Ok(v) => {
+            span.record("outcome", if yes(v) { "yes" } else { "no" });
+        }
+        Err(e) => {
+            span.record("outcome", "error");
+            span.record("error_kind", e.kind().as_str());
+            span.in_scope(|| {
+                tracing::debug!(
+                    kind = e.kind().as_str(),
+                    ambiguous = e.is_ambiguous(),
+                    message = %redact(e.message()),
+                    "node call failed"
+                );
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl<N: RedisNode> RedisNode for Traced<N> {
+    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let span = self.span("acquire", key);
+        let r = self
+            .inner
+            .acquire(key, token, ttl)
+            .instrument(span.clone())
+            .await;
+        finish(&span, &r, |ok| *ok);
+        r
+    }
+
+    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let span = self.span("acquire_fresh", key);
+        let r = self
+            .inner
+            .acquire_fresh(key, token, ttl)
+            .instrument(span.clone())
+            .await;
+        finish(&span, &r, |ok| *ok);
+        r
+    }
+
+    async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<u64>, NodeError> {
+        let span = self.span("acquire_fenced", key);
+        let r = self
+            .inner
+            .acquire_fenced(key, fence_key, token, ttl)
+            .instrument(span.clone())
+            .await;
+        finish(&span, &r, Option::is_some);
+        r
+    }
+
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+        let span = self.span("release", key);
+        let r = self
+            .inner
+            .release(key, token)
+            .instrument(span.clone())
+            .await;
+        finish(&span, &r, |ok| *ok);
+        r
+    }
+
+    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        let span = self.span("extend", key);
+        let r = self
+            .inner
+            .extend(key, token, ttl)
+            .instrument(span.clone())
+            .await;
+        finish(&span, &r, |ok| *ok);
+        r
+    }
+
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+        let span = self.span("inspect", key);
+        let r = self.inner.inspect(key).instrument(span.clone()).await;
+        finish(&span, &r, Option::is_some);
+        r
+    }
+
+    fn endpoint(&self) -> Option<String> {
+        self.inner.endpoint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_removes_user_info_and_keeps_the_rest() {
+        assert_eq!(
+            redact("redis://:s3cret@10.0.0.5:6379/0"),
+            "redis://10.0.0.5:6379/0"
+        );
+        assert_eq!(redact("rediss://user:p@ss@host:6380"), "rediss://host:6380");
+        assert_eq!(
+            redact("connect to redis://u:pw@a:1/2 and redis://b:2 failed"),
+            "connect to redis://a:1/2 and redis://b:2 failed"
+        );
+        assert_eq!(redact("redis://10.0.0.5:6379/0"), "redis://10.0.0.5:6379/0");
+        assert_eq!(redact("no url here"), "no url here");
+        assert_eq!(redact("redis://user:pw@"), "redis://");
+    }
+}
