@@ -931,3 +931,167 @@ pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyS
         Err(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// A transport that answers from a script of replies and records what was sent.
+    #[derive(Default)]
+    struct Scripted {
+        probe: Probe,
+        replies: Mutex<VecDeque<Result<Reply, NodeError>>>,
+        txs: Mutex<VecDeque<Result<Vec<Reply>, NodeError>>>,
+        sent: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Transport for Scripted {
+        async fn script_once(
+            &self,
+            _: Verb,
+            script: &Script,
+            _: &[&str],
+            _: &[&str],
+        ) -> Result<Reply, NodeError> {
+            panic!("no script may run here: {}", script.name)
+        }
+        async fn command(&self, _: &Script, _: &str, args: &[&str]) -> Result<Reply, NodeError> {
+            self.sent.lock().unwrap().push(args[0].to_owned());
+            self.replies.lock().unwrap().pop_front().expect("a reply")
+        }
+        async fn transaction(
+            &self,
+            _: &Script,
+            _: &str,
+            cmds: &[&[&str]],
+        ) -> Result<Vec<Reply>, NodeError> {
+            let names: Vec<&str> = cmds.iter().map(|c| c[0]).collect();
+            self.sent
+                .lock()
+                .unwrap()
+                .push(format!("MULTI {}", names.join(" ")));
+            self.txs
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a transaction reply")
+        }
+        fn clustered(&self) -> bool {
+            false
+        }
+        fn probe(&self) -> &Probe {
+            &self.probe
+        }
+    }
+
+    fn native() -> Scripted {
+        let t = Scripted::default();
+        t.probe.set_mode(Commands::Native);
+        t.probe.set(Capabilities {
+            lua: false,
+            set_nx_get: true,
+            set_ifeq: true,
+            delifeq: true,
+            commands: Commands::Native,
+        });
+        t
+    }
+
+    /// A minimal executor for futures that never wait (the scripted transport answers at once).
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        use std::task::{Context, Poll, Wake, Waker};
+        struct Noop;
+        impl Wake for Noop {
+            fn wake(self: Arc<Self>) {}
+        }
+        let waker = Waker::from(Arc::new(Noop));
+        let mut cx = Context::from_waker(&waker);
+        let mut f = std::pin::pin!(f);
+        loop {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_incr_after_the_lock_was_written_removes_the_lock_before_the_error_returns() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        // Step 1 finds a usable counter; step 2 writes the lock; step 3's INCR is refused (the counter was
+        // replaced meanwhile); the lock is then deleted.
+        t.txs.lock().unwrap().extend([
+            Ok(vec![Reply::Bytes(b"4".to_vec()), Reply::Int(-1)]),
+            Err(NodeError::not_applied(
+                NodeErrorKind::WrongType,
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+            )),
+        ]);
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([Ok(Reply::Bytes(b"OK".to_vec())), Ok(Reply::Int(1))]);
+        let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
+        assert!(!err.is_ambiguous(), "{err}");
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["MULTI GET PTTL", "SET", "MULTI INCR GET PTTL", "DELIFEQ"]
+        );
+        // Nothing remembered: a later call starts afresh.
+        assert_eq!(t.probe.fence("l", &token), None);
+    }
+
+    #[test]
+    fn a_failed_clean_up_after_a_refused_incr_is_ambiguous_so_the_core_cleans_up() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        t.txs.lock().unwrap().extend([
+            Ok(vec![Reply::Nil, Reply::Int(-2)]),
+            Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "ERR increment or decrement would overflow",
+            )),
+        ]);
+        t.replies.lock().unwrap().extend([
+            Ok(Reply::Bytes(b"OK".to_vec())),
+            Err(NodeError::ambiguous(
+                NodeErrorKind::Connection,
+                "connection reset",
+            )),
+        ]);
+        let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
+        assert!(
+            err.is_ambiguous(),
+            "the lock may remain, so the outcome is unknown: {err}"
+        );
+        assert!(err.message().contains("exhausted"), "{err}");
+    }
+
+    #[test]
+    fn a_counter_that_gained_a_ttl_meanwhile_removes_the_lock_and_is_refused() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        t.txs.lock().unwrap().extend([
+            Ok(vec![Reply::Bytes(b"1".to_vec()), Reply::Int(-1)]),
+            Ok(vec![
+                Reply::Int(2),
+                Reply::Bytes(token.as_str().as_bytes().to_vec()),
+                Reply::Int(5000),
+            ]),
+        ]);
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([Ok(Reply::Bytes(b"OK".to_vec())), Ok(Reply::Int(1))]);
+        let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
+        assert!(err.message().contains("TTL"), "{err}");
+        assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ");
+    }
+}
