@@ -93,7 +93,7 @@ use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
-use fred::interfaces::{ClientLike, EventInterface};
+use fred::interfaces::{ClientLike, EventInterface, TransactionInterface};
 use fred::types::config::{Options, Server, ServerConfig};
 use fred::types::{ClientState, ClusterHash, CustomCommand, Value};
 use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
@@ -101,6 +101,7 @@ use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
+use crate::{Capabilities, Commands};
 use tokio::sync::broadcast;
 
 /// The fred client crate, re-exported so that versions match.
@@ -305,6 +306,19 @@ impl<C: KeyRouted> FredNode<C> {
         let mut node = Self::new(client);
         node.connect_started = Some(Arc::new(AtomicBool::new(false)));
         node
+    }
+
+    /// Chooses which commands the node sends (scripts, native commands, or each where it works: the
+    /// default); see [`Commands`]. Forgets what the capability check learned.
+    pub fn with_commands(self, commands: Commands) -> Self {
+        self.probe.set_mode(commands);
+        self
+    }
+
+    /// What the capability check learned about the current connection, if it ran since the connection was
+    /// (re)established.
+    pub fn capabilities(&self) -> Option<Capabilities> {
+        self.probe.get()
     }
 
     /// Runs the capability check now (it otherwise runs before the first acquisition), with `example_key`
@@ -543,14 +557,8 @@ impl<C: KeyRouted> FredNode<C> {
         }
     }
 
-    /// Sends `cmd` with `values` once, through the client that carries `key`.
-    async fn send(
-        &self,
-        cmd: CustomCommand,
-        key: &str,
-        values: Vec<Value>,
-        what: &Script,
-    ) -> Result<Reply, NodeError> {
+    /// Sends `request` once, through the client that carries `key`.
+    async fn send(&self, request: Request, key: &str, what: &Script) -> Result<Reply, NodeError> {
         self.start().await;
         let index = self.client.member_for_key(key);
         let (Some(client), Some(health)) =
@@ -583,12 +591,36 @@ impl<C: KeyRouted> FredNode<C> {
                 return Err(self.not_connected(what, health, true));
             }
         }
-        let result = client
-            .with_options(&self.options())
-            .custom::<Value, Value>(cmd, values)
-            .await
-            .map(to_reply)
-            .map_err(|e| classify(Some(what), &e));
+        let options = self.options();
+        let result = match request {
+            Request::One(cmd, values) => client
+                .with_options(&options)
+                .custom::<Value, Value>(cmd, values)
+                .await
+                .map(to_reply)
+                .map_err(|e| classify(Some(what), &e)),
+            Request::Multi(cmds) => {
+                // Queued locally and written as one MULTI … EXEC batch on the member's connection.
+                let tx = client.multi();
+                let mut queued = Ok(());
+                for (cmd, values) in cmds {
+                    if let Err(e) = tx
+                        .with_options(&options)
+                        .custom::<Value, Value>(cmd, values)
+                        .await
+                    {
+                        queued = Err(e);
+                        break;
+                    }
+                }
+                match queued {
+                    Ok(()) => tx.exec::<Value>(false).await,
+                    Err(e) => Err(e),
+                }
+                .map(to_reply)
+                .map_err(|e| classify(Some(what), &e))
+            }
+        };
         match result {
             Err(e) if is_second_write(&e) && self.cluster => {
                 // fred refuses a second write both after a MOVED/ASK redirection (the server refused the
@@ -652,6 +684,12 @@ impl<C: KeyRouted> FredNode<C> {
     }
 }
 
+/// One command, or a `MULTI … EXEC` transaction of several.
+enum Request {
+    One(CustomCommand, Vec<Value>),
+    Multi(Vec<(CustomCommand, Vec<Value>)>),
+}
+
 #[async_trait]
 impl<C: KeyRouted> Transport for FredNode<C> {
     async fn script_once(
@@ -674,7 +712,7 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         values.extend(keys.iter().map(|k| Value::from(*k)));
         values.extend(args.iter().map(|a| Value::from(*a)));
         let cmd = CustomCommand::new_static(verb.as_str(), hash, false);
-        self.send(cmd, key, values, script).await
+        self.send(Request::One(cmd, values), key, script).await
     }
 
     async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError> {
@@ -687,7 +725,31 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         };
         let cmd = CustomCommand::new(name.to_string(), hash, false);
         let values = rest.iter().map(|a| Value::from(*a)).collect();
-        self.send(cmd, key, values, what).await
+        self.send(Request::One(cmd, values), key, what).await
+    }
+
+    async fn transaction(
+        &self,
+        what: &Script,
+        key: &str,
+        cmds: &[&[&str]],
+    ) -> Result<Vec<Reply>, NodeError> {
+        let hash = slot::hash_slot(key.as_bytes());
+        let mut request = Vec::with_capacity(cmds.len());
+        for args in cmds {
+            let Some((name, rest)) = args.split_first() else {
+                return Err(NodeError::not_applied(
+                    NodeErrorKind::Other,
+                    "an empty command in a transaction (not sent)",
+                ));
+            };
+            let cmd = CustomCommand::new(name.to_string(), ClusterHash::Custom(hash), false);
+            request.push((cmd, rest.iter().map(|a| Value::from(*a)).collect()));
+        }
+        match self.send(Request::Multi(request), key, what).await? {
+            Reply::Array(items) if items.len() == cmds.len() => Ok(items),
+            other => Err(scripts::unexpected_reply(what, &other)),
+        }
     }
 
     fn clustered(&self) -> bool {

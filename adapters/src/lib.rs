@@ -26,8 +26,14 @@
 //! `SET … NX GET` (Redis 7.0+): later fresh acquisitions are that one command (a key of another type is
 //! `WRONGTYPE` there, as in the acquire script, so one attempt or three give the same answer); on older
 //! servers they are [`scripts::ACQUIRE_FRESH`]. Neither touches an existing key. Nothing is cached after a
-//! refusal, so a corrected ACL takes effect at the next call. Later capabilities (native conditional
-//! commands) extend the same probe.
+//! refusal, so a corrected ACL takes effect at the next call.
+//!
+//! The same check learns which native conditional commands the connection offers and the user may run
+//! (`SET … IFEQ` on Valkey 8.1+, `DELIFEQ` on Valkey 9.0+; probed by command, never from version strings), and
+//! each operation chooses its path from that and the node's [`Commands`] mode: release by `DELIFEQ`, extend
+//! by `SET … IFEQ … PX` where present, scripts otherwise; where scripts cannot run (Lua absent, or `EVAL`
+//! refused by the ACL) every operation is native, the fenced acquisition included (three steps; see the
+//! README's "Servers" section for the design and the gaps it may leave in the fence sequence).
 //!
 //! # Order
 //!
@@ -47,6 +53,7 @@
 //! |---|---|---|---|
 //! | `NOPERM …`; `ERR The user executing the script can't …` (Redis 7.0's in-script refusal); the probe's `NOPERM redlease: …`; `WRONGPASS`, `NOAUTH`, a refused login (also fred's last reconnection) | `Auth` | no | yes |
 //! | `WRONGTYPE` (the lock key holds another type; the message names the lock key) | `WrongType` | no | yes |
+//! | a node pinned to [`Commands::Native`] on a server without `DELIFEQ`/`SET … IFEQ`, or to [`Commands::Scripts`] where Lua is absent | `Unsupported` | no | yes |
 //! | `FENCE …`: the fence key holds another type, is not a non-negative integer, has a TTL, is exhausted, or is missing while the lock holds our token (the message names the fence key) | `Fence` | no | yes |
 //! | lock and fence keys in different Cluster slots (checked before sending), `CROSSSLOT` | `CrossSlot` | no | yes |
 //! | `READONLY` (a replica) | `ReadOnly` | no | no |
@@ -68,8 +75,10 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod commands;
 #[cfg(any(feature = "redis", feature = "fred"))]
 mod ops;
+pub use commands::{Capabilities, Commands};
 pub mod scripts;
 pub mod slot;
 

@@ -18,8 +18,12 @@
 //! Later fresh acquisitions are `SET key token NX GET PX ttl` where the server accepts it (a key of another
 //! type is a `WRONGTYPE` error there, exactly as in the acquire script, so one attempt or three give the same
 //! answer), and the [`ACQUIRE_FRESH`](scripts::ACQUIRE_FRESH) script otherwise. None of them touches an
-//! existing key, so a late copy of a fresh acquisition cannot reset a lease's TTL. Later capabilities (native
-//! compare-and-delete, …) extend the same probe and [`Caps`].
+//! existing key, so a late copy of a fresh acquisition cannot reset a lease's TTL.
+//!
+//! The same check learns which native conditional commands the connection offers and permits (`SET … IFEQ`,
+//! `DELIFEQ`: inside the probe script with `redis.pcall`, or, where scripts cannot run, with plain probe
+//! commands that write nothing), and each operation picks its path from the answer and the node's
+//! [`Commands`] mode (see there for the table).
 
 use std::sync::{Arc, Mutex};
 
@@ -27,6 +31,7 @@ use redlease::{KeyState, NodeError, NodeErrorKind, Token, Ttl, async_trait};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
+use crate::{Capabilities, Commands};
 
 /// Which script command to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,28 +51,91 @@ impl Verb {
     }
 }
 
-/// What a connection was found to permit and support.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Caps {
-    /// `SET key value NX GET …` is accepted (Redis 7.0+).
-    pub(crate) set_nx_get: bool,
+/// The capability state of one connection, shared by the clones of a node: the configured mode and, once
+/// checked, what the connection offers.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Probe(Arc<Mutex<ProbeState>>);
+
+#[derive(Default)]
+struct ProbeState {
+    mode: Commands,
+    caps: Option<Capabilities>,
+    /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
+    /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
+    fences: std::collections::VecDeque<(String, String, Option<u64>)>,
 }
 
-/// The capability state of one connection, shared by the clones of a node.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Probe(Arc<Mutex<Option<Caps>>>);
+/// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
+/// within one acquisition; older entries are dropped first).
+const FENCES_KEPT: usize = 256;
+
+impl std::fmt::Debug for ProbeState {
+    // Tokens stay out of Debug output.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeState")
+            .field("mode", &self.mode)
+            .field("caps", &self.caps)
+            .field("fences", &self.fences.len())
+            .finish()
+    }
+}
 
 impl Probe {
-    fn get(&self) -> Option<Caps> {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProbeState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn set(&self, caps: Caps) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(caps);
+    pub(crate) fn get(&self) -> Option<Capabilities> {
+        self.lock().caps
+    }
+
+    fn set(&self, caps: Capabilities) {
+        self.lock().caps = Some(caps);
     }
 
     pub(crate) fn forget(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.lock().caps = None;
+    }
+
+    pub(crate) fn mode(&self) -> Commands {
+        self.lock().mode
+    }
+
+    /// What this node recorded for a native fenced acquisition of `key` with `token`: `None` nothing (this
+    /// node never wrote that lock), `Some(None)` written but its number unconfirmed, `Some(Some(n))` issued.
+    fn fence(&self, key: &str, token: &Token) -> Option<Option<u64>> {
+        self.lock()
+            .fences
+            .iter()
+            .rev()
+            .find(|(k, t, _)| k == key && t == token.as_str())
+            .map(|(_, _, n)| *n)
+    }
+
+    fn record_fence(&self, key: &str, token: &Token, fence: Option<u64>) {
+        let mut state = self.lock();
+        state
+            .fences
+            .retain(|(k, t, _)| !(k == key && t == token.as_str()));
+        if state.fences.len() >= FENCES_KEPT {
+            state.fences.pop_front();
+        }
+        state
+            .fences
+            .push_back((key.to_owned(), token.as_str().to_owned(), fence));
+    }
+
+    fn forget_fence(&self, key: &str, token: &Token) {
+        self.lock()
+            .fences
+            .retain(|(k, t, _)| !(k == key && t == token.as_str()));
+    }
+
+    /// Sets the mode (and forgets what was learned under the old one).
+    pub(crate) fn set_mode(&self, mode: Commands) {
+        let mut state = self.lock();
+        state.mode = mode;
+        state.caps = None;
     }
 }
 
@@ -86,6 +154,16 @@ pub(crate) trait Transport: Send + Sync {
 
     /// Sends the plain command `args` (its name first) once, routed by `key`; `what` names it in messages.
     async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError>;
+
+    /// Sends `MULTI`, the commands `cmds` and `EXEC` once, on one connection and without other commands in
+    /// between, routed by `key`. The replies of the commands, or the first error among them (the commands
+    /// before and after it ran; an error queueing them, such as `NOPERM`, aborts the whole transaction).
+    async fn transaction(
+        &self,
+        what: &Script,
+        key: &str,
+        cmds: &[&[&str]],
+    ) -> Result<Vec<Reply>, NodeError>;
 
     /// Whether the keys of one call must share a Redis Cluster slot (checked before anything is sent).
     fn clustered(&self) -> bool;
@@ -145,18 +223,221 @@ fn probe_refused(verb: Verb, err: NodeError) -> NodeError {
     NodeError::not_applied(NodeErrorKind::Auth, message).with_source(err)
 }
 
-/// Runs the capability probe now with `key` (and `fence_key`) as the example keys, and remembers the answer.
+/// Whether a refusal of a script says that this user may not run scripts, or a command inside them, here.
+fn scripts_denied(err: &NodeError) -> bool {
+    let message = err.message();
+    err.kind() == NodeErrorKind::Auth
+        && !err.is_ambiguous()
+        && (message.contains("NOPERM")
+            || message.contains("The user executing the script can't")
+            || message.contains("no permissions"))
+}
+
+/// Whether a refusal of `EVAL` says that the server runs no Lua (Valkey without its Lua module, a server
+/// built without scripting).
+fn lua_absent(err: &NodeError) -> bool {
+    let message = err.message().to_ascii_lowercase();
+    !err.is_ambiguous()
+        && (message.contains("scripting engine")
+            || (message.contains("unknown command") && message.contains("eval")))
+}
+
+/// What a plain-command probe of one native command found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    Present,
+    Absent,
+    Denied,
+}
+
+/// Whether an error is the ACL refusing a command (outside a script).
+fn denied(err: &NodeError) -> bool {
+    err.kind() == NodeErrorKind::Auth && err.message().contains("NOPERM")
+}
+
+/// Probes one `SET` option with `SET key probe <option…> PX 0`: a server that accepts the option rejects the
+/// expiry, one that does not rejects the syntax; neither writes anything.
+async fn probe_set_option(
+    t: &impl Transport,
+    what: &Script,
+    key: &str,
+    option: &[&str],
+) -> Result<Found, NodeError> {
+    let mut args = vec!["SET", key, "redlease:probe"];
+    args.extend_from_slice(option);
+    args.extend_from_slice(&["PX", "0"]);
+    match note(t, t.command(what, key, &args).await) {
+        Err(e) if !e.is_ambiguous() && e.message().contains("invalid expire") => Ok(Found::Present),
+        Err(e) if !e.is_ambiguous() && e.message().contains("syntax error") => Ok(Found::Absent),
+        Err(e) if denied(&e) => Ok(Found::Denied),
+        Err(e) => Err(e),
+        Ok(reply) => Err(scripts::unexpected_reply(what, &reply)),
+    }
+}
+
+/// The native commands a connection offers, probed with plain commands (no Lua needed): `DELIFEQ` first
+/// (it is not a `SET`), and only where it is offered the two `SET` options.
+async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 3], NodeError> {
+    let delifeq = match note(
+        t,
+        t.command(
+            &scripts::DELIFEQ,
+            key,
+            &["DELIFEQ", key, "redlease:probe:never-a-token"],
+        )
+        .await,
+    ) {
+        Ok(Reply::Int(_)) => Found::Present,
+        Err(e) if e.kind() == NodeErrorKind::WrongType => Found::Present,
+        Err(e)
+            if !e.is_ambiguous()
+                && e.message().to_ascii_lowercase().contains("unknown command") =>
+        {
+            Found::Absent
+        }
+        Err(e) if denied(&e) => Found::Denied,
+        Err(e) => return Err(e),
+        Ok(reply) => return Err(scripts::unexpected_reply(&scripts::DELIFEQ, &reply)),
+    };
+    if delifeq != Found::Present {
+        return Ok([None, None, Some(delifeq)]);
+    }
+    let ifeq = probe_set_option(t, &scripts::SET_IFEQ, key, &["IFEQ", "redlease:probe"]).await?;
+    let nx_get = probe_set_option(t, &scripts::SET_NX, key, &["NX", "GET"]).await?;
+    Ok([Some(nx_get), Some(ifeq), Some(delifeq)])
+}
+
+fn describe(found: [Option<Found>; 3]) -> String {
+    let names = ["SET NX GET", "SET IFEQ", "DELIFEQ"];
+    names
+        .iter()
+        .zip(found)
+        .filter_map(|(name, f)| f.map(|f| (name, f)))
+        .map(|(name, f)| {
+            let state = match f {
+                Found::Present => "offered",
+                Found::Absent => "not offered",
+                Found::Denied => "refused by the ACL",
+            };
+            format!("{name} {state}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The capabilities of a connection on which scripts cannot run (`why`), from the native commands; an error
+/// when they do not cover a lease.
+async fn without_lua(
+    t: &impl Transport,
+    key: &str,
+    mode: Commands,
+    why: Option<NodeError>,
+) -> Result<Capabilities, NodeError> {
+    let found = probe_natives(t, key).await?;
+    let [nx_get, ifeq, delifeq] = found;
+    if ifeq == Some(Found::Present) && delifeq == Some(Found::Present) {
+        return Ok(Capabilities {
+            lua: false,
+            set_nx_get: nx_get == Some(Found::Present),
+            set_ifeq: true,
+            delifeq: true,
+            commands: mode,
+        });
+    }
+    let natives = describe(found);
+    let acl = ifeq == Some(Found::Denied) || delifeq == Some(Found::Denied);
+    let (kind, message) = match &why {
+        Some(e) if scripts_denied(e) => (
+            NodeErrorKind::Auth,
+            format!(
+                "capability check before the first write: a lease needs EVAL and the commands inside redlease's \
+                 scripts, or the native DELIFEQ and SET IFEQ ({natives}); {}",
+                e.message()
+            ),
+        ),
+        Some(e) => (
+            if acl {
+                NodeErrorKind::Auth
+            } else {
+                NodeErrorKind::Unsupported
+            },
+            format!(
+                "capability check before the first write: the server runs no Lua ({}) and a lease without Lua \
+                 needs the native DELIFEQ and SET IFEQ ({natives})",
+                e.message()
+            ),
+        ),
+        None => (
+            if acl {
+                NodeErrorKind::Auth
+            } else {
+                NodeErrorKind::Unsupported
+            },
+            format!(
+                "capability check before the first write: the node is pinned to native commands, which need \
+                 DELIFEQ and SET IFEQ ({natives})"
+            ),
+        ),
+    };
+    let err = NodeError::not_applied(kind, message);
+    Err(match why {
+        Some(e) => err.with_source(e),
+        None => err,
+    })
+}
+
+/// What the probe script answered, as capabilities.
+fn from_script(found: [bool; 3], mode: Commands) -> Capabilities {
+    let [set_nx_get, set_ifeq, delifeq] = found;
+    Capabilities {
+        lua: true,
+        set_nx_get,
+        set_ifeq,
+        delifeq,
+        commands: mode,
+    }
+}
+
+/// The refusal of a probe script under `mode`: a fallback to the native commands (automatic mode), or the
+/// error to report.
+async fn script_probe_failed(
+    t: &impl Transport,
+    key: &str,
+    mode: Commands,
+    err: NodeError,
+) -> Result<Capabilities, NodeError> {
+    let unusable = lua_absent(&err) || scripts_denied(&err);
+    match mode {
+        Commands::Automatic if unusable => without_lua(t, key, mode, Some(err)).await,
+        _ if lua_absent(&err) => Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            format!(
+                "capability check before the first write: the node is pinned to scripts and the server runs no \
+                 Lua: {}",
+                err.message()
+            ),
+        )
+        .with_source(err)),
+        _ => Err(probe_refused(Verb::Eval, err)),
+    }
+}
+
+/// Runs the capability check now with `key` (and `fence_key`) as the example keys, and remembers the answer.
 pub(crate) async fn check(
     t: &impl Transport,
     key: &str,
     fence_key: Option<&str>,
-) -> Result<Caps, NodeError> {
-    let keys: Vec<&str> = std::iter::once(key).chain(fence_key).collect();
-    let script = &scripts::PROBE;
-    let reply = note(t, t.script_once(Verb::Eval, script, &keys, &[]).await)
-        .map_err(|e| probe_refused(Verb::Eval, e))?;
-    let caps = Caps {
-        set_nx_get: scripts::parse_flag(script, reply)?,
+) -> Result<Capabilities, NodeError> {
+    let mode = t.probe().mode();
+    let caps = if mode == Commands::Native {
+        without_lua(t, key, mode, None).await?
+    } else {
+        let keys: Vec<&str> = std::iter::once(key).chain(fence_key).collect();
+        let script = &scripts::PROBE;
+        match note(t, t.script_once(Verb::Eval, script, &keys, &[]).await) {
+            Ok(reply) => from_script(scripts::parse_probe_reply(reply)?, mode),
+            Err(e) => script_probe_failed(t, key, mode, e).await?,
+        }
     };
     t.probe().set(caps);
     Ok(caps)
@@ -166,10 +447,75 @@ async fn checked(
     t: &impl Transport,
     key: &str,
     fence_key: Option<&str>,
-) -> Result<Caps, NodeError> {
+) -> Result<Capabilities, NodeError> {
     match t.probe().get() {
         Some(caps) => Ok(caps),
         None => check(t, key, fence_key).await,
+    }
+}
+
+/// The lock key holds another type: worded as the scripts word it.
+fn lock_wrong_type(what: &Script, key: &str, e: NodeError) -> NodeError {
+    NodeError::not_applied(
+        NodeErrorKind::WrongType,
+        format!(
+            "the {} command was refused: WRONGTYPE the lock key {key} holds a value of another type",
+            what.name
+        ),
+    )
+    .with_source(e)
+}
+
+/// `SET key token <cond> PX ttl` (`cond` is `NX` or `IFEQ token`): whether it was set.
+async fn set_if(
+    t: &impl Transport,
+    what: &Script,
+    key: &str,
+    token: &Token,
+    cond: &[&str],
+    ttl: &str,
+) -> Result<bool, NodeError> {
+    let mut args = vec!["SET", key, token.as_str()];
+    args.extend_from_slice(cond);
+    args.extend_from_slice(&["PX", ttl]);
+    let reply = note(t, t.command(what, key, &args).await)?;
+    scripts::parse_set_ok(what, reply)
+}
+
+/// `SET key token IFEQ token PX ttl`: resets the TTL of a key holding our token; never creates a key.
+async fn set_ifeq(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: &str,
+) -> Result<bool, NodeError> {
+    set_if(
+        t,
+        &scripts::SET_IFEQ,
+        key,
+        token,
+        &["IFEQ", token.as_str()],
+        ttl,
+    )
+    .await
+}
+
+/// A retried acquisition without Lua: `SET NX PX`, and if the key exists, `SET … IFEQ` on our token (which
+/// resets its TTL, as the acquire script does).
+async fn acquire_native(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: &str,
+) -> Result<bool, NodeError> {
+    if set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], ttl).await? {
+        return Ok(true);
+    }
+    match set_ifeq(t, key, token, ttl).await {
+        Err(e) if e.kind() == NodeErrorKind::WrongType => {
+            Err(lock_wrong_type(&scripts::SET_IFEQ, key, e))
+        }
+        other => other,
     }
 }
 
@@ -190,12 +536,16 @@ pub(crate) async fn acquire(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    checked(t, key, None).await?;
+    let caps = checked(t, key, None).await?;
+    if caps.native_acquire() {
+        return acquire_native(t, key, token, &ttl.as_millis().to_string()).await;
+    }
     acquire_script(t, key, token, ttl).await
 }
 
-/// A fresh acquisition: on an unchecked connection the check and the acquisition in one script; then
-/// `SET key token NX GET PX ttl` where the server accepts it, else the fresh-acquire script.
+/// A fresh acquisition: on an unchecked connection the check and the acquisition in one script (or, without
+/// Lua, the native probe first); then `SET key token NX GET PX ttl` where the server accepts it, else the
+/// fresh-acquire script (or `SET NX PX` without Lua).
 pub(crate) async fn acquire_fresh(
     t: &impl Transport,
     key: &str,
@@ -203,19 +553,34 @@ pub(crate) async fn acquire_fresh(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
-    let Some(caps) = t.probe().get() else {
-        let script = &scripts::PROBE_ACQUIRE;
-        let reply = note(
-            t,
-            t.script_once(Verb::Eval, script, &[key], &[token.as_str(), &ttl])
-                .await,
-        )
-        .map_err(|e| probe_refused(Verb::Eval, e))?;
-        let (acquired, set_nx_get) = scripts::parse_probe_acquire(reply)?;
-        t.probe().set(Caps { set_nx_get });
-        return Ok(acquired);
+    let caps = match t.probe().get() {
+        Some(caps) => caps,
+        None if t.probe().mode() == Commands::Native => check(t, key, None).await?,
+        None => {
+            let mode = t.probe().mode();
+            let script = &scripts::PROBE_ACQUIRE;
+            match note(
+                t,
+                t.script_once(Verb::Eval, script, &[key], &[token.as_str(), &ttl])
+                    .await,
+            ) {
+                Ok(reply) => {
+                    let (acquired, found) = scripts::parse_probe_acquire(reply)?;
+                    t.probe().set(from_script(found, mode));
+                    return Ok(acquired);
+                }
+                Err(e) => {
+                    let caps = script_probe_failed(t, key, mode, e).await?;
+                    t.probe().set(caps);
+                    caps
+                }
+            }
+        }
     };
     if !caps.set_nx_get {
+        if !caps.lua || caps.commands == Commands::Native {
+            return set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], &ttl).await;
+        }
         // Never the acquire script: its own-token branch resets the TTL, which a late copy of a fresh
         // acquisition must not do (the core relies on it).
         let reply = eval(t, &scripts::ACQUIRE_FRESH, &[key], &[token.as_str(), &ttl]).await?;
@@ -231,13 +596,9 @@ pub(crate) async fn acquire_fresh(
     match note(t, reply) {
         Ok(reply) => scripts::parse_set_nx_get(reply),
         // Word it as the acquire script does: the lock key is the problem.
-        Err(e) if e.kind() == NodeErrorKind::WrongType => Err(NodeError::not_applied(
-            NodeErrorKind::WrongType,
-            format!(
-                "the SET NX command was refused: WRONGTYPE the lock key {key} holds a value of another type"
-            ),
-        )
-        .with_source(e)),
+        Err(e) if e.kind() == NodeErrorKind::WrongType => {
+            Err(lock_wrong_type(&scripts::SET_NX, key, e))
+        }
         Err(e) => Err(e),
     }
 }
@@ -252,8 +613,11 @@ pub(crate) async fn acquire_fenced(
     if t.clustered() {
         slot::check_same_slot(key, fence_key)?;
     }
-    checked(t, key, Some(fence_key)).await?;
+    let caps = checked(t, key, Some(fence_key)).await?;
     let ttl = ttl.as_millis().to_string();
+    if caps.native_acquire() {
+        return fenced_native(t, key, fence_key, token, &ttl).await;
+    }
     let reply = eval(
         t,
         &scripts::ACQUIRE_FENCED,
@@ -264,11 +628,257 @@ pub(crate) async fn acquire_fenced(
     scripts::parse_fence(reply)
 }
 
+fn fence_error(message: String) -> NodeError {
+    NodeError::not_applied(NodeErrorKind::Fence, message)
+}
+
+/// Checks a fence counter's `GET` and `PTTL` replies as the fenced script does: a non-negative decimal
+/// integer below 2^63-1 (or absent) without a TTL.
+fn check_fence(fence_key: &str, value: &Reply, pttl: &Reply) -> Result<(), NodeError> {
+    let what = &scripts::TRANSACTION;
+    match value {
+        Reply::Nil => {}
+        Reply::Bytes(b) => {
+            let text = std::str::from_utf8(b).unwrap_or("");
+            let decimal = text == "0"
+                || (!text.is_empty()
+                    && !text.starts_with('0')
+                    && text.bytes().all(|c| c.is_ascii_digit()));
+            if !decimal {
+                return Err(fence_error(format!(
+                    "FENCE the fence key {fence_key} does not hold a non-negative integer"
+                )));
+            }
+            if text.parse::<i64>().map_or(true, |n| n == i64::MAX) {
+                return Err(fence_error(format!(
+                    "FENCE the fence counter {fence_key} is exhausted"
+                )));
+            }
+        }
+        other => return Err(scripts::unexpected_reply(what, other)),
+    }
+    match scripts::parse_integer(what, pttl)? {
+        -1 | -2 => Ok(()),
+        _ => Err(fence_error(format!(
+            "FENCE the fence key {fence_key} has a TTL; fencing numbers would restart when it expires"
+        ))),
+    }
+}
+
+/// An `INCR` refusal, worded as the fenced script words the same condition.
+fn incr_refused(fence_key: &str, e: NodeError) -> NodeError {
+    let message = e.message().to_owned();
+    let reworded = if e.kind() == NodeErrorKind::WrongType {
+        Some(format!(
+            "FENCE the fence key {fence_key} holds a value of another type"
+        ))
+    } else if message.contains("overflow") {
+        Some(format!("FENCE the fence counter {fence_key} is exhausted"))
+    } else if message.contains("not an integer") {
+        Some(format!(
+            "FENCE the fence key {fence_key} does not hold a non-negative integer"
+        ))
+    } else {
+        None
+    };
+    match reworded {
+        Some(m) => fence_error(m).with_source(e),
+        None => e,
+    }
+}
+
+/// Removes the lock this call wrote before `err` ended it; if that fails too, the lock may remain, so the
+/// error becomes ambiguous (the core then cleans up).
+async fn undo(t: &impl Transport, key: &str, token: &Token, err: NodeError) -> NodeError {
+    match release_native(t, key, token).await {
+        Ok(_) => err,
+        Err(cleanup) => NodeError::ambiguous(
+            err.kind(),
+            format!(
+                "{}; removing the lock key written before it failed too ({}), so the lock may remain until \
+                 its TTL",
+                err.message(),
+                cleanup.message()
+            ),
+        )
+        .with_source(err),
+    }
+}
+
+/// Fenced acquisition without Lua, in three steps on one connection:
+///
+/// 1. `MULTI GET fence PTTL fence EXEC`: the counter must be absent or a non-negative integer below
+///    2^63-1 without a TTL, else a `Fence` error (nothing written).
+/// 2. `SET lock token NX PX ttl`; if the key exists, it is held by another (`None`), unless it holds our
+///    token (see retries below).
+/// 3. `MULTI INCR fence GET lock PTTL fence EXEC`: the number is issued in the same atomic step that shows
+///    the lock still holds our token, so the numbers of successive holders increase strictly (their holding
+///    times do not overlap). If the `INCR` is refused (the counter changed type or overflowed meanwhile) or
+///    the counter gained a TTL meanwhile, the lock is removed again (`DELIFEQ`) before the error returns.
+///
+/// Contention changes nothing (no `INCR` without the lock). Retries of one acquisition (same token): the node
+/// remembers what it wrote. A number it issued is returned again after `SET … IFEQ` resets the TTL (as the
+/// script does); a lock it wrote whose number is unconfirmed (the reply of step 3 was lost, or the call was
+/// dropped between steps) gets a new number through step 3, since the old `INCR` may never have run; a lock
+/// holding our token that this node never wrote is a definite `Fence` error, nothing written (as the script
+/// answers a lock without counter).
+///
+/// Gaps in the sequence (numbers issued to no holder): an `INCR` whose lock had already expired (step 3
+/// finds another or no value: `None`), one followed by a refusal, one whose reply was lost (its retry takes a
+/// new number). Every number handed out is larger than every earlier one. An ambiguous error after step 2
+/// may leave the lock key (with its TTL) for the core's clean-up, as an ambiguous script reply does.
+async fn fenced_native(
+    t: &impl Transport,
+    key: &str,
+    fence_key: &str,
+    token: &Token,
+    ttl: &str,
+) -> Result<Option<u64>, NodeError> {
+    let what = &scripts::TRANSACTION;
+    let before = note(
+        t,
+        t.transaction(what, key, &[&["GET", fence_key], &["PTTL", fence_key]])
+            .await,
+    )
+    .map_err(|e| match e.kind() {
+        NodeErrorKind::WrongType => fence_error(format!(
+            "FENCE the fence key {fence_key} holds a value of another type"
+        ))
+        .with_source(e),
+        _ => e,
+    })?;
+    let [value, pttl] = <[Reply; 2]>::try_from(before)
+        .map_err(|items| scripts::unexpected_reply(what, &Reply::Array(items)))?;
+    check_fence(fence_key, &value, &pttl)?;
+    let recorded = t.probe().fence(key, token);
+    if let Some(Some(issued)) = recorded {
+        if value == Reply::Nil {
+            return Err(fence_error(format!(
+                "FENCE the fence key {fence_key} is missing while the lock holds this token"
+            )));
+        }
+        if set_ifeq(t, key, token, ttl).await? {
+            return Ok(Some(issued));
+        }
+    }
+    // Recorded before the SET is sent: a SET NX applied whose reply is lost is ours on the retry.
+    if recorded.is_none() {
+        t.probe().record_fence(key, token, None);
+    }
+    let written = match set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], ttl).await {
+        Ok(written) => written,
+        Err(e) => {
+            if !e.is_ambiguous() && recorded.is_none() {
+                t.probe().forget_fence(key, token);
+            }
+            return Err(e);
+        }
+    };
+    if written {
+        // Ours now; its number follows.
+    } else if recorded == Some(None) {
+        // Our lock from an earlier attempt whose number is unconfirmed: keep it (resetting its TTL) and
+        // issue a new number below.
+        match set_ifeq(t, key, token, ttl).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(None),
+            Err(e) if e.kind() == NodeErrorKind::WrongType => {
+                return Err(lock_wrong_type(&scripts::SET_IFEQ, key, e));
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        if recorded.is_none() {
+            t.probe().forget_fence(key, token);
+        }
+        let holder = note(t, t.command(&scripts::COMMAND, key, &["GET", key]).await);
+        return match holder {
+            Ok(Reply::Bytes(v)) if v == token.as_str().as_bytes() => Err(fence_error(format!(
+                "FENCE the lock {key} holds this token but this node issued it no fencing number; the \
+                 number can no longer be confirmed"
+            ))),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == NodeErrorKind::WrongType => {
+                Err(lock_wrong_type(&scripts::SET_NX_PLAIN, key, e))
+            }
+            Err(e) => Err(e),
+        };
+    }
+    let issued = note(
+        t,
+        t.transaction(
+            what,
+            key,
+            &[&["INCR", fence_key], &["GET", key], &["PTTL", fence_key]],
+        )
+        .await,
+    );
+    let replies = match issued {
+        Ok(replies) => replies,
+        Err(e) if e.is_ambiguous() => return Err(e),
+        Err(e) => {
+            t.probe().forget_fence(key, token);
+            return Err(undo(t, key, token, incr_refused(fence_key, e)).await);
+        }
+    };
+    let [fence, holder, pttl] = <[Reply; 3]>::try_from(replies)
+        .map_err(|items| scripts::unexpected_reply(what, &Reply::Array(items)))?;
+    if holder != Reply::Bytes(token.as_str().as_bytes().to_vec()) {
+        // The lock expired (or was deleted) before the number was issued: a gap, and not ours.
+        t.probe().forget_fence(key, token);
+        return Ok(None);
+    }
+    let refused = if scripts::parse_integer(what, &pttl)? != -1 {
+        format!(
+            "FENCE the fence key {fence_key} has a TTL; fencing numbers would restart when it expires"
+        )
+    } else {
+        match scripts::parse_integer(what, &fence)? {
+            n if n >= 1 => {
+                let n = n.unsigned_abs();
+                t.probe().record_fence(key, token, Some(n));
+                return Ok(Some(n));
+            }
+            _ => format!("FENCE the fence key {fence_key} does not hold a non-negative integer"),
+        }
+    };
+    t.probe().forget_fence(key, token);
+    Err(undo(t, key, token, fence_error(refused)).await)
+}
+
+/// The capabilities to choose a release or extension path by: a scripts-only node needs no check (the
+/// scripts are the path), the others check an unchecked connection first.
+async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, NodeError> {
+    match t.probe().get() {
+        Some(caps) => Ok(Some(caps)),
+        None if t.probe().mode() == Commands::Scripts => Ok(None),
+        None => check(t, key, None).await.map(Some),
+    }
+}
+
+/// `DELIFEQ key token`: 1 deleted, 0 not (another value, absent, or another type: never touched).
+async fn release_native(t: &impl Transport, key: &str, token: &Token) -> Result<bool, NodeError> {
+    let what = &scripts::DELIFEQ;
+    match note(
+        t,
+        t.command(what, key, &["DELIFEQ", key, token.as_str()])
+            .await,
+    ) {
+        Ok(reply) => scripts::parse_flag(what, reply),
+        Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 pub(crate) async fn release(
     t: &impl Transport,
     key: &str,
     token: &Token,
 ) -> Result<bool, NodeError> {
+    t.probe().forget_fence(key, token);
+    if path(t, key).await?.is_some_and(|c| c.native_release()) {
+        return release_native(t, key, token).await;
+    }
     let reply = eval(t, &scripts::RELEASE, &[key], &[token.as_str()]).await?;
     scripts::parse_flag(&scripts::RELEASE, reply)
 }
@@ -280,11 +890,208 @@ pub(crate) async fn extend(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
+    if path(t, key).await?.is_some_and(|c| c.native_extend()) {
+        return match set_ifeq(t, key, token, &ttl).await {
+            Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
+            other => other,
+        };
+    }
     let reply = eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await?;
     scripts::parse_flag(&scripts::EXTEND, reply)
 }
 
+async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
+    let replies = note(
+        t,
+        t.transaction(&scripts::TRANSACTION, key, &[&["GET", key], &["PTTL", key]])
+            .await,
+    )?;
+    scripts::parse_inspect_tx(replies)
+}
+
+/// A read: by the known path, else (an unchecked connection) by the script, falling back to the
+/// transaction where scripts cannot run. No capability check: inspection also works on a replica.
 pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
-    let reply = eval(t, &scripts::INSPECT, &[key], &[]).await?;
-    scripts::parse_inspect(reply)
+    let native = match t.probe().get() {
+        Some(caps) => caps.native_acquire(),
+        None => t.probe().mode() == Commands::Native,
+    };
+    if native {
+        return inspect_native(t, key).await;
+    }
+    match eval(t, &scripts::INSPECT, &[key], &[]).await {
+        Ok(reply) => scripts::parse_inspect(reply),
+        Err(e)
+            if t.probe().get().is_none()
+                && t.probe().mode() == Commands::Automatic
+                && (lua_absent(&e) || scripts_denied(&e)) =>
+        {
+            inspect_native(t, key).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// A transport that answers from a script of replies and records what was sent.
+    #[derive(Default)]
+    struct Scripted {
+        probe: Probe,
+        replies: Mutex<VecDeque<Result<Reply, NodeError>>>,
+        txs: Mutex<VecDeque<Result<Vec<Reply>, NodeError>>>,
+        sent: Mutex<Vec<String>>,
+    }
+
+    #[async_trait]
+    impl Transport for Scripted {
+        async fn script_once(
+            &self,
+            _: Verb,
+            script: &Script,
+            _: &[&str],
+            _: &[&str],
+        ) -> Result<Reply, NodeError> {
+            panic!("no script may run here: {}", script.name)
+        }
+        async fn command(&self, _: &Script, _: &str, args: &[&str]) -> Result<Reply, NodeError> {
+            self.sent.lock().unwrap().push(args[0].to_owned());
+            self.replies.lock().unwrap().pop_front().expect("a reply")
+        }
+        async fn transaction(
+            &self,
+            _: &Script,
+            _: &str,
+            cmds: &[&[&str]],
+        ) -> Result<Vec<Reply>, NodeError> {
+            let names: Vec<&str> = cmds.iter().map(|c| c[0]).collect();
+            self.sent
+                .lock()
+                .unwrap()
+                .push(format!("MULTI {}", names.join(" ")));
+            self.txs
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a transaction reply")
+        }
+        fn clustered(&self) -> bool {
+            false
+        }
+        fn probe(&self) -> &Probe {
+            &self.probe
+        }
+    }
+
+    fn native() -> Scripted {
+        let t = Scripted::default();
+        t.probe.set_mode(Commands::Native);
+        t.probe.set(Capabilities {
+            lua: false,
+            set_nx_get: true,
+            set_ifeq: true,
+            delifeq: true,
+            commands: Commands::Native,
+        });
+        t
+    }
+
+    /// A minimal executor for futures that never wait (the scripted transport answers at once).
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        use std::task::{Context, Poll, Wake, Waker};
+        struct Noop;
+        impl Wake for Noop {
+            fn wake(self: Arc<Self>) {}
+        }
+        let waker = Waker::from(Arc::new(Noop));
+        let mut cx = Context::from_waker(&waker);
+        let mut f = std::pin::pin!(f);
+        loop {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_incr_after_the_lock_was_written_removes_the_lock_before_the_error_returns() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        // Step 1 finds a usable counter; step 2 writes the lock; step 3's INCR is refused (the counter was
+        // replaced meanwhile); the lock is then deleted.
+        t.txs.lock().unwrap().extend([
+            Ok(vec![Reply::Bytes(b"4".to_vec()), Reply::Int(-1)]),
+            Err(NodeError::not_applied(
+                NodeErrorKind::WrongType,
+                "WRONGTYPE Operation against a key holding the wrong kind of value",
+            )),
+        ]);
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([Ok(Reply::Bytes(b"OK".to_vec())), Ok(Reply::Int(1))]);
+        let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
+        assert!(!err.is_ambiguous(), "{err}");
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["MULTI GET PTTL", "SET", "MULTI INCR GET PTTL", "DELIFEQ"]
+        );
+        // Nothing remembered: a later call starts afresh.
+        assert_eq!(t.probe.fence("l", &token), None);
+    }
+
+    #[test]
+    fn a_failed_clean_up_after_a_refused_incr_is_ambiguous_so_the_core_cleans_up() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        t.txs.lock().unwrap().extend([
+            Ok(vec![Reply::Nil, Reply::Int(-2)]),
+            Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "ERR increment or decrement would overflow",
+            )),
+        ]);
+        t.replies.lock().unwrap().extend([
+            Ok(Reply::Bytes(b"OK".to_vec())),
+            Err(NodeError::ambiguous(
+                NodeErrorKind::Connection,
+                "connection reset",
+            )),
+        ]);
+        let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
+        assert!(
+            err.is_ambiguous(),
+            "the lock may remain, so the outcome is unknown: {err}"
+        );
+        assert!(err.message().contains("exhausted"), "{err}");
+    }
+
+    #[test]
+    fn a_counter_that_gained_a_ttl_meanwhile_removes_the_lock_and_is_refused() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        t.txs.lock().unwrap().extend([
+            Ok(vec![Reply::Bytes(b"1".to_vec()), Reply::Int(-1)]),
+            Ok(vec![
+                Reply::Int(2),
+                Reply::Bytes(token.as_str().as_bytes().to_vec()),
+                Reply::Int(5000),
+            ]),
+        ]);
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([Ok(Reply::Bytes(b"OK".to_vec())), Ok(Reply::Int(1))]);
+        let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
+        assert!(err.message().contains("TTL"), "{err}");
+        assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ");
+    }
 }

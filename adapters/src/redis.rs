@@ -90,6 +90,7 @@ use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_
 
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
+use crate::{Capabilities, Commands};
 
 /// The redis-rs client crate, re-exported so that versions match.
 pub use ::redis;
@@ -172,6 +173,19 @@ impl<C> RedisRsNode<C> {
     pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoint = Some(endpoint.into());
         self
+    }
+
+    /// Chooses which commands the node sends (scripts, native commands, or each where it works: the
+    /// default); see [`Commands`]. Forgets what the capability check learned.
+    pub fn with_commands(self, commands: Commands) -> Self {
+        self.probe.set_mode(commands);
+        self
+    }
+
+    /// What the capability check learned about the current connection, if it ran since the connection was
+    /// (re)established.
+    pub fn capabilities(&self) -> Option<Capabilities> {
+        self.probe.get()
     }
 
     /// The underlying connection.
@@ -363,12 +377,39 @@ fn script_cmd(verb: Verb, script: &Script, keys: &[&str], args: &[&str]) -> Cmd 
     cmd
 }
 
+fn transaction_pipe(cmds: &[&[&str]]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    // Per-command results, so that an error inside EXEC is reported as that command's server error.
+    pipe.atomic().ignore_errors();
+    for args in cmds {
+        pipe.add_command(plain_cmd(args));
+    }
+    pipe
+}
+
 fn plain_cmd(args: &[&str]) -> Cmd {
     let mut cmd = redis::cmd(args.first().copied().unwrap_or(""));
     for arg in args.iter().skip(1) {
         cmd.arg(*arg);
     }
     cmd
+}
+
+/// Sends the atomic pipeline `pipe` (`MULTI … EXEC`) once on `conn`: the replies, or the first error.
+async fn send_transaction(
+    conn: &mut (impl ConnectionLike + Send),
+    pipe: &redis::Pipeline,
+    what: &Script,
+) -> Result<Vec<Reply>, NodeError> {
+    let results = pipe
+        .query_async::<Vec<redis::RedisResult<Value>>>(conn)
+        .await
+        .map_err(|e| classify(Some(what), &e))?;
+    // The first command error (a server reply inside EXEC's array: definite, classified by its code).
+    results
+        .into_iter()
+        .map(|r| r.map(to_reply).map_err(|e| classify(Some(what), &e)))
+        .collect()
 }
 
 /// Sends `cmd` once on `conn`, classifying its error.
@@ -400,12 +441,36 @@ where
         }
         let mut conn = self.conn.clone();
         let result = send(&mut conn, &cmd, what).await;
-        if let Err(e) = &result {
+        self.after(&result);
+        result
+    }
+
+    async fn run_transaction(
+        &self,
+        pipe: redis::Pipeline,
+        what: &Script,
+    ) -> Result<Vec<Reply>, NodeError> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Connection,
+                format!(
+                    "{}: the multiplexed connection dropped earlier and never reconnects (not sent)",
+                    what.name
+                ),
+            ));
+        }
+        let mut conn = self.conn.clone();
+        let result = send_transaction(&mut conn, &pipe, what).await;
+        self.after(&result);
+        result
+    }
+
+    fn after<T>(&self, result: &Result<T, NodeError>) {
+        if let Err(e) = result {
             if !self.reconnects && is_dropped(e) {
                 self.dead.store(true, Ordering::Release);
             }
         }
-        result
     }
 }
 
@@ -434,6 +499,15 @@ where
 
     async fn command(&self, what: &Script, _key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         self.run(plain_cmd(args), what).await
+    }
+
+    async fn transaction(
+        &self,
+        what: &Script,
+        _key: &str,
+        cmds: &[&[&str]],
+    ) -> Result<Vec<Reply>, NodeError> {
+        self.run_transaction(transaction_pipe(cmds), what).await
     }
 
     fn clustered(&self) -> bool {
@@ -558,6 +632,17 @@ impl LazyNode {
         self
     }
 
+    /// Chooses which commands the node sends; see [`RedisRsNode::with_commands`].
+    pub fn with_commands(self, commands: Commands) -> Self {
+        self.probe.set_mode(commands);
+        self
+    }
+
+    /// What the capability check learned about the current connection; see [`RedisRsNode::capabilities`].
+    pub fn capabilities(&self) -> Option<Capabilities> {
+        self.probe.get()
+    }
+
     /// Whether a connection is open (it may still turn out to have dropped on its next use).
     pub fn is_connected(&self) -> bool {
         self.slot().conn.is_some()
@@ -602,7 +687,12 @@ impl LazyNode {
     async fn run(&self, cmd: Cmd, what: &Script) -> Result<Reply, NodeError> {
         let (mut conn, generation) = self.connection(what).await?;
         let result = send(&mut conn, &cmd, what).await;
-        if let Err(e) = &result {
+        self.dropped(&result, generation);
+        result
+    }
+
+    fn dropped<T>(&self, result: &Result<T, NodeError>, generation: u64) {
+        if let Err(e) = result {
             if is_dropped(e) {
                 // Forget this connection (unless a newer one replaced it already); the next call reconnects.
                 let mut slot = self.slot();
@@ -611,7 +701,6 @@ impl LazyNode {
                 }
             }
         }
-        result
     }
 }
 
@@ -647,6 +736,18 @@ impl Transport for LazyNode {
 
     async fn command(&self, what: &Script, _key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         self.run(plain_cmd(args), what).await
+    }
+
+    async fn transaction(
+        &self,
+        what: &Script,
+        _key: &str,
+        cmds: &[&[&str]],
+    ) -> Result<Vec<Reply>, NodeError> {
+        let (mut conn, generation) = self.connection(what).await?;
+        let result = send_transaction(&mut conn, &transaction_pipe(cmds), what).await;
+        self.dropped(&result, generation);
+        result
     }
 
     fn clustered(&self) -> bool {

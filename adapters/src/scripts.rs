@@ -216,13 +216,19 @@ return {cur, redis.call('PTTL', KEYS[1])}
 /// acquisition runs [`PROBE_ACQUIRE`] instead). `KEYS[1]` an example lock key (the first one the connection
 /// acquires), optionally `KEYS[2]` its fence key. Writes nothing.
 ///
-/// Returns 1 when the server accepts `SET key value NX GET` (Redis 7.0 and later), else 0. Error replies:
+/// Returns `[set_nx_get, set_ifeq, delifeq]`, each 1 or 0: whether the server accepts `SET key value NX GET`
+/// (Redis 7.0 and later), `SET key value IFEQ value` (Valkey 8.1 and later) and `DELIFEQ key value` (Valkey
+/// 9.0 and later), and the user may run them here (a command the ACL refuses inside the script counts as
+/// absent). Error replies:
 /// `NOPERM redlease: …` listing the commands the lease scripts need that the user may not run on these keys
 /// (checked with `redis.acl_check_cmd` where the server has it, Redis 7.0 and later), and any error of the
 /// `SET` probe other than the two it expects (`READONLY` on a replica, a missing permission, …).
 ///
-/// The `SET` probe sends `SET key probe NX GET PX 0`: a server that accepts `NX` with `GET` rejects the
-/// expiry (`invalid expire time`), one that does not rejects the syntax, and neither writes anything.
+/// The `SET` probes send `SET key probe NX GET PX 0` and `SET key redlease:probe IFEQ redlease:probe PX 0`: a
+/// server that accepts the option rejects the expiry (`invalid expire time`), one that does not rejects the
+/// syntax, and neither writes anything. The `DELIFEQ` probe sends `DELIFEQ key redlease:probe:never-a-token`
+/// (an integer or `WRONGTYPE` reply: present; an unknown command: absent), which deletes nothing unless the
+/// lock key holds that literal string, which no token is.
 pub const PROBE: Script = Script {
     name: "probe",
     source: r#"local denied = {}
@@ -245,19 +251,32 @@ end
 if #denied > 0 then
   return redis.error_reply('NOPERM redlease: this user may not run ' .. table.concat(denied, ', '))
 end
+local nxget
 local r = redis.pcall('SET', KEYS[1], 'probe', 'NX', 'GET', 'PX', '0')
 if type(r) == 'table' and r.err then
   if string.find(r.err, 'invalid expire') then
-    return 1
+    nxget = 1
+  elseif string.find(r.err, 'syntax error') then
+    nxget = 0
+  else
+    return r
   end
-  if string.find(r.err, 'syntax error') then
-    return 0
-  end
-  return r
+else
+  return redis.error_reply('ERR redlease: the SET probe was not refused')
 end
-return redis.error_reply('ERR redlease: the SET probe was not refused')
+local ifeq = 0
+local q = redis.pcall('SET', KEYS[1], 'redlease:probe', 'IFEQ', 'redlease:probe', 'PX', '0')
+if type(q) == 'table' and q.err and string.find(q.err, 'invalid expire') then
+  ifeq = 1
+end
+local delifeq = 0
+local d = redis.pcall('DELIFEQ', KEYS[1], 'redlease:probe:never-a-token')
+if type(d) == 'number' or (type(d) == 'table' and d.err and string.sub(d.err, 1, 9) == 'WRONGTYPE') then
+  delifeq = 1
+end
+return {nxget, ifeq, delifeq}
 "#,
-    sha1: "1eacc102fc2a2117ed83f8190e82772c24bd3133",
+    sha1: "0d6c043e636e4fd6be609be818d2e783b3cb7015",
 };
 
 impl Script {
@@ -273,8 +292,8 @@ impl Script {
 
 /// The first fresh acquisition on a connection: the capability check of [`PROBE`] and the fresh acquisition of
 /// [`ACQUIRE_FRESH`] in one command. `KEYS[1]` lock, `ARGV[1]` a token never written before, `ARGV[2]` TTL in
-/// ms. Returns `[acquired, set_nx_get]`: `acquired` 1 when the key was absent (now set), 0 when it exists
-/// (never touched); `set_nx_get` as [`PROBE`] answers it. Error replies, all before any write: those of
+/// ms. Returns `[acquired, set_nx_get, set_ifeq, delifeq]`: `acquired` 1 when the key was absent (now set), 0
+/// when it exists (never touched); the other three as [`PROBE`] answers them. Error replies, all before any write: those of
 /// [`PROBE`] and of [`ACQUIRE_FRESH`].
 pub const PROBE_ACQUIRE: Script = Script {
     name: "probe_acquire",
@@ -310,6 +329,16 @@ if type(r) == 'table' and r.err then
 else
   return redis.error_reply('ERR redlease: the SET probe was not refused')
 end
+local ifeq = 0
+local q = redis.pcall('SET', KEYS[1], 'redlease:probe', 'IFEQ', 'redlease:probe', 'PX', '0')
+if type(q) == 'table' and q.err and string.find(q.err, 'invalid expire') then
+  ifeq = 1
+end
+local delifeq = 0
+local d = redis.pcall('DELIFEQ', KEYS[1], 'redlease:probe:never-a-token')
+if type(d) == 'number' or (type(d) == 'table' and d.err and string.sub(d.err, 1, 9) == 'WRONGTYPE') then
+  delifeq = 1
+end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then
   if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
@@ -319,24 +348,42 @@ if type(cur) == 'table' then
 end
 if cur == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return {1, nxget}
+  return {1, nxget, ifeq, delifeq}
 end
-return {0, nxget}
+return {0, nxget, ifeq, delifeq}
 "#,
-    sha1: "8535add28bdb9d24d4b4b4dc5bd1cac910def1b4",
+    sha1: "58f8e2a9bf5ec9223aa2a37afd3071f3efd6360a",
 };
 
-/// `[acquired, set_nx_get]` of [`PROBE_ACQUIRE`].
-pub(crate) fn parse_probe_acquire(reply: Reply) -> Result<(bool, bool), NodeError> {
+/// What [`PROBE`] and [`PROBE_ACQUIRE`] found: `[set_nx_get, set_ifeq, delifeq]`.
+pub(crate) fn parse_probe(script: &Script, items: Vec<Reply>) -> Result<[bool; 3], NodeError> {
+    match <[Reply; 3]>::try_from(items) {
+        Ok([a, b, c]) => Ok([
+            parse_flag(script, a)?,
+            parse_flag(script, b)?,
+            parse_flag(script, c)?,
+        ]),
+        Err(items) => Err(unexpected(script, &Reply::Array(items))),
+    }
+}
+
+/// `acquired` and `[set_nx_get, set_ifeq, delifeq]` of [`PROBE_ACQUIRE`].
+pub(crate) fn parse_probe_acquire(reply: Reply) -> Result<(bool, [bool; 3]), NodeError> {
     let script = &PROBE_ACQUIRE;
     match reply {
-        Reply::Array(items) => match <[Reply; 2]>::try_from(items) {
-            Ok([acquired, nxget]) => {
-                Ok((parse_flag(script, acquired)?, parse_flag(script, nxget)?))
-            }
-            Err(items) => Err(unexpected(script, &Reply::Array(items))),
-        },
+        Reply::Array(mut items) if items.len() == 4 => {
+            let acquired = parse_flag(script, items.remove(0))?;
+            Ok((acquired, parse_probe(script, items)?))
+        }
         other => Err(unexpected(script, &other)),
+    }
+}
+
+/// `[set_nx_get, set_ifeq, delifeq]` of [`PROBE`].
+pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
+    match reply {
+        Reply::Array(items) => parse_probe(&PROBE, items),
+        other => Err(unexpected(&PROBE, &other)),
     }
 }
 
@@ -415,6 +462,67 @@ pub(crate) const SET_NX: Script = Script {
     source: "",
     sha1: "",
 };
+
+/// Not a script: names `SET … NX PX` (a fresh or retried acquisition without `GET`) in messages.
+pub(crate) const SET_NX_PLAIN: Script = Script {
+    name: "SET NX",
+    source: "",
+    sha1: "",
+};
+
+/// Not a script: names `SET key token IFEQ token PX ttl` (native extension and own-token recognition).
+pub(crate) const SET_IFEQ: Script = Script {
+    name: "SET IFEQ",
+    source: "",
+    sha1: "",
+};
+
+/// Not a script: names `DELIFEQ key token` (native release).
+pub(crate) const DELIFEQ: Script = Script {
+    name: "DELIFEQ",
+    source: "",
+    sha1: "",
+};
+
+/// Not a script: names a `MULTI … EXEC` transaction (native inspect and fenced acquisition).
+pub(crate) const TRANSACTION: Script = Script {
+    name: "MULTI/EXEC",
+    source: "",
+    sha1: "",
+};
+
+/// The reply of a conditional `SET` (`NX` or `IFEQ`, without `GET`): `OK` when it was set, nil when not.
+pub(crate) fn parse_set_ok(script: &Script, reply: Reply) -> Result<bool, NodeError> {
+    match &reply {
+        Reply::Nil => Ok(false),
+        Reply::Bytes(b) if b.as_slice() == b"OK" => Ok(true),
+        _ => Err(unexpected(script, &reply)),
+    }
+}
+
+/// The `[value or nil, pttl]` of `MULTI GET PTTL EXEC`, read like [`parse_inspect`].
+pub(crate) fn parse_inspect_tx(reply: Vec<Reply>) -> Result<Option<KeyState>, NodeError> {
+    match <[Reply; 2]>::try_from(reply) {
+        Ok([Reply::Nil, _]) => Ok(None),
+        Ok([value, pttl]) => parse_inspect(Reply::Array(vec![value, pttl])).map_err(|_| {
+            unexpected(
+                &TRANSACTION,
+                &Reply::Other("a GET/PTTL pair of the wrong shape"),
+            )
+        }),
+        Err(items) => Err(unexpected(&TRANSACTION, &Reply::Array(items))),
+    }
+}
+
+/// An integer reply (or a decimal string) of a plain command.
+pub(crate) fn parse_integer(script: &Script, reply: &Reply) -> Result<i64, NodeError> {
+    parse_int(script, reply)
+}
+
+/// A reply of the wrong shape to `script` (ambiguous: the command ran).
+pub(crate) fn unexpected_reply(script: &Script, reply: &Reply) -> NodeError {
+    unexpected(script, reply)
+}
 
 /// Not a script: names a plain command in messages.
 pub(crate) const COMMAND: Script = Script {

@@ -359,6 +359,10 @@ pub enum NodeErrorKind {
     /// The fence counter cannot issue a number: it is not a non-negative integer, it is exhausted, it has a
     /// TTL (it would expire and numbers would regress), or it is missing while the lock holds our token.
     Fence,
+    /// The server does not offer, or this user may not run, the commands the node's configured mode needs
+    /// (for example a node pinned to native commands on a server without `DELIFEQ`, or one pinned to scripts
+    /// where Lua is absent). Retrying will not help.
+    Unsupported,
     /// The reply did not have the expected shape.
     Protocol,
     /// Anything else.
@@ -374,6 +378,7 @@ impl NodeErrorKind {
     /// | [`CrossSlot`](Self::CrossSlot) | yes | the keys' hash slots are fixed by their names |
     /// | [`WrongType`](Self::WrongType) | yes | the key keeps its type until someone deletes it |
     /// | [`Fence`](Self::Fence) | yes | a corrupt, exhausted or expiring counter needs an operator |
+    /// | [`Unsupported`](Self::Unsupported) | yes | the server's commands do not change between attempts |
     /// | [`Busy`](Self::Busy) (`BUSY`, `LOADING`, `MASTERDOWN`) | no | the server finishes loading or its script |
     /// | [`Cluster`](Self::Cluster) (`TRYAGAIN`, `CLUSTERDOWN`, redirections) | no | resharding and failover end |
     /// | [`ReadOnly`](Self::ReadOnly) | no | during a failover the address becomes a primary again |
@@ -385,7 +390,7 @@ impl NodeErrorKind {
     pub fn is_permanent(self) -> bool {
         matches!(
             self,
-            Self::Auth | Self::CrossSlot | Self::WrongType | Self::Fence
+            Self::Auth | Self::CrossSlot | Self::WrongType | Self::Fence | Self::Unsupported
         )
     }
 
@@ -404,6 +409,7 @@ impl NodeErrorKind {
             Self::Busy => "busy",
             Self::WrongType => "wrong type",
             Self::Fence => "fence counter",
+            Self::Unsupported => "unsupported by the server",
             Self::Protocol => "protocol",
             Self::Other => "other",
         }

@@ -13,7 +13,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use redlease::{Lease, LockManager, RedisNode};
-use redlease_testkit::server::RedisServers;
+use redlease_testkit::server::{Flavor, RedisServers};
 
 use crate::common::{self, Backend, Rng, config, get, lock_calls};
 
@@ -25,6 +25,8 @@ const BACKENDS: [Backend; 3] = [
 ];
 
 const ITERATIONS_PER_BACKEND: u32 = 500;
+/// Fewer on the Valkey servers (two more servers' worth of run time; the seeds differ from run to run).
+const ITERATIONS_OTHER_SERVERS: u32 = 200;
 /// Long enough that a key found gone within `CLEANED_WITHIN` was deleted, not expired.
 const TTL: Duration = Duration::from_millis(2000);
 const OP: Duration = Duration::from_millis(200);
@@ -67,6 +69,7 @@ async fn cancel_at<F: Future>(f: F, point: Point) -> Option<F::Output> {
 }
 
 struct Setup {
+    flavor: Flavor,
     servers: RedisServers,
     nodes: Vec<Arc<dyn RedisNode>>,
     single: LockManager,
@@ -98,6 +101,10 @@ impl Setup {
     /// Empties the script cache of the servers in use, so that the next script call is `EVALSHA`, `NOSCRIPT`,
     /// then `EVAL`.
     fn flush(&self, redlock: bool) {
+        if self.flavor == Flavor::Valkey91NoLua {
+            // No script cache: nothing to flush (and SCRIPT FLUSH needs the engine).
+            return;
+        }
         for i in 0..self.servers(redlock) {
             self.servers[i].cmd(&["SCRIPT", "FLUSH"]);
         }
@@ -197,9 +204,12 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
         _ => Point::After(Duration::from_micros(rng.below(3_000))),
     };
     let flush = rng.below(3) == 0;
+    // Fenced acquisitions (single mode only): without Lua they take three steps, each a point to cancel at.
+    let fenced = !redlock && rng.below(2) == 1;
     let what = format!(
-        "seed={seed} (replay with REDLEASE_SEED={seed}) {backend:?} iteration {i}: {op:?} at {point:?} \
-         redlock={redlock} spawner={spawner} flush={flush}"
+        "{} seed={seed} (replay with REDLEASE_SEED={seed}) {backend:?} iteration {i}: {op:?} at {point:?} \
+         redlock={redlock} spawner={spawner} flush={flush} fenced={fenced}",
+        setup.flavor
     );
     let manager = setup.manager(redlock, spawner);
     let key = format!("cancel:{{{backend:?}}}:{i}");
@@ -209,7 +219,12 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
                 if flush {
                     setup.flush(redlock);
                 }
-                manager.lock(&key).try_acquire().await
+                let lock = manager.lock(&key);
+                if fenced {
+                    lock.fenced(format!("{key}:fence")).try_acquire().await
+                } else {
+                    lock.try_acquire().await
+                }
             },
             point,
         )
@@ -297,14 +312,40 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_at_random_await_points_leaves_working_connections_no_renewals_and_no_keys() {
-    let Some(mut servers) = RedisServers::start_or_skip(
+    cancellation_on(
+        Flavor::Redis,
         "cancelling_at_random_await_points_leaves_working_connections_no_renewals_and_no_keys",
-        3,
-    ) else {
+        ITERATIONS_PER_BACKEND,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_at_random_await_points_on_valkey_9_1_native_release_and_extend() {
+    cancellation_on(
+        Flavor::Valkey91,
+        "cancelling_at_random_await_points_on_valkey_9_1_native_release_and_extend",
+        ITERATIONS_OTHER_SERVERS,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_at_random_await_points_on_valkey_9_1_without_lua() {
+    cancellation_on(
+        Flavor::Valkey91NoLua,
+        "cancelling_at_random_await_points_on_valkey_9_1_without_lua",
+        ITERATIONS_OTHER_SERVERS,
+    )
+    .await;
+}
+
+async fn cancellation_on(flavor: Flavor, test: &str, iterations: u32) {
+    let Some(mut servers) = RedisServers::start_flavor_or_skip(test, flavor, 3) else {
         return;
     };
     let seed = common::seed();
-    println!("cancellation seed {seed} (replay with REDLEASE_SEED={seed})");
+    println!("cancellation on {flavor}: seed {seed} (replay with REDLEASE_SEED={seed})");
     let mut rng = Rng::new(seed);
     for backend in BACKENDS {
         let nodes = common::nodes(backend, &servers.urls()).await;
@@ -312,15 +353,15 @@ async fn cancelling_at_random_await_points_leaves_working_connections_no_renewal
         let single = LockManager::single(Arc::clone(&nodes[0]), cfg.clone()).unwrap();
         let redlock = LockManager::redlock_dyn(nodes.clone(), cfg).unwrap();
         let setup = Setup {
+            flavor,
             servers,
             nodes,
             single,
             redlock,
         };
-        for i in 0..ITERATIONS_PER_BACKEND {
+        for i in 0..iterations {
             iteration(&setup, backend, i, &mut rng, seed).await;
         }
-
         // Let background clean-ups finish, then nothing may talk to the servers any more: a leftover renewal
         // would run every 50 ms.
         tokio::time::sleep(2 * OP).await;
@@ -329,16 +370,20 @@ async fn cancelling_at_random_await_points_leaves_working_connections_no_renewal
         let after: Vec<u64> = setup.servers.iter().map(lock_calls).collect();
         assert_eq!(
             before, after,
-            "seed={seed} {backend:?}: script calls continued after every future was dropped"
+            "{flavor} seed={seed} {backend:?}: lock commands continued after every future was dropped"
         );
         // And every key expires (or was deleted): nothing keeps one alive, nothing lacks a TTL.
         let empty = common::eventually(TTL + Duration::from_secs(1), || {
-            setup.servers.iter().all(|s| s.cmd(&["DBSIZE"]) == "0")
+            // Fence counters never expire by design; every lock key must.
+            setup
+                .servers
+                .iter()
+                .all(|s| s.cmd(&["KEYS", "*"]).lines().all(|k| k.ends_with(":fence")))
         })
         .await;
         assert!(
             empty,
-            "seed={seed} {backend:?}: keys left: {:?}",
+            "{flavor} seed={seed} {backend:?}: keys left: {:?}",
             setup
                 .servers
                 .iter()

@@ -45,6 +45,10 @@ pub(crate) fn key(name: &str, backend: Backend) -> String {
 /// Loads every script, so that the first call is one `EVALSHA` (no `NOSCRIPT` round trip that a stalled or
 /// cut connection could leave half done) and script-call counts are exact.
 pub(crate) fn preload(server: &RedisServer) {
+    if server.flavor() == redlease_testkit::server::Flavor::Valkey91NoLua {
+        // No Lua: nothing to load (the nodes use native commands).
+        return;
+    }
     for script in scripts::ALL {
         server.cmd(&["SCRIPT", "LOAD", script.source]);
     }
@@ -60,13 +64,19 @@ pub(crate) fn script_calls(server: &RedisServer) -> u64 {
         .sum()
 }
 
-/// Lock commands executed since the last `CONFIG RESETSTAT`: scripts and the plain `SET NX PX` that the
-/// first attempt of an acquisition sends (the test's own admin commands must not use `SET` meanwhile).
+/// Lock commands executed since the last `CONFIG RESETSTAT`: scripts, the plain `SET NX PX` that the
+/// first attempt of an acquisition sends (the test's own admin commands must not use `SET` meanwhile), and
+/// on Valkey the native `SET … IFEQ` (counted as `set`), `DELIFEQ` and the `EXEC` of a Lua-less transaction.
 pub(crate) fn lock_calls(server: &RedisServer) -> u64 {
     server
         .cmd(&["INFO", "commandstats"])
         .lines()
-        .filter(|l| l.starts_with("cmdstat_eval") || l.starts_with("cmdstat_set:"))
+        .filter(|l| {
+            l.starts_with("cmdstat_eval")
+                || l.starts_with("cmdstat_set:")
+                || l.starts_with("cmdstat_delifeq:")
+                || l.starts_with("cmdstat_exec:")
+        })
         .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
         .sum()
 }

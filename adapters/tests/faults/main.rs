@@ -16,6 +16,7 @@ mod extend_partial;
 mod hung;
 mod lost_reply;
 mod lost_reply_retry;
+mod matrix;
 mod renewal;
 mod slow_quorum;
 mod stall;

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use redlease::{LockManager, NotAcquiredReason};
-use redlease_testkit::server::{RedisServer, RedisServers};
+use redlease_testkit::server::{Flavor, RedisServer, RedisServers};
 
 use crate::common::{self, BACKENDS, config, get, key, lock_calls, not_acquired_reason};
 
@@ -17,9 +17,45 @@ const SLACK: Duration = Duration::from_millis(400);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_server_fails_acquire_within_the_timeout_not_as_contention_and_is_cleaned_after_resume()
  {
-    let Some(server) = RedisServer::start_or_skip(
+    stalled_single_on(
+        Flavor::Redis,
         "stalled_server_fails_acquire_within_the_timeout_not_as_contention_and_is_cleaned_after_resume",
-    ) else {
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_valkey_8_1_fails_acquire_within_the_timeout_and_is_cleaned_after_resume() {
+    stalled_single_on(
+        Flavor::Valkey81,
+        "stalled_valkey_8_1_fails_acquire_within_the_timeout_and_is_cleaned_after_resume",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_valkey_9_1_fails_acquire_within_the_timeout_and_is_cleaned_after_resume() {
+    stalled_single_on(
+        Flavor::Valkey91,
+        "stalled_valkey_9_1_fails_acquire_within_the_timeout_and_is_cleaned_after_resume",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_valkey_9_1_without_lua_fails_acquire_within_the_timeout_and_is_cleaned_after_resume()
+ {
+    stalled_single_on(
+        Flavor::Valkey91NoLua,
+        "stalled_valkey_9_1_without_lua_fails_acquire_within_the_timeout_and_is_cleaned_after_resume",
+    )
+    .await;
+}
+
+/// Acquire (`SET NX GET` on every server) and its clean-up (the release script, or `DELIFEQ` on Valkey 9.1)
+/// are two lock commands on every flavor.
+async fn stalled_single_on(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
         return;
     };
     common::preload(&server);
@@ -61,7 +97,7 @@ async fn stalled_server_fails_acquire_within_the_timeout_not_as_contention_and_i
         .await;
         assert!(
             cleaned,
-            "{backend:?}: after resume: value {:?}, {} script calls (want acquire + clean-up)",
+            "{flavor} {backend:?}: after resume: value {:?}, {} lock commands (want acquire + clean-up)",
             get(&server, &k),
             lock_calls(&server)
         );

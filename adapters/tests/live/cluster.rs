@@ -29,14 +29,14 @@ fn scripts_and_redirections(cluster: &RedisCluster) -> (u64, u64) {
     out
 }
 
-async fn redis_rs_node(cluster: &RedisCluster) -> ClusterNode {
+pub(crate) async fn redis_rs_node(cluster: &RedisCluster) -> ClusterNode {
     let builder = redis::cluster::ClusterClientBuilder::new(cluster.urls())
         .connection_timeout(Duration::from_millis(500))
         .response_timeout(Duration::from_millis(500));
     ClusterNode::connect(builder).await.unwrap()
 }
 
-async fn fred_node(
+pub(crate) async fn fred_node(
     cluster: &RedisCluster,
 ) -> FredNode<redlease_adapters::fred::fred::clients::Client> {
     let config = FredConfig {

@@ -6,7 +6,7 @@ use redlease::{Config, NodeError};
 
 #[path = "../shared/backends.rs"]
 mod backends;
-pub(crate) use backends::{Backend, fred_builder, node, unprobed};
+pub(crate) use backends::{Backend, fred_builder, node, node_in, unprobed, unprobed_in};
 
 pub(crate) const ALL_BACKENDS: [Backend; 4] = [
     Backend::RedisMultiplexed,

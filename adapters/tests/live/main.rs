@@ -14,6 +14,7 @@ mod conformance;
 mod examples;
 mod executor;
 mod long_job;
+mod matrix;
 mod permissions;
 mod redlock;
 mod redlock_stall;

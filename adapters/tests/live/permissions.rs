@@ -37,7 +37,7 @@ fn attempts_of(err: &Error) -> Option<u32> {
 }
 
 /// An ACL user on `server` with `rules`, and the URL to log in as it.
-fn acl_user(server: &RedisServer, name: &str, rules: &[&str]) -> String {
+pub(crate) fn acl_user(server: &RedisServer, name: &str, rules: &[&str]) -> String {
     let mut args = vec!["ACL", "SETUSER", name, "reset", "on", ">userpw", "~*", "&*"];
     args.extend_from_slice(rules);
     server.cmd(&args);

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use redlease::{RedisNode, Token, Ttl};
 use redlease_adapters::scripts;
-use redlease_testkit::server::RedisServer;
+use redlease_testkit::server::{Flavor, RedisServer};
 
 use crate::common::{self, ALL_BACKENDS, key};
 
@@ -290,34 +290,34 @@ fn every_script_checks_its_arguments_before_its_first_write() {
 }
 
 #[test]
-fn the_capability_probe_writes_nothing_and_reports_set_nx_get() {
-    let Some(server) =
-        RedisServer::start_or_skip("the_capability_probe_writes_nothing_and_reports_set_nx_get")
-    else {
-        return;
-    };
-    // Redis 7.0+ accepts SET … NX GET; the probe's own SET is refused for its expiry, never executed.
-    assert_eq!(
-        raw_eval(&server, &scripts::PROBE, &["k"], &[]).unwrap(),
-        "1"
-    );
-    assert_eq!(
-        raw_eval(&server, &scripts::PROBE, &["k", "f"], &[]).unwrap(),
-        "1"
-    );
-    server.cmd(&["SET", "s", "v"]);
-    server.cmd(&["HSET", "h", "a", "1"]);
-    assert_eq!(
-        raw_eval(&server, &scripts::PROBE, &["s"], &[]).unwrap(),
-        "1"
-    );
-    assert_eq!(
-        raw_eval(&server, &scripts::PROBE, &["h"], &[]).unwrap(),
-        "1"
-    );
-    assert_eq!(server.cmd(&["DBSIZE"]), "2");
-    assert_eq!(server.cmd(&["GET", "s"]), "v");
-    assert_eq!(server.cmd(&["EXISTS", "k"]), "0");
+fn the_capability_probe_writes_nothing_and_reports_set_nx_get_ifeq_and_delifeq_per_flavor() {
+    let test =
+        "the_capability_probe_writes_nothing_and_reports_set_nx_get_ifeq_and_delifeq_per_flavor";
+    for flavor in [Flavor::Redis, Flavor::Valkey81, Flavor::Valkey91] {
+        let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+            continue;
+        };
+        // [SET NX GET, SET IFEQ, DELIFEQ]: Redis 7.0 has only the first, Valkey 8.1 the first two, 9.1 all.
+        let expected = match flavor {
+            Flavor::Redis => "1\n0\n0",
+            Flavor::Valkey81 => "1\n1\n0",
+            _ => "1\n1\n1",
+        };
+        // The probe's own SETs are refused for their expiry, never executed; DELIFEQ compares with a value
+        // no key holds.
+        server.cmd(&["SET", "s", "v"]);
+        server.cmd(&["HSET", "h", "a", "1"]);
+        for keys in [&["k"][..], &["k", "f"], &["s"], &["h"]] {
+            assert_eq!(
+                raw_eval(&server, &scripts::PROBE, keys, &[]).unwrap(),
+                expected,
+                "{flavor} {keys:?}"
+            );
+        }
+        assert_eq!(server.cmd(&["DBSIZE"]), "2", "{flavor}");
+        assert_eq!(server.cmd(&["GET", "s"]), "v", "{flavor}");
+        assert_eq!(server.cmd(&["EXISTS", "k"]), "0", "{flavor}");
+    }
 }
 
 #[test]

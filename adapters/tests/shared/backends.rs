@@ -12,6 +12,7 @@ use redlease_adapters::fred::fred::prelude::{
     Builder, ClientLike, Config as FredConfig, ReconnectPolicy,
 };
 use redlease_adapters::redis::{ManagedNode, MultiplexedNode, redis};
+use redlease_adapters::{Capabilities, Commands};
 
 /// A kind of node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,21 +46,76 @@ pub(crate) const PROBE_KEY: &str = "probe:{warm-up}";
 /// A connected node of `backend` for the server (or proxy) at `url`, its capability check already run (so
 /// that a test's first acquisition is exactly one lock command, as every later one).
 pub(crate) async fn node(backend: Backend, url: &str) -> Arc<dyn RedisNode> {
-    build(backend, url, true).await
+    build(backend, url, true, Commands::Automatic).await
 }
 
-/// A connected node of `backend` for `url` whose capability check runs at its first acquisition.
-pub(crate) async fn unprobed(backend: Backend, url: &str) -> Arc<dyn RedisNode> {
-    build(backend, url, false).await
-}
-
-async fn build(backend: Backend, url: &str, probe: bool) -> Arc<dyn RedisNode> {
+/// [`node`] in the given [`Commands`] mode, with what its capability check learned.
+pub(crate) async fn node_in(
+    backend: Backend,
+    url: &str,
+    commands: Commands,
+) -> (Arc<dyn RedisNode>, Capabilities) {
     let client = || redis::Client::open(url).expect("redis-rs client");
     match backend {
         Backend::RedisMultiplexed => {
             let node = MultiplexedNode::connect(&client())
                 .await
-                .expect("multiplexed connect");
+                .expect("multiplexed connect")
+                .with_commands(commands);
+            node.probe(PROBE_KEY).await.expect("capability check");
+            let caps = node.capabilities().expect("checked");
+            (Arc::new(node), caps)
+        }
+        Backend::RedisManager => {
+            let node = ManagedNode::connect(&client())
+                .await
+                .expect("connection manager")
+                .with_commands(commands);
+            node.probe(PROBE_KEY).await.expect("capability check");
+            let caps = node.capabilities().expect("checked");
+            (Arc::new(node), caps)
+        }
+        Backend::FredClient => {
+            let client = fred_builder(url).build().expect("fred client");
+            client.init().await.expect("fred init");
+            let node = FredNode::new(client).with_commands(commands);
+            node.probe(PROBE_KEY).await.expect("capability check");
+            let caps = node.capabilities().expect("checked");
+            (Arc::new(node), caps)
+        }
+        Backend::FredPool => {
+            let pool = fred_builder(url).build_pool(2).expect("fred pool");
+            pool.init().await.expect("fred pool init");
+            let node = FredNode::new(pool).with_commands(commands);
+            node.probe(PROBE_KEY).await.expect("capability check");
+            let caps = node.capabilities().expect("checked");
+            (Arc::new(node), caps)
+        }
+    }
+}
+
+/// An unchecked node of `backend` in `commands` mode.
+pub(crate) async fn unprobed_in(
+    backend: Backend,
+    url: &str,
+    commands: Commands,
+) -> Arc<dyn RedisNode> {
+    build(backend, url, false, commands).await
+}
+
+/// A connected node of `backend` for `url` whose capability check runs at its first acquisition.
+pub(crate) async fn unprobed(backend: Backend, url: &str) -> Arc<dyn RedisNode> {
+    build(backend, url, false, Commands::Automatic).await
+}
+
+async fn build(backend: Backend, url: &str, probe: bool, commands: Commands) -> Arc<dyn RedisNode> {
+    let client = || redis::Client::open(url).expect("redis-rs client");
+    match backend {
+        Backend::RedisMultiplexed => {
+            let node = MultiplexedNode::connect(&client())
+                .await
+                .expect("multiplexed connect")
+                .with_commands(commands);
             if probe {
                 node.probe(PROBE_KEY).await.expect("capability check");
             }
@@ -74,7 +130,8 @@ async fn build(backend: Backend, url: &str, probe: bool) -> Arc<dyn RedisNode> {
             let node = ManagedNode::connect_with_config(&client(), config)
                 .await
                 .expect("connection manager")
-                .with_endpoint(url);
+                .with_endpoint(url)
+                .with_commands(commands);
             if probe {
                 node.probe(PROBE_KEY).await.expect("capability check");
             }
@@ -83,7 +140,7 @@ async fn build(backend: Backend, url: &str, probe: bool) -> Arc<dyn RedisNode> {
         Backend::FredClient => {
             let client = fred_builder(url).build().expect("fred client");
             client.init().await.expect("fred init");
-            let node = FredNode::new(client);
+            let node = FredNode::new(client).with_commands(commands);
             if probe {
                 node.probe(PROBE_KEY).await.expect("capability check");
             }
@@ -92,7 +149,7 @@ async fn build(backend: Backend, url: &str, probe: bool) -> Arc<dyn RedisNode> {
         Backend::FredPool => {
             let pool = fred_builder(url).build_pool(2).expect("fred pool");
             pool.init().await.expect("fred pool init");
-            let node = FredNode::new(pool);
+            let node = FredNode::new(pool).with_commands(commands);
             if probe {
                 node.probe(PROBE_KEY).await.expect("capability check");
             }

@@ -1,0 +1,63 @@
+//! Which commands a node sends: Lua scripts, the servers' native conditional commands, or each where it works.
+
+/// Which commands a node uses for the lease operations; set with the nodes' `with_commands`.
+///
+/// | operation | [`Automatic`](Self::Automatic) (default) | [`Scripts`](Self::Scripts) | [`Native`](Self::Native) |
+/// |---|---|---|---|
+/// | first acquisition | `SET NX GET PX` (the first on a connection: the probe script) | same | `SET NX GET PX` (`SET NX PX` without `GET`) |
+/// | retried acquisition (own token) | script; without Lua `SET NX PX`, then `SET … IFEQ` | script | `SET NX PX`, then `SET … IFEQ` |
+/// | fenced acquisition | script; without Lua the native sequence | script | the native sequence (see the crate docs) |
+/// | release | `DELIFEQ` where offered, else script | script | `DELIFEQ` |
+/// | extend | `SET … IFEQ … PX` where offered, else script | script | `SET … IFEQ … PX` |
+/// | inspect | script; without Lua `MULTI GET PTTL EXEC` | script | `MULTI GET PTTL EXEC` |
+///
+/// A node pinned to one set fails with a definite
+/// [`NodeErrorKind::Unsupported`](redlease::NodeErrorKind::Unsupported) error before anything is written when
+/// the server does not offer it (or [`Auth`](redlease::NodeErrorKind::Auth) when the ACL refuses it). Redis
+/// 8.4's `DELEX … IFEQ` is not used: no server of the test matrix has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Commands {
+    /// Native commands where the server offers and permits them, scripts for the rest (and everything on
+    /// servers without the native commands, such as Redis 7).
+    #[default]
+    Automatic,
+    /// Lua scripts only (what every release before native support did).
+    Scripts,
+    /// Native commands only: needs `SET … IFEQ` and `DELIFEQ` (Valkey 9.0+) and `MULTI`/`EXEC`; works without
+    /// Lua.
+    Native,
+}
+
+/// What a node learned about its current connection (see the nodes' `capabilities()`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Lua scripts run and the user may run the commands inside them.
+    pub lua: bool,
+    /// `SET key value NX GET` is accepted (Redis 7.0+, Valkey).
+    pub set_nx_get: bool,
+    /// `SET key value IFEQ value` is offered and permitted (Valkey 8.1+).
+    pub set_ifeq: bool,
+    /// `DELIFEQ key value` is offered and permitted (Valkey 9.0+).
+    pub delifeq: bool,
+    /// The mode the node runs in.
+    pub commands: Commands,
+}
+
+impl Capabilities {
+    /// Whether release is `DELIFEQ` (else the compare-and-delete script).
+    pub fn native_release(&self) -> bool {
+        self.delifeq && self.commands != Commands::Scripts
+    }
+
+    /// Whether extension is `SET … IFEQ … PX` (else the compare-and-pexpire script).
+    pub fn native_extend(&self) -> bool {
+        self.set_ifeq && self.commands != Commands::Scripts
+    }
+
+    /// Whether retried and fenced acquisitions and inspection use native commands and transactions (no Lua).
+    pub fn native_acquire(&self) -> bool {
+        self.commands == Commands::Native || !self.lua
+    }
+}

@@ -1,0 +1,397 @@
+//! The server matrix: Redis 7.0, Valkey 8.1, Valkey 9.1, Valkey 9.1 without Lua, and a Valkey 9.1 Cluster,
+//! each in every command mode it supports. Every test names its server in its name and in its output
+//! (`matrix: <server> <backend> <mode>: …`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redlease::{LockManager, NodeErrorKind, RedisNode, SystemTimer, Token, Ttl};
+use redlease_adapters::Commands;
+use redlease_adapters::fred::FredNode;
+use redlease_adapters::fred::fred::prelude::ClientLike;
+use redlease_adapters::redis::{ClusterNode, ManagedNode, redis};
+use redlease_testkit::conformance;
+use redlease_testkit::server::{Flavor, RedisCluster, RedisServer};
+
+use crate::common::{self, ALL_BACKENDS, Backend, first_node_error};
+
+/// The modes a flavor supports (the others are checked to fail in
+/// `pinned_modes_fail_with_a_typed_error_before_any_write`).
+fn modes(flavor: Flavor) -> &'static [Commands] {
+    match flavor {
+        Flavor::Redis | Flavor::Valkey81 => &[Commands::Automatic, Commands::Scripts],
+        Flavor::Valkey91NoLua => &[Commands::Automatic, Commands::Native],
+        _ => &[Commands::Automatic, Commands::Scripts, Commands::Native],
+    }
+}
+
+/// Which paths a node must have chosen: (native release, native extend, native acquire/inspect).
+fn expected_paths(flavor: Flavor, mode: Commands) -> (bool, bool, bool) {
+    match (flavor, mode) {
+        (_, Commands::Scripts) => (false, false, false),
+        (_, Commands::Native) | (Flavor::Valkey91NoLua, _) => (true, true, true),
+        (Flavor::Redis, _) => (false, false, false),
+        (Flavor::Valkey81, _) => (false, true, false),
+        _ => (true, true, false),
+    }
+}
+
+async fn conformance_on(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    let reader = crate::conformance::reader(&server.url()).await;
+    for &mode in modes(flavor) {
+        for backend in ALL_BACKENDS {
+            let (node, caps) = common::node_in(backend, &server.url(), mode).await;
+            let chosen = (
+                caps.native_release(),
+                caps.native_extend(),
+                caps.native_acquire(),
+            );
+            assert_eq!(
+                chosen,
+                expected_paths(flavor, mode),
+                "{flavor} {backend:?} {mode:?}: {caps:?}"
+            );
+            if let Err(failure) = conformance::run_with_reader(&*node, &reader, &SystemTimer).await
+            {
+                panic!("matrix: {flavor} {backend:?} {mode:?} ({caps:?}): {failure}");
+            }
+            eprintln!("matrix: {flavor} {backend:?} {mode:?}: conformance passed ({caps:?})");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_redis_7_0() {
+    conformance_on(Flavor::Redis, "conformance_on_redis_7_0").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_valkey_8_1() {
+    conformance_on(Flavor::Valkey81, "conformance_on_valkey_8_1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_valkey_9_1() {
+    conformance_on(Flavor::Valkey91, "conformance_on_valkey_9_1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_valkey_9_1_without_lua() {
+    conformance_on(
+        Flavor::Valkey91NoLua,
+        "conformance_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_on_a_valkey_9_1_cluster_in_every_mode() {
+    let test = "conformance_on_a_valkey_9_1_cluster_in_every_mode";
+    let Some(cluster) = RedisCluster::start_flavor_or_skip(test, Flavor::Valkey91) else {
+        return;
+    };
+    let client = redis::cluster::ClusterClientBuilder::new(cluster.urls())
+        .build()
+        .unwrap();
+    let reader = crate::conformance::GetPttl(client.get_async_connection().await.unwrap());
+    for mode in [Commands::Automatic, Commands::Scripts, Commands::Native] {
+        let node: ClusterNode = crate::cluster::redis_rs_node(&cluster)
+            .await
+            .with_commands(mode);
+        if let Err(failure) = conformance::run_with_reader(&node, &reader, &SystemTimer).await {
+            panic!("matrix: valkey 9.1 cluster redis-rs {mode:?}: {failure}");
+        }
+        eprintln!(
+            "matrix: valkey 9.1 cluster redis-rs {mode:?}: conformance passed ({:?})",
+            node.capabilities()
+        );
+        let node = crate::cluster::fred_node(&cluster)
+            .await
+            .with_commands(mode);
+        if let Err(failure) = conformance::run_with_reader(&node, &reader, &SystemTimer).await {
+            panic!("matrix: valkey 9.1 cluster fred {mode:?}: {failure}");
+        }
+        eprintln!(
+            "matrix: valkey 9.1 cluster fred {mode:?}: conformance passed ({:?})",
+            node.capabilities()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinned_modes_fail_with_a_typed_error_before_any_write() {
+    let test = "pinned_modes_fail_with_a_typed_error_before_any_write";
+    let cases = [
+        (Flavor::Redis, Commands::Native),
+        (Flavor::Valkey81, Commands::Native),
+        (Flavor::Valkey91NoLua, Commands::Scripts),
+    ];
+    for (flavor, mode) in cases {
+        let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+            continue;
+        };
+        for backend in ALL_BACKENDS {
+            let node = common::unprobed_in(backend, &server.url(), mode).await;
+            let k = common::key("pinned", backend);
+            let token = Token::random().unwrap();
+            let ttl = Ttl::from_millis(10_000).unwrap();
+            for (op, result) in [
+                (
+                    "acquire_fresh",
+                    node.acquire_fresh(&k, &token, ttl).await.map(|_| ()),
+                ),
+                ("acquire", node.acquire(&k, &token, ttl).await.map(|_| ())),
+                (
+                    "acquire_fenced",
+                    node.acquire_fenced(&k, &common::fence_of(&k), &token, ttl)
+                        .await
+                        .map(|_| ()),
+                ),
+            ] {
+                let err = result.expect_err(op);
+                assert_eq!(
+                    err.kind(),
+                    NodeErrorKind::Unsupported,
+                    "matrix: {flavor} {backend:?} {mode:?} {op}: {err}"
+                );
+                assert!(!err.is_ambiguous() && err.is_permanent(), "{err}");
+            }
+            assert_eq!(
+                server.cmd(&["DBSIZE"]),
+                "0",
+                "{flavor} {backend:?} {mode:?}"
+            );
+            eprintln!(
+                "matrix: {flavor} {backend:?} {mode:?}: refused as unsupported, nothing written"
+            );
+        }
+    }
+}
+
+/// A lease's whole life through a manager: plain and fenced, extended and released, checked on the server.
+async fn whole_life(server: &RedisServer, node: Arc<dyn RedisNode>, k: &str, what: &str) {
+    let manager = LockManager::single(node, common::config(Duration::from_secs(10))).unwrap();
+    for fenced in [false, true] {
+        let lock = manager.lock(k);
+        let lock = if fenced {
+            lock.fenced(common::fence_of(k))
+        } else {
+            lock
+        };
+        let lease = lock
+            .try_acquire()
+            .await
+            .unwrap_or_else(|e| panic!("{what} fenced={fenced}: {}", common::chain(&e)));
+        assert_eq!(server.cmd(&["GET", k]), lease.token().as_str(), "{what}");
+        lease.extend(Duration::from_secs(20)).await.unwrap();
+        let pttl: i64 = server.cmd(&["PTTL", k]).parse().unwrap();
+        assert!(pttl > 10_000, "{what} fenced={fenced}: PTTL {pttl}");
+        lease.release().await.unwrap();
+        assert_eq!(server.cmd(&["EXISTS", k]), "0", "{what} fenced={fenced}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_eval_holds_leases_on_valkey_9_1_and_gets_an_auth_error_on_redis_7_0() {
+    let test = "a_user_without_eval_holds_leases_on_valkey_9_1_and_gets_an_auth_error_on_redis_7_0";
+    for flavor in [Flavor::Valkey91, Flavor::Redis] {
+        let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+            continue;
+        };
+        let url = crate::permissions::acl_user(&server, "noscripts", &["+@all", "-@scripting"]);
+        for backend in ALL_BACKENDS {
+            let node = common::unprobed(backend, &url).await;
+            let k = common::key("noscripts", backend);
+            let what = format!("matrix: {flavor} {backend:?} user without EVAL");
+            if flavor == Flavor::Valkey91 {
+                whole_life(&server, node, &k, &what).await;
+                eprintln!("{what}: held, extended and released natively (plain and fenced)");
+            } else {
+                let manager =
+                    LockManager::single(node, common::config(Duration::from_secs(10))).unwrap();
+                let err = manager.lock(&k).try_acquire().await.unwrap_err();
+                let node_err = first_node_error(&err).unwrap_or_else(|| panic!("{what}: {err}"));
+                assert_eq!(node_err.kind(), NodeErrorKind::Auth, "{what}: {err}");
+                assert!(!node_err.is_ambiguous(), "{what}: {err}");
+                assert!(err.to_string().contains("EVAL"), "{what}: {err}");
+                assert_eq!(server.cmd(&["DBSIZE"]), "0", "{what}");
+                eprintln!("{what}: refused with a definite auth error: {err}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_and_script_paths_interoperate_on_one_key() {
+    let test = "native_and_script_paths_interoperate_on_one_key";
+    let Some(server) = RedisServer::start_flavor_or_skip(test, Flavor::Valkey91, &[]) else {
+        return;
+    };
+    for backend in ALL_BACKENDS {
+        let (scripts, _) = common::node_in(backend, &server.url(), Commands::Scripts).await;
+        let (native, _) = common::node_in(backend, &server.url(), Commands::Native).await;
+        let k = common::key("interop", backend);
+        let f = common::fence_of(&k);
+        let short = Ttl::from_millis(5_000).unwrap();
+        let long = Ttl::from_millis(50_000).unwrap();
+        let pttl = |k: &str| server.cmd(&["PTTL", k]).parse::<i64>().unwrap();
+        for (taker, other, names) in [
+            (&scripts, &native, "scripts -> native"),
+            (&native, &scripts, "native -> scripts"),
+        ] {
+            let token = Token::random().unwrap();
+            assert!(
+                taker.acquire_fresh(&k, &token, short).await.unwrap(),
+                "{names}"
+            );
+            assert!(other.extend(&k, &token, long).await.unwrap(), "{names}");
+            assert!(pttl(&k) > 10_000, "{backend:?} {names}");
+            // The other path recognises the holder's token as its own on a retry, and refuses another.
+            assert!(other.acquire(&k, &token, long).await.unwrap(), "{names}");
+            assert!(
+                !other
+                    .acquire(&k, &Token::random().unwrap(), long)
+                    .await
+                    .unwrap()
+            );
+            assert!(other.inspect(&k).await.unwrap().unwrap().holds(&token));
+            assert!(other.release(&k, &token).await.unwrap(), "{names}");
+            assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{backend:?} {names}");
+        }
+        // One fence counter, incremented by both paths in turn.
+        let mut last = 0;
+        for node in [&scripts, &native, &scripts, &native] {
+            let token = Token::random().unwrap();
+            let fence = node
+                .acquire_fenced(&k, &f, &token, short)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(fence, last + 1, "{backend:?}");
+            last = fence;
+            assert!(node.release(&k, &token).await.unwrap());
+        }
+        eprintln!("matrix: valkey 9.1 {backend:?}: scripts and native interoperate on one key");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_path_is_chosen_again_after_the_server_is_replaced_by_another_binary() {
+    let test = "the_path_is_chosen_again_after_the_server_is_replaced_by_another_binary";
+    if !Flavor::Valkey91.available(test) || !Flavor::Valkey91NoLua.available(test) {
+        return;
+    }
+    let Some(mut server) = RedisServer::start_flavor_or_skip(test, Flavor::Redis, &[]) else {
+        return;
+    };
+    let client = redis::Client::open(server.url()).unwrap();
+    let managed = ManagedNode::connect(&client).await.unwrap();
+    let fred_client = common::fred_client(&server.url());
+    fred_client.init().await.unwrap();
+    let fred = FredNode::new(fred_client);
+    let nodes: [(&str, Arc<dyn RedisNode>); 2] = [
+        ("redis-rs manager", Arc::new(managed.clone())),
+        ("fred client", Arc::new(fred.clone())),
+    ];
+    let caps = |i: usize| {
+        if i == 0 {
+            managed.capabilities()
+        } else {
+            fred.capabilities()
+        }
+    };
+    for flavor in [Flavor::Redis, Flavor::Valkey91NoLua, Flavor::Valkey91] {
+        if flavor != server.flavor() {
+            server.try_restart_as(flavor).unwrap();
+        }
+        for (i, (name, node)) in nodes.iter().enumerate() {
+            let k = format!("restart:{{{name}}}:lock");
+            let what = format!("matrix: {flavor} {name}");
+            // The first calls after the restart may meet the old connection's failure; the node reconnects.
+            let manager =
+                LockManager::single(Arc::clone(node), common::config(Duration::from_secs(10)))
+                    .unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            let lease = loop {
+                match manager
+                    .lock(&k)
+                    .fenced(common::fence_of(&k))
+                    .try_acquire()
+                    .await
+                {
+                    Ok(lease) => break lease,
+                    Err(e) => {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "{what}: {}",
+                            common::chain(&e)
+                        );
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+            };
+            lease.extend(Duration::from_secs(20)).await.unwrap();
+            lease.release().await.unwrap();
+            let caps = caps(i).unwrap_or_else(|| panic!("{what}: unchecked"));
+            let expected = expected_paths(flavor, Commands::Automatic);
+            assert_eq!(
+                (
+                    caps.native_release(),
+                    caps.native_extend(),
+                    caps.native_acquire()
+                ),
+                expected,
+                "{what}: {caps:?}"
+            );
+            eprintln!("matrix: {what}: paths chosen anew after the restart ({caps:?})");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn native_fenced_acquisition_refuses_a_bad_counter_before_writing_the_lock() {
+    let test = "native_fenced_acquisition_refuses_a_bad_counter_before_writing_the_lock";
+    let Some(server) = RedisServer::start_flavor_or_skip(test, Flavor::Valkey91NoLua, &[]) else {
+        return;
+    };
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        let (node, _) = common::node_in(backend, &server.url(), Commands::Automatic).await;
+        let k = common::key("badfence", backend);
+        let f = common::fence_of(&k);
+        let ttl = Ttl::from_millis(10_000).unwrap();
+        let token = Token::random().unwrap();
+        for (setup, needle) in [
+            (vec!["SET", &f, "7", "PX", "100000"], "has a TTL"),
+            (vec!["RPUSH", &f, "x"], "another type"),
+            (vec!["SET", &f, "abc"], "non-negative integer"),
+            (vec!["SET", &f, "-3"], "non-negative integer"),
+            (vec!["SET", &f, "9223372036854775807"], "exhausted"),
+        ] {
+            server.cmd(&["DEL", &f]);
+            server.cmd(&setup);
+            let err = node.acquire_fenced(&k, &f, &token, ttl).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                NodeErrorKind::Fence,
+                "{backend:?} {setup:?}: {err}"
+            );
+            assert!(!err.is_ambiguous(), "{err}");
+            assert!(
+                err.message().contains(needle),
+                "{backend:?} {setup:?}: {err}"
+            );
+            assert_eq!(
+                server.cmd(&["EXISTS", &k]),
+                "0",
+                "{backend:?} {setup:?}: lock written"
+            );
+        }
+        server.cmd(&["DEL", &f]);
+        eprintln!(
+            "matrix: valkey 9.1 without Lua {backend:?}: bad fence counters refused before writing"
+        );
+    }
+}
