@@ -16,12 +16,16 @@ lint:
 test:
     cargo test --all-features
 
-# Live tests require a redis-server binary; this fails instead of skipping when it is missing.
-test-live:
+# The Valkey 8.1 and 9.1 binaries the live matrix also runs on, into .cache/valkey (as .ci/run does).
+valkey:
+    bash scripts/fetch-valkey.sh
+
+# Live tests require redis-server and the Valkey binaries; this fails instead of skipping when one is missing.
+test-live: valkey
     REDLEASE_REQUIRE_REDIS=1 cargo test --all-features
 
 # The soak as CI runs it: 60 s per setup (the default run soaks a few seconds).
-soak secs="60":
+soak secs="60": valkey
     REDLEASE_REQUIRE_REDIS=1 REDLEASE_SOAK_SECS={{secs}} cargo test -p redlease-chaos --test soak
 
 docs:
