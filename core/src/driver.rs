@@ -71,6 +71,16 @@ impl<T> RoundResult<T> {
     }
 }
 
+/// The least time a won script round waits for its stragglers: a second request after `NOSCRIPT` is one
+/// more round trip, which a loaded machine can delay by tens of milliseconds.
+pub(crate) const GRACE_FLOOR: Duration = Duration::from_millis(50);
+
+/// The grace floor for a round with this timeout: [`GRACE_FLOOR`], or a quarter of the timeout when that is
+/// shorter.
+pub(crate) fn grace_floor(timeout: Duration) -> Duration {
+    GRACE_FLOOR.min(timeout / 4)
+}
+
 impl Engine {
     pub(crate) fn quorum(&self) -> usize {
         crate::machine::quorum(self.nodes.len())
@@ -87,7 +97,7 @@ impl Engine {
     /// `yes` decides whether a successful value counts as a yes vote.
     ///
     /// With `grace`, a round won by a quorum still lets the remaining nodes answer for twice the time the quorum
-    /// took (see below). Rounds of single commands need none: a command already handed to the connection is
+    /// took, and at least [`grace_floor`] (see below). Rounds of single commands need none: a command already handed to the connection is
     /// sent and applied even when its reply is abandoned; a script may need a second request (`EVAL` after
     /// `NOSCRIPT`) that only happens while its future is polled.
     pub(crate) async fn round<'a, T, Op, Yes>(
@@ -141,14 +151,17 @@ impl Engine {
                 if !grace || tally.verdict() != Verdict::Quorum {
                     return Poll::Ready(());
                 }
-                // Won: give the stragglers twice as long again as the quorum took (capped by the round's
-                // deadline), so healthy nodes that answer a little later (a cold script cache costs a
-                // second request) still get the key, while a hung node costs almost nothing.
+                // Won: give the stragglers twice as long again as the quorum took, and at least
+                // `GRACE_FLOOR` (a quarter of the timeout when that is shorter), capped by the round's
+                // deadline, so healthy nodes that answer a little later (a cold script cache costs a
+                // second request, and a loaded machine may not schedule it for milliseconds) still get
+                // the key, while a hung node costs a bounded, small delay.
                 let grace_sleep = grace_sleep.get_or_insert_with(|| {
                     let now = self.timer.now();
                     let took = now.saturating_duration_since(started);
+                    let grace = took.saturating_mul(2).max(grace_floor(timeout));
                     self.timer
-                        .sleep_until(crate::time::add(now, took.saturating_mul(2)).min(deadline))
+                        .sleep_until(crate::time::add(now, grace).min(deadline))
                 });
                 if grace_sleep.as_mut().poll(cx).is_ready() {
                     return Poll::Ready(());

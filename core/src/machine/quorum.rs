@@ -23,7 +23,7 @@ pub enum Reply {
 pub enum WaitFor {
     /// Stop as soon as the outcome is certain: a quorum said yes, or too many said no or failed for a quorum
     /// to remain possible (acquire, extend). After a quorum of a script round, the driver still lets
-    /// stragglers answer for twice the time the quorum took (within the round's deadline) so healthy nodes
+    /// stragglers answer for twice the time the quorum took, at least 50 ms (within the round's deadline) so healthy nodes
     /// get the write too; then calls still pending are abandoned.
     Decision,
     /// Wait for every node or the timeout (release and cleanup, which must reach every node they can).
