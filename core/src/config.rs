@@ -19,6 +19,8 @@ use crate::node::Ttl;
 /// | [`drift_factor`](Self::drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
 /// | [`operation_timeout`](Self::operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
 /// | [`jitter_seed`](Self::jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
+/// | [`notifications`](Self::notifications) | on | waiting acquisitions are woken by releases where nodes can notify |
+/// | [`max_retry_delay`](Self::max_retry_delay) | 1 s | longest wait between attempts of a notified acquisition |
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     expiry: Duration,
@@ -28,6 +30,8 @@ pub struct Config {
     drift_factor: f64,
     operation_timeout: Option<Duration>,
     jitter_seed: Option<u64>,
+    notifications: bool,
+    max_retry_delay: Duration,
 }
 
 impl Default for Config {
@@ -40,6 +44,8 @@ impl Default for Config {
             drift_factor: 0.01,
             operation_timeout: None,
             jitter_seed: None,
+            notifications: true,
+            max_retry_delay: Duration::from_secs(1),
         }
     }
 }
@@ -101,6 +107,36 @@ impl Config {
         self
     }
 
+    /// Whether [`acquire_until`](crate::Lock::acquire_until) and [`acquire_within`](crate::Lock::acquire_within)
+    /// wait for release notifications on nodes that offer them ([`RedisNode::notifier`](crate::RedisNode::notifier))
+    /// instead of polling every [`retry_delay`](Self::retry_delay) (default `true`). See [`crate::notify`].
+    #[must_use]
+    pub fn notifications(mut self, on: bool) -> Self {
+        self.notifications = on;
+        self
+    }
+
+    /// Sets the longest a waiting acquisition goes without an attempt while it can be notified (default 1 s).
+    ///
+    /// It waits for a notification, the holder's remaining TTL or its deadline, whichever comes first, and
+    /// never longer than this: what a lost notification (a dropped subscription, a release by a client that
+    /// does not publish, a key that expired) costs at most.
+    #[must_use]
+    pub fn max_retry_delay(mut self, delay: Duration) -> Self {
+        self.max_retry_delay = delay;
+        self
+    }
+
+    /// Whether waiting acquisitions use release notifications.
+    pub fn get_notifications(&self) -> bool {
+        self.notifications
+    }
+
+    /// The longest wait between attempts of a notified acquisition.
+    pub fn get_max_retry_delay(&self) -> Duration {
+        self.max_retry_delay
+    }
+
     /// The default lease TTL.
     pub fn get_expiry(&self) -> Duration {
         self.expiry
@@ -147,6 +183,7 @@ impl Config {
             return Err(ConfigError::ZeroAttempts);
         }
         nonzero("retry_delay", self.retry_delay)?;
+        nonzero("max_retry_delay", self.max_retry_delay)?;
         if !(0.0..=1.0).contains(&self.retry_jitter) {
             return Err(ConfigError::RetryJitter(self.retry_jitter));
         }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
-use crate::node::{NodeError, NodeErrorKind, RedisNode, Ttl};
+use crate::node::{Claim, NodeError, NodeErrorKind, RedisNode, Ttl};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::SharedTimer;
 use crate::token::Token;
@@ -71,6 +71,47 @@ impl<T> RoundResult<T> {
     }
 }
 
+/// The shortest remaining TTL that contended nodes reported in one acquisition round (see
+/// [`Engine::acquire_round`]).
+#[derive(Debug)]
+pub(crate) struct TtlHint {
+    /// The shortest reported TTL in nanoseconds (`u64::MAX`: none yet).
+    min_nanos: std::sync::atomic::AtomicU64,
+}
+
+impl TtlHint {
+    pub(crate) fn new() -> Self {
+        Self {
+            min_nanos: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn note(&self, remaining: Option<Duration>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(d) = remaining {
+            let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1);
+            self.min_nanos.fetch_min(nanos, Relaxed);
+        }
+    }
+
+    /// The time after which the lock may be free without a notification: the shortest TTL a contended node
+    /// reported, `None` when none reported one.
+    pub(crate) fn remaining(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering::Relaxed;
+        // A node that reported no TTL may hold the lock until it is released: the others' TTLs still bound
+        // the wait (once they expire a majority may be free).
+        match self.min_nanos.load(Relaxed) {
+            u64::MAX => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    pub(crate) fn reset(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.min_nanos.store(u64::MAX, Relaxed);
+    }
+}
+
 /// The least time a won script round waits for its stragglers: a second request after `NOSCRIPT` is one
 /// more round trip, which a loaded machine can delay by tens of milliseconds.
 pub(crate) const GRACE_FLOOR: Duration = Duration::from_millis(50);
@@ -84,6 +125,23 @@ pub(crate) fn grace_floor(timeout: Duration) -> Duration {
 impl Engine {
     pub(crate) fn quorum(&self) -> usize {
         crate::machine::quorum(self.nodes.len())
+    }
+
+    /// A [`Watch`](crate::notify::Watch) for `key` on every node that offers notifications (one per
+    /// notifier, if nodes share one).
+    pub(crate) fn watches(&self, key: &str) -> Vec<crate::notify::Watch> {
+        let mut seen: Vec<&crate::notify::Notifier> = Vec::new();
+        let mut watches = Vec::new();
+        for node in &self.nodes {
+            if let Some(notifier) = node.notifier() {
+                if seen.iter().any(|n| n.same(notifier)) {
+                    continue;
+                }
+                seen.push(notifier);
+                watches.push(notifier.watch(key));
+            }
+        }
+        watches
     }
 
     pub(crate) fn next_seed(&self) -> u64 {
@@ -186,7 +244,10 @@ impl Engine {
     }
 
     /// One acquisition round. `Some(fence)` values only come from fenced single-node acquisition. `fresh`
-    /// says the token has never been sent (the first attempt), so a plain `SET NX` suffices.
+    /// says the token has never been sent (the first attempt), so a plain `SET NX` suffices. With `hint`
+    /// (an unfenced acquisition that may wait for a notification), nodes are asked for the holder's remaining
+    /// TTL on contention ([`RedisNode::acquire_or_ttl`]), collected there.
+    #[allow(clippy::too_many_arguments)] // one round's independent inputs, passed through from the loop
     pub(crate) async fn acquire_round(
         &self,
         key: &str,
@@ -195,7 +256,29 @@ impl Engine {
         ttl: Ttl,
         timeout: Duration,
         fresh: bool,
+        hint: Option<&TtlHint>,
     ) -> RoundResult<Option<u64>> {
+        if let (None, Some(hint)) = (fence_key, hint) {
+            return self
+                .round(
+                    WaitFor::Decision,
+                    !fresh,
+                    timeout,
+                    |_, node| {
+                        Box::pin(async move {
+                            match node.acquire_or_ttl(key, token, ttl, fresh).await? {
+                                Claim::Taken => Ok(Some(0)),
+                                Claim::Held { remaining } => {
+                                    hint.note(remaining);
+                                    Ok(None)
+                                }
+                            }
+                        })
+                    },
+                    Option::is_some,
+                )
+                .await;
+        }
         match fence_key {
             Some(fence_key) => {
                 self.round(

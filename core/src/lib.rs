@@ -61,6 +61,7 @@ mod lease;
 pub mod machine;
 mod manager;
 mod node;
+pub mod notify;
 mod observe;
 mod time;
 mod token;
@@ -76,7 +77,7 @@ pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{Lock, LockManager};
-pub use node::{Applied, KeyState, NodeError, NodeErrorKind, RedisNode, Ttl};
+pub use node::{Applied, Claim, KeyState, NodeError, NodeErrorKind, RedisNode, Ttl};
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,
 };

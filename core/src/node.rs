@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::notify::Notifier;
 use crate::token::Token;
 
 /// A time-to-live in whole milliseconds, as sent to Redis (`PX`, `PEXPIRE`).
@@ -90,6 +91,20 @@ impl fmt::Debug for KeyState {
             .field("ttl", &self.ttl)
             .finish()
     }
+}
+
+/// What [`RedisNode::acquire_or_ttl`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The lock is (now) held by this acquisition's token.
+    Taken,
+    /// Another owner holds the lock; nothing changed.
+    Held {
+        /// The holder's remaining TTL, when the node learned it in the same atomic step (`None`: unknown, or
+        /// the key has no expiry).
+        remaining: Option<Duration>,
+    },
 }
 
 /// One logical Redis authority: a standalone server, a primary with its replicas behind failover, or one Redis
@@ -272,6 +287,44 @@ pub trait RedisNode: Send + Sync {
     /// Reads the value and remaining TTL of `key` (for tools and tests; the lease algorithms never call it).
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError>;
 
+    /// [`acquire_fresh`](Self::acquire_fresh) (`fresh`) or [`acquire`](Self::acquire), and when another owner
+    /// holds the lock, its remaining TTL, learned in the same atomic step (a waiting acquisition waits for a
+    /// notification at most that long; see [`notifier`](Self::notifier)).
+    ///
+    /// Same contract as the method it stands for; with `fresh` it must not change an existing key when
+    /// [`acquire_fresh_is_nx`](Self::acquire_fresh_is_nx) says so. The default calls that method and reports
+    /// `Held { remaining: None }` on contention, which costs no extra command (the waiter then waits at most
+    /// [`Config::max_retry_delay`](crate::Config::max_retry_delay)).
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        let taken = if fresh {
+            self.acquire_fresh(key, token, ttl).await?
+        } else {
+            self.acquire(key, token, ttl).await?
+        };
+        Ok(if taken {
+            Claim::Taken
+        } else {
+            Claim::Held { remaining: None }
+        })
+    }
+
+    /// The node's release notifications, if it can subscribe: a [`Notifier`] owning one subscriber
+    /// connection, shared by every waiter (see [`crate::notify`]). Every release this node performs must
+    /// then publish on [`notify::channel(key)`](crate::notify::channel) once the key is deleted.
+    ///
+    /// The default, `None`, means unsupported: waiting acquisitions poll this node
+    /// ([`Config::retry_delay`](crate::Config::retry_delay)), as they always did. A wrapper node forwards
+    /// its inner node's notifier.
+    fn notifier(&self) -> Option<&Notifier> {
+        None
+    }
+
     /// A stable identity of the server behind this node (e.g. `redis://10.0.0.5:6379/0`), used to reject a
     /// Redlock topology that names one server twice. `None` (the default) when unknown.
     fn endpoint(&self) -> Option<String> {
@@ -309,6 +362,18 @@ macro_rules! forward_node {
             }
             async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
                 (**self).inspect(key).await
+            }
+            async fn acquire_or_ttl(
+                &self,
+                key: &str,
+                token: &Token,
+                ttl: Ttl,
+                fresh: bool,
+            ) -> Result<Claim, NodeError> {
+                (**self).acquire_or_ttl(key, token, ttl, fresh).await
+            }
+            fn notifier(&self) -> Option<&Notifier> {
+                (**self).notifier()
             }
             fn endpoint(&self) -> Option<String> {
                 (**self).endpoint()

@@ -8,5 +8,6 @@ mod config;
 mod defects;
 mod history;
 mod observe;
+mod push;
 mod renewal;
 mod support;
