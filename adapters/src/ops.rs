@@ -27,7 +27,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use redlease::{KeyState, NodeError, NodeErrorKind, Token, Ttl, async_trait};
+use redlease::{Claim, KeyState, NodeError, NodeErrorKind, Token, Ttl, async_trait, notify};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
@@ -63,6 +63,9 @@ struct ProbeState {
     /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
     /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
     fences: std::collections::VecDeque<(String, String, Option<u64>)>,
+    /// The ACL refused publishing a release notification in a transaction on this connection: native
+    /// releases are a plain `DELIFEQ` until the connection is checked again.
+    publish_denied: bool,
 }
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
@@ -94,7 +97,17 @@ impl Probe {
     }
 
     pub(crate) fn forget(&self) {
-        self.lock().caps = None;
+        let mut state = self.lock();
+        state.caps = None;
+        state.publish_denied = false;
+    }
+
+    fn publish_denied(&self) -> bool {
+        self.lock().publish_denied
+    }
+
+    fn deny_publish(&self) {
+        self.lock().publish_denied = true;
     }
 
     pub(crate) fn mode(&self) -> Commands {
@@ -856,8 +869,51 @@ async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, Nod
     }
 }
 
-/// `DELIFEQ key token`: 1 deleted, 0 not (another value, absent, or another type: never touched).
+/// The notification channel of `key` and the command that publishes on it: `SPUBLISH` (a sharded channel in
+/// the key's slot) on a cluster, `PUBLISH` otherwise.
+fn publish_args(t: &impl Transport, key: &str) -> (String, &'static str) {
+    let command = if t.clustered() { "SPUBLISH" } else { "PUBLISH" };
+    (notify::channel(key), command)
+}
+
+/// Whether a refused `MULTI DELIFEQ PUBLISH EXEC` says that nothing ran because a command was refused when
+/// queued (the ACL refusing the channel): then a plain `DELIFEQ` is the release.
+fn transaction_refused(err: &NodeError) -> bool {
+    let message = err.message();
+    !err.is_ambiguous() && (message.contains("EXECABORT") || message.contains("NOPERM"))
+}
+
+/// Native release: `MULTI DELIFEQ key token PUBLISH channel payload EXEC` (one round trip, atomic: the
+/// notification is published exactly when the compare-and-delete ran; a transaction cannot make it
+/// conditional, so a release that deleted nothing publishes too, which costs a waiter one attempt). Where
+/// the ACL refuses the channel, a plain `DELIFEQ` (remembered until the connection is checked again).
+/// 1 deleted, 0 not (another value, absent, or another type: never touched).
 async fn release_native(t: &impl Transport, key: &str, token: &Token) -> Result<bool, NodeError> {
+    if !t.probe().publish_denied() {
+        let (channel, command) = publish_args(t, key);
+        let what = &scripts::DELIFEQ_PUBLISH;
+        let sent = t
+            .transaction(
+                what,
+                key,
+                &[
+                    &["DELIFEQ", key, token.as_str()],
+                    &[command, &channel, notify::payload(token)],
+                ],
+            )
+            .await;
+        match note(t, sent) {
+            Ok(replies) => {
+                return match replies.into_iter().next() {
+                    Some(reply) => scripts::parse_flag(what, reply),
+                    None => Err(scripts::unexpected_reply(what, &Reply::Array(Vec::new()))),
+                };
+            }
+            Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
+            Err(e) if transaction_refused(&e) => t.probe().deny_publish(),
+            Err(e) => return Err(e),
+        }
+    }
     let what = &scripts::DELIFEQ;
     match note(
         t,
@@ -879,8 +935,57 @@ pub(crate) async fn release(
     if path(t, key).await?.is_some_and(|c| c.native_release()) {
         return release_native(t, key, token).await;
     }
-    let reply = eval(t, &scripts::RELEASE, &[key], &[token.as_str()]).await?;
+    let (channel, command) = publish_args(t, key);
+    let reply = eval(
+        t,
+        &scripts::RELEASE,
+        &[key],
+        &[token.as_str(), &channel, command],
+    )
+    .await?;
     scripts::parse_flag(&scripts::RELEASE, reply)
+}
+
+/// An acquisition that reports the holder's TTL on contention: the [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL)
+/// script (one command), or without Lua the native acquisition followed, on contention only, by `PTTL`.
+pub(crate) async fn acquire_or_ttl(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+    fresh: bool,
+) -> Result<Claim, NodeError> {
+    let caps = checked(t, key, None).await?;
+    if !caps.native_acquire() {
+        let millis = ttl.as_millis().to_string();
+        let fresh = if fresh { "1" } else { "0" };
+        let reply = eval(
+            t,
+            &scripts::ACQUIRE_TTL,
+            &[key],
+            &[token.as_str(), &millis, fresh],
+        )
+        .await?;
+        return scripts::parse_claim(reply);
+    }
+    let taken = if fresh {
+        acquire_fresh(t, key, token, ttl).await?
+    } else {
+        acquire_native(t, key, token, &ttl.as_millis().to_string()).await?
+    };
+    if taken {
+        return Ok(Claim::Taken);
+    }
+    let what = &scripts::COMMAND;
+    let pttl = note(t, t.command(what, key, &["PTTL", key]).await)?;
+    let remaining = match scripts::parse_integer(what, &pttl)? {
+        // No expiry.
+        -1 => None,
+        // Gone since the attempt: free now.
+        ms if ms < 0 => Some(std::time::Duration::ZERO),
+        ms => Some(std::time::Duration::from_millis(ms.unsigned_abs())),
+    };
+    Ok(Claim::Held { remaining })
 }
 
 pub(crate) async fn extend(

@@ -197,6 +197,13 @@ impl fmt::Debug for Inbox {
 }
 
 impl Inbox {
+    /// The subscriber connection this inbox belongs to, as a number that grows with every new connection: a
+    /// [`Subscriber`] keeps the connection it opened for one generation and opens a new one when
+    /// [`subscribe`](Subscriber::subscribe) brings an inbox of a later generation.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// A message `payload` arrived on `channel`.
     pub fn deliver(&self, channel: &[u8], payload: &[u8]) {
         let Some(shared) = self.shared.upgrade() else {
@@ -531,7 +538,8 @@ impl State {
             }
             Sub::Queued => {
                 // Never sent: forget it.
-                self.queue.retain(|op| *op != Op::Subscribe(name.to_owned()));
+                self.queue
+                    .retain(|op| *op != Op::Subscribe(name.to_owned()));
                 self.channels.remove(name);
                 return self.close_if_idle();
             }
@@ -546,10 +554,8 @@ impl State {
         if self.close_if_idle() {
             return true;
         }
-        if matches!(
-            self.channels.get(name).map(|c| c.sub),
-            Some(Sub::Leaving)
-        ) && !self.queue.contains(&Op::Unsubscribe(name.to_owned()))
+        if matches!(self.channels.get(name).map(|c| c.sub), Some(Sub::Leaving))
+            && !self.queue.contains(&Op::Unsubscribe(name.to_owned()))
         {
             self.queue.push_back(Op::Unsubscribe(name.to_owned()));
         }
@@ -671,6 +677,12 @@ impl Notifier {
                 subscriber: Box::new(subscriber),
             }),
         }
+    }
+
+    /// Sets the channel budget (at least 1). Channels subscribed beyond a lowered budget stay until their
+    /// waiters are gone; new subscriptions wait for room.
+    pub fn set_max_channels(&self, max_channels: usize) {
+        self.shared.lock().max_channels = max_channels.max(1);
     }
 
     /// The channel budget: the most channels subscribed at once. Waiters beyond it poll.
@@ -1025,10 +1037,7 @@ impl Drop for Watch {
             if matches!(st.op, OpSlot::Stored { driver, .. } if driver == self.id) {
                 st.wake_driver(Some(self.id), &mut wake);
             }
-            let empty = st
-                .channels
-                .get(&name)
-                .is_some_and(|c| c.waiters.is_empty());
+            let empty = st.channels.get(&name).is_some_and(|c| c.waiters.is_empty());
             let close = empty && st.channel_left(&name);
             if !close && !st.queue.is_empty() && matches!(st.op, OpSlot::Idle) {
                 st.wake_driver(Some(self.id), &mut wake);

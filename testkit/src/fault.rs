@@ -684,7 +684,9 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
         if let Some(notifier) = inner.notifier() {
             // The inner node's notifier is forwarded as it is; its deliveries pass this node's faults.
             let panel = faults.clone();
-            notifier.set_filter(Some(Arc::new(move |_channel: &str| panel.pass_notification())));
+            notifier.set_filter(Some(Arc::new(move |_channel: &str| {
+                panel.pass_notification()
+            })));
             faults.lock().notifier = Some(notifier.clone());
         }
         (

@@ -24,13 +24,25 @@ fn a_waiter_acquires_at_the_instant_of_the_release_not_at_its_next_poll() {
         lease.release().await.unwrap();
     });
     c.sim.run_for(ms(500));
-    assert_eq!(c.nodes[0].numsub(&channel("job")), 1, "the waiter subscribed");
+    assert_eq!(
+        c.nodes[0].numsub(&channel("job")),
+        1,
+        "the waiter subscribed"
+    );
     c.sim.block_on(async move { held.release().await.unwrap() });
     let released = c.now();
     c.sim.run_for(ms(10));
-    assert_eq!(*got.lock().unwrap(), Some(released), "woken by the release itself");
+    assert_eq!(
+        *got.lock().unwrap(),
+        Some(released),
+        "woken by the release itself"
+    );
     assert!(released - t0 < secs(10), "long before the 10 s retry delay");
-    assert_eq!(c.nodes[0].numsub(&channel("job")), 0, "unsubscribed after the last waiter");
+    assert_eq!(
+        c.nodes[0].numsub(&channel("job")),
+        0,
+        "unsubscribed after the last waiter"
+    );
     assert_eq!(c.nodes[0].subscriber_connections(), 0);
     // Attempt 1 (held), the attempt the confirmed subscription triggers (held), the one the release triggers.
     assert_eq!(c.faults[0].calls(Op::Acquire), 1 + 3);
