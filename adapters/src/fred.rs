@@ -650,6 +650,34 @@ impl<C: KeyRouted> FredNode<C> {
                 .map(to_reply)
                 .map_err(|e| classify(Some(what), &e))
             }
+            Request::Publishing(cmds) => {
+                // A plain pipeline (not a transaction, which fred would replay after a reconnection): each
+                // command carries the options, so neither is written twice.
+                let pipeline = client.pipeline();
+                let mut queued = Ok(());
+                for (cmd, values) in cmds {
+                    if let Err(e) = pipeline
+                        .with_options(&options)
+                        .custom::<(), Value>(cmd, values)
+                        .await
+                    {
+                        queued = Err(e);
+                        break;
+                    }
+                }
+                match queued {
+                    Ok(()) => match pipeline.try_all::<Value>().await.into_iter().next() {
+                        Some(first) => first,
+                        None => Err(FredError::new(
+                            ErrorKind::Protocol,
+                            "an empty pipeline reply",
+                        )),
+                    },
+                    Err(e) => Err(e),
+                }
+                .map(to_reply)
+                .map_err(|e| classify(Some(what), &e))
+            }
         };
         match result {
             Err(e) if is_second_write(&e) && self.cluster => {
@@ -714,10 +742,12 @@ impl<C: KeyRouted> FredNode<C> {
     }
 }
 
-/// One command, or a `MULTI … EXEC` transaction of several.
+/// One command, a `MULTI … EXEC` transaction of several, or a command with a `PUBLISH` pipelined behind it
+/// (the command's reply is the answer).
 enum Request {
     One(CustomCommand, Vec<Value>),
     Multi(Vec<(CustomCommand, Vec<Value>)>),
+    Publishing([(CustomCommand, Vec<Value>); 2]),
 }
 
 #[async_trait]
@@ -756,6 +786,31 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         let cmd = CustomCommand::new(name.to_string(), hash, false);
         let values = rest.iter().map(|a| Value::from(*a)).collect();
         self.send(Request::One(cmd, values), key, what).await
+    }
+
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError> {
+        let hash = slot::hash_slot(key.as_bytes());
+        let build = |args: &[&str]| {
+            let (name, rest) = args.split_first()?;
+            Some((
+                CustomCommand::new(name.to_string(), ClusterHash::Custom(hash), false),
+                rest.iter().map(|a| Value::from(*a)).collect::<Vec<_>>(),
+            ))
+        };
+        let (Some(cmd), Some(publish)) = (build(args), build(publish)) else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "an empty command (not sent)",
+            ));
+        };
+        self.send(Request::Publishing([cmd, publish]), key, what)
+            .await
     }
 
     async fn transaction(
@@ -908,14 +963,15 @@ impl FredSubscriber {
         quit_later(old);
         let client = template.clone_new();
         let sink = inbox.clone();
-        let _ = client.on_message(move |msg| {
+        // fred runs each listener as a task until the client quits; its handle is not needed.
+        drop(client.on_message(move |msg| {
             if let Some(payload) = payload_bytes(&msg.value) {
                 sink.deliver(msg.channel.as_bytes(), &payload);
             }
             async { Ok(()) }
-        });
+        }));
         let (sink, slot) = (inbox.clone(), Arc::clone(current));
-        let _ = client.on_error(move |_| {
+        drop(client.on_error(move |_| {
             let mine = {
                 let mut slot = lock_current(&slot);
                 if slot
@@ -932,7 +988,7 @@ impl FredSubscriber {
                 sink.lost();
             }
             async { Ok(()) }
-        });
+        }));
         let connected = client.init().await;
         if let Err(e) = connected {
             let _ = client.quit().await;

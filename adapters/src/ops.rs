@@ -63,9 +63,6 @@ struct ProbeState {
     /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
     /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
     fences: std::collections::VecDeque<(String, String, Option<u64>)>,
-    /// The ACL refused publishing a release notification in a transaction on this connection: native
-    /// releases are a plain `DELIFEQ` until the connection is checked again.
-    publish_denied: bool,
 }
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
@@ -97,17 +94,7 @@ impl Probe {
     }
 
     pub(crate) fn forget(&self) {
-        let mut state = self.lock();
-        state.caps = None;
-        state.publish_denied = false;
-    }
-
-    fn publish_denied(&self) -> bool {
-        self.lock().publish_denied
-    }
-
-    fn deny_publish(&self) {
-        self.lock().publish_denied = true;
+        self.lock().caps = None;
     }
 
     pub(crate) fn mode(&self) -> Commands {
@@ -177,6 +164,17 @@ pub(crate) trait Transport: Send + Sync {
         key: &str,
         cmds: &[&[&str]],
     ) -> Result<Vec<Reply>, NodeError>;
+
+    /// Sends the plain command `args` and, pipelined right behind it on the same connection (one write, one
+    /// round trip, not a transaction), `publish`; routed by `key` (the channel shares its slot). The reply of
+    /// `args`; whatever happens to `publish` (refused by a channel ACL, say) is ignored. Neither is re-sent.
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError>;
 
     /// Whether the keys of one call must share a Redis Cluster slot (checked before anything is sent).
     fn clustered(&self) -> bool;
@@ -876,50 +874,26 @@ fn publish_args(t: &impl Transport, key: &str) -> (String, &'static str) {
     (notify::channel(key), command)
 }
 
-/// Whether a refused `MULTI DELIFEQ PUBLISH EXEC` says that nothing ran because a command was refused when
-/// queued (the ACL refusing the channel): then a plain `DELIFEQ` is the release.
-fn transaction_refused(err: &NodeError) -> bool {
-    let message = err.message();
-    !err.is_ambiguous() && (message.contains("EXECABORT") || message.contains("NOPERM"))
-}
-
-/// Native release: `MULTI DELIFEQ key token PUBLISH channel payload EXEC` (one round trip, atomic: the
-/// notification is published exactly when the compare-and-delete ran; a transaction cannot make it
-/// conditional, so a release that deleted nothing publishes too, which costs a waiter one attempt). Where
-/// the ACL refuses the channel, a plain `DELIFEQ` (remembered until the connection is checked again).
-/// 1 deleted, 0 not (another value, absent, or another type: never touched).
+/// Native release: `DELIFEQ key token`, with `PUBLISH channel payload` pipelined behind it (one round trip,
+/// two commands). Not a transaction: a transaction cannot make the publish conditional either, and fred
+/// re-sends a whole `MULTI … EXEC` once after reconnecting (its transaction retry allows one more attempt
+/// than `max_attempts`), which would report a release whose reply was lost as "not held". A plain pipeline is
+/// written once; a refused `PUBLISH` (a channel ACL) does not affect the `DELIFEQ` before it. So a release
+/// that deleted nothing publishes too (a waiter then spends one attempt), and if the connection drops between
+/// the two, the notification is lost (waiters wait for the TTL bound). 1 deleted, 0 not (another value,
+/// absent, or another type: never touched).
 async fn release_native(t: &impl Transport, key: &str, token: &Token) -> Result<bool, NodeError> {
-    if !t.probe().publish_denied() {
-        let (channel, command) = publish_args(t, key);
-        let what = &scripts::DELIFEQ_PUBLISH;
-        let sent = t
-            .transaction(
-                what,
-                key,
-                &[
-                    &["DELIFEQ", key, token.as_str()],
-                    &[command, &channel, notify::payload(token)],
-                ],
-            )
-            .await;
-        match note(t, sent) {
-            Ok(replies) => {
-                return match replies.into_iter().next() {
-                    Some(reply) => scripts::parse_flag(what, reply),
-                    None => Err(scripts::unexpected_reply(what, &Reply::Array(Vec::new()))),
-                };
-            }
-            Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
-            Err(e) if transaction_refused(&e) => t.probe().deny_publish(),
-            Err(e) => return Err(e),
-        }
-    }
+    let (channel, command) = publish_args(t, key);
     let what = &scripts::DELIFEQ;
-    match note(
-        t,
-        t.command(what, key, &["DELIFEQ", key, token.as_str()])
-            .await,
-    ) {
+    let sent = t
+        .command_and_publish(
+            what,
+            key,
+            &["DELIFEQ", key, token.as_str()],
+            &[command, &channel, notify::payload(token)],
+        )
+        .await;
+    match note(t, sent) {
         Ok(reply) => scripts::parse_flag(what, reply),
         Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
         Err(e) => Err(e),
@@ -1049,6 +1023,7 @@ mod tests {
         replies: Mutex<VecDeque<Result<Reply, NodeError>>>,
         txs: Mutex<VecDeque<Result<Vec<Reply>, NodeError>>>,
         sent: Mutex<Vec<String>>,
+        tx_args: Mutex<Vec<Vec<Vec<String>>>>,
     }
 
     #[async_trait]
@@ -1073,6 +1048,11 @@ mod tests {
             cmds: &[&[&str]],
         ) -> Result<Vec<Reply>, NodeError> {
             let names: Vec<&str> = cmds.iter().map(|c| c[0]).collect();
+            self.tx_args.lock().unwrap().push(
+                cmds.iter()
+                    .map(|c| c.iter().map(|a| (*a).to_owned()).collect())
+                    .collect(),
+            );
             self.sent
                 .lock()
                 .unwrap()
@@ -1082,6 +1062,23 @@ mod tests {
                 .unwrap()
                 .pop_front()
                 .expect("a transaction reply")
+        }
+        async fn command_and_publish(
+            &self,
+            _: &Script,
+            _: &str,
+            args: &[&str],
+            publish: &[&str],
+        ) -> Result<Reply, NodeError> {
+            self.sent
+                .lock()
+                .unwrap()
+                .push(format!("{}+{}", args[0], publish[0]));
+            self.tx_args.lock().unwrap().push(vec![
+                args.iter().map(|a| (*a).to_owned()).collect(),
+                publish.iter().map(|a| (*a).to_owned()).collect(),
+            ]);
+            self.replies.lock().unwrap().pop_front().expect("a reply")
         }
         fn clustered(&self) -> bool {
             false
@@ -1144,7 +1141,12 @@ mod tests {
         assert!(!err.is_ambiguous(), "{err}");
         assert_eq!(
             *t.sent.lock().unwrap(),
-            ["MULTI GET PTTL", "SET", "MULTI INCR GET PTTL", "DELIFEQ"]
+            [
+                "MULTI GET PTTL",
+                "SET",
+                "MULTI INCR GET PTTL",
+                "DELIFEQ+PUBLISH"
+            ]
         );
         // Nothing remembered: a later call starts afresh.
         assert_eq!(t.probe.fence("l", &token), None);
@@ -1197,6 +1199,30 @@ mod tests {
         let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
         assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
         assert!(err.message().contains("TTL"), "{err}");
-        assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ");
+        assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ+PUBLISH");
+    }
+
+    #[test]
+    fn a_native_release_publishes_the_token_prefix_on_the_keys_channel_in_the_same_write() {
+        let t = native();
+        let token = Token::random().unwrap();
+        t.replies.lock().unwrap().extend([Ok(Reply::Int(1))]);
+        assert!(block_on(release(&t, "jobs:{7}:lock", &token)).unwrap());
+        let args = t.tx_args.lock().unwrap().clone();
+        assert_eq!(
+            args,
+            [vec![
+                vec![
+                    "DELIFEQ".to_owned(),
+                    "jobs:{7}:lock".into(),
+                    token.as_str().into()
+                ],
+                vec![
+                    "PUBLISH".to_owned(),
+                    "redlease:released:jobs:{7}:lock".into(),
+                    token.as_str()[..8].into()
+                ],
+            ]]
+        );
     }
 }

@@ -469,6 +469,31 @@ async fn send_transaction(
         .collect()
 }
 
+/// Sends `cmd` and, pipelined behind it, `publish` once on `conn`: the reply of `cmd` (that of `publish` is
+/// ignored).
+async fn send_publishing(
+    conn: &mut (impl ConnectionLike + Send),
+    cmd: Cmd,
+    publish: Cmd,
+    what: &Script,
+) -> Result<Reply, NodeError> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.add_command(cmd);
+    pipe.add_command(publish);
+    let mut results = pipe
+        .query_async::<Vec<redis::RedisResult<Value>>>(conn)
+        .await
+        .map_err(|e| classify(Some(what), &e))?;
+    if results.is_empty() {
+        return Err(scripts::unexpected_reply(what, &Reply::Array(Vec::new())));
+    }
+    results
+        .swap_remove(0)
+        .map(to_reply)
+        .map_err(|e| classify(Some(what), &e))
+}
+
 /// Sends `cmd` once on `conn`, classifying its error.
 async fn send(
     conn: &mut (impl ConnectionLike + Send),
@@ -498,6 +523,27 @@ where
         }
         let mut conn = self.conn.clone();
         let result = send(&mut conn, &cmd, what).await;
+        self.after(&result);
+        result
+    }
+
+    async fn run_publishing(
+        &self,
+        cmd: Cmd,
+        publish: Cmd,
+        what: &Script,
+    ) -> Result<Reply, NodeError> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Connection,
+                format!(
+                    "{}: the multiplexed connection dropped earlier and never reconnects (not sent)",
+                    what.name
+                ),
+            ));
+        }
+        let mut conn = self.conn.clone();
+        let result = send_publishing(&mut conn, cmd, publish, what).await;
         self.after(&result);
         result
     }
@@ -556,6 +602,17 @@ where
 
     async fn command(&self, what: &Script, _key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         self.run(plain_cmd(args), what).await
+    }
+
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        _key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError> {
+        self.run_publishing(plain_cmd(args), plain_cmd(publish), what)
+            .await
     }
 
     async fn transaction(
@@ -825,6 +882,19 @@ impl Transport for LazyNode {
         self.run(plain_cmd(args), what).await
     }
 
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        _key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError> {
+        let (mut conn, generation) = self.connection(what).await?;
+        let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
+        self.dropped(&result, generation);
+        result
+    }
+
     async fn transaction(
         &self,
         what: &Script,
@@ -852,7 +922,7 @@ impl_node!([] LazyNode);
 #[derive(Clone)]
 enum Target {
     /// One server: a RESP3 multiplexed connection, `SUBSCRIBE`.
-    Standalone(redis::Client),
+    Standalone(Box<redis::Client>),
     /// A Redis Cluster: a RESP3 cluster connection, `SSUBSCRIBE` routed by the channel's slot.
     Cluster(redis::cluster::ClusterClient),
 }
@@ -885,10 +955,10 @@ fn standalone_notifier(client: &redis::Client, max_channels: usize) -> Notifier 
         .clone()
         .set_protocol(redis::ProtocolVersion::RESP3);
     let target = match redis::Client::open(info.set_redis_settings(settings)) {
-        Ok(client) => Target::Standalone(client),
+        Ok(client) => Target::Standalone(Box::new(client)),
         // Cannot happen for the settings of a client that exists; then the plain client (whose subscribe
         // fails, so waiters poll).
-        Err(_) => Target::Standalone(client.clone()),
+        Err(_) => Target::Standalone(Box::new(client.clone())),
     };
     Notifier::new(
         RedisSubscriber {

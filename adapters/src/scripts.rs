@@ -560,13 +560,6 @@ pub(crate) const DELIFEQ: Script = Script {
     sha1: "",
 };
 
-/// Not a script: names the native release, `MULTI DELIFEQ PUBLISH EXEC`.
-pub(crate) const DELIFEQ_PUBLISH: Script = Script {
-    name: "DELIFEQ",
-    source: "",
-    sha1: "",
-};
-
 /// Not a script: names a `MULTI … EXEC` transaction (native inspect and fenced acquisition).
 pub(crate) const TRANSACTION: Script = Script {
     name: "MULTI/EXEC",

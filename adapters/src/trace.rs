@@ -27,7 +27,8 @@
 
 use std::fmt;
 
-use redlease::{KeyState, NodeError, RedisNode, Token, Ttl, async_trait};
+use redlease::notify::Notifier;
+use redlease::{Claim, KeyState, NodeError, RedisNode, Token, Ttl, async_trait};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -192,6 +193,27 @@ impl<N: RedisNode> RedisNode for Traced<N> {
         let r = self.inner.inspect(key).instrument(span.clone()).await;
         finish(&span, &r, Option::is_some);
         r
+    }
+
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        let span = self.span("acquire_or_ttl", key);
+        let r = self
+            .inner
+            .acquire_or_ttl(key, token, ttl, fresh)
+            .instrument(span.clone())
+            .await;
+        finish(&span, &r, |claim| *claim == Claim::Taken);
+        r
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier()
     }
 
     fn endpoint(&self) -> Option<String> {

@@ -352,10 +352,14 @@ async fn wait_for_release(
     let mut sleep: Option<(Instant, crate::time::Sleep)> = None;
     std::future::poll_fn(|cx| {
         let now = timer.now();
+        // Every watch is polled (each drives its notifier): notifications that arrive together, such as the
+        // confirmed subscriptions of several Redlock nodes, are used by one attempt.
+        let mut notified = false;
         for w in watches.iter_mut() {
-            if w.poll_notified(cx, now).is_ready() {
-                return Poll::Ready(());
-            }
+            notified |= w.poll_notified(cx, now).is_ready();
+        }
+        if notified {
+            return Poll::Ready(());
         }
         let target = if held && watches.iter().any(Watch::is_active) {
             pushed
