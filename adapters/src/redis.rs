@@ -325,7 +325,7 @@ impl ClusterNode {
             .use_protocol(redis::ProtocolVersion::RESP3)
             .build()?;
         let link = RedisSubscriber {
-            target: Target::Cluster(client),
+            target: Target::Cluster(Box::new(client)),
             current: Arc::default(),
         };
         Ok(Self {
@@ -922,9 +922,9 @@ impl_node!([] LazyNode);
 #[derive(Clone)]
 enum Target {
     /// One server: a RESP3 multiplexed connection, `SUBSCRIBE`.
-    Standalone(Box<redis::Client>),
+    Standalone(redis::Client),
     /// A Redis Cluster: a RESP3 cluster connection, `SSUBSCRIBE` routed by the channel's slot.
-    Cluster(redis::cluster::ClusterClient),
+    Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 #[derive(Clone)]
@@ -955,10 +955,10 @@ fn standalone_notifier(client: &redis::Client, max_channels: usize) -> Notifier 
         .clone()
         .set_protocol(redis::ProtocolVersion::RESP3);
     let target = match redis::Client::open(info.set_redis_settings(settings)) {
-        Ok(client) => Target::Standalone(Box::new(client)),
+        Ok(client) => Target::Standalone(client),
         // Cannot happen for the settings of a client that exists; then the plain client (whose subscribe
         // fails, so waiters poll).
-        Err(_) => Target::Standalone(Box::new(client.clone())),
+        Err(_) => Target::Standalone(client.clone()),
     };
     Notifier::new(
         RedisSubscriber {

@@ -19,11 +19,18 @@
 //!
 //! Expiry is observed by sleeping on `timer` for about 150 ms in total (instant under virtual time). All keys
 //! share one `{hash tag}`, so a Redis Cluster node passes too.
+//!
+//! Capabilities are checked where a node claims them: release notifications for a node with a
+//! [`notifier`](RedisNode::notifier) (a release that deletes publishes [`notify::payload`] on the key's
+//! channel, the subscription is confirmed and nothing stays subscribed after the watch is dropped), and the
+//! holder's TTL for a node whose [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports one (it must be the
+//! key's TTL, and the call must keep `acquire`'s and `acquire_fresh`'s contracts either way).
 
 use std::fmt;
 use std::time::Duration;
 
-use redlease::{KeyState, NodeError, RedisNode, Timer, Token, Ttl, async_trait};
+use redlease::notify::{self, Subscription, Watch};
+use redlease::{Claim, KeyState, NodeError, RedisNode, Timer, Token, Ttl, async_trait};
 
 /// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
 /// through the node under test (for Redis: `GET` and `PTTL` on a second connection).
@@ -72,7 +79,12 @@ pub const CASES: &[&str] = &[
     "fenced_own_token_without_counter_fails",
     "ttl_edges",
     "unusual_key_names",
+    "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
+    "a_node_that_notifies_publishes_each_release_and_unsubscribes",
 ];
+
+/// How long a notification case waits for a subscription or a message (real time on a live server).
+const NOTIFY_WAIT: Duration = Duration::from_secs(3);
 
 struct Ctx<'a> {
     node: &'a dyn RedisNode,
@@ -128,6 +140,18 @@ impl Ctx<'_> {
             format!("inspect of {key} answered {inspected:?}, an independent read {read:?}")
         })?;
         Ok(read)
+    }
+
+    /// Waits (up to [`NOTIFY_WAIT`] on the timer) until `watch` holds a notification; whether it did.
+    async fn notified(&self, watch: &mut Watch) -> bool {
+        let mut sleep = self.timer.sleep_until(self.timer.now() + NOTIFY_WAIT);
+        std::future::poll_fn(|cx| {
+            if watch.poll_notified(cx, self.timer.now()).is_ready() {
+                return std::task::Poll::Ready(true);
+            }
+            sleep.as_mut().poll(cx).map(|()| false)
+        })
+        .await
     }
 
     async fn sleep(&self, d: Duration) {
@@ -480,6 +504,107 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 c.ensure(released, || format!("release of key {k:?} returned false"))?;
             }
             Ok(())
+        }
+        "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl" => {
+            let (k, owner, other) = (c.key("lock"), token()?, token()?);
+            let free = c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &owner, ttl(LONG), true).await,
+            )?;
+            c.ensure(free == Claim::Taken, || {
+                format!("acquire_or_ttl of a free key answered {free:?}")
+            })?;
+            c.expect_held(&k, &owner, long, SLACK).await?;
+            let held = c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &other, ttl(LONG * 2), true).await,
+            )?;
+            match held {
+                Claim::Held { remaining: None } => {}
+                Claim::Held {
+                    remaining: Some(left),
+                } => c.ensure(left <= long && left + SLACK > long, || {
+                    format!("acquire_or_ttl reported the holder's TTL as {left:?}, the key's is ~{long:?}")
+                })?,
+                other => return Err(c.fail(format!("acquire_or_ttl took a held key: {other:?}"))),
+            }
+            c.expect_held(&k, &owner, long, SLACK).await?;
+            // A retry of the holder (not fresh) recognises its token and resets the TTL.
+            let again = c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &owner, ttl(LONG * 3), false).await,
+            )?;
+            c.ensure(again == Claim::Taken, || {
+                format!("a retry with the holder's token answered {again:?}")
+            })?;
+            c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            if node.acquire_fresh_is_nx() {
+                // Fresh on a node whose fresh path is SET NX: the key is not touched, even holding the token.
+                let fresh = c.ok(
+                    "acquire_or_ttl",
+                    node.acquire_or_ttl(&k, &owner, ttl(LONG), true).await,
+                )?;
+                c.ensure(matches!(fresh, Claim::Held { .. }), || {
+                    format!("a fresh acquire_or_ttl of an existing key answered {fresh:?}")
+                })?;
+                c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            }
+            Ok(())
+        }
+        "a_node_that_notifies_publishes_each_release_and_unsubscribes" => {
+            let Some(notifier) = node.notifier() else {
+                return Ok(());
+            };
+            let before = notifier.stats();
+            let k = c.key("lock");
+            let mut watch = notifier.watch(&k);
+            match watch.subscribe(c.timer.now()) {
+                Subscription::Active | Subscription::Pending => {}
+                other => return Err(c.fail(format!("subscribing answered {other:?}"))),
+            }
+            // The confirmed subscription is itself a notification.
+            c.ensure(c.notified(&mut watch).await && watch.is_active(), || {
+                format!("the subscription was not confirmed within {NOTIFY_WAIT:?}")
+            })?;
+            watch.begin_attempt();
+            watch.end_attempt(false);
+            // A release of another token wakes the watch, with the token's payload.
+            let t = token()?;
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            let released = c.ok("release", node.release(&k, &t).await)?;
+            c.ensure(released, || {
+                "release with the owner's token returned false".into()
+            })?;
+            c.ensure(c.notified(&mut watch).await, || {
+                format!("no notification within {NOTIFY_WAIT:?} of a release")
+            })?;
+            watch.begin_attempt();
+            watch.end_attempt(false);
+            // A release of the watch's own token is recognised by its payload and wakes nobody.
+            let own = token()?;
+            watch.own(&own);
+            c.ok("acquire", node.acquire(&k, &own, ttl(LONG)).await)?;
+            c.ok("release", node.release(&k, &own).await)?;
+            let marker = token()?;
+            c.ok("acquire", node.acquire(&k, &marker, ttl(LONG)).await)?;
+            c.ok("release", node.release(&k, &marker).await)?;
+            c.ensure(c.notified(&mut watch).await, || {
+                "no notification of a second release".into()
+            })?;
+            let stats = notifier.stats();
+            c.ensure(stats.own > before.own, || {
+                format!(
+                    "the release of the watch's own token was not recognised (payload other than {:?}?): {stats:?}",
+                    notify::payload(&own)
+                )
+            })?;
+            drop(watch);
+            c.ensure(notifier.stats().channels == before.channels, || {
+                format!(
+                    "still subscribed after the last watch was dropped: {:?}",
+                    notifier.stats()
+                )
+            })
         }
         other => Err(c.fail(format!("unknown case {other}"))),
     }

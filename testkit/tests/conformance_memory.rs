@@ -2,7 +2,8 @@
 //! a node that breaks a contract.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use redlease::{KeyState, NodeError, RedisNode, SystemTimer, Token, Ttl, async_trait};
+use redlease::notify::Notifier;
+use redlease::{Claim, KeyState, NodeError, RedisNode, SystemTimer, Token, Ttl, async_trait};
 use redlease_testkit::{MemoryNode, Sim, block_on, conformance};
 
 #[test]
@@ -50,7 +51,32 @@ impl RedisNode for Broken {
         if self.bug == "release without compare" {
             return Ok(self.inner.del(key));
         }
+        if self.bug == "release publishes nothing" {
+            // Compare-and-delete done right, but silently (a plain DEL publishes nothing).
+            let ours = self.inner.get(key).as_deref() == Some(token.as_str().as_bytes());
+            return Ok(ours && self.inner.del(key));
+        }
         self.inner.release(key, token).await
+    }
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        let claim = self.inner.acquire_or_ttl(key, token, ttl, fresh).await?;
+        if self.bug == "acquire_or_ttl reports the TTL asked for" {
+            if let Claim::Held { .. } = claim {
+                return Ok(Claim::Held {
+                    remaining: Some(ttl.as_duration()),
+                });
+            }
+        }
+        Ok(claim)
+    }
+    fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier()
     }
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         if self.bug == "extend re-creates" {
@@ -75,6 +101,14 @@ fn suite_catches_broken_nodes() {
         (
             "extend re-creates",
             "extend_only_own_token_and_never_creates",
+        ),
+        (
+            "release publishes nothing",
+            "a_node_that_notifies_publishes_each_release_and_unsubscribes",
+        ),
+        (
+            "acquire_or_ttl reports the TTL asked for",
+            "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
         ),
     ] {
         let mut sim = Sim::new(2);
