@@ -64,7 +64,7 @@ pub(crate) async fn run(url: &str) -> Result<Vec<TickOutcome>, BoxError> {
         // Each instance has its own connections, like a separate process would.
         let manager = LockManager::single(
             common::node(url).await?,
-            Config::default().expiry(TTL).attempts(1),
+            Config::default().with_expiry(TTL).with_attempts(1),
         )?;
         let mut conn = common::connection(url).await?;
         let outcomes = Arc::clone(&outcomes);

@@ -107,9 +107,9 @@ enum Keeping {
 /// The clients' configuration (each with its own jitter seed).
 fn client_config(seed: u64, id: u64) -> Config {
     Config::default()
-        .expiry(TTL)
-        .retry_delay(Duration::from_millis(30))
-        .jitter_seed(seed ^ (id << 32))
+        .with_expiry(TTL)
+        .with_retry_delay(Duration::from_millis(30))
+        .with_jitter_seed(seed ^ (id << 32))
 }
 
 /// How late after its deadline a client may learn of a loss from the loss signal: one operation timeout of
@@ -277,7 +277,7 @@ impl Client {
                     );
                     // A manual extension that failed without losing the lease fires no signal: then the
                     // failure itself is when the client learned it.
-                    let learned = if lease.lost().is_lost() {
+                    let learned = if lease.lost().has_ended() {
                         signalled.await.map_or(observed, |at| at.min(observed))
                     } else {
                         observed
@@ -844,8 +844,8 @@ fn a_restart_without_persistence_breaks_a_single_fenced_lock_and_the_checker_fla
         .unwrap();
     let history = History::new();
     let config = Config::default()
-        .expiry(Duration::from_secs(10))
-        .attempts(1);
+        .with_expiry(Duration::from_secs(10))
+        .with_attempts(1);
     let key = "unsafe:{r}:lock";
     let a = rt.block_on(async {
         let node = managed_node(&server.url(), &server.url(), Duration::from_millis(500))
@@ -900,8 +900,8 @@ fn immediate_restarts_of_a_redlock_majority_let_two_clients_hold_and_the_checker
         .unwrap();
     let history = History::new();
     let config = Config::default()
-        .expiry(Duration::from_secs(10))
-        .attempts(1);
+        .with_expiry(Duration::from_secs(10))
+        .with_attempts(1);
     let key = "unsafe:lock";
     let lock_on = |servers: &RedisServers| {
         let urls = servers.urls();
@@ -977,10 +977,10 @@ async fn redlock_on(servers: &RedisServers, retry_delay: Duration) -> LockManage
         ));
     }
     let config = Config::default()
-        .expiry(Duration::from_secs(10))
-        .attempts(3)
-        .retry_delay(retry_delay)
-        .retry_jitter(0.0);
+        .with_expiry(Duration::from_secs(10))
+        .with_attempts(3)
+        .with_retry_delay(retry_delay)
+        .with_retry_jitter(0.0);
     LockManager::redlock_dyn(nodes, config).unwrap()
 }
 
@@ -1026,7 +1026,7 @@ fn a_redlock_acquisition_retry_after_a_script_flush_writes_every_healthy_server(
         let manager = redlock_on(&servers, retry_delay).await;
         let bound = manager
             .config()
-            .operation_timeout_for(manager.config().get_expiry());
+            .operation_timeout_for(manager.config().expiry());
         for i in 0..8 {
             let key = format!("placement:{i}");
             for s in servers.iter() {
@@ -1077,7 +1077,7 @@ fn a_redlock_extend_and_release_after_a_script_flush_reach_every_server() {
         let manager = redlock_on(&servers, Duration::from_millis(50)).await;
         let bound = manager
             .config()
-            .operation_timeout_for(manager.config().get_expiry());
+            .operation_timeout_for(manager.config().expiry());
         for i in 0..8 {
             let key = format!("extend:{i}");
             let lease = manager

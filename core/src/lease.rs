@@ -241,7 +241,7 @@ impl Shared {
 
     /// The drift allowance of this lease's TTL.
     fn drift(&self) -> Duration {
-        crate::machine::validity::drift(self.ttl, self.engine.config.get_drift_factor())
+        crate::machine::validity::drift(self.ttl, self.engine.config.drift_factor())
     }
 
     fn lost_error(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
@@ -312,7 +312,7 @@ impl Shared {
     /// sooner (a paused client, a reply that never comes).
     async fn extend_once(&self, ttl: Ttl, timeout: Duration, renewal: bool) -> Extension {
         let engine = &self.engine;
-        let factor = engine.config.get_drift_factor();
+        let factor = engine.config.drift_factor();
         let unconfirmed = {
             let now = self.now();
             let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
@@ -372,14 +372,9 @@ impl Shared {
             }
         }
         if r.tally.verdict() == Verdict::Quorum {
-            let drift = crate::machine::validity::drift(ttl, engine.config.get_drift_factor());
-            return match deadline_after_round(
-                r.started,
-                r.ended,
-                ttl,
-                engine.config.get_drift_factor(),
-            )
-            .filter(|_| !r.suspended(drift))
+            let drift = crate::machine::validity::drift(ttl, engine.config.drift_factor());
+            return match deadline_after_round(r.started, r.ended, ttl, engine.config.drift_factor())
+                .filter(|_| !r.suspended(drift))
             {
                 Some(valid_until) => Extension::Extended {
                     started: r.started,
@@ -631,7 +626,7 @@ impl Shared {
     fn schedule(&self) -> RenewalSchedule {
         RenewalSchedule::new(
             self.renew_interval.unwrap_or(self.ttl.as_duration() / 3),
-            self.engine.config.get_retry_delay(),
+            self.engine.config.retry_delay(),
             self.op_timeout,
         )
     }
@@ -1167,8 +1162,9 @@ impl LossSignal {
         }
     }
 
-    /// Whether the signal has fired, without waiting.
-    pub fn is_lost(&self) -> bool {
+    /// Whether the lease has ended — lost, released or dropped — without waiting: `true` exactly when
+    /// awaiting the signal would complete at once.
+    pub fn has_ended(&self) -> bool {
         self.shared.current(self.shared.now()).is_err()
     }
 }
@@ -1183,7 +1179,7 @@ impl fmt::Debug for LossSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LossSignal")
             .field("key", &self.shared.key)
-            .field("lost", &self.is_lost())
+            .field("ended", &self.has_ended())
             .finish()
     }
 }

@@ -118,7 +118,7 @@ impl LockManager {
                 }
             }
         }
-        let jitter = match config.get_jitter_seed() {
+        let jitter = match config.jitter_seed() {
             Some(seed) => Jitter::from_seed(seed),
             None => Jitter::from_os(),
         };
@@ -236,7 +236,7 @@ impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
             .field("key", &self.key)
-            .field("expiry", &self.get_expiry())
+            .field("expiry", &self.effective_expiry())
             .field("auto_renew", &self.auto_renew)
             .field("fence_key", &self.fence_key)
             .finish()
@@ -386,9 +386,9 @@ impl Lock {
         &self.key
     }
 
-    /// The effective lease TTL.
-    pub fn get_expiry(&self) -> Duration {
-        self.expiry.unwrap_or(self.engine.config.get_expiry())
+    /// The lease TTL this lock uses: its own [`expiry`](Self::expiry), or the manager's default.
+    pub fn effective_expiry(&self) -> Duration {
+        self.expiry.unwrap_or(self.engine.config.expiry())
     }
 
     /// Checks the description against the manager (keys, TTL, renewal interval, fencing support) without
@@ -418,7 +418,7 @@ impl Lock {
                 );
             }
         }
-        let expiry = self.get_expiry();
+        let expiry = self.effective_expiry();
         let ttl = config.check_expiry(expiry)?;
         if let Some(interval) = self.auto_renew {
             config.check_renewal(interval, expiry)?;
@@ -443,7 +443,7 @@ impl Lock {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire), describing the last attempt.
     pub async fn acquire(&self) -> Result<Lease, Error> {
-        self.acquire_with(Limit::Attempts(self.engine.config.get_attempts()))
+        self.acquire_with(Limit::Attempts(self.engine.config.attempts()))
             .await
     }
 
@@ -491,8 +491,8 @@ impl Lock {
         let id = LeaseId::next();
         let began = engine.timer.now();
         let mut backoff = Backoff::new(
-            config.get_retry_delay(),
-            config.get_retry_jitter(),
+            config.retry_delay(),
+            config.retry_jitter(),
             Jitter::from_seed(engine.next_seed()),
         );
         let mut tokens = Tokens::new(engine, &self.key, id, plan.op_timeout)?;
@@ -533,10 +533,10 @@ impl Lock {
                 unsettled[i] = true;
             }
             fresh = false;
-            let drift = crate::machine::validity::drift(plan.ttl, config.get_drift_factor());
+            let drift = crate::machine::validity::drift(plan.ttl, config.drift_factor());
             let reason = if r.tally.verdict() == Verdict::Quorum {
                 if let Some(valid_until) =
-                    deadline_after_round(r.started, r.ended, plan.ttl, config.get_drift_factor())
+                    deadline_after_round(r.started, r.ended, plan.ttl, config.drift_factor())
                         .filter(|_| !r.suspended(drift))
                 {
                     let fence = match self.fence_key {

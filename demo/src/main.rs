@@ -49,8 +49,8 @@ fn main() -> ExitCode {
         }
     };
     let config = Config::default()
-        .expiry(EXPIRY)
-        .retry_delay(Duration::from_millis(40));
+        .with_expiry(EXPIRY)
+        .with_retry_delay(Duration::from_millis(40));
     let outcome = match urls {
         None => run_in_memory(config),
         Some(urls) => run_on_redis(&urls, config),

@@ -112,7 +112,7 @@ async fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_opera
             elapsed <= 2 * OP + SLACK,
             "{backend:?}: extend took {elapsed:?}"
         );
-        assert!(to_extend.lost().is_lost(), "{backend:?}");
+        assert!(to_extend.lost().has_ended(), "{backend:?}");
 
         // Release: one round; the outcome is unknown, which is an error, not a success.
         let started = Instant::now();

@@ -70,7 +70,7 @@ async fn long_job(
         "{backend:?} on {} server(s), background={background}",
         servers.len()
     );
-    let cfg = config(TTL).operation_timeout(OP);
+    let cfg = config(TTL).with_operation_timeout(OP);
     let mut manager = if nodes.len() == 1 {
         LockManager::single(Arc::clone(&nodes[0]), cfg)
     } else {

@@ -31,7 +31,7 @@ impl SimHost for Env {
 /// loses its first reply (so its write needs a clean-up, which sits in the network past the operation
 /// timeout and lands after the caller left), node 2 is held by someone else for `foreign_ms`.
 fn contended(seed: u64, spawner: bool, foreign_ms: u64) -> Cluster {
-    let cfg = config().expiry(secs(30));
+    let cfg = config().with_expiry(secs(30));
     let c = if spawner {
         Cluster::with_spawner(3, seed, cfg)
     } else {
@@ -51,7 +51,7 @@ fn contended(seed: u64, spawner: bool, foreign_ms: u64) -> Cluster {
 /// `renew`); then extension and release faults: node 0 slow, node 1 late past the timeout, node 2 loses
 /// replies.
 fn held(seed: u64, spawner: bool, renew: bool) -> Env {
-    let cfg = config().expiry(secs(30));
+    let cfg = config().with_expiry(secs(30));
     let mut c = if spawner {
         Cluster::with_spawner(3, seed, cfg)
     } else {

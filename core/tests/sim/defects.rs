@@ -231,7 +231,7 @@ fn setup(n: usize, config: redlease::Config, spawner: bool) -> Setup {
 /// through the own-token branch, then the held clean-up lands. The holder must not go on believing it holds
 /// the lock while a second client acquires it.
 fn stale_cleanup_scenario(n: usize, fenced: bool) {
-    let mut s = setup(n, config().retry_delay(ms(50)), false);
+    let mut s = setup(n, config().with_retry_delay(ms(50)), false);
     let victim = 0;
     s.nets[victim]
         .acquire(&[Step::LoseReply])
@@ -561,7 +561,7 @@ fn acquire_until_a_past_deadline_sends_nothing() {
 /// Defect 8: after the last failed attempt, a clean-up that timed out is finished in the background.
 #[test]
 fn a_timed_out_cleanup_after_the_last_attempt_is_retried_in_the_background() {
-    let mut s = setup(1, config().attempts(1), true);
+    let mut s = setup(1, config().with_attempts(1), true);
     s.nets[0].acquire(&[Step::LoseReply]).release(&[Step::Hold]);
     let lock = s.manager.lock("job");
     let r = s.sim.block_on(async move { lock.acquire().await });
