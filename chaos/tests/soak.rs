@@ -98,7 +98,7 @@ fn seed() -> u64 {
 enum Keeping {
     /// `auto_renew`, renewed in the background through the manager's spawner.
     Background,
-    /// `auto_renew`, renewed inside `Lease::run` (no spawner).
+    /// `renew_every`, renewed inside `Lease::run` (no spawner).
     InRun,
     /// Manual `extend` calls from the work.
     Manual,
@@ -256,7 +256,12 @@ impl Client {
                         }
                     }
                 };
-                lease.run(work).await
+                if this.keeping == Keeping::Manual {
+                    // Only the work's own extensions keep it (`run` would renew it too).
+                    Ok(work.await)
+                } else {
+                    lease.run(work).await
+                }
             };
             let observed = Instant::now();
             self.note_extension(&mut recorded_until, &lease, observed);
@@ -677,8 +682,10 @@ fn soak(test: &str, setup: Setup) {
         let locks = (0..KEYS.len())
             .map(|i| {
                 let mut lock = manager.lock(KEYS[i]);
-                if keeping != Keeping::Manual {
-                    lock = lock.auto_renew(RENEW_EVERY);
+                match keeping {
+                    Keeping::Background => lock = lock.auto_renew(RENEW_EVERY),
+                    Keeping::InRun => lock = lock.renew_every(RENEW_EVERY),
+                    Keeping::Manual => {}
                 }
                 if setup == Setup::Single {
                     lock = lock.fenced(FENCE_KEYS[i]);

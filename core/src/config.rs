@@ -269,6 +269,13 @@ pub enum ConfigError {
         /// The lease TTL.
         expiry: Duration,
     },
+    /// [`Lock::auto_renew`](crate::Lock::auto_renew) asks for background renewal, but the manager has no
+    /// spawner to run it on.
+    #[error(
+        "auto_renew needs a spawner to renew in the background (LockManager::with_spawner); without one, do \
+         the work inside Lease::run, which renews by itself"
+    )]
+    AutoRenewWithoutSpawner,
     /// A lock or fence key is unusable.
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),

@@ -739,9 +739,11 @@ impl Drop for RenewalClaim<'_> {
 /// extended. Releasing consumes it, so "release twice" or "extend after release" cannot be written.
 ///
 /// # Renewal
-/// A lock described with [`auto_renew`](crate::Lock::auto_renew) is renewed
-/// - in the background, if the manager has a [spawner](crate::LockManager::with_spawner); or
-/// - while [`run`](Self::run) executes a future (no spawning at all; the recommended form).
+/// A lease is renewed
+/// - while [`run`](Self::run) executes a future — always, every [`renew_every`](crate::Lock::renew_every)
+///   (default a third of the TTL), with no spawning at all: the recommended form; and
+/// - in the background, if its lock was described with [`auto_renew`](crate::Lock::auto_renew) (which needs
+///   the manager's [spawner](crate::LockManager::with_spawner); acquisition fails without one).
 ///
 /// Otherwise nothing renews it and it is lost at its validity deadline unless [`extend`](Self::extend)ed.
 ///
@@ -963,9 +965,9 @@ impl Lease {
         }
     }
 
-    /// Runs `work` while holding the lease, renewing it meanwhile if its lock was described with
-    /// [`auto_renew`](crate::Lock::auto_renew) (and no background renewal runs), and stops it as soon as the
-    /// lease is lost.
+    /// Runs `work` while holding the lease, renewing it meanwhile (every
+    /// [`renew_every`](crate::Lock::renew_every), default a third of the TTL, unless background renewal
+    /// already runs), and stops it as soon as the lease is lost.
     ///
     /// Nothing is spawned: renewal runs inside this future, interleaved with `work`. The lease stays held when
     /// `run` returns; release it afterwards.
@@ -986,7 +988,7 @@ impl Lease {
     /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
     /// let lease = manager
     ///     .lock("nightly")
-    ///     .auto_renew(Duration::from_secs(10))
+    ///     .renew_every(Duration::from_secs(10))
     ///     .try_acquire()
     ///     .await?;
     /// match lease.run(async { 2 + 2 }).await {
@@ -1013,7 +1015,7 @@ impl Lease {
                 if r.as_mut().poll(cx).is_ready() {
                     renewal = None;
                 }
-            } else if shared.renew_interval.is_some() && !claim.held && shared.claim_renewal() {
+            } else if !claim.held && shared.claim_renewal() {
                 // No renewal runs (none yet, or another `run` that renewed has returned): take it over.
                 claim.held = true;
                 let mut r: Pin<Box<dyn Future<Output = ()> + Send>> =

@@ -12,7 +12,7 @@
 //! let lock = manager
 //!     .lock("reports:{nightly}:lock")
 //!     .expiry(Duration::from_secs(30))
-//!     .auto_renew(Duration::from_secs(10))
+//!     .renew_every(Duration::from_secs(10))
 //!     .fenced("reports:{nightly}:fence");
 //!
 //! let lease = lock.acquire().await?;

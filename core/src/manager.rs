@@ -194,7 +194,8 @@ impl LockManager {
             engine: Arc::clone(&self.engine),
             key: key.into(),
             expiry: None,
-            auto_renew: None,
+            renew_every: None,
+            background: false,
             fence_key: None,
         }
     }
@@ -228,7 +229,9 @@ pub struct Lock {
     engine: Arc<Engine>,
     key: String,
     expiry: Option<Duration>,
-    auto_renew: Option<Duration>,
+    renew_every: Option<Duration>,
+    /// Renewal in the background on the manager's spawner ([`Lock::auto_renew`]).
+    background: bool,
     fence_key: Option<String>,
 }
 
@@ -237,7 +240,8 @@ impl fmt::Debug for Lock {
         f.debug_struct("Lock")
             .field("key", &self.key)
             .field("expiry", &self.effective_expiry())
-            .field("auto_renew", &self.auto_renew)
+            .field("renew_every", &self.renew_every)
+            .field("background_renewal", &self.background)
             .field("fence_key", &self.fence_key)
             .finish()
     }
@@ -360,15 +364,29 @@ impl Lock {
         self
     }
 
-    /// Renews the lease every `interval` (it must be shorter than the expiry; a third of it is typical).
+    /// Sets how often the lease is renewed (it must be shorter than the expiry; default a third of it).
     ///
-    /// Renewal runs inside [`Lease::run`], or in the background when the manager has a
-    /// [spawner](LockManager::with_spawner). A failing renewal marks the lease
-    /// [at risk](crate::LeaseState::AtRisk) and retries while validity remains; the lease is reported lost no
-    /// later than its validity deadline.
+    /// [`Lease::run`](crate::Lease::run) always renews while its work runs; this sets its interval, and that
+    /// of background renewal ([`auto_renew`](Self::auto_renew)).
+    #[must_use]
+    pub fn renew_every(mut self, interval: Duration) -> Self {
+        self.renew_every = Some(interval);
+        self
+    }
+
+    /// Renews the lease in the background every `interval`, on the manager's
+    /// [spawner](LockManager::with_spawner), for as long as it is held.
+    ///
+    /// A manager without a spawner cannot do this: acquisition then fails before sending anything with
+    /// [`ConfigError::AutoRenewWithoutSpawner`] (a lease nobody renews would silently be lost after one TTL).
+    /// Without a spawner, run the work inside [`Lease::run`](crate::Lease::run), which renews by itself.
+    ///
+    /// A failing renewal marks the lease [at risk](crate::LeaseState::AtRisk) and retries while validity
+    /// remains; the lease is reported lost no later than its validity deadline.
     #[must_use]
     pub fn auto_renew(mut self, interval: Duration) -> Self {
-        self.auto_renew = Some(interval);
+        self.renew_every = Some(interval);
+        self.background = true;
         self
     }
 
@@ -420,8 +438,11 @@ impl Lock {
         }
         let expiry = self.effective_expiry();
         let ttl = config.check_expiry(expiry)?;
-        if let Some(interval) = self.auto_renew {
+        if let Some(interval) = self.renew_every {
             config.check_renewal(interval, expiry)?;
+        }
+        if self.background && self.engine.spawner.is_none() {
+            return Err(ConfigError::AutoRenewWithoutSpawner.into());
         }
         Ok(Plan {
             ttl,
@@ -722,7 +743,7 @@ impl Lock {
                 ttl: plan.ttl,
                 op_timeout: plan.op_timeout,
                 fence,
-                renew_interval: self.auto_renew,
+                renew_interval: self.renew_every,
                 id,
                 acquired_at,
                 round_started: started,
@@ -731,7 +752,7 @@ impl Lock {
                 valid_until,
             },
         ));
-        if let (Some(_), Some(spawner)) = (self.auto_renew, &self.engine.spawner) {
+        if let (true, Some(spawner)) = (self.background, &self.engine.spawner) {
             if shared.claim_renewal() {
                 // Boxed once: the renewal loop stops by itself when the lease ends.
                 spawner.spawn(Box::pin(Arc::clone(&shared).renew()));

@@ -149,7 +149,7 @@ impl Summary {
 }
 
 fn describe_lock(manager: &LockManager, fenced: bool) -> Lock {
-    let lock = manager.lock(LOCK_KEY).auto_renew(RENEW_EVERY);
+    let lock = manager.lock(LOCK_KEY).renew_every(RENEW_EVERY);
     if fenced { lock.fenced(FENCE_KEY) } else { lock }
 }
 

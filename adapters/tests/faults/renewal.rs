@@ -93,7 +93,7 @@ async fn a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_aga
         let k = key("transient", backend);
         let lease = manager
             .lock(&k)
-            .auto_renew(INTERVAL)
+            .renew_every(INTERVAL)
             .try_acquire()
             .await
             .unwrap();
@@ -129,7 +129,7 @@ async fn redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again() {
         let k = key("transient-redlock", backend);
         let lease = manager
             .lock(&k)
-            .auto_renew(INTERVAL)
+            .renew_every(INTERVAL)
             .try_acquire()
             .await
             .unwrap();
@@ -175,7 +175,7 @@ async fn persistent_failure(
 ) -> (LossReason, Instant, Instant, Instant, bool) {
     let lease = manager
         .lock(k)
-        .auto_renew(INTERVAL)
+        .renew_every(INTERVAL)
         .try_acquire()
         .await
         .unwrap();

@@ -226,7 +226,7 @@ async fn restart_while_held_reports_loss_no_later_than_the_validity_deadline() {
         let k = key("restart", backend);
         let lease = manager
             .lock(&k)
-            .auto_renew(Duration::from_millis(250))
+            .renew_every(Duration::from_millis(250))
             .try_acquire()
             .await
             .unwrap();

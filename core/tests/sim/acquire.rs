@@ -277,8 +277,10 @@ fn hung_after_acquire(seed: u64, spawner: bool, renew: bool) -> (Cluster, redlea
         Cluster::new(1, seed, config())
     };
     let mut lock = c.manager.lock("job");
-    if renew {
+    if renew && spawner {
         lock = lock.auto_renew(secs(5));
+    } else if renew {
+        lock = lock.renew_every(secs(5));
     }
     let lease = c.try_acquire(&lock).unwrap();
     c.faults[0].always_all(Fault::Hang);

@@ -336,7 +336,7 @@ fn a_stale_shorter_extension_cannot_shorten_a_key_a_later_extension_relies_on() 
 #[test]
 fn run_finishes_its_give_up_cleanup_before_returning() {
     let mut s = setup(3, config(), false);
-    let lock = s.manager.lock("job").expiry(secs(3)).auto_renew(secs(1));
+    let lock = s.manager.lock("job").expiry(secs(3)).renew_every(secs(1));
     let token = s.sim.block_on({
         let nets = s.nets.clone();
         let clock = s.clock.clone();
@@ -468,7 +468,7 @@ async fn futures_join<A: std::future::Future, B: std::future::Future>(
 #[test]
 fn a_second_concurrent_run_is_renewed_after_the_first_returns() {
     let mut s = setup(1, config(), false);
-    let lock = s.manager.lock("job").expiry(secs(3)).auto_renew(secs(1));
+    let lock = s.manager.lock("job").expiry(secs(3)).renew_every(secs(1));
     let clock = s.clock.clone();
     let (short, long) = s.sim.block_on(async move {
         let lease = lock.try_acquire().await.unwrap();
