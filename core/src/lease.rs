@@ -180,7 +180,10 @@ impl Shared {
             let first = st.lost.is_none();
             if first {
                 st.lost = Some(reason);
-                st.loss_source = source.map(Box::new);
+                // Without a cause of its own (an expiry), the loss keeps the one recorded while at risk.
+                if let Some(source) = source {
+                    st.loss_source = Some(Box::new(source));
+                }
             }
             let report = (first && !st.ended).then_some(st.valid_until);
             (st.lost.unwrap_or(reason), st.take_waiters(), report)
@@ -418,6 +421,8 @@ impl Shared {
         }
         let earlier = valid_until < st.valid_until;
         st.valid_until = valid_until;
+        // Extended: an earlier failure is no longer the cause of anything.
+        st.loss_source = None;
         st.round_started = started;
         st.wall_started = wall_started;
         let was_at_risk = st.at_risk.take();
@@ -449,6 +454,35 @@ impl Shared {
         }
         wake(waiters);
         Ok(())
+    }
+
+    /// A manual extension failed without proving the lease gone (too few nodes answered). Like a failed
+    /// renewal round: the lease stays held until its deadline, at risk, retryable; the cause is kept for the
+    /// loss at the deadline if nothing extends it. Lost already (expired during the round): given up.
+    async fn extension_failed(&self, source: QuorumError) -> Error {
+        let now = self.now();
+        let valid_until = match self.current(now) {
+            Ok(valid_until) => valid_until,
+            Err(reason) => return self.give_up(reason, Some(source)).await,
+        };
+        let first = self.set_at_risk(now);
+        self.engine.hook.emit(
+            &self.key,
+            self.id,
+            now,
+            EventKind::AtRisk {
+                valid_until,
+                error: Some(&source),
+                first,
+            },
+        );
+        {
+            let mut st = self.lock();
+            if st.lost.is_none() {
+                st.loss_source = Some(Box::new(source.clone()));
+            }
+        }
+        source.into()
     }
 
     /// Marks the lease at risk since `now` unless it already was; `true` if it was not.
@@ -839,10 +873,36 @@ impl Lease {
     /// # Errors
     /// - [`Error::Config`] for an invalid `ttl` (zero, too long, within the drift allowance), before any
     ///   command is sent;
-    /// - [`Error::Lost`] if the lease was already lost, or if this extension failed: the nodes no longer hold
-    ///   it ([`LossReason::NotHeld`]), or too few nodes answered in time or too little validity remained
-    ///   ([`LossReason::ExtendFailed`], with the node errors as `source`). After a failed extension the lease
-    ///   is given up and its token deleted from every node that may still hold it.
+    /// - [`Error::Quorum`] if too few nodes answered in time (refused connections, timeouts, error replies):
+    ///   nothing proves the lease gone, so it stays held until its current deadline,
+    ///   [at risk](LeaseState::AtRisk), and `extend` may be retried; if nothing extends it, it is lost at the
+    ///   deadline (its loss then carries these node errors as `source`);
+    /// - [`Error::Lost`] if the lease was already lost, or if this extension proved it gone: the nodes no
+    ///   longer hold it ([`LossReason::NotHeld`]), or the round left no validity
+    ///   ([`LossReason::ExtendFailed`]). The lease is then given up and its token deleted from every node that
+    ///   may still hold it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Error, LeaseState, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager.lock("report").try_acquire().await?;
+    /// match lease.extend(Duration::from_secs(60)).await {
+    ///     Ok(()) => {}
+    ///     // Too few nodes answered: still ours until `valid_until`, at risk; try again or stop in time.
+    ///     Err(Error::Quorum(e)) => {
+    ///         assert!(matches!(lease.state(), LeaseState::AtRisk { .. }));
+    ///         eprintln!("extension failed ({e}); valid until {:?}", lease.valid_until());
+    ///     }
+    ///     // Gone: stop acting as the owner.
+    ///     Err(lost) => return Err(lost),
+    /// }
+    /// lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     pub fn extend(&self, ttl: Duration) -> impl Future<Output = Result<(), Error>> {
         // In a span with the `tracing` feature. Not an `async fn`: without the feature this is the
         // extension's own future, no bigger.
@@ -882,8 +942,10 @@ impl Lease {
                 Err(reason) => Err(self.shared.give_up(reason, None).await),
             },
             Extension::NotHeld => Err(self.shared.give_up(LossReason::NotHeld, None).await),
-            Extension::Failed(source) => {
-                Err(self.shared.give_up(LossReason::ExtendFailed, source).await)
+            Extension::Failed(Some(source)) => Err(self.shared.extension_failed(source).await),
+            // A quorum extended it, but the round left no validity (or spanned a suspend).
+            Extension::Failed(None) => {
+                Err(self.shared.give_up(LossReason::ExtendFailed, None).await)
             }
         }
     }
