@@ -893,7 +893,7 @@ impl Lease {
     ///     Ok(()) => {}
     ///     // Too few nodes answered: still ours until `valid_until`, at risk; try again or stop in time.
     ///     Err(Error::Quorum(e)) => {
-    ///         assert!(matches!(lease.state(), LeaseState::AtRisk { .. }));
+    ///         assert!(matches!(lease.state(), LeaseState::AtRisk));
     ///         eprintln!("extension failed ({e}); valid until {:?}", lease.valid_until());
     ///     }
     ///     // Gone: stop acting as the owner.

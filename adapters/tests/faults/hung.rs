@@ -105,7 +105,7 @@ async fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_opera
             "{backend:?}: extend took {elapsed:?}"
         );
         assert!(
-            matches!(to_extend.state(), LeaseState::AtRisk { .. }),
+            matches!(to_extend.state(), LeaseState::AtRisk),
             "{backend:?}: {:?}",
             to_extend.state()
         );
