@@ -568,6 +568,10 @@ macro_rules! impl_node {
             fn endpoint(&self) -> Option<String> {
                 self.endpoint.clone()
             }
+
+            async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+                ops::raise_fence(self, fence_key, at_least).await
+            }
         }
     };
 }

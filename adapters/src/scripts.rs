@@ -524,6 +524,13 @@ pub(crate) fn unexpected_reply(script: &Script, reply: &Reply) -> NodeError {
     unexpected(script, reply)
 }
 
+/// Not a script: names the `INCRBY` that raises a fence counter in messages.
+pub(crate) const RAISE_FENCE: Script = Script {
+    name: "raise-fence INCRBY",
+    source: "",
+    sha1: "",
+};
+
 /// Not a script: names a plain command in messages.
 pub(crate) const COMMAND: Script = Script {
     name: "requested",

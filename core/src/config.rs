@@ -276,6 +276,9 @@ pub enum ConfigError {
          the work inside Lease::run, which renews by itself"
     )]
     AutoRenewWithoutSpawner,
+    /// A fence value no Redis counter can exceed (`i64::MAX` or more).
+    #[error("fence value {0} leaves no larger fence below i64::MAX")]
+    FenceOutOfRange(u64),
     /// A lock or fence key is unusable.
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),

@@ -17,6 +17,8 @@ pub enum Operation {
     Extend,
     /// Releasing.
     Release,
+    /// Raising a fence counter ([`LockManager::raise_fence`](crate::LockManager::raise_fence)).
+    RaiseFence,
 }
 
 impl fmt::Display for Operation {
@@ -25,6 +27,7 @@ impl fmt::Display for Operation {
             Self::Acquire => "acquire",
             Self::Extend => "extend",
             Self::Release => "release",
+            Self::RaiseFence => "raise fence",
         })
     }
 }

@@ -287,6 +287,25 @@ pub trait RedisNode: Send + Sync {
     fn endpoint(&self) -> Option<String> {
         None
     }
+
+    /// Raises the fence counter at `fence_key` to at least `at_least`, and returns its value afterwards.
+    ///
+    /// Never lowers the counter and never gives it a TTL; a missing counter is created at `at_least`. Every
+    /// fencing token issued after this returns is larger than `at_least`. (Acquisitions that run at the
+    /// same time may still receive smaller numbers: they happened before the raise.) For re-seeding a
+    /// counter that a restart without persistence reset, see
+    /// [`LockManager::raise_fence`](crate::LockManager::raise_fence).
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending anything.
+    /// A counter that is not a non-negative integer, or has a TTL, is a [`NodeErrorKind::Fence`] error, as
+    /// for [`acquire_fenced`](Self::acquire_fenced), changing nothing.
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        let _ = (fence_key, at_least);
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot raise a fence counter (RedisNode::raise_fence is not implemented)",
+        ))
+    }
 }
 
 /// The boxed future every node operation returns (what `#[async_trait]` methods return).
@@ -445,6 +464,16 @@ pub trait NodeWrapper: Send + Sync {
     fn endpoint(&self) -> Option<String> {
         self.inner().endpoint()
     }
+
+    /// See [`RedisNode::raise_fence`]; forwards by default.
+    fn raise_fence<'a, 'b, 'f>(&'a self, fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        self.inner().raise_fence(fence_key, at_least)
+    }
 }
 
 impl<W: NodeWrapper> RedisNode for W {
@@ -535,6 +564,15 @@ impl<W: NodeWrapper> RedisNode for W {
 
     fn endpoint(&self) -> Option<String> {
         NodeWrapper::endpoint(self)
+    }
+
+    fn raise_fence<'a, 'b, 'f>(&'a self, fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::raise_fence(self, fence_key, at_least)
     }
 }
 
