@@ -19,6 +19,24 @@ use crate::node::Ttl;
 /// | [`drift_factor`](Self::with_drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
 /// | [`operation_timeout`](Self::with_operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
 /// | [`jitter_seed`](Self::with_jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, ConfigError};
+///
+/// let config = Config::default()
+///     .with_expiry(Duration::from_secs(10))
+///     .with_attempts(5)
+///     .with_retry_delay(Duration::from_millis(50));
+/// assert_eq!(config.expiry(), Duration::from_secs(10));
+/// // Derived: min(expiry / 5, 500 ms).
+/// assert_eq!(config.operation_timeout_for(config.expiry()), Duration::from_millis(500));
+/// assert_eq!(config.validate(), Ok(()));
+///
+/// // Settings that cannot work are refused before anything is sent.
+/// let bad = Config::default().with_expiry(Duration::from_millis(100)).with_operation_timeout(Duration::from_millis(100));
+/// assert!(matches!(bad.validate(), Err(ConfigError::OperationTimeoutNotBelowExpiry { .. })));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     expiry: Duration,

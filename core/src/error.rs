@@ -187,6 +187,30 @@ fn not_acquired(
 /// The errors of redlease's public API.
 ///
 /// Match on the variants; never on the message text. Variants may be added.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, Error, LockManager, LossReason};
+///
+/// # redlease_testkit::block_on(async {
+/// # let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default()).unwrap();
+/// match manager.lock("report").try_acquire().await {
+///     Ok(lease) => {
+///         match lease.run(async { /* the work */ }).await {
+///             Ok(()) => {}
+///             // Lost while working: the work was stopped; `reason` says why, `source()` the node errors.
+///             Err(Error::Lost { reason: LossReason::NotHeld, .. }) => eprintln!("taken over"),
+///             Err(e) => eprintln!("{e}"),
+///         }
+///         let _ = lease.release().await;
+///     }
+///     Err(e) if e.is_contended() => {}                 // someone else holds it
+///     Err(Error::Config(e)) => panic!("a bug in our setup: {e}"), // nothing was sent
+///     Err(Error::NotAcquired { .. }) => {}              // nodes failed: retry later
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # });
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -827,6 +827,28 @@ impl Lease {
         self.shared.fence
     }
 
+    /// The fencing token as an `i64`, for a SQL `BIGINT` column or a driver that binds signed integers.
+    ///
+    /// Fences come from a Redis counter, which is a signed 64-bit integer, so every fence fits: `Some` for
+    /// every fenced lease (a node breaking [`acquire_fenced`](crate::RedisNode::acquire_fenced)'s contract
+    /// with a larger number is the only way to get `None` from a fenced lease), `None` for an unfenced one.
+    ///
+    /// ```
+    /// # use redlease::{Config, LockManager};
+    /// # redlease_testkit::block_on(async {
+    /// # let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager.lock("orders:{42}:lock").fenced("orders:{42}:fence").try_acquire().await?;
+    /// let fence: i64 = lease.fencing_token_i64().expect("a fenced lease");
+    /// // e.g. sqlx::query("UPDATE orders SET …, last_fence = $1 WHERE id = 42 AND last_fence <= $1").bind(fence)
+    /// assert_eq!(fence, 1);
+    /// # lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn fencing_token_i64(&self) -> Option<i64> {
+        self.shared.fence.and_then(|f| i64::try_from(f).ok())
+    }
+
     /// The instant (on the manager's timer) after which the lease must be considered lost unless extended.
     pub fn valid_until(&self) -> Instant {
         self.shared.lock().valid_until
@@ -859,6 +881,28 @@ impl Lease {
     /// resolved. Cloneable; each clone waits independently.
     ///
     /// It resolves no later than the validity deadline even if nothing renews or polls the lease.
+    ///
+    /// For work that cannot run inside [`run`](Self::run), race it against the signal yourself:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, LockManager, LossReason};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager.lock("leader").expiry(Duration::from_millis(200)).try_acquire().await?;
+    /// let lost = lease.lost();
+    /// assert!(!lost.has_ended());
+    /// // Nothing renews this lease: the signal fires at its validity deadline.
+    /// assert_eq!(lost.await, LossReason::Expired);
+    /// // Released or dropped leases resolve their signals too, with `Released`.
+    /// let lease = manager.lock("follower").try_acquire().await?;
+    /// let signal = lease.lost();
+    /// lease.release().await?;
+    /// assert_eq!(signal.await, LossReason::Released);
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     pub fn lost(&self) -> LossSignal {
         LossSignal::new(Arc::clone(&self.shared))
     }

@@ -543,6 +543,24 @@ impl Lock {
 
     /// Keeps trying for `patience` from now; see [`acquire_until`](Self::acquire_until).
     ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Error, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let holder = manager.lock("migration").try_acquire().await?;
+    /// // Someone holds it: wait up to 300 ms, retrying every `retry_delay` (+ jitter).
+    /// match manager.lock("migration").acquire_within(Duration::from_millis(300)).await {
+    ///     Ok(lease) => lease.release().await.map(|_| ())?,
+    ///     Err(e) if e.is_contended() => println!("still held by someone else: skip this run"),
+    ///     Err(e) => return Err(e), // the server is unreachable, refused us, …
+    /// }
+    /// holder.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn acquire_within(&self, patience: Duration) -> Result<Lease, Error> {

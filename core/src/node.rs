@@ -260,7 +260,8 @@ pub trait RedisNode: Send + Sync {
     /// Atomically: if `key` does not exist, `INCR fence_key`, `SET key token PX ttl` and return the incremented
     /// value; if `key` holds exactly `token`, reset its TTL to `ttl` and return the current value of
     /// `fence_key` (the number issued to this acquisition, or a larger one); otherwise change nothing and
-    /// return `None`. `fence_key` is never deleted or given a TTL, so numbers only grow. Everything that could
+    /// return `None`. `fence_key` is never deleted or given a TTL, so numbers only grow; like every Redis
+    /// counter they stay below `i64::MAX` (an exhausted counter is an error). Everything that could
     /// fail (wrong types, an exhausted counter) is checked before the first write, so an error never leaves a
     /// lock key behind. On Redis Cluster both keys must hash to one slot (`{tag}`).
     async fn acquire_fenced(
