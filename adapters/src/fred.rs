@@ -902,6 +902,10 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
     fn endpoint(&self) -> Option<String> {
         self.endpoint.clone()
     }
+
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        ops::raise_fence(self, fence_key, at_least).await
+    }
 }
 
 /// Not a script: names `SUBSCRIBE`/`SSUBSCRIBE` and their opposites in messages.

@@ -1011,6 +1011,62 @@ pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyS
     }
 }
 
+/// Raises the fence counter to at least `at_least`: reads it (`inspect`), and if it is smaller adds the
+/// difference with one `INCRBY`. `INCRBY` only ever adds a positive amount, so the counter never goes down:
+/// a fenced acquisition that increments it in between makes the result larger than `at_least`, never
+/// smaller. Plain commands, no script: the same path on every server, exact for every 64-bit value (Lua
+/// numbers are doubles). Retries the read when the counter was set lower in between (by someone else).
+pub(crate) async fn raise_fence(
+    t: &impl Transport,
+    fence_key: &str,
+    at_least: u64,
+) -> Result<u64, NodeError> {
+    const ATTEMPTS: usize = 3;
+    for _ in 0..ATTEMPTS {
+        let current = match inspect(t, fence_key).await? {
+            None => 0,
+            Some(state) if state.ttl.is_some() => {
+                return Err(NodeError::not_applied(
+                    NodeErrorKind::Fence,
+                    "the fence key has a TTL: its numbers would start again when it expires",
+                ));
+            }
+            Some(state) => std::str::from_utf8(&state.value)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    NodeError::not_applied(
+                        NodeErrorKind::Fence,
+                        "the fence key does not hold a non-negative integer",
+                    )
+                })?,
+        };
+        if current >= at_least {
+            return Ok(current);
+        }
+        let delta = (at_least - current).to_string();
+        let reply = note(
+            t,
+            t.command(
+                &scripts::RAISE_FENCE,
+                fence_key,
+                &["INCRBY", fence_key, &delta],
+            )
+            .await,
+        )?;
+        let raised = scripts::parse_integer(&scripts::RAISE_FENCE, &reply)?;
+        if let Ok(raised) = u64::try_from(raised) {
+            if raised >= at_least {
+                return Ok(raised);
+            }
+        }
+    }
+    Err(NodeError::not_applied(
+        NodeErrorKind::Other,
+        "the fence counter kept being lowered while it was raised",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -696,6 +696,10 @@ macro_rules! impl_node {
             fn endpoint(&self) -> Option<String> {
                 self.endpoint.clone()
             }
+
+            async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+                ops::raise_fence(self, fence_key, at_least).await
+            }
         }
     };
 }
@@ -922,7 +926,7 @@ impl_node!([] LazyNode);
 #[derive(Clone)]
 enum Target {
     /// One server: a RESP3 multiplexed connection, `SUBSCRIBE`.
-    Standalone(redis::Client),
+    Standalone(Box<redis::Client>),
     /// A Redis Cluster: a RESP3 cluster connection, `SSUBSCRIBE` routed by the channel's slot.
     Cluster(Box<redis::cluster::ClusterClient>),
 }
@@ -955,10 +959,10 @@ fn standalone_notifier(client: &redis::Client, max_channels: usize) -> Notifier 
         .clone()
         .set_protocol(redis::ProtocolVersion::RESP3);
     let target = match redis::Client::open(info.set_redis_settings(settings)) {
-        Ok(client) => Target::Standalone(client),
+        Ok(client) => Target::Standalone(Box::new(client)),
         // Cannot happen for the settings of a client that exists; then the plain client (whose subscribe
         // fails, so waiters poll).
-        Err(_) => Target::Standalone(client.clone()),
+        Err(_) => Target::Standalone(Box::new(client.clone())),
     };
     Notifier::new(
         RedisSubscriber {

@@ -3,7 +3,23 @@
 //! Each script is one atomic server-side operation implementing one method of
 //! [`RedisNode`](redlease::RedisNode) exactly. They are public so that a node for another client can reuse them
 //! verbatim (send `EVALSHA` with [`Script::sha1`], and on a `NOSCRIPT` reply send `EVAL` with
-//! [`Script::source`] once).
+//! [`Script::source`] once), together with the interpretation of their replies: convert your client's reply
+//! to a [`Reply`] and call [`parse_flag`], [`parse_fence`], [`parse_inspect`] or [`parse_set_nx_get`]; map an
+//! error reply's line to its kind with [`server_error_kind`]. These are the functions the adapters use.
+//!
+//! ```
+//! use redlease::NodeErrorKind;
+//! use redlease_adapters::scripts::{self, Reply};
+//!
+//! // What your client answered to `EVALSHA <scripts::RELEASE.sha1> 1 <key> <token>`:
+//! assert!(scripts::parse_flag(&scripts::RELEASE, Reply::Int(1)).unwrap());
+//! // … to ACQUIRE_FENCED: the fence, exact as a string.
+//! let fence = scripts::parse_fence(Reply::Bytes(b"9007199254740993".to_vec())).unwrap();
+//! assert_eq!(fence, Some(9_007_199_254_740_993));
+//! // … or an error reply: its kind decides retry and ambiguity.
+//! assert_eq!(scripts::server_error_kind("NOSCRIPT No matching script"), NodeErrorKind::NoScript);
+//! assert_eq!(scripts::server_error_kind("OOM command not allowed"), NodeErrorKind::OutOfMemory);
+//! ```
 //!
 //! # Design rules
 //!
@@ -475,14 +491,21 @@ pub const ALL: [Script; 10] = [
     PROBE_ACQUIRE,
 ];
 
-/// A client-neutral view of a script reply, built by each adapter from its client's value type.
+/// A client-neutral view of a script reply, built by each adapter from its client's value type — and by a
+/// node of your own from its client's, to interpret replies with the `parse_*` functions of this module.
+/// (An error reply is not a `Reply`: classify its line with [`server_error_kind`].)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reply {
+#[non_exhaustive]
+pub enum Reply {
+    /// A nil bulk string or nil array (RESP3 null).
     Nil,
+    /// An integer.
     Int(i64),
+    /// A bulk or simple string.
     Bytes(Vec<u8>),
+    /// An array.
     Array(Vec<Reply>),
-    /// Any other RESP type, by name.
+    /// Any other RESP type, by name (it is never a valid answer of a script).
     Other(&'static str),
 }
 
@@ -513,8 +536,9 @@ fn parse_int(script: &Script, reply: &Reply) -> Result<i64, NodeError> {
     }
 }
 
-/// Replies 1 / 0 of acquire, release and extend.
-pub(crate) fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeError> {
+/// Replies 1 / 0 of [`ACQUIRE`], [`ACQUIRE_FRESH`], [`RELEASE`] and [`EXTEND`]: `true` for 1. Any other reply
+/// is an ambiguous [`NodeErrorKind::Protocol`] error (the script ran).
+pub fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeError> {
     match parse_int(script, &reply)? {
         1 => Ok(true),
         0 => Ok(false),
@@ -524,7 +548,7 @@ pub(crate) fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeErro
 
 /// The reply of `SET key token NX GET PX ttl`: nil when the key was absent (now set), the old value when it
 /// exists (nothing changed).
-pub(crate) fn parse_set_nx_get(reply: Reply) -> Result<bool, NodeError> {
+pub fn parse_set_nx_get(reply: Reply) -> Result<bool, NodeError> {
     match &reply {
         Reply::Nil => Ok(true),
         Reply::Bytes(_) => Ok(false),
@@ -600,6 +624,13 @@ pub(crate) fn unexpected_reply(script: &Script, reply: &Reply) -> NodeError {
     unexpected(script, reply)
 }
 
+/// Not a script: names the `INCRBY` that raises a fence counter in messages.
+pub(crate) const RAISE_FENCE: Script = Script {
+    name: "raise-fence INCRBY",
+    source: "",
+    sha1: "",
+};
+
 /// Not a script: names a plain command in messages.
 pub(crate) const COMMAND: Script = Script {
     name: "requested",
@@ -608,7 +639,7 @@ pub(crate) const COMMAND: Script = Script {
 };
 
 /// The reply of [`ACQUIRE_TTL`]: taken, or held with the holder's remaining TTL (`None`: no expiry).
-pub(crate) fn parse_claim(reply: Reply) -> Result<redlease::Claim, NodeError> {
+pub fn parse_claim(reply: Reply) -> Result<redlease::Claim, NodeError> {
     let script = &ACQUIRE_TTL;
     match parse_int(script, &reply)? {
         1 => Ok(redlease::Claim::Taken),
@@ -620,8 +651,8 @@ pub(crate) fn parse_claim(reply: Reply) -> Result<redlease::Claim, NodeError> {
     }
 }
 
-/// The fence string or nil of acquire_fenced.
-pub(crate) fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
+/// The reply of [`ACQUIRE_FENCED`]: the fence as a string (exact above 2^53) or nil when contended.
+pub fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
     let script = &ACQUIRE_FENCED;
     match &reply {
         Reply::Nil => Ok(None),
@@ -636,8 +667,8 @@ pub(crate) fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
     }
 }
 
-/// The nil or `[value, pttl]` of inspect.
-pub(crate) fn parse_inspect(reply: Reply) -> Result<Option<KeyState>, NodeError> {
+/// The reply of [`INSPECT`]: nil for a missing key, else `[value, pttl]`.
+pub fn parse_inspect(reply: Reply) -> Result<Option<KeyState>, NodeError> {
     let script = &INSPECT;
     match reply {
         Reply::Nil => Ok(None),
@@ -662,7 +693,7 @@ pub(crate) fn parse_inspect(reply: Reply) -> Result<Option<KeyState>, NodeError>
 /// The kind of a Redis error reply `line` (`CODE detail…`), from its first token (`NOSCRIPT No matching
 /// script…` → `NoScript`), and for `ERR` from the text Redis 7.0 gives a command refused by the ACL inside a
 /// script (`ERR The user executing the script can't run this command…`), which is `Auth`.
-pub(crate) fn server_error_kind(line: &str) -> NodeErrorKind {
+pub fn server_error_kind(line: &str) -> NodeErrorKind {
     let code = line.split_whitespace().next().unwrap_or("");
     match code {
         "NOSCRIPT" => NodeErrorKind::NoScript,

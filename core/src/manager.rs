@@ -120,7 +120,7 @@ impl LockManager {
                 }
             }
         }
-        let jitter = match config.get_jitter_seed() {
+        let jitter = match config.jitter_seed() {
             Some(seed) => Jitter::from_seed(seed),
             None => Jitter::from_os(),
         };
@@ -196,7 +196,8 @@ impl LockManager {
             engine: Arc::clone(&self.engine),
             key: key.into(),
             expiry: None,
-            auto_renew: None,
+            renew_every: None,
+            background: false,
             fence_key: None,
         }
     }
@@ -220,6 +221,70 @@ impl LockManager {
     pub fn config(&self) -> &Config {
         &self.engine.config
     }
+
+    /// Raises the fence counter at `fence_key` to at least `at_least` (never lowering it) and returns its
+    /// value afterwards: every fencing token issued from then on is larger than `at_least`. Single mode only.
+    ///
+    /// For the day a Redis without persistence restarts and its fence counter starts again at 1, while the
+    /// fenced resource remembers a larger fence and would refuse every new holder's write as stale: read the
+    /// largest fence the resource has accepted, and raise the counter above it before taking the lock again.
+    /// Bounded by the operation timeout of the default expiry.
+    ///
+    /// ```
+    /// use redlease::{Config, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// // The resource's largest accepted fence, e.g. `SELECT max(fence) FROM orders_log`.
+    /// let resource_max = 4_711;
+    /// manager.raise_fence("orders:{42}:fence", resource_max).await?;
+    /// let lease = manager.lock("orders:{42}:lock").fenced("orders:{42}:fence").try_acquire().await?;
+    /// assert!(lease.fencing_token().unwrap() > resource_max);
+    /// # lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::FencingUnsupported`] for a Redlock manager and [`Error::Config`] for an empty key or a value
+    /// of `i64::MAX` or more (no larger fence could follow), before anything is sent; [`Error::Quorum`] (operation [`RaiseFence`](Operation::RaiseFence)) with the node's
+    /// error otherwise — [`NodeErrorKind::Unsupported`](crate::NodeErrorKind::Unsupported) for a node without
+    /// the capability, [`NodeErrorKind::Fence`](crate::NodeErrorKind::Fence) for a counter that is not a
+    /// non-negative integer or has a TTL.
+    pub async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, Error> {
+        if self.engine.mode != Mode::Single {
+            return Err(Error::FencingUnsupported);
+        }
+        if fence_key.is_empty() {
+            return Err(ConfigError::InvalidKey("the fence key is empty").into());
+        }
+        if at_least >= i64::MAX as u64 {
+            // Redis counters are signed 64-bit: the next INCR would overflow.
+            return Err(ConfigError::FenceOutOfRange(at_least).into());
+        }
+        let config = &self.engine.config;
+        let timeout = config.operation_timeout_for(config.expiry());
+        let r = self
+            .engine
+            .round(
+                crate::machine::WaitFor::All,
+                false,
+                timeout,
+                |_, node| node.raise_fence(fence_key, at_least),
+                |_| true,
+            )
+            .await;
+        match r.values.into_iter().next().flatten() {
+            Some(value) => Ok(value),
+            None => Err(QuorumError::new(
+                Operation::RaiseFence,
+                r.tally.yes(),
+                r.tally.required(),
+                r.tally.errors(),
+            )
+            .into()),
+        }
+    }
 }
 
 /// A description of a lock: its key and options. Acquiring it yields a [`Lease`].
@@ -230,7 +295,9 @@ pub struct Lock {
     engine: Arc<Engine>,
     key: String,
     expiry: Option<Duration>,
-    auto_renew: Option<Duration>,
+    renew_every: Option<Duration>,
+    /// Renewal in the background on the manager's spawner ([`Lock::auto_renew`]).
+    background: bool,
     fence_key: Option<String>,
 }
 
@@ -238,8 +305,9 @@ impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
             .field("key", &self.key)
-            .field("expiry", &self.get_expiry())
-            .field("auto_renew", &self.auto_renew)
+            .field("expiry", &self.effective_expiry())
+            .field("renew_every", &self.renew_every)
+            .field("background_renewal", &self.background)
             .field("fence_key", &self.fence_key)
             .finish()
     }
@@ -402,15 +470,29 @@ impl Lock {
         self
     }
 
-    /// Renews the lease every `interval` (it must be shorter than the expiry; a third of it is typical).
+    /// Sets how often the lease is renewed (it must be shorter than the expiry; default a third of it).
     ///
-    /// Renewal runs inside [`Lease::run`], or in the background when the manager has a
-    /// [spawner](LockManager::with_spawner). A failing renewal marks the lease
-    /// [at risk](crate::LeaseState::AtRisk) and retries while validity remains; the lease is reported lost no
-    /// later than its validity deadline.
+    /// [`Lease::run`](crate::Lease::run) always renews while its work runs; this sets its interval, and that
+    /// of background renewal ([`auto_renew`](Self::auto_renew)).
+    #[must_use]
+    pub fn renew_every(mut self, interval: Duration) -> Self {
+        self.renew_every = Some(interval);
+        self
+    }
+
+    /// Renews the lease in the background every `interval`, on the manager's
+    /// [spawner](LockManager::with_spawner), for as long as it is held.
+    ///
+    /// A manager without a spawner cannot do this: acquisition then fails before sending anything with
+    /// [`ConfigError::AutoRenewWithoutSpawner`] (a lease nobody renews would silently be lost after one TTL).
+    /// Without a spawner, run the work inside [`Lease::run`](crate::Lease::run), which renews by itself.
+    ///
+    /// A failing renewal marks the lease [at risk](crate::LeaseState::AtRisk) and retries while validity
+    /// remains; the lease is reported lost no later than its validity deadline.
     #[must_use]
     pub fn auto_renew(mut self, interval: Duration) -> Self {
-        self.auto_renew = Some(interval);
+        self.renew_every = Some(interval);
+        self.background = true;
         self
     }
 
@@ -428,9 +510,9 @@ impl Lock {
         &self.key
     }
 
-    /// The effective lease TTL.
-    pub fn get_expiry(&self) -> Duration {
-        self.expiry.unwrap_or(self.engine.config.get_expiry())
+    /// The lease TTL this lock uses: its own [`expiry`](Self::expiry), or the manager's default.
+    pub fn effective_expiry(&self) -> Duration {
+        self.expiry.unwrap_or(self.engine.config.expiry())
     }
 
     /// Checks the description against the manager (keys, TTL, renewal interval, fencing support) without
@@ -460,10 +542,13 @@ impl Lock {
                 );
             }
         }
-        let expiry = self.get_expiry();
+        let expiry = self.effective_expiry();
         let ttl = config.check_expiry(expiry)?;
-        if let Some(interval) = self.auto_renew {
+        if let Some(interval) = self.renew_every {
             config.check_renewal(interval, expiry)?;
+        }
+        if self.background && self.engine.spawner.is_none() {
+            return Err(ConfigError::AutoRenewWithoutSpawner.into());
         }
         Ok(Plan {
             ttl,
@@ -485,7 +570,7 @@ impl Lock {
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire), describing the last attempt.
     pub async fn acquire(&self) -> Result<Lease, Error> {
-        self.acquire_with(Limit::Attempts(self.engine.config.get_attempts()))
+        self.acquire_with(Limit::Attempts(self.engine.config.attempts()))
             .await
     }
 
@@ -499,6 +584,24 @@ impl Lock {
     }
 
     /// Keeps trying for `patience` from now; see [`acquire_until`](Self::acquire_until).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Error, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let holder = manager.lock("migration").try_acquire().await?;
+    /// // Someone holds it: wait up to 300 ms, retrying every `retry_delay` (+ jitter).
+    /// match manager.lock("migration").acquire_within(Duration::from_millis(300)).await {
+    ///     Ok(lease) => lease.release().await.map(|_| ())?,
+    ///     Err(e) if e.is_contended() => println!("still held by someone else: skip this run"),
+    ///     Err(e) => return Err(e), // the server is unreachable, refused us, …
+    /// }
+    /// holder.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
@@ -533,15 +636,15 @@ impl Lock {
         let id = LeaseId::next();
         let began = engine.timer.now();
         let mut backoff = Backoff::new(
-            config.get_retry_delay(),
-            config.get_retry_jitter(),
+            config.retry_delay(),
+            config.retry_jitter(),
             Jitter::from_seed(engine.next_seed()),
         );
         let mut tokens = Tokens::new(engine, &self.key, id, plan.op_timeout)?;
         // Waiting with release notifications: a watch per notifying node, registered before the first
         // attempt (nothing is sent until an attempt finds the lock held; see `crate::notify`).
         let mut watches = match limit {
-            Limit::Until(_) if config.get_notifications() => engine.watches(&self.key),
+            Limit::Until(_) if config.notifications() => engine.watches(&self.key),
             _ => Vec::new(),
         };
         for w in &mut watches {
@@ -593,10 +696,10 @@ impl Lock {
                 unsettled[i] = true;
             }
             fresh = false;
-            let drift = crate::machine::validity::drift(plan.ttl, config.get_drift_factor());
+            let drift = crate::machine::validity::drift(plan.ttl, config.drift_factor());
             let reason = if r.tally.verdict() == Verdict::Quorum {
                 if let Some(valid_until) =
-                    deadline_after_round(r.started, r.ended, plan.ttl, config.get_drift_factor())
+                    deadline_after_round(r.started, r.ended, plan.ttl, config.drift_factor())
                         .filter(|_| !r.suspended(drift))
                 {
                     let fence = match self.fence_key {
@@ -760,8 +863,8 @@ impl Lock {
                 // Until a subscription is confirmed: the polling pause. Once it is: the holder's remaining TTL
                 // (plus the pause's jitter, so that waiters of one expiring lock spread out), at most
                 // `max_retry_delay`.
-                let extra = pause.saturating_sub(config.get_retry_delay());
-                let cap = config.get_max_retry_delay();
+                let extra = pause.saturating_sub(config.retry_delay());
+                let cap = config.max_retry_delay();
                 let bound = hint
                     .as_ref()
                     .and_then(TtlHint::remaining)
@@ -829,7 +932,7 @@ impl Lock {
                 ttl: plan.ttl,
                 op_timeout: plan.op_timeout,
                 fence,
-                renew_interval: self.auto_renew,
+                renew_interval: self.renew_every,
                 id,
                 acquired_at,
                 round_started: started,
@@ -838,7 +941,7 @@ impl Lock {
                 valid_until,
             },
         ));
-        if let (Some(_), Some(spawner)) = (self.auto_renew, &self.engine.spawner) {
+        if let (true, Some(spawner)) = (self.background, &self.engine.spawner) {
             if shared.claim_renewal() {
                 // Boxed once: the renewal loop stops by itself when the lease ends.
                 spawner.spawn(Box::pin(Arc::clone(&shared).renew()));

@@ -30,7 +30,9 @@ use std::fmt;
 use std::time::Duration;
 
 use redlease::notify::{self, Subscription, Watch};
-use redlease::{Claim, KeyState, NodeError, RedisNode, Timer, Token, Ttl, async_trait};
+use redlease::{
+    Claim, KeyState, NodeError, NodeErrorKind, RedisNode, Timer, Token, Ttl, async_trait,
+};
 
 /// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
 /// through the node under test (for Redis: `GET` and `PTTL` on a second connection).
@@ -79,6 +81,8 @@ pub const CASES: &[&str] = &[
     "fenced_own_token_without_counter_fails",
     "ttl_edges",
     "unusual_key_names",
+    "raise_fence_never_lowers_and_later_fences_exceed_it",
+    "raise_fence_refuses_a_non_integer_counter",
     "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
     "a_node_that_notifies_publishes_each_release_and_unsubscribes",
 ];
@@ -241,6 +245,119 @@ pub async fn run_with_reader(
     timer: &dyn Timer,
 ) -> Result<(), Failure> {
     run_cases(node, Some(reader), timer).await
+}
+
+/// Checks a wrapper node (a decorator around `inner`): that it reports the inner node's capabilities — the
+/// [`endpoint`](RedisNode::endpoint), whether [`acquire_fresh`](RedisNode::acquire_fresh) is a plain
+/// `SET NX`, the inner node's [`notifier`](RedisNode::notifier), and the holder's TTL where the inner node's
+/// [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports it — and that every case of [`run`] passes through
+/// it, with each state read from `inner` directly.
+///
+/// A wrapper written with [`redlease::NodeWrapper`] forwards everything by default; one that implements
+/// [`RedisNode`] and writes only the required methods fails here (case `wrapper_forwards_capabilities`).
+///
+/// ```
+/// use redlease::SystemTimer;
+/// use redlease_testkit::{block_on, conformance, MemoryNode};
+///
+/// let inner = MemoryNode::new();
+/// // `Arc<N>` and `Box<N>` are wrappers too.
+/// let wrapper = std::sync::Arc::new(inner.clone());
+/// block_on(conformance::run_wrapper(&wrapper, &inner, &SystemTimer)).unwrap();
+/// ```
+///
+/// # Errors
+/// The first [`Failure`].
+pub async fn run_wrapper(
+    wrapper: &dyn RedisNode,
+    inner: &dyn RedisNode,
+    timer: &dyn Timer,
+) -> Result<(), Failure> {
+    let case = "wrapper_forwards_capabilities";
+    if wrapper.endpoint() != inner.endpoint() {
+        return Err(Failure {
+            case,
+            message: format!(
+                "endpoint() is {:?}, the inner node's is {:?}",
+                wrapper.endpoint(),
+                inner.endpoint()
+            ),
+        });
+    }
+    if wrapper.acquire_fresh_is_nx() != inner.acquire_fresh_is_nx() {
+        return Err(Failure {
+            case,
+            message: format!(
+                "acquire_fresh_is_nx() is {}, the inner node's is {}",
+                wrapper.acquire_fresh_is_nx(),
+                inner.acquire_fresh_is_nx()
+            ),
+        });
+    }
+    let same_notifier = match (wrapper.notifier(), inner.notifier()) {
+        (None, None) => true,
+        (Some(w), Some(i)) => w.same(i),
+        _ => false,
+    };
+    if !same_notifier {
+        return Err(Failure {
+            case,
+            message: format!(
+                "notifier() is {}, the inner node's is {} (a wrapper forwards the inner node's notifier)",
+                if wrapper.notifier().is_some() {
+                    "Some"
+                } else {
+                    "None"
+                },
+                if inner.notifier().is_some() {
+                    "Some"
+                } else {
+                    "None"
+                },
+            ),
+        });
+    }
+    // The holder's TTL that the inner node reports must come through (the default reports none).
+    let fail = |message: String| Failure { case, message };
+    let key = format!(
+        "redlease:conformance:{{{}}}:wrapper",
+        &token()?.as_str()[..12]
+    );
+    let (owner, other) = (token()?, token()?);
+    inner
+        .acquire(&key, &owner, ttl(LONG))
+        .await
+        .map_err(|e| fail(format!("acquire through the inner node failed: {e}")))?;
+    let claims = (
+        inner.acquire_or_ttl(&key, &other, ttl(LONG), true).await,
+        wrapper.acquire_or_ttl(&key, &other, ttl(LONG), true).await,
+    );
+    let _ = inner.release(&key, &owner).await;
+    match claims {
+        (Ok(Claim::Held { remaining: Some(_) }), Ok(Claim::Held { remaining: None })) => {
+            return Err(fail(
+                "acquire_or_ttl reports no TTL where the inner node reports the holder's: not forwarded"
+                    .into(),
+            ));
+        }
+        (_, Err(e)) => {
+            return Err(fail(format!(
+                "acquire_or_ttl through the wrapper failed: {e}"
+            )));
+        }
+        _ => {}
+    }
+    run_with_reader(wrapper, &InnerReader(inner), timer).await
+}
+
+/// Reads states through a node's own `inspect` (the inner node of a wrapper under test).
+struct InnerReader<'a>(&'a dyn RedisNode);
+
+#[async_trait]
+impl StateReader for InnerReader<'_> {
+    async fn read(&self, key: &str) -> Result<Option<KeyState>, String> {
+        self.0.inspect(key).await.map_err(|e| e.to_string())
+    }
 }
 
 async fn run_cases(
@@ -457,6 +574,58 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 }
             }
             c.expect_absent(&k).await
+        }
+        // An optional capability: a node answering `Unsupported` (without sending anything) passes.
+        "raise_fence_never_lowers_and_later_fences_exceed_it" => {
+            let (k, f) = (c.key("lock"), c.key("fence"));
+            let raised = match node.raise_fence(&f, 1000).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => c.ok("raise_fence", other)?,
+            };
+            c.ensure(raised == 1000, || {
+                format!("raising a missing counter to 1000 returned {raised}")
+            })?;
+            c.ensure(c.fence_value(&f).await? == Some(1000), || {
+                "the raised counter does not hold 1000".into()
+            })?;
+            let lower = c.ok("raise_fence", node.raise_fence(&f, 10).await)?;
+            c.ensure(lower == 1000, || {
+                format!("raising to 10 returned {lower}, not the larger 1000")
+            })?;
+            let t = token()?;
+            let fence = c.ok(
+                "acquire_fenced",
+                node.acquire_fenced(&k, &f, &t, ttl(LONG)).await,
+            )?;
+            c.ensure(fence == Some(1001), || {
+                format!("the first fence after raising to 1000 was {fence:?}")
+            })?;
+            let again = c.ok("raise_fence", node.raise_fence(&f, 5000).await)?;
+            c.ensure(again == 5000, || {
+                format!("raising 1001 to 5000 returned {again}")
+            })?;
+            c.ensure(c.fence_value(&f).await? == Some(5000), || {
+                "the counter was not raised to 5000".into()
+            })?;
+            c.ok("release", node.release(&k, &t).await)?;
+            Ok(())
+        }
+        "raise_fence_refuses_a_non_integer_counter" => {
+            let f = c.key("fence");
+            let junk = token()?;
+            c.ok("acquire", node.acquire(&f, &junk, ttl(LONG)).await)?;
+            match node.raise_fence(&f, 7).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                Err(e) => c.ensure(!e.is_ambiguous(), || {
+                    format!("a refused raise reported an ambiguous error: {e}")
+                })?,
+                Ok(v) => {
+                    return Err(c.fail(format!(
+                        "raise_fence on a counter holding a token returned {v}"
+                    )));
+                }
+            }
+            c.expect_held(&f, &junk, long, SLACK).await
         }
         "fenced_own_token_without_counter_fails" => {
             let (k, f, t) = (c.key("lock"), c.key("fence"), token()?);

@@ -948,6 +948,11 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
     fn endpoint(&self) -> Option<String> {
         self.inner.endpoint()
     }
+
+    /// Forwarded without faults (an administrative call, not a lease operation).
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        self.inner.raise_fence(fence_key, at_least).await
+    }
 }
 
 #[cfg(test)]

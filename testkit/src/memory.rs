@@ -328,6 +328,31 @@ impl MemoryNode {
     }
 }
 
+/// The number a fence counter holds (`None`: missing), or the error the fenced acquisition script gives for
+/// a counter with a TTL or a value that is not a non-negative integer.
+fn fence_value(entry: Option<&Entry>) -> Result<Option<u64>, NodeError> {
+    let Some(entry) = entry else {
+        return Ok(None);
+    };
+    if entry.expires_at.is_some() {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Fence,
+            "the fence key has a TTL: its numbers would start again when it expires",
+        ));
+    }
+    std::str::from_utf8(&entry.value)
+        .ok()
+        .filter(|s| *s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit())))
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            NodeError::not_applied(
+                NodeErrorKind::Fence,
+                "the fence key does not hold a non-negative integer",
+            )
+        })
+}
+
 fn expiry(now: Instant, ttl: Ttl) -> Option<Instant> {
     now.checked_add(ttl.as_duration())
 }
@@ -366,29 +391,7 @@ impl RedisNode for MemoryNode {
         let now = self.now();
         let mut store = self.lock();
         // Validate everything before any write, as the Lua script does: an error never leaves a lock behind.
-        let fence = match store.live(fence_key, now) {
-            None => None,
-            Some(entry) if entry.expires_at.is_some() => {
-                return Err(NodeError::not_applied(
-                    NodeErrorKind::Fence,
-                    "the fence key has a TTL: its numbers would start again when it expires",
-                ));
-            }
-            Some(entry) => Some(
-                std::str::from_utf8(&entry.value)
-                    .ok()
-                    .filter(|s| {
-                        *s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit()))
-                    })
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        NodeError::not_applied(
-                            NodeErrorKind::Fence,
-                            "the fence key does not hold a non-negative integer",
-                        )
-                    })?,
-            ),
-        };
+        let fence = fence_value(store.live(fence_key, now).as_deref())?;
         if fence.is_some_and(|f| f >= i64::MAX as u64) {
             return Err(NodeError::not_applied(
                 NodeErrorKind::Fence,
@@ -423,6 +426,24 @@ impl RedisNode for MemoryNode {
                     },
                 );
                 Ok(Some(next))
+            }
+        }
+    }
+
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        match fence_value(store.live(fence_key, now).as_deref())? {
+            Some(current) if current >= at_least => Ok(current),
+            _ => {
+                store.keys.insert(
+                    fence_key.to_owned(),
+                    Entry {
+                        value: at_least.to_string().into_bytes(),
+                        expires_at: None,
+                    },
+                );
+                Ok(at_least)
             }
         }
     }

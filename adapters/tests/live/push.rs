@@ -26,10 +26,10 @@ const BACKENDS: [Backend; 3] = [
 /// seconds comes from notifications.
 fn no_polling() -> Config {
     Config::default()
-        .expiry(Duration::from_secs(10))
-        .retry_delay(Duration::from_secs(30))
-        .retry_jitter(0.0)
-        .max_retry_delay(Duration::from_secs(30))
+        .with_expiry(Duration::from_secs(10))
+        .with_retry_delay(Duration::from_secs(30))
+        .with_retry_jitter(0.0)
+        .with_max_retry_delay(Duration::from_secs(30))
 }
 
 /// Subscriber connections of a server: `CLIENT LIST` entries subscribed to a channel (plain or sharded).
@@ -323,7 +323,7 @@ async fn waiters_beyond_the_channel_budget_poll_and_still_acquire() {
         notifier.set_max_channels(5);
         let polling = Duration::from_millis(100);
         let waiters =
-            LockManager::single(Arc::clone(&node), no_polling().retry_delay(polling)).unwrap();
+            LockManager::single(Arc::clone(&node), no_polling().with_retry_delay(polling)).unwrap();
         let holders =
             LockManager::single(common::node(backend, &server.url()).await, no_polling()).unwrap();
         let keys: Vec<String> = (0..10)

@@ -16,10 +16,10 @@ use crate::support::*;
 /// Polling so slow that any progress within a test's virtual seconds comes from notifications.
 fn no_polling() -> Config {
     config()
-        .expiry(secs(30))
-        .retry_delay(secs(100))
-        .max_retry_delay(secs(100))
-        .retry_jitter(0.0)
+        .with_expiry(secs(30))
+        .with_retry_delay(secs(100))
+        .with_max_retry_delay(secs(100))
+        .with_retry_jitter(0.0)
 }
 
 /// Spawns a waiter for `lock` that records when it acquired, then releases at once.
@@ -100,7 +100,7 @@ fn a_lost_notification_costs_at_most_the_holders_remaining_ttl() {
 fn a_release_that_publishes_nothing_is_noticed_within_max_retry_delay() {
     // A client that does not publish (here: a plain DEL) while the lock has a long TTL: the waiter's wait
     // is bounded by max_retry_delay.
-    let mut c = Cluster::new(1, 3, no_polling().max_retry_delay(ms(800)));
+    let mut c = Cluster::new(1, 3, no_polling().with_max_retry_delay(ms(800)));
     let lock = c.manager.lock("job");
     let _held = c.try_acquire(&lock).unwrap();
     let got = spawn_waiter(&c, &lock, secs(60));
@@ -121,7 +121,9 @@ fn a_cut_subscriber_connection_is_polled_over_and_then_subscribed_again() {
     let mut c = Cluster::new(
         1,
         4,
-        no_polling().retry_delay(ms(200)).max_retry_delay(secs(100)),
+        no_polling()
+            .with_retry_delay(ms(200))
+            .with_max_retry_delay(secs(100)),
     );
     let lock = c.manager.lock("job");
     let held = c.try_acquire(&lock).unwrap();
@@ -154,7 +156,9 @@ fn waiters_beyond_the_channel_budget_poll_instead_of_failing() {
     let node = redlease_testkit::MemoryNode::with_timer(clock.clone()).with_max_channels(2);
     let manager = redlease::LockManager::single(
         node.clone(),
-        no_polling().retry_delay(ms(200)).retry_jitter(0.0),
+        no_polling()
+            .with_retry_delay(ms(200))
+            .with_retry_jitter(0.0),
     )
     .unwrap()
     .with_timer(clock.clone());
@@ -210,9 +214,9 @@ fn a_node_without_notifications_is_polled_as_before() {
     let manager = redlease::LockManager::single(
         faulty,
         config()
-            .expiry(secs(30))
-            .retry_delay(ms(200))
-            .retry_jitter(0.0),
+            .with_expiry(secs(30))
+            .with_retry_delay(ms(200))
+            .with_retry_jitter(0.0),
     )
     .unwrap()
     .with_timer(clock.clone());
@@ -474,10 +478,10 @@ fn notified_waiters_under_every_random_fault_never_overlap_over_300_seeds() {
     for_each_seed(0..300, |seed| {
         let n = [1usize, 3, 5][(seed % 3) as usize];
         let config = config()
-            .expiry(secs(2))
-            .retry_delay(ms(50))
-            .max_retry_delay(ms(700))
-            .jitter_seed(seed);
+            .with_expiry(secs(2))
+            .with_retry_delay(ms(50))
+            .with_max_retry_delay(ms(700))
+            .with_jitter_seed(seed);
         let mut c = Cluster::hostile(n, seed, config);
         let history = History::new();
         for id in 0..4u64 {
