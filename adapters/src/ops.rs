@@ -920,8 +920,11 @@ pub(crate) async fn release(
     scripts::parse_flag(&scripts::RELEASE, reply)
 }
 
-/// An acquisition that reports the holder's TTL on contention: the [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL)
-/// script (one command), or without Lua the native acquisition followed, on contention only, by `PTTL`.
+/// An acquisition that reports the holder's TTL on contention. A fresh one is the usual fresh acquisition
+/// (`SET … NX GET`, one command when it wins) followed, only when the lock is held, by `PTTL` (a waiter pays
+/// one more command and round trip before it waits; a winner pays nothing). A retry is the
+/// [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL) script (one command either way), or without Lua the native
+/// acquisition followed, on contention, by `PTTL`.
 pub(crate) async fn acquire_or_ttl(
     t: &impl Transport,
     key: &str,
@@ -929,22 +932,15 @@ pub(crate) async fn acquire_or_ttl(
     ttl: Ttl,
     fresh: bool,
 ) -> Result<Claim, NodeError> {
-    let caps = checked(t, key, None).await?;
-    if !caps.native_acquire() {
-        let millis = ttl.as_millis().to_string();
-        let fresh = if fresh { "1" } else { "0" };
-        let reply = eval(
-            t,
-            &scripts::ACQUIRE_TTL,
-            &[key],
-            &[token.as_str(), &millis, fresh],
-        )
-        .await?;
-        return scripts::parse_claim(reply);
-    }
     let taken = if fresh {
         acquire_fresh(t, key, token, ttl).await?
     } else {
+        let caps = checked(t, key, None).await?;
+        if !caps.native_acquire() {
+            let millis = ttl.as_millis().to_string();
+            let reply = eval(t, &scripts::ACQUIRE_TTL, &[key], &[token.as_str(), &millis]).await?;
+            return scripts::parse_claim(reply);
+        }
         acquire_native(t, key, token, &ttl.as_millis().to_string()).await?
     };
     if taken {

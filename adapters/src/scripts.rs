@@ -226,14 +226,13 @@ return 0
     sha1: "cfafde34fd9088f63a89b56880844671e40972c5",
 };
 
-/// An acquisition that reports the holder's remaining TTL when the lock is held, for acquisitions that wait
-/// ([`RedisNode::acquire_or_ttl`](redlease::RedisNode::acquire_or_ttl)). `KEYS[1]` lock, `ARGV[1]` token,
-/// `ARGV[2]` TTL in ms, `ARGV[3]` `1` for a fresh token (then, like `SET NX`, a key holding the token is not
-/// touched either) or `0` (a retry: a key holding our token gets its TTL reset, as in [`ACQUIRE`]).
+/// [`ACQUIRE`] that also reports the holder's remaining TTL when the lock is held, for retried acquisitions
+/// that wait ([`RedisNode::acquire_or_ttl`](redlease::RedisNode::acquire_or_ttl)). `KEYS[1]` lock, `ARGV[1]`
+/// token, `ARGV[2]` TTL in ms.
 ///
-/// Returns 1 when the lock is (now) ours; when held by another value 0 if the key has no expiry, else
-/// `-1 - pttl` (so -1 means 0 ms left, -1001 means 1000 ms). Argument and refusal errors as for [`ACQUIRE`],
-/// all before any write.
+/// Returns 1 when the lock is (now) ours (absent, or holding our token: its TTL is reset); when held by
+/// another value 0 if the key has no expiry, else `-1 - pttl` (so -1 means 0 ms left, -1001 means 1000 ms).
+/// Argument and refusal errors as for [`ACQUIRE`], all before any write.
 pub const ACQUIRE_TTL: Script = Script {
     name: "acquire_ttl",
     source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
@@ -253,7 +252,7 @@ if cur == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 1
 end
-if cur == ARGV[1] and ARGV[3] ~= '1' then
+if cur == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
@@ -263,7 +262,7 @@ if left < 0 then
 end
 return -1 - left
 "#,
-    sha1: "c9c9ec461aadeba26ab57856a545d53d6321d214",
+    sha1: "aacf34c8c4c0ea21233d08c3ee6def3f8b9f8aad",
 };
 
 /// Compare-and-pexpire. `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 if the TTL was set, 0

@@ -53,6 +53,10 @@ pub(crate) enum Impl {
     Dlr,
     /// async-redis-lock 0.4 (redis-rs, one node).
     Arl,
+    /// `RedleaseRedis` with release notifications off: waiting polls (S5 and S8 only).
+    RedleaseRedisPoll,
+    /// `RedleaseFred` with release notifications off (S5 and S8 only).
+    RedleaseFredPoll,
 }
 
 impl Impl {
@@ -74,6 +78,14 @@ impl Impl {
         Impl::RedleaseMemoryNoop,
         Impl::RedleaseMemoryMetrics,
     ];
+
+    /// redlease waiting by polling, next to the default (notified) one in S5 and S8.
+    pub(crate) const POLLING: [Impl; 2] = [Impl::RedleaseRedisPoll, Impl::RedleaseFredPoll];
+
+    /// Whether it is redlease (which can count its node calls).
+    pub(crate) fn redlease(self) -> bool {
+        !matches!(self, Impl::Raw | Impl::Rslock | Impl::Dlr | Impl::Arl)
+    }
 
     /// The observer this implementation's manager gets.
     pub(crate) fn observer(self) -> Observed {
@@ -106,6 +118,8 @@ impl Impl {
             Impl::Rslock => "rslock",
             Impl::Dlr => "distributed-lock-redis",
             Impl::Arl => "async-redis-lock",
+            Impl::RedleaseRedisPoll => "redlease/redis+poll",
+            Impl::RedleaseFredPoll => "redlease/fred+poll",
         }
     }
 
@@ -435,6 +449,90 @@ fn redlease_config(setup: Setup) -> Config {
         .with_retry_delay(setup.retry_delay)
 }
 
+/// Node calls made by redlease nodes built while [`COUNTING`] is on (S5, S8), through [`Counted`].
+pub(crate) static NODE_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether redlease nodes are wrapped in [`Counted`] (set by S5 and S8 around their connects).
+pub(crate) static COUNTING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// A node that counts the calls made on it: one request to the server each on Redis 7.0, except a fresh
+/// waiting attempt that finds the lock held (`SET NX GET`, then `PTTL`).
+pub(crate) struct Counted<N>(N);
+
+#[redlease::async_trait]
+impl<N: redlease::RedisNode> redlease::NodeWrapper for Counted<N> {
+    type Inner = N;
+
+    fn inner(&self) -> &N {
+        &self.0
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> Result<bool, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.acquire(key, token, ttl).await
+    }
+
+    async fn acquire_fresh(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> Result<bool, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.acquire_fresh(key, token, ttl).await
+    }
+
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+        fresh: bool,
+    ) -> Result<redlease::Claim, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.acquire_or_ttl(key, token, ttl, fresh).await
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+    ) -> Result<bool, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.release(key, token).await
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> Result<bool, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.extend(key, token, ttl).await
+    }
+}
+
+/// A redlease manager over `nodes`, counting node calls when [`COUNTING`] is on, with notifications unless
+/// `poll`.
+fn redlease_client<N: redlease::RedisNode + 'static>(
+    nodes: Vec<N>,
+    setup: Setup,
+    poll: bool,
+) -> Res<LockManager> {
+    if COUNTING.load(Ordering::Relaxed) {
+        redlease_manager_with(nodes.into_iter().map(Counted).collect(), setup, !poll)
+    } else {
+        redlease_manager_with(nodes, setup, !poll)
+    }
+}
+
 /// A [`redlease::Timer`] on tokio's timer wheel, to compare with the default [`redlease::SystemTimer`]
 /// (redlease's own shared timer thread).
 #[derive(Debug, Clone, Copy)]
@@ -472,10 +570,18 @@ fn with_tokio_spawner(manager: LockManager) -> LockManager {
 }
 
 fn redlease_manager<N: redlease::RedisNode + 'static>(
-    mut nodes: Vec<N>,
+    nodes: Vec<N>,
     setup: Setup,
 ) -> Res<LockManager> {
-    let config = redlease_config(setup);
+    redlease_manager_with(nodes, setup, true)
+}
+
+fn redlease_manager_with<N: redlease::RedisNode + 'static>(
+    mut nodes: Vec<N>,
+    setup: Setup,
+    notifications: bool,
+) -> Res<LockManager> {
+    let config = redlease_config(setup).with_notifications(notifications);
     let manager = if nodes.len() == 1 {
         let node = nodes.pop().ok_or("no node")?;
         LockManager::single(node, config)
@@ -502,7 +608,10 @@ impl Client {
     pub(crate) async fn connect(imp: Impl, urls: &[String], setup: Setup) -> Res<Client> {
         match imp {
             Impl::Raw => Ok(Client::Raw(RawClient::connect(urls, setup).await?)),
-            Impl::RedleaseRedis | Impl::RedleaseRedisNoop | Impl::RedleaseRedisMetrics => {
+            Impl::RedleaseRedis
+            | Impl::RedleaseRedisNoop
+            | Impl::RedleaseRedisMetrics
+            | Impl::RedleaseRedisPoll => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let client = redis::Client::open(url.as_str()).map_err(ctx("redis: open"))?;
@@ -512,12 +621,13 @@ impl Client {
                             .map_err(ctx("redis: connect"))?,
                     );
                 }
+                let poll = imp == Impl::RedleaseRedisPoll;
                 Ok(Client::Redlease(observe(
-                    redlease_manager(nodes, setup)?,
+                    redlease_client(nodes, setup, poll)?,
                     imp.observer(),
                 )))
             }
-            Impl::RedleaseFred => {
+            Impl::RedleaseFred | Impl::RedleaseFredPoll => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let config = redlease_adapters::fred::fred::prelude::Config::from_url(url)
@@ -528,7 +638,8 @@ impl Client {
                     client.init().await.map_err(ctx("fred: connect"))?;
                     nodes.push(ClientNode::new(client));
                 }
-                Ok(Client::Redlease(redlease_manager(nodes, setup)?))
+                let poll = imp == Impl::RedleaseFredPoll;
+                Ok(Client::Redlease(redlease_client(nodes, setup, poll)?))
             }
             Impl::RedleaseMemory | Impl::RedleaseMemoryNoop | Impl::RedleaseMemoryMetrics => {
                 Ok(Client::Redlease(observe(
