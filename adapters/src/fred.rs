@@ -966,14 +966,23 @@ impl FredSubscriber {
         let old = lock_current(current).take();
         quit_later(old);
         let client = template.clone_new();
-        let sink = inbox.clone();
-        // fred runs each listener as a task until the client quits; its handle is not needed.
-        drop(client.on_message(move |msg| {
-            if let Some(payload) = payload_bytes(&msg.value) {
-                sink.deliver(msg.channel.as_bytes(), &payload);
+        let handle = tokio::runtime::Handle::current();
+        // Not `on_message`: its listener ends at the first overflow of fred's bounded message queue (32 by
+        // default), after which every message would be lost. This one survives it and reports the gap.
+        let (sink, mut messages) = (inbox.clone(), client.message_rx());
+        handle.spawn(async move {
+            loop {
+                match messages.recv().await {
+                    Ok(msg) => {
+                        if let Some(payload) = payload_bytes(&msg.value) {
+                            sink.deliver(msg.channel.as_bytes(), &payload);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => sink.missed(),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
             }
-            async { Ok(()) }
-        }));
+        });
         let (sink, slot) = (inbox.clone(), Arc::clone(current));
         drop(client.on_error(move |_| {
             let mine = {
@@ -998,7 +1007,6 @@ impl FredSubscriber {
             let _ = client.quit().await;
             return Err(classify(Some(&SUBSCRIBE), &e));
         }
-        let handle = tokio::runtime::Handle::current();
         *lock_current(current) = Some((client.clone(), inbox.generation(), handle));
         Ok(client)
     }

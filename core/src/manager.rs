@@ -13,7 +13,7 @@ use crate::lease::{Grant, Lease, Shared};
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{Backoff, Jitter, Verdict};
 use crate::node::{RedisNode, Ttl};
-use crate::notify::Watch;
+use crate::notify::{Outcome, Watch};
 use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
 use crate::time::{SharedTimer, SystemTimer, Timer};
 use crate::token::Token;
@@ -707,7 +707,7 @@ impl Lock {
                         None => None,
                     };
                     for w in &mut watches {
-                        w.end_attempt(true);
+                        w.end_attempt(Outcome::Won);
                     }
                     let token = tokens.won();
                     // A straggling acquisition request sets the acquisition's TTL when it lands: the lease
@@ -768,8 +768,13 @@ impl Lock {
             } else {
                 NotAcquiredReason::TooFewNodes
             };
+            let outcome = if reason == NotAcquiredReason::Contended {
+                Outcome::Held
+            } else {
+                Outcome::Failed
+            };
             for w in &mut watches {
-                w.end_attempt(false);
+                w.end_attempt(outcome);
             }
             contended |= reason == NotAcquiredReason::Contended;
             if engine.hook.active() {

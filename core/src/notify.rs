@@ -234,6 +234,28 @@ impl Inbox {
         wake.into_iter().for_each(Waker::wake);
     }
 
+    /// Messages of this connection were dropped before they reached the inbox (a client library's bounded
+    /// message queue overflowed): every channel gets a notification, as after a confirmed subscription, so
+    /// that one attempt per channel catches a release whose message was among them.
+    pub fn missed(&self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let mut wake = Vec::new();
+        {
+            let mut st = shared.lock();
+            if st.generation != self.generation {
+                return;
+            }
+            st.stats.missed += 1;
+            let names: Vec<String> = st.channels.keys().cloned().collect();
+            for name in names {
+                st.notify_channel(&name, &mut wake);
+            }
+        }
+        wake.into_iter().for_each(Waker::wake);
+    }
+
     /// The subscriber connection dropped: every subscription of it is gone. Waiters fall back to polling
     /// until their channels are subscribed again (on a new connection), which counts as a notification.
     pub fn lost(&self) {
@@ -272,10 +294,30 @@ pub struct NotifierStats {
     pub own: u64,
     /// Waiters woken by a message or by a confirmed subscription.
     pub wakeups: u64,
+    /// Notifications held back because an attempt of the channel's waiters was in flight (delivered when it
+    /// ends without a win).
+    pub deferred: u64,
+    /// Notifications that woke nobody because a waiter of the channel already held one.
+    pub coalesced: u64,
+    /// Times the subscriber reported messages dropped before delivery ([`Inbox::missed`]).
+    pub missed: u64,
     /// Subscriptions refused because the budget was used up (those waiters polled).
     pub over_budget: u64,
     /// Subscriptions that failed (those waiters polled).
     pub failures: u64,
+}
+
+/// How an attempt ended, for [`Watch::end_attempt`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The acquisition holds the lock now.
+    Won,
+    /// Another owner holds the lock (the attempt was answered).
+    Held,
+    /// The attempt failed (errors, timeouts, too few nodes, validity used up): it says nothing about the
+    /// lock, so a notification it used goes to another waiter.
+    Failed,
 }
 
 /// What [`Watch::subscribe`] found.
@@ -464,14 +506,25 @@ impl State {
     /// Delivers one notification to `channel`: to its longest-registered waiter, unless one of its waiters
     /// holds one already, or (deferred) while one of its attempts is in flight.
     fn notify_channel(&mut self, channel: &str, wake: &mut Vec<Waker>) {
+        self.notify_channel_except(channel, None, wake);
+    }
+
+    /// [`notify_channel`](Self::notify_channel), passing over the waiter `except`.
+    fn notify_channel_except(
+        &mut self,
+        channel: &str,
+        except: Option<usize>,
+        wake: &mut Vec<Waker>,
+    ) {
         let Some(c) = self.channels.get_mut(channel) else {
             return;
         };
         if c.attempts > 0 {
             c.pending = true;
+            self.stats.deferred += 1;
             return;
         }
-        let Some(&head) = c.waiters.front() else {
+        let Some(&head) = c.waiters.iter().find(|&&id| Some(id) != except) else {
             return;
         };
         let holds = c
@@ -479,6 +532,7 @@ impl State {
             .iter()
             .any(|&id| self.waiters[id].as_ref().is_some_and(|w| w.notified));
         if holds {
+            self.stats.coalesced += 1;
             return;
         }
         if let Some(w) = self.waiters[head].as_mut() {
@@ -802,9 +856,11 @@ impl Watch {
         }
     }
 
-    /// The attempt ended; `won`: the acquisition holds the lock now (a message that arrived meanwhile is
-    /// spent). A lost attempt during which a message arrived passes it on once no attempt is in flight.
-    pub fn end_attempt(&mut self, won: bool) {
+    /// The attempt ended with `outcome`. After a win, a message that arrived meanwhile is spent; after
+    /// [`Held`](Outcome::Held), one is delivered once no attempt is in flight; after
+    /// [`Failed`](Outcome::Failed), the notification that started the attempt (and any that arrived
+    /// meanwhile) goes to another waiter: this one retries after its pause.
+    pub fn end_attempt(&mut self, outcome: Outcome) {
         let mut wake = Vec::new();
         {
             let mut st = self.shared.lock();
@@ -812,10 +868,11 @@ impl Watch {
             if !w.attempting {
                 return;
             }
+            let triggered = w.triggered;
             w.attempting = false;
             w.triggered = false;
             let name = w.channel.clone();
-            st.attempt_ended(&name, won, &mut wake);
+            st.attempt_ended(&name, self.id, outcome, triggered, &mut wake);
         }
         wake.into_iter().for_each(Waker::wake);
     }
@@ -991,16 +1048,34 @@ impl State {
         None
     }
 
-    fn attempt_ended(&mut self, name: &str, won: bool, wake: &mut Vec<Waker>) {
+    fn attempt_ended(
+        &mut self,
+        name: &str,
+        id: usize,
+        outcome: Outcome,
+        triggered: bool,
+        wake: &mut Vec<Waker>,
+    ) {
         let Some(c) = self.channels.get_mut(name) else {
             return;
         };
         c.attempts = c.attempts.saturating_sub(1);
-        if won {
-            c.pending = false;
-        } else if c.attempts == 0 && c.pending {
-            c.pending = false;
-            self.notify_channel(name, wake);
+        match outcome {
+            Outcome::Won => c.pending = false,
+            Outcome::Held => {
+                if c.attempts == 0 && c.pending {
+                    c.pending = false;
+                    self.notify_channel(name, wake);
+                }
+            }
+            Outcome::Failed => {
+                if c.attempts == 0 && (c.pending || triggered) {
+                    c.pending = false;
+                    self.notify_channel_except(name, Some(id), wake);
+                } else if triggered {
+                    c.pending = true;
+                }
+            }
         }
     }
 }
@@ -1054,6 +1129,84 @@ impl Drop for Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A subscriber whose commands complete at once and which hands out its latest inbox.
+    #[derive(Default, Clone)]
+    struct Instant0(Arc<Mutex<Option<Inbox>>>);
+
+    impl Subscriber for Instant0 {
+        fn subscribe(&self, inbox: Inbox, _: &str) -> SubscribeFuture {
+            *self.0.lock().unwrap() = Some(inbox);
+            Box::pin(std::future::ready(Ok(())))
+        }
+        fn unsubscribe(&self, _: &str) -> SubscribeFuture {
+            Box::pin(std::future::ready(Ok(())))
+        }
+        fn close(&self) {
+            *self.0.lock().unwrap() = None;
+        }
+    }
+
+    fn poll(w: &mut Watch, now: Instant) -> bool {
+        let waker = Waker::noop();
+        w.poll_notified(&mut Context::from_waker(waker), now)
+            .is_ready()
+    }
+
+    /// Two channels with two waiters each, subscribed; the activation notifications used up.
+    fn subscribed() -> (Notifier, Instant0, Vec<Watch>, Instant) {
+        let sub = Instant0::default();
+        let n = Notifier::new(sub.clone(), 8);
+        let now = Instant::now();
+        let mut ws = vec![n.watch("a"), n.watch("a"), n.watch("b"), n.watch("b")];
+        for w in &mut ws {
+            w.subscribe(now);
+            poll(w, now);
+        }
+        for w in &mut ws {
+            w.begin_attempt();
+            w.end_attempt(Outcome::Held);
+        }
+        assert!(ws.iter_mut().all(|w| !poll(w, now)));
+        (n, sub, ws, now)
+    }
+
+    #[test]
+    fn missed_messages_wake_one_waiter_per_channel() {
+        let (n, sub, mut ws, now) = subscribed();
+        let inbox = sub.0.lock().unwrap().clone().unwrap();
+        inbox.missed();
+        let woken: Vec<bool> = ws.iter_mut().map(|w| poll(w, now)).collect();
+        assert_eq!(woken, [true, false, true, false]);
+        assert_eq!(n.stats().missed, 1);
+    }
+
+    #[test]
+    fn an_inbox_of_a_lost_connection_delivers_nothing() {
+        let (n, sub, mut ws, now) = subscribed();
+        let old = sub.0.lock().unwrap().clone().unwrap();
+        old.lost();
+        // The waiters subscribe again (on a new connection): each channel's confirmation wakes one.
+        let woken: Vec<bool> = ws.iter_mut().map(|w| poll(w, now)).collect();
+        assert_eq!(woken, [true, false, true, false]);
+        for w in &mut ws {
+            w.begin_attempt();
+            w.end_attempt(Outcome::Held);
+        }
+        let before = n.stats().notifications;
+        old.deliver(channel("a").as_bytes(), b"12345678");
+        old.missed();
+        assert_eq!(
+            n.stats().notifications,
+            before,
+            "stale deliveries are ignored"
+        );
+        assert!(ws.iter_mut().all(|w| !poll(w, now)));
+        let new = sub.0.lock().unwrap().clone().unwrap();
+        assert!(new.generation() > old.generation());
+        new.deliver(channel("a").as_bytes(), b"12345678");
+        assert!(poll(&mut ws[0], now));
+    }
 
     #[test]
     fn channels_share_the_keys_hash_tag() {

@@ -736,7 +736,7 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 format!("the subscription was not confirmed within {NOTIFY_WAIT:?}")
             })?;
             watch.begin_attempt();
-            watch.end_attempt(false);
+            watch.end_attempt(notify::Outcome::Held);
             // A release of another token wakes the watch, with the token's payload.
             let t = token()?;
             c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
@@ -748,7 +748,7 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 format!("no notification within {NOTIFY_WAIT:?} of a release")
             })?;
             watch.begin_attempt();
-            watch.end_attempt(false);
+            watch.end_attempt(notify::Outcome::Held);
             // A release of the watch's own token is recognised by its payload and wakes nobody.
             let own = token()?;
             watch.own(&own);

@@ -569,3 +569,28 @@ fn the_clean_up_of_a_failed_redlock_attempt_does_not_wake_the_acquisition_that_m
         "acquired once the other owner's keys expired"
     );
 }
+
+#[test]
+fn a_notified_attempt_that_fails_passes_the_notification_to_another_waiter() {
+    let mut c = Cluster::new(1, 11, no_polling());
+    let lock = c.manager.lock("job");
+    let held = c.try_acquire(&lock).unwrap();
+    let first = spawn_waiter(&c, &lock, secs(300));
+    c.sim.run_for(ms(10));
+    let second = spawn_waiter(&c, &lock, secs(300));
+    c.sim.run_for(ms(10));
+    // The attempt the release triggers (the first waiter's) fails without reaching the node.
+    c.faults[0].script(
+        Op::Acquire,
+        [Fault::Fail(redlease::NodeErrorKind::Connection)],
+    );
+    let released = release(&mut c, held);
+    c.sim.run_for(ms(10));
+    assert_eq!(
+        *second.lock().unwrap(),
+        Some(released),
+        "the second waiter was woken at once"
+    );
+    // The first is woken by the second's release (not by its 100 s pause).
+    assert_eq!(*first.lock().unwrap(), Some(released));
+}
