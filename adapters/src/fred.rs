@@ -983,25 +983,33 @@ impl FredSubscriber {
                 }
             }
         });
-        let (sink, slot) = (inbox.clone(), Arc::clone(current));
-        drop(client.on_error(move |_| {
-            let mine = {
-                let mut slot = lock_current(&slot);
-                if slot
-                    .as_ref()
-                    .is_some_and(|(_, g, _)| *g == sink.generation())
-                {
-                    slot.take()
-                } else {
-                    None
+        // A connection error (or errors missed in an overflow) means the subscriptions may be gone: the
+        // client is ended and the notifier subscribes again on a new one.
+        let (sink, slot, mut errors) = (inbox.clone(), Arc::clone(current), client.error_rx());
+        handle.spawn(async move {
+            loop {
+                match errors.recv().await {
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return,
                 }
-            };
-            if mine.is_some() {
-                quit_later(mine);
-                sink.lost();
+                let mine = {
+                    let mut slot = lock_current(&slot);
+                    if slot
+                        .as_ref()
+                        .is_some_and(|(_, g, _)| *g == sink.generation())
+                    {
+                        slot.take()
+                    } else {
+                        None
+                    }
+                };
+                if mine.is_some() {
+                    quit_later(mine);
+                    sink.lost();
+                    return;
+                }
             }
-            async { Ok(()) }
-        }));
+        });
         let connected = client.init().await;
         if let Err(e) = connected {
             let _ = client.quit().await;
