@@ -593,3 +593,83 @@ async fn a_cluster_waiter_on_a_key_of_another_node_is_woken_by_a_sharded_notific
     )
     .await;
 }
+
+/// A user without permission for any channel: releases still work (the script's publish is a `pcall`, the
+/// native `PUBLISH` is pipelined behind the `DELIFEQ` and its refusal ignored). A waiter whose subscription
+/// is refused polls (redis-rs reports the refusal); fred reports a refused `SUBSCRIBE` as success, so its
+/// waiter is bounded by `max_retry_delay` instead.
+async fn without_channel_permission(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    let url = crate::permissions::acl_user(&server, "nochannels", &["resetchannels", "+@all"]);
+    let polling = Duration::from_millis(100);
+    let bound = Duration::from_secs(1);
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        let node = common::node(backend, &url).await;
+        let notifier = node.notifier().expect("the node notifies").clone();
+        let manager = LockManager::single(
+            Arc::clone(&node),
+            no_polling()
+                .with_retry_delay(polling)
+                .with_max_retry_delay(bound),
+        )
+        .unwrap();
+        let key = format!("push:{{nochannels:{backend:?}}}:lock");
+        let held = manager.lock(&key).try_acquire().await.unwrap();
+        let lock = manager.lock(&key);
+        let waiter = tokio::spawn(async move {
+            let lease = lock.acquire_within(Duration::from_secs(10)).await.unwrap();
+            let at = Instant::now();
+            lease.release().await.unwrap();
+            at
+        });
+        let refused_seen = backend != Backend::FredClient;
+        if refused_seen {
+            assert!(
+                eventually(Duration::from_secs(3), || notifier.stats().failures >= 1).await,
+                "{flavor} {backend:?}: the subscription was refused: {:?}",
+                notifier.stats()
+            );
+        } else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let report = held.release().await.unwrap();
+        assert_eq!(report.deleted(), 1, "{flavor} {backend:?}: {report:?}");
+        let released = Instant::now();
+        let at = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter acquired")
+            .unwrap();
+        let limit = if refused_seen {
+            polling * 5
+        } else {
+            bound + polling * 3
+        };
+        assert!(
+            at - released <= limit,
+            "{flavor} {backend:?}: acquired {:?} after the release (limit {limit:?})",
+            at - released
+        );
+        assert_eq!(notifier.stats().notifications, 0, "{flavor} {backend:?}");
+        assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_channel_permission_releases_and_waits_by_polling_on_redis_7_0() {
+    without_channel_permission(
+        Flavor::Redis,
+        "a_user_without_channel_permission_releases_and_waits_by_polling_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_channel_permission_releases_and_waits_by_polling_on_valkey_9_1() {
+    without_channel_permission(
+        Flavor::Valkey91,
+        "a_user_without_channel_permission_releases_and_waits_by_polling_on_valkey_9_1",
+    )
+    .await;
+}

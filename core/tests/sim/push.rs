@@ -594,3 +594,59 @@ fn a_notified_attempt_that_fails_passes_the_notification_to_another_waiter() {
     // The first is woken by the second's release (not by its 100 s pause).
     assert_eq!(*first.lock().unwrap(), Some(released));
 }
+
+#[test]
+fn an_acquisition_that_gets_the_lock_at_once_sends_nothing_more_than_before() {
+    let mut c = Cluster::new(1, 12, no_polling());
+    let lock = c.manager.lock("job");
+    let l = lock.clone();
+    let lease = c
+        .sim
+        .block_on(async move { l.acquire_within(secs(10)).await })
+        .unwrap();
+    assert_eq!(c.faults[0].total_calls(), 1, "one SET NX");
+    let stats = c.nodes[0].notifier().unwrap().stats();
+    assert_eq!((stats.subscribes, stats.waiters), (0, 0), "{stats:?}");
+    c.sim
+        .block_on(async move { lease.release().await.unwrap() });
+}
+
+#[test]
+fn a_release_during_an_attempt_of_the_same_client_wakes_no_one_when_that_attempt_wins() {
+    let mut c = Cluster::new(1, 13, no_polling());
+    let lock = c.manager.lock("job");
+    let held = c.try_acquire(&lock).unwrap();
+    let waiter = spawn_waiter(&c, &lock, secs(300));
+    c.sim.run_for(ms(10));
+    let waiter_calls = c.faults[0].calls(Op::Acquire);
+    // A second acquisition of this client whose first attempt is in flight (sent 10 ms from now) when the
+    // holder releases: it wins, and the waiter is not woken for a release that is no longer free.
+    c.faults[0].script(Op::Acquire, [Fault::Delay(ms(10))]);
+    let (l, k) = (lock.clone(), c.clock.clone());
+    let newcomer = Arc::new(Mutex::new(None));
+    let n = newcomer.clone();
+    c.sim.spawn(async move {
+        let lease = l.acquire_within(secs(300)).await.unwrap();
+        *n.lock().unwrap() = Some(k.now());
+        k.sleep_until(k.now() + ms(100)).await;
+        lease.release().await.unwrap();
+    });
+    c.sim.run_for(ms(5));
+    release(&mut c, held);
+    c.sim.run_for(ms(50));
+    assert!(
+        newcomer.lock().unwrap().is_some(),
+        "the attempt in flight won"
+    );
+    let stats = c.nodes[0].notifier().unwrap().stats();
+    assert_eq!(stats.deferred, 1, "{stats:?}");
+    assert_eq!(
+        c.faults[0].calls(Op::Acquire),
+        waiter_calls + 1,
+        "only the newcomer's attempt: the waiter was not woken"
+    );
+    assert!(waiter.lock().unwrap().is_none());
+    // The newcomer's release wakes it.
+    c.sim.run_for(ms(100));
+    assert!(waiter.lock().unwrap().is_some());
+}
