@@ -57,6 +57,9 @@ pub(crate) enum Impl {
     RedleaseRedisPoll,
     /// `RedleaseFred` with release notifications off (S5 and S8 only).
     RedleaseFredPoll,
+    /// `RedleaseRedis` with `max_retry_delay` 10 s (S8 only): what the insurance against lost notifications
+    /// costs.
+    RedleaseRedisCap10,
 }
 
 impl Impl {
@@ -81,6 +84,9 @@ impl Impl {
 
     /// redlease waiting by polling, next to the default (notified) one in S5 and S8.
     pub(crate) const POLLING: [Impl; 2] = [Impl::RedleaseRedisPoll, Impl::RedleaseFredPoll];
+
+    /// redlease with a longer `max_retry_delay`, in S8 only.
+    pub(crate) const LONG_CAP: [Impl; 1] = [Impl::RedleaseRedisCap10];
 
     /// Whether it is redlease (which can count its node calls).
     pub(crate) fn redlease(self) -> bool {
@@ -120,6 +126,7 @@ impl Impl {
             Impl::Arl => "async-redis-lock",
             Impl::RedleaseRedisPoll => "redlease/redis+poll",
             Impl::RedleaseFredPoll => "redlease/fred+poll",
+            Impl::RedleaseRedisCap10 => "redlease/redis, 10 s cap",
         }
     }
 
@@ -525,11 +532,12 @@ fn redlease_client<N: redlease::RedisNode + 'static>(
     nodes: Vec<N>,
     setup: Setup,
     poll: bool,
+    cap: Option<Duration>,
 ) -> Res<LockManager> {
     if COUNTING.load(Ordering::Relaxed) {
-        redlease_manager_with(nodes.into_iter().map(Counted).collect(), setup, !poll)
+        redlease_manager_with(nodes.into_iter().map(Counted).collect(), setup, !poll, cap)
     } else {
-        redlease_manager_with(nodes, setup, !poll)
+        redlease_manager_with(nodes, setup, !poll, cap)
     }
 }
 
@@ -573,15 +581,19 @@ fn redlease_manager<N: redlease::RedisNode + 'static>(
     nodes: Vec<N>,
     setup: Setup,
 ) -> Res<LockManager> {
-    redlease_manager_with(nodes, setup, true)
+    redlease_manager_with(nodes, setup, true, None)
 }
 
 fn redlease_manager_with<N: redlease::RedisNode + 'static>(
     mut nodes: Vec<N>,
     setup: Setup,
     notifications: bool,
+    cap: Option<Duration>,
 ) -> Res<LockManager> {
-    let config = redlease_config(setup).with_notifications(notifications);
+    let mut config = redlease_config(setup).with_notifications(notifications);
+    if let Some(cap) = cap {
+        config = config.with_max_retry_delay(cap);
+    }
     let manager = if nodes.len() == 1 {
         let node = nodes.pop().ok_or("no node")?;
         LockManager::single(node, config)
@@ -611,7 +623,8 @@ impl Client {
             Impl::RedleaseRedis
             | Impl::RedleaseRedisNoop
             | Impl::RedleaseRedisMetrics
-            | Impl::RedleaseRedisPoll => {
+            | Impl::RedleaseRedisPoll
+            | Impl::RedleaseRedisCap10 => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let client = redis::Client::open(url.as_str()).map_err(ctx("redis: open"))?;
@@ -622,8 +635,9 @@ impl Client {
                     );
                 }
                 let poll = imp == Impl::RedleaseRedisPoll;
+                let cap = (imp == Impl::RedleaseRedisCap10).then_some(Duration::from_secs(10));
                 Ok(Client::Redlease(observe(
-                    redlease_client(nodes, setup, poll)?,
+                    redlease_client(nodes, setup, poll, cap)?,
                     imp.observer(),
                 )))
             }
@@ -639,7 +653,7 @@ impl Client {
                     nodes.push(ClientNode::new(client));
                 }
                 let poll = imp == Impl::RedleaseFredPoll;
-                Ok(Client::Redlease(redlease_client(nodes, setup, poll)?))
+                Ok(Client::Redlease(redlease_client(nodes, setup, poll, None)?))
             }
             Impl::RedleaseMemory | Impl::RedleaseMemoryNoop | Impl::RedleaseMemoryMetrics => {
                 Ok(Client::Redlease(observe(

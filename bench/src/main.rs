@@ -219,7 +219,13 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         }
     }
     if wanted("S8") {
-        for &imp in waiting.iter().filter(|i| i.redlease()) {
+        let s8: Vec<Impl> = waiting
+            .iter()
+            .copied()
+            .filter(|i| i.redlease())
+            .chain(Impl::LONG_CAP.into_iter().filter(named))
+            .collect();
+        for imp in s8 {
             step(scenarios::waiting(&env, &plan, imp));
         }
     }

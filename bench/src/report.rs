@@ -286,6 +286,15 @@ pub(crate) fn push_targets(rows: &[Row]) -> String {
             fmt_ratio(ratio(s8, s8p))
         );
     }
+    let cap = find(rows, "S8", "redlease/redis, 10 s cap", Some(1)).and_then(|r| r.cmds_per_s);
+    let poll = find(rows, "S8", "redlease/redis+poll", Some(1)).and_then(|r| r.cmds_per_s);
+    let _ = writeln!(
+        out,
+        "redlease/redis with max_retry_delay 10 s: S8 server commands/s {} vs polling {} = {}",
+        cell(cap, 0),
+        cell(poll, 0),
+        fmt_ratio(ratio(cap, poll))
+    );
     out
 }
 

@@ -413,9 +413,9 @@ fn server_commands(env: &Env) -> Res<u64> {
         .ok_or_else(|| "INFO stats: no total_commands_processed".to_owned())
 }
 
-/// How waiting works for `imp` in S5 and S8 (the note's wording).
-fn waiting_kind(imp: Impl) -> &'static str {
-    match imp {
+/// How waiting works for `imp` in S5 and S8 (the note's wording), with the retry delay `delay`.
+fn waiting_kind(imp: Impl, delay: &str) -> String {
+    let how = match imp {
         Impl::RedleaseRedis
         | Impl::RedleaseFred
         | Impl::RedleaseMemory
@@ -424,15 +424,20 @@ fn waiting_kind(imp: Impl) -> &'static str {
         | Impl::RedleaseMemoryNoop
         | Impl::RedleaseMemoryMetrics => {
             "acquire_within, woken by release notifications (at most max_retry_delay 1 s apart; polling at \
-             the retry delay until subscribed)"
+             the retry delay DELAY until subscribed)"
+        }
+        Impl::RedleaseRedisCap10 => {
+            "acquire_within, woken by release notifications, max_retry_delay 10 s (polling at the retry \
+             delay DELAY until subscribed)"
         }
         Impl::RedleaseRedisPoll | Impl::RedleaseFredPoll => {
-            "acquire_within with notifications off: retry delay + 0–50 % jitter"
+            "acquire_within with notifications off: retry delay DELAY + 0–50 % jitter"
         }
-        Impl::Rslock => "lock() with set_retry(∞, delay): pauses U[0, delay)",
-        Impl::Arl => "its own retry loop, delay apart",
-        Impl::Raw | Impl::Dlr => "harness loop: try, then delay + 0–50 % jitter",
-    }
+        Impl::Rslock => "lock() with set_retry(∞, DELAY): pauses U[0, DELAY)",
+        Impl::Arl => "its own retry loop, DELAY apart",
+        Impl::Raw | Impl::Dlr => "harness loop: try, then DELAY + 0–50 % jitter",
+    };
+    how.replace("DELAY", delay)
 }
 
 /// S5: 8 tasks contend for one key, holding it 1 ms each time; handoffs per second, the gap from one
@@ -455,8 +460,9 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
         let seq = Arc::new(AtomicU64::new(0));
         let holding = Arc::new(AtomicBool::new(false));
         let overlaps = Arc::new(AtomicU64::new(0));
-        // Per handoff index: when the acquisition returned, and when its release returned.
-        let acquired: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+        // Per handoff index: when the acquisition returned (and by which task), and when its release
+        // returned.
+        let acquired: Arc<Mutex<Vec<(u64, Instant, usize)>>> = Arc::default();
         let released: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
         let (commands, calls) = (
             server_commands(env)?,
@@ -464,7 +470,7 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
         );
         let end = Instant::now() + plan.s5_time;
         let mut tasks = Vec::with_capacity(S5_TASKS);
-        for _ in 0..S5_TASKS {
+        for task in 0..S5_TASKS {
             let (client, key, seq, holding, overlaps, acquired, released) = (
                 Arc::clone(&client),
                 key.clone(),
@@ -487,7 +493,7 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
                     if holding.swap(true, Ordering::SeqCst) {
                         overlaps.fetch_add(1, Ordering::SeqCst);
                     }
-                    lock(&acquired).push((n, at));
+                    lock(&acquired).push((n, at, task));
                     tokio::time::sleep(S5_CRITICAL).await;
                     holding.store(false, Ordering::SeqCst);
                     client.release(held).await?;
@@ -506,11 +512,17 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
         let calls = clients::NODE_CALLS.load(Ordering::SeqCst) - calls;
         let mut acquired = std::mem::take(&mut *lock(&acquired));
         let mut released = std::mem::take(&mut *lock(&released));
-        acquired.sort_unstable_by_key(|(n, _)| *n);
+        acquired.sort_unstable_by_key(|(n, _, _)| *n);
         released.sort_unstable_by_key(|(n, _)| *n);
         let mut gaps = Samples::with_capacity(acquired.len());
         for (r, a) in released.iter().zip(acquired.iter().skip(1)) {
             gaps.push(a.1.saturating_duration_since(r.1));
+        }
+        // Handoffs to another task (not the releaser taking the lock again), and wins per task.
+        let switches = acquired.windows(2).filter(|w| w[0].2 != w[1].2).count();
+        let mut wins = [0usize; S5_TASKS];
+        for a in &acquired {
+            wins[a.2] += 1;
         }
         // How long each lease was held: acquisition returned to release returned (1 ms asked for; the
         // tokio timer and the release's round trip add to it).
@@ -527,12 +539,12 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
             gaps,
             overlaps.load(Ordering::SeqCst),
             hold_mean,
-            commands,
-            calls,
+            (commands, calls),
+            (switches, wins),
         ))
     });
     match result {
-        Ok((handoffs, elapsed, mut gaps, overlaps, hold, commands, calls)) => {
+        Ok((handoffs, elapsed, mut gaps, overlaps, hold, (commands, calls), (switches, wins))) => {
             let per = |n: u64| n as f64 / handoffs.max(1) as f64;
             row.ops_per_s = Some(handoffs as f64 / elapsed.as_secs_f64());
             row.p50_us = gaps.quantile_us(0.5);
@@ -542,19 +554,25 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
             if imp.redlease() {
                 row.calls_per_op = Some(per(calls));
             }
+            let (min, max) = (
+                wins.iter().min().copied().unwrap_or(0),
+                wins.iter().max().copied().unwrap_or(0),
+            );
             row.note = format!(
                 "{handoffs} handoffs among {S5_TASKS} tasks holding 1 ms each in {:.2} s (mean hold {:.0} µs: \
-                 acquisition returned to release returned); p50/p99 = gap from a release returning to the next \
-                 acquisition returning; {commands} server commands (INFO total_commands_processed, script-inner \
-                 commands included){}; waiting: {}{}",
+                 acquisition returned to release returned; {:.1} % to another task than the releaser, wins per \
+                 task {min}–{max}); p50/p99 = gap from a release returning to the next acquisition returning; \
+                 {commands} server commands (INFO total_commands_processed, script-inner commands included){}; \
+                 waiting: {}{}",
                 elapsed.as_secs_f64(),
                 us(hold),
+                100.0 * switches as f64 / handoffs.saturating_sub(1).max(1) as f64,
                 if imp.redlease() {
                     format!(", {calls} node calls")
                 } else {
                     String::new()
                 },
-                waiting_kind(imp).replace("delay", "delay 5 ms"),
+                waiting_kind(imp, "5 ms"),
                 if overlaps > 0 {
                     format!("; {overlaps} OVERLAPPING holds observed")
                 } else {
@@ -671,7 +689,7 @@ pub(crate) fn waiting(env: &Env, plan: &Plan, imp: Impl) -> Row {
                     String::new()
                 },
                 drained.as_secs_f64(),
-                waiting_kind(imp).replace("delay", "delay 200 ms"),
+                waiting_kind(imp, "200 ms"),
             );
         }
         Err(e) => row.note = format!("failed: {e}"),
