@@ -20,6 +20,7 @@
 //! - S4 three nodes, one blackholed by a fault proxy (acquisition p50/p99 against the operation timeout);
 //! - S5 8 tasks contending for one key (handoffs per second, release-to-acquisition gap, server commands per
 //!   handoff), redlease with and without release notifications;
+//! - S5p the same with a 1 ms pause after each release (every handoff goes to a waiting task);
 //! - S8 1,000 waiters on 100 held keys (server commands per second while they wait), redlease with and
 //!   without notifications;
 //! - S6 10,000 self-renewing leases (CPU µs per renewal, heap bytes per lease);
@@ -215,7 +216,16 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         .collect();
     if wanted("S5") {
         for &imp in &waiting {
-            step(scenarios::contention(&env, &plan, imp));
+            step(scenarios::contention(&env, &plan, imp, None));
+        }
+    }
+    if wanted("S5p") {
+        let pause = Some(std::time::Duration::from_millis(1));
+        for &imp in waiting
+            .iter()
+            .filter(|i| i.redlease() || matches!(i, Impl::Raw))
+        {
+            step(scenarios::contention(&env, &plan, imp, pause));
         }
     }
     if wanted("S8") {

@@ -276,6 +276,26 @@ pub(crate) fn push_targets(rows: &[Row]) -> String {
             cell(s5p.and_then(|r| r.calls_per_op), 2),
             fmt_ratio(ratio(gap, s5p.and_then(|r| r.p50_us))),
         );
+        let p = find(rows, "S5p", push, Some(1));
+        let pp = find(rows, "S5p", poll, Some(1));
+        let _ = writeln!(
+            out,
+            "{push}: S5p (releaser pauses 1 ms) gap p50 {} µs vs {poll} {} µs = {}; p99 {} vs {} µs; handoffs/s {} \
+             vs {}; server commands per handoff {} vs {} = {}",
+            cell(p.and_then(|r| r.p50_us), 1),
+            cell(pp.and_then(|r| r.p50_us), 1),
+            fmt_ratio(ratio(p.and_then(|r| r.p50_us), pp.and_then(|r| r.p50_us))),
+            cell(p.and_then(|r| r.p99_us), 1),
+            cell(pp.and_then(|r| r.p99_us), 1),
+            cell(p.and_then(|r| r.ops_per_s), 0),
+            cell(pp.and_then(|r| r.ops_per_s), 0),
+            cell(p.and_then(|r| r.cmds_per_op), 2),
+            cell(pp.and_then(|r| r.cmds_per_op), 2),
+            fmt_ratio(ratio(
+                p.and_then(|r| r.cmds_per_op),
+                pp.and_then(|r| r.cmds_per_op)
+            )),
+        );
         let s8 = find(rows, "S8", push, Some(1)).and_then(|r| r.cmds_per_s);
         let s8p = find(rows, "S8", poll, Some(1)).and_then(|r| r.cmds_per_s);
         let _ = writeln!(

@@ -443,8 +443,12 @@ fn waiting_kind(imp: Impl, delay: &str) -> String {
 /// S5: 8 tasks contend for one key, holding it 1 ms each time; handoffs per second, the gap from one
 /// holder's release (returned) to the next holder's acquisition (returned), the time each lease was held,
 /// and what the server executed per handoff.
-pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
-    let mut row = Row::new("S5", imp.name(), Some(1));
+///
+/// With `pause` (S5p), a task pauses that long after its release before it waits again, so every handoff
+/// goes to a waiting task: the gap is then how long a released lock waits for its next holder.
+pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl, pause: Option<Duration>) -> Row {
+    let scenario = if pause.is_some() { "S5p" } else { "S5" };
+    let mut row = Row::new(scenario, imp.name(), Some(1));
     if !imp.networked() {
         row.note = "not measured: the in-memory node is for S6 (memory) and S7".into();
         return row;
@@ -498,6 +502,9 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
                     holding.store(false, Ordering::SeqCst);
                     client.release(held).await?;
                     lock(&released).push((n, Instant::now()));
+                    if let Some(pause) = pause {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
                 Ok::<_, String>(())
             }));
@@ -559,11 +566,16 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
                 wins.iter().max().copied().unwrap_or(0),
             );
             row.note = format!(
-                "{handoffs} handoffs among {S5_TASKS} tasks holding 1 ms each in {:.2} s (mean hold {:.0} µs: \
+                "{handoffs} handoffs among {S5_TASKS} tasks holding 1 ms each{} in {:.2} s (mean hold {:.0} µs: \
                  acquisition returned to release returned; {:.1} % to another task than the releaser, wins per \
                  task {min}–{max}); p50/p99 = gap from a release returning to the next acquisition returning; \
                  {commands} server commands (INFO total_commands_processed, script-inner commands included){}; \
                  waiting: {}{}",
+                if pause.is_some() {
+                    " and pausing 1 ms after each release"
+                } else {
+                    ""
+                },
                 elapsed.as_secs_f64(),
                 us(hold),
                 100.0 * switches as f64 / handoffs.saturating_sub(1).max(1) as f64,
@@ -650,7 +662,13 @@ pub(crate) fn waiting(env: &Env, plan: &Plan, imp: Impl) -> Row {
             clients::NODE_CALLS.load(Ordering::SeqCst),
         );
         let t0 = Instant::now();
-        tokio::time::sleep(plan.s8_window).await;
+        // A longer max_retry_delay needs a window that spans it.
+        let window = if imp == Impl::RedleaseRedisCap10 {
+            plan.s8_window.max(Duration::from_secs(11))
+        } else {
+            plan.s8_window
+        };
+        tokio::time::sleep(window).await;
         let window = t0.elapsed();
         let commands = server_commands(env)?.saturating_sub(commands + 1);
         let calls = clients::NODE_CALLS.load(Ordering::SeqCst) - calls;
