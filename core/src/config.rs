@@ -46,6 +46,7 @@ pub struct Config {
     drift_factor: f64,
     operation_timeout: Option<Duration>,
     jitter_seed: Option<u64>,
+    renewal_batching: Option<(Duration, usize)>,
 }
 
 impl Default for Config {
@@ -58,6 +59,7 @@ impl Default for Config {
             drift_factor: 0.01,
             operation_timeout: None,
             jitter_seed: None,
+            renewal_batching: None,
         }
     }
 }
@@ -117,6 +119,27 @@ impl Config {
     pub fn with_jitter_seed(mut self, seed: u64) -> Self {
         self.jitter_seed = Some(seed);
         self
+    }
+
+    /// Renews leases in the background in batches: the renewals of this manager's leases that fall due
+    /// within `window` of the first one go to each node as one call of up to `max_batch` leases
+    /// ([`RedisNode::extend_many`](crate::RedisNode::extend_many); a Lua script over all the keys, per slot on
+    /// a cluster). Off by default.
+    ///
+    /// It applies to background renewal ([`Lock::auto_renew`](crate::Lock::auto_renew), on the manager's
+    /// spawner) when every node supports batches; otherwise each lease renews on its own. A renewal is
+    /// late by at most `window` (keep it small against the renewal interval: milliseconds); each lease
+    /// keeps its own validity, measured from its batch round's start, and its own at-risk and loss
+    /// handling. `max_batch` must be in `1..=1000`.
+    #[must_use]
+    pub fn with_renewal_batching(mut self, window: Duration, max_batch: usize) -> Self {
+        self.renewal_batching = Some((window, max_batch));
+        self
+    }
+
+    /// The renewal batching window and batch size, if batching is on.
+    pub fn renewal_batching(&self) -> Option<(Duration, usize)> {
+        self.renewal_batching
     }
 
     /// The default lease TTL.
@@ -179,6 +202,19 @@ impl Config {
         }
         if let Some(timeout) = self.operation_timeout {
             nonzero("operation_timeout", timeout)?;
+        }
+        if let Some((window, max)) = self.renewal_batching {
+            if !(1..=1000).contains(&max) {
+                return Err(ConfigError::RenewalBatch(format!(
+                    "max_batch must be in 1..=1000, got {max}"
+                )));
+            }
+            if window >= self.expiry {
+                return Err(ConfigError::RenewalBatch(format!(
+                    "the window ({window:?}) must be shorter than the expiry ({:?})",
+                    self.expiry
+                )));
+            }
         }
         self.check_expiry(self.expiry).map(|_| ())
     }
@@ -294,6 +330,9 @@ pub enum ConfigError {
          the work inside Lease::run, which renews by itself"
     )]
     AutoRenewWithoutSpawner,
+    /// The renewal batching settings cannot work.
+    #[error("renewal batching: {0}")]
+    RenewalBatch(String),
     /// A fence value no Redis counter can exceed (`i64::MAX` or more).
     #[error("fence value {0} leaves no larger fence below i64::MAX")]
     FenceOutOfRange(u64),

@@ -131,6 +131,7 @@ impl LockManager {
                 spawner: None,
                 jitter: Mutex::new(jitter),
                 hook: Hook::default(),
+                batcher: Default::default(),
             }),
         })
     }
@@ -149,6 +150,7 @@ impl LockManager {
             spawner: e.spawner.clone(),
             jitter: Mutex::new(jitter),
             hook: e.hook.clone(),
+            batcher: Default::default(),
         };
         f(&mut engine);
         Self {
