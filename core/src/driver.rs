@@ -7,6 +7,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
+use crate::machine::slots::Slots;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
 use crate::node::{NodeError, NodeErrorKind, RedisNode, Ttl};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
@@ -59,7 +60,7 @@ pub(crate) struct Engine {
 /// The replies of one round, with their values where a node answered.
 pub(crate) struct RoundResult<T> {
     pub(crate) tally: Tally,
-    pub(crate) values: Vec<Option<T>>,
+    pub(crate) values: Slots<Option<T>>,
     pub(crate) started: Instant,
     pub(crate) ended: Instant,
     /// Wall-clock readings at the start and end (see [`Timer::wall_now`](crate::Timer::wall_now)).
@@ -125,15 +126,13 @@ impl Engine {
         let wall_started = self.timer.wall_now();
         let n = self.nodes.len();
         let mut tally = Tally::new(n, self.quorum(), wait);
-        let mut values: Vec<Option<T>> = (0..n).map(|_| None).collect();
-        let mut calls: Vec<Option<BoxFuture<'a, Result<T, NodeError>>>> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| Some(op(i, node.as_ref())))
-            .collect();
+        // Inline for a single node: a round then allocates nothing but the node's own future.
+        let mut values: Slots<Option<T>> = Slots::from_fn(n, |_| None);
+        let mut calls: Slots<Option<BoxFuture<'a, Result<T, NodeError>>>> =
+            Slots::from_fn(n, |i| Some(op(i, self.nodes[i].as_ref())));
         let deadline = crate::time::add(started, timeout);
-        let mut sleep = self.timer.sleep_until(deadline);
+        // Armed only if the first poll leaves the round undecided (an in-memory node answers at once).
+        let mut sleep: Option<crate::time::Sleep> = None;
         let mut grace_sleep: Option<crate::time::Sleep> = None;
 
         std::future::poll_fn(|cx| {
@@ -175,6 +174,7 @@ impl Engine {
                     return Poll::Ready(());
                 }
             }
+            let sleep = sleep.get_or_insert_with(|| self.timer.sleep_until(deadline));
             if sleep.as_mut().poll(cx).is_ready() {
                 tally.handle_timeout(&NodeError::timed_out(timeout));
                 return Poll::Ready(());
