@@ -494,6 +494,13 @@ impl Shared {
             Ok(valid_until) => valid_until,
             Err(reason) => return self.give_up(reason, Some(source)).await,
         };
+        self.note_at_risk(now, valid_until, Some(&source));
+        self.keep_loss_source(source.clone());
+        source.into()
+    }
+
+    /// Marks the lease at risk since `now` (an extension failed without proving it gone) and reports it.
+    fn note_at_risk(&self, now: Instant, valid_until: Instant, error: Option<&QuorumError>) {
         let first = self.set_at_risk(now);
         self.engine.hook.emit(
             &self.key,
@@ -501,17 +508,18 @@ impl Shared {
             now,
             EventKind::AtRisk {
                 valid_until,
-                error: Some(&source),
+                error,
                 first,
             },
         );
-        {
-            let mut st = self.lock();
-            if st.lost.is_none() {
-                st.loss_source = Some(Box::new(source.clone()));
-            }
+    }
+
+    /// Keeps `source` as the cause of a loss at the deadline, should nothing extend the lease before.
+    fn keep_loss_source(&self, source: QuorumError) {
+        let mut st = self.lock();
+        if st.lost.is_none() {
+            st.loss_source = Some(Box::new(source));
         }
-        source.into()
     }
 
     /// Marks the lease at risk since `now` unless it already was; `true` if it was not.
@@ -659,26 +667,12 @@ impl Shared {
                     return;
                 }
                 Extension::Failed(source) => {
-                    let now = self.now();
-                    let first = self.set_at_risk(now);
-                    self.engine.hook.emit(
-                        &self.key,
-                        self.id,
-                        now,
-                        EventKind::AtRisk {
-                            valid_until,
-                            error: source.as_ref(),
-                            first,
-                        },
-                    );
+                    self.note_at_risk(self.now(), valid_until, source.as_ref());
                     step = self.schedule().after_failure(self.now(), valid_until);
                     if let RenewalStep::LostAt(_) = step {
                         // Keep the cause: if nothing else extends the lease, it is lost at the deadline.
                         if let Some(source) = source {
-                            let mut st = self.lock();
-                            if st.lost.is_none() {
-                                st.loss_source = Some(Box::new(source));
-                            }
+                            self.keep_loss_source(source);
                         }
                     }
                 }
