@@ -338,7 +338,14 @@ impl Shared {
             }
         };
         let r = engine
-            .extend_round(&self.key, &self.token, ttl, timeout, unconfirmed.as_deref())
+            .extend_round(
+                &self.key,
+                &self.token,
+                ttl,
+                timeout,
+                unconfirmed.as_deref(),
+                self.id,
+            )
             .await;
         if engine.hook.active() {
             engine.hook.emit(
