@@ -96,6 +96,7 @@ pub struct Config {
     jitter_seed: Option<u64>,
     durability: Durability,
     quarantine: Quarantine,
+    renewal_batching: Option<(Duration, usize)>,
 }
 
 impl Default for Config {
@@ -110,6 +111,7 @@ impl Default for Config {
             jitter_seed: None,
             durability: Durability::Off,
             quarantine: Quarantine::Expiry,
+            renewal_batching: None,
         }
     }
 }
@@ -176,7 +178,8 @@ impl Config {
     /// [`Durability`] for what each policy does when the replicas do not acknowledge in time. The wait is
     /// part of the operation's round: its timeout is added to the operation timeout, and the time it takes
     /// is subtracted from the lease's validity. Redlock managers refuse a policy (their nodes are
-    /// independent primaries).
+    /// independent primaries). With a policy, [renewal batching](Self::with_renewal_batching) is not used:
+    /// each lease renews on its own, each extension followed by its wait.
     ///
     /// ```
     /// use std::time::Duration;
@@ -224,6 +227,27 @@ impl Config {
             Quarantine::For(d) => Some(d),
             Quarantine::Off => None,
         }
+    }
+
+    /// Renews leases in the background in batches: the renewals of this manager's leases that fall due
+    /// within `window` of the first one go to each node as one call of up to `max_batch` leases
+    /// ([`RedisNode::extend_many`](crate::RedisNode::extend_many); a Lua script over all the keys, per slot on
+    /// a cluster). Off by default.
+    ///
+    /// It applies to background renewal ([`Lock::auto_renew`](crate::Lock::auto_renew), on the manager's
+    /// spawner) when every node supports batches; otherwise each lease renews on its own. A renewal is
+    /// late by at most `window` (keep it small against the renewal interval: milliseconds); each lease
+    /// keeps its own validity, measured from its batch round's start, and its own at-risk and loss
+    /// handling. `max_batch` must be in `1..=1000`.
+    #[must_use]
+    pub fn with_renewal_batching(mut self, window: Duration, max_batch: usize) -> Self {
+        self.renewal_batching = Some((window, max_batch));
+        self
+    }
+
+    /// The renewal batching window and batch size, if batching is on.
+    pub fn renewal_batching(&self) -> Option<(Duration, usize)> {
+        self.renewal_batching
     }
 
     /// The default lease TTL.
@@ -297,6 +321,19 @@ impl Config {
         }
         if let Quarantine::For(d) = self.quarantine {
             nonzero("restart_quarantine", d)?;
+        }
+        if let Some((window, max)) = self.renewal_batching {
+            if !(1..=1000).contains(&max) {
+                return Err(ConfigError::RenewalBatch(format!(
+                    "max_batch must be in 1..=1000, got {max}"
+                )));
+            }
+            if window >= self.expiry {
+                return Err(ConfigError::RenewalBatch(format!(
+                    "the window ({window:?}) must be shorter than the expiry ({:?})",
+                    self.expiry
+                )));
+            }
         }
         self.check_expiry(self.expiry).map(|_| ())
     }
@@ -421,6 +458,9 @@ pub enum ConfigError {
          the work inside Lease::run, which renews by itself"
     )]
     AutoRenewWithoutSpawner,
+    /// The renewal batching settings cannot work.
+    #[error("renewal batching: {0}")]
+    RenewalBatch(String),
     /// A fence value no Redis counter can exceed (`i64::MAX` or more).
     #[error("fence value {0} leaves no larger fence below i64::MAX")]
     FenceOutOfRange(u64),

@@ -52,6 +52,8 @@ pub(crate) struct Engine {
     pub(crate) spawner: Option<Arc<dyn Spawn>>,
     pub(crate) jitter: Mutex<Jitter>,
     pub(crate) hook: crate::observe::Hook,
+    /// Renewals waiting for the next batch (see `crate::batch`).
+    pub(crate) batcher: crate::batch::Batcher,
     /// What this manager learned about its nodes (shared by the managers `with_*` derives from it).
     pub(crate) watch: Arc<Mutex<Watch>>,
 }
@@ -197,6 +199,12 @@ impl<T> RoundResult<T> {
     /// Whether the machine was suspended during the round, by more than `allowance`.
     pub(crate) fn suspended(&self, allowance: Duration) -> bool {
         crate::time::suspended((self.started, self.ended), self.wall, allowance)
+    }
+
+    /// [`suspended`](Self::suspended) as a closure over the round's times.
+    pub(crate) fn suspended_by(&self) -> impl Fn(Duration) -> bool + use<T> {
+        let (times, wall) = ((self.started, self.ended), self.wall);
+        move |allowance| crate::time::suspended(times, wall, allowance)
     }
 }
 

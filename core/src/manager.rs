@@ -138,6 +138,7 @@ impl LockManager {
                 jitter: Mutex::new(jitter),
                 hook: Hook::default(),
                 watch: Arc::default(),
+                batcher: Default::default(),
             }),
         })
     }
@@ -157,6 +158,7 @@ impl LockManager {
             jitter: Mutex::new(jitter),
             hook: e.hook.clone(),
             watch: Arc::clone(&e.watch),
+            batcher: Default::default(),
         };
         f(&mut engine);
         Self {

@@ -406,6 +406,50 @@ pub trait RedisNode: Send + Sync {
             "this node cannot wait for replicas (RedisNode::wait_replicas is not implemented)",
         ))
     }
+
+    /// Extends many leases in one call: for each item, exactly [`extend`](Self::extend) — if its key holds
+    /// its token, set its TTL and answer `true`; otherwise change nothing and answer `false` (a key of
+    /// another type answers `false` too) — and one answer per item, in order. The items need not be atomic
+    /// together; each one is.
+    ///
+    /// The core's batched renewal sends at most [`extend_many_limit`](Self::extend_many_limit) items per
+    /// call. An error fails every item of the call (classify it as for `extend`: not applied, or
+    /// ambiguous).
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending
+    /// anything, and the core then extends each lease on its own.
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let _ = items;
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot extend a batch (RedisNode::extend_many is not implemented)",
+        ))
+    }
+
+    /// The most items [`extend_many`](Self::extend_many) takes in one call; 0 (the default) when it is not
+    /// supported.
+    fn extend_many_limit(&self) -> usize {
+        0
+    }
+}
+
+/// One lease's part of a batched extension ([`RedisNode::extend_many`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ExtendItem<'a> {
+    /// The lock key.
+    pub key: &'a str,
+    /// The lease's token.
+    pub token: &'a Token,
+    /// The TTL to set.
+    pub ttl: Ttl,
+}
+
+impl<'a> ExtendItem<'a> {
+    /// An item extending `key`, if it holds `token`, to `ttl`.
+    pub fn new(key: &'a str, token: &'a Token, ttl: Ttl) -> Self {
+        Self { key, token, ttl }
+    }
 }
 
 /// The boxed future every node operation returns (what `#[async_trait]` methods return).
@@ -594,6 +638,25 @@ pub trait NodeWrapper: Send + Sync {
     {
         self.inner().wait_replicas(key, wait)
     }
+
+    /// See [`RedisNode::extend_many`]; forwards by default.
+    fn extend_many<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [ExtendItem<'c>],
+    ) -> NodeFuture<'f, Vec<bool>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().extend_many(items)
+    }
+
+    /// See [`RedisNode::extend_many_limit`]; forwards by default.
+    fn extend_many_limit(&self) -> usize {
+        self.inner().extend_many_limit()
+    }
 }
 
 impl<W: NodeWrapper> RedisNode for W {
@@ -711,6 +774,23 @@ impl<W: NodeWrapper> RedisNode for W {
         Self: 'f,
     {
         NodeWrapper::wait_replicas(self, key, wait)
+    }
+
+    fn extend_many<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [ExtendItem<'c>],
+    ) -> NodeFuture<'f, Vec<bool>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::extend_many(self, items)
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        NodeWrapper::extend_many_limit(self)
     }
 }
 

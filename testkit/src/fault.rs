@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use redlease::machine::Jitter;
 use redlease::{
-    KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, Spawn, Timer, Token, Ttl,
-    async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, Spawn, Timer,
+    Token, Ttl, async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -826,6 +826,30 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
         };
         self.run(Op::Extend, self.inner.extend(key, token, ttl), detach)
             .await
+    }
+
+    /// Counted and faulted as one [`Op::Extend`] call: a fault hits the whole batch, as a failed connection
+    /// or a lost reply would.
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let owned: Vec<(String, Token, Ttl)> = items
+            .iter()
+            .map(|i| (i.key.to_owned(), i.token.clone(), i.ttl))
+            .collect();
+        let detach = move |n: Arc<N>| -> BoxFuture<Reply<Vec<bool>>> {
+            Box::pin(async move {
+                let items: Vec<ExtendItem<'_>> = owned
+                    .iter()
+                    .map(|(k, t, ttl)| ExtendItem::new(k, t, *ttl))
+                    .collect();
+                n.extend_many(&items).await
+            })
+        };
+        self.run(Op::Extend, self.inner.extend_many(items), detach)
+            .await
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        self.inner.extend_many_limit()
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {

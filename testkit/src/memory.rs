@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redlease::{
-    KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, SystemTimer, Timer, Token,
-    Ttl, async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, SystemTimer,
+    Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -315,6 +315,26 @@ impl RedisNode for MemoryNode {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Every item as [`extend`](RedisNode::extend) would, under one lock (one call, one instant).
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        Ok(items
+            .iter()
+            .map(|item| match store.live(item.key, now) {
+                Some(entry) if item.token.matches(&entry.value) => {
+                    entry.expires_at = expiry(now, item.ttl);
+                    true
+                }
+                _ => false,
+            })
+            .collect())
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        1000
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
