@@ -819,6 +819,17 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
     ) -> Result<u32, NodeError> {
         ops::wait_replicas(self, key, wait).await
     }
+
+    async fn extend_many(
+        &self,
+        items: &[redlease::ExtendItem<'_>],
+    ) -> Result<Vec<bool>, NodeError> {
+        ops::extend_many(self, items).await
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        ops::EXTEND_MANY_LIMIT
+    }
 }
 
 #[cfg(test)]

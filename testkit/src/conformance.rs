@@ -23,7 +23,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Timer, Token, Ttl, async_trait};
+use redlease::{
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, Timer, Token, Ttl, async_trait,
+};
 
 /// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
 /// through the node under test (for Redis: `GET` and `PTTL` on a second connection).
@@ -76,6 +78,7 @@ pub const CASES: &[&str] = &[
     "raise_fence_refuses_a_non_integer_counter",
     "run_id_is_stable_between_calls",
     "wait_replicas_for_none_answers_at_once",
+    "extend_many_answers_each_item_as_extend_would",
 ];
 
 struct Ctx<'a> {
@@ -606,6 +609,32 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 }
             }
             c.expect_held(&f, &junk, long, SLACK).await
+        }
+        // An optional capability, claimed by a non-zero `extend_many_limit`.
+        "extend_many_answers_each_item_as_extend_would" => {
+            if node.extend_many_limit() == 0 {
+                return Ok(());
+            }
+            let (ours, theirs, missing) = (c.key("ours"), c.key("theirs"), c.key("missing"));
+            let (t, other) = (token()?, token()?);
+            c.ok("acquire", node.acquire(&ours, &t, ttl(LONG)).await)?;
+            c.ok("acquire", node.acquire(&theirs, &other, ttl(LONG)).await)?;
+            let items = [
+                ExtendItem::new(&ours, &t, ttl(LONG * 3)),
+                ExtendItem::new(&theirs, &t, ttl(LONG * 3)),
+                ExtendItem::new(&missing, &t, ttl(LONG * 3)),
+            ];
+            let flags = c.ok("extend_many", node.extend_many(&items).await)?;
+            c.ensure(flags == [true, false, false], || {
+                format!("extend_many answered {flags:?}, expected [true, false, false]")
+            })?;
+            c.expect_held(&ours, &t, long * 3, SLACK).await?;
+            c.expect_held(&theirs, &other, long, SLACK).await?;
+            c.expect_absent(&missing).await?;
+            let none = c.ok("extend_many", node.extend_many(&[]).await)?;
+            c.ensure(none.is_empty(), || {
+                format!("an empty batch answered {none:?}")
+            })
         }
         "fenced_own_token_without_counter_fails" => {
             let (k, f, t) = (c.key("lock"), c.key("fence"), token()?);
