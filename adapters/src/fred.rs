@@ -806,6 +806,20 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::raise_fence(self, fence_key, at_least).await
     }
 
+    /// `INFO server`, once per connection (again after a reconnect); unsupported on a cluster.
+    async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
+        ops::run_id(self, key).await
+    }
+
+    /// `WAIT` or `WAITAOF` on the connection that carries `key`; unsupported on a cluster.
+    async fn wait_replicas(
+        &self,
+        key: &str,
+        wait: redlease::ReplicaWait,
+    ) -> Result<u32, NodeError> {
+        ops::wait_replicas(self, key, wait).await
+    }
+
     async fn extend_many(
         &self,
         items: &[redlease::ExtendItem<'_>],

@@ -27,7 +27,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use redlease::{KeyState, NodeError, NodeErrorKind, Token, Ttl, async_trait};
+use redlease::{KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, async_trait};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
@@ -63,6 +63,11 @@ struct ProbeState {
     /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
     /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
     fences: std::collections::VecDeque<(String, String, Option<u64>)>,
+    /// The server's run id, learned with `INFO server` on this connection; forgotten with the capabilities
+    /// (after a connection failure or a reconnect), so a new server process is asked again.
+    run_id: Option<RunId>,
+    /// Whether the server lacks `WAITAOF` (an unknown command), once seen.
+    no_waitaof: bool,
 }
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
@@ -94,7 +99,10 @@ impl Probe {
     }
 
     pub(crate) fn forget(&self) {
-        self.lock().caps = None;
+        let mut state = self.lock();
+        state.caps = None;
+        state.run_id = None;
+        state.no_waitaof = false;
     }
 
     pub(crate) fn mode(&self) -> Commands {
@@ -1077,6 +1085,133 @@ pub(crate) async fn raise_fence(
         NodeErrorKind::Other,
         "the fence counter kept being lowered while it was raised",
     ))
+}
+
+/// Names `INFO server` in messages.
+const INFO: Script = Script {
+    name: "INFO server (run_id)",
+    source: "",
+    sha1: "",
+};
+
+/// Names `WAIT`/`WAITAOF` in messages.
+const WAIT: Script = Script {
+    name: "WAIT for replicas",
+    source: "",
+    sha1: "",
+};
+
+fn not_on_a_cluster(what: &str) -> NodeError {
+    NodeError::not_applied(
+        NodeErrorKind::Unsupported,
+        format!(
+            "{what} is not supported on a Redis Cluster node (one node per shard would be needed)"
+        ),
+    )
+}
+
+/// The server's run id: remembered per connection, asked with `INFO server` on the first call and after a
+/// connection failure or reconnection. A user who may not run `INFO` gets [`NodeErrorKind::Unsupported`]
+/// (the core then cannot detect restarts of this node, and counts it as before).
+pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeError> {
+    if t.clustered() {
+        return Err(not_on_a_cluster("run_id"));
+    }
+    if let Some(id) = t.probe().lock().run_id.clone() {
+        return Ok(id);
+    }
+    let reply = match note(t, t.command(&INFO, key, &["INFO", "server"]).await) {
+        Ok(reply) => reply,
+        Err(e) if denied(&e) || e.kind() == NodeErrorKind::Auth => {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                format!("INFO is not permitted, so restarts cannot be detected: {e}"),
+            )
+            .with_source(e));
+        }
+        Err(e) => return Err(e),
+    };
+    let Reply::Bytes(text) = reply else {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Protocol,
+            "INFO server did not answer with text",
+        ));
+    };
+    let text = String::from_utf8_lossy(&text);
+    let id = text
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| {
+            NodeError::not_applied(NodeErrorKind::Protocol, "INFO server has no run_id line")
+        })?;
+    let id = RunId::new(id);
+    t.probe().lock().run_id = Some(id.clone());
+    Ok(id)
+}
+
+/// `WAIT replicas timeout`, or `WAITAOF 0 replicas timeout`, on the connection that carries `key`'s
+/// commands. A server without `WAITAOF` (Redis before 7.2) answers "unknown command": reported as
+/// [`NodeErrorKind::Unsupported`] and remembered for the connection.
+pub(crate) async fn wait_replicas(
+    t: &impl Transport,
+    key: &str,
+    wait: ReplicaWait,
+) -> Result<u32, NodeError> {
+    if t.clustered() {
+        return Err(not_on_a_cluster("wait_replicas"));
+    }
+    let unsupported = || {
+        NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "the server has no WAITAOF (Redis 7.2+ and Valkey have it): it cannot wait for the replicas' \
+             append-only files",
+        )
+    };
+    if wait.aof && t.probe().lock().no_waitaof {
+        return Err(unsupported());
+    }
+    let replicas = wait.replicas.to_string();
+    // At least 1 ms: `WAIT n 0` blocks forever.
+    let millis = wait
+        .timeout
+        .as_millis()
+        .clamp(1, u128::from(u32::MAX))
+        .to_string();
+    let args: Vec<&str> = if wait.aof {
+        vec!["WAITAOF", "0", &replicas, &millis]
+    } else {
+        vec!["WAIT", &replicas, &millis]
+    };
+    let reply = match note(t, t.command(&WAIT, key, &args).await) {
+        Ok(reply) => reply,
+        Err(e) if wait.aof && unknown_command(&e) => {
+            t.probe().lock().no_waitaof = true;
+            return Err(unsupported().with_source(e));
+        }
+        Err(e) => return Err(e),
+    };
+    let count = match (&reply, wait.aof) {
+        (Reply::Int(n), false) => Some(*n),
+        // WAITAOF answers [local fsyncs, replica fsyncs].
+        (Reply::Array(items), true) => match items.get(1) {
+            Some(Reply::Int(n)) => Some(*n),
+            _ => None,
+        },
+        _ => None,
+    };
+    count.and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+        NodeError::not_applied(
+            NodeErrorKind::Protocol,
+            format!("{}: unexpected reply", args[0]),
+        )
+    })
+}
+
+fn unknown_command(e: &NodeError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("unknown command") || text.contains("unknown subcommand")
 }
 
 #[cfg(test)]

@@ -355,6 +355,7 @@ fn to_reply(value: Value) -> Reply {
         }
         Value::Boolean(false) => Reply::Nil,
         Value::Boolean(true) => Reply::Int(1),
+        Value::VerbatimString { text, .. } => Reply::Bytes(text.into_bytes()),
         Value::Map(_) => Reply::Other("a map"),
         Value::Double(_) => Reply::Other("a double"),
         _ => Reply::Other("an unsupported RESP type"),
@@ -571,6 +572,20 @@ macro_rules! impl_node {
 
             async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
                 ops::raise_fence(self, fence_key, at_least).await
+            }
+
+            /// `INFO server`, once per connection (again after a reconnect); unsupported on a cluster.
+            async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
+                ops::run_id(self, key).await
+            }
+
+            /// `WAIT` or `WAITAOF` on the connection that carries `key`; unsupported on a cluster.
+            async fn wait_replicas(
+                &self,
+                key: &str,
+                wait: redlease::ReplicaWait,
+            ) -> Result<u32, NodeError> {
+                ops::wait_replicas(self, key, wait).await
             }
 
             async fn extend_many(

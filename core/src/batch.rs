@@ -81,9 +81,13 @@ impl Future for Outcome {
 
 impl Engine {
     /// The batch size renewals of this manager use, or `None` when they renew one by one: batching is off,
-    /// there is no spawner to send batches on, or a node cannot take them.
+    /// there is no spawner to send batches on, a node cannot take them, or a durability policy waits for
+    /// replicas after each extension (a batch has no per-lease wait: those leases renew one by one).
     pub(crate) fn batch_size(&self) -> Option<usize> {
         let (_, max) = self.config.renewal_batching()?;
+        if self.wait_allowance() > Duration::ZERO {
+            return None;
+        }
         self.spawner.as_ref()?;
         let limit = self
             .nodes

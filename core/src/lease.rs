@@ -317,7 +317,14 @@ impl Shared {
         let unconfirmed = self.prepare_extension(ttl);
         let r = self
             .engine
-            .extend_round(&self.key, &self.token, ttl, timeout, unconfirmed.as_deref())
+            .extend_round(
+                &self.key,
+                &self.token,
+                ttl,
+                timeout,
+                unconfirmed.as_deref(),
+                self.id,
+            )
             .await;
         self.finish_extension(
             ttl,

@@ -72,14 +72,14 @@ mod trace;
 pub mod metrics;
 
 pub use async_trait::async_trait;
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, Durability};
 pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{Lock, LockManager};
 pub use node::{
     Applied, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper, RedisNode,
-    Ttl,
+    ReplicaWait, RunId, Ttl,
 };
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,

@@ -103,6 +103,12 @@ impl LockManager {
             }
             _ => {}
         }
+        if mode == Mode::Redlock && config.durability().wait().is_some() {
+            return Err(ConfigError::Durability(
+                "a durability policy waits for the replicas of one primary; Redlock nodes are independent \
+                 primaries (use Durability::Off)",
+            ));
+        }
         let mut seen = HashSet::new();
         for (i, node) in nodes.iter().enumerate() {
             if nodes[..i].iter().any(|other| Arc::ptr_eq(other, node)) {
@@ -131,6 +137,7 @@ impl LockManager {
                 spawner: None,
                 jitter: Mutex::new(jitter),
                 hook: Hook::default(),
+                watch: Arc::default(),
                 batcher: Default::default(),
             }),
         })
@@ -150,6 +157,7 @@ impl LockManager {
             spawner: e.spawner.clone(),
             jitter: Mutex::new(jitter),
             hook: e.hook.clone(),
+            watch: Arc::clone(&e.watch),
             batcher: Default::default(),
         };
         f(&mut engine);
@@ -613,7 +621,7 @@ impl Lock {
         let mut unsettled: Vec<bool> = Vec::new();
         loop {
             attempt = attempt.saturating_add(1);
-            let mut timeout = plan.op_timeout;
+            let mut timeout = plan.op_timeout.saturating_add(engine.wait_allowance());
             if let Limit::Until(deadline) = limit {
                 timeout = timeout.min(deadline.saturating_duration_since(engine.timer.now()));
             }
@@ -625,6 +633,7 @@ impl Lock {
                     plan.ttl,
                     timeout,
                     fresh,
+                    id,
                 )
                 .await;
             // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
@@ -648,6 +657,12 @@ impl Lock {
                         Some(_) => r.values.first().copied().flatten().flatten(),
                         None => None,
                     };
+                    if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
+                        match engine.watch.lock() {
+                            Ok(mut w) => w.issued(fence_key, fence),
+                            Err(p) => p.into_inner().issued(fence_key, fence),
+                        }
+                    }
                     let token = tokens.won();
                     // A straggling acquisition request sets the acquisition's TTL when it lands: the lease
                     // must not count those nodes for a longer extension later (see `Shared::extend_once`).
@@ -704,6 +719,13 @@ impl Lock {
                 NotAcquiredReason::Contended
             } else if r.tally.permanent() > n - engine.quorum() {
                 NotAcquiredReason::Refused
+            } else if engine.mode == Mode::Single
+                && r.tally
+                    .errors()
+                    .iter()
+                    .any(|(_, e)| e.kind() == crate::node::NodeErrorKind::NotReplicated)
+            {
+                NotAcquiredReason::NotReplicated
             } else {
                 NotAcquiredReason::TooFewNodes
             };

@@ -76,6 +76,8 @@ pub const CASES: &[&str] = &[
     "unusual_key_names",
     "raise_fence_never_lowers_and_later_fences_exceed_it",
     "raise_fence_refuses_a_non_integer_counter",
+    "run_id_is_stable_between_calls",
+    "wait_replicas_for_none_answers_at_once",
     "extend_many_answers_each_item_as_extend_would",
 ];
 
@@ -267,6 +269,35 @@ pub async fn run_wrapper(
                 wrapper.acquire_fresh_is_nx(),
                 inner.acquire_fresh_is_nx()
             ),
+        });
+    }
+    let key = "redlease:conformance:{wrapper}:run_id";
+    let (w, i) = (wrapper.run_id(key).await, inner.run_id(key).await);
+    let same = match (&w, &i) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(a), Err(b)) => a.kind() == b.kind(),
+        _ => false,
+    };
+    if !same {
+        return Err(Failure {
+            case,
+            message: format!("run_id() is {w:?}, the inner node's is {i:?}"),
+        });
+    }
+    let wait = redlease::ReplicaWait::new(0, Duration::from_millis(50));
+    let (w, i) = (
+        wrapper.wait_replicas(key, wait).await,
+        inner.wait_replicas(key, wait).await,
+    );
+    let same = match (&w, &i) {
+        (Ok(_), Ok(_)) => true,
+        (Err(a), Err(b)) => a.kind() == b.kind(),
+        _ => false,
+    };
+    if !same {
+        return Err(Failure {
+            case,
+            message: format!("wait_replicas() is {w:?}, the inner node's is {i:?}"),
         });
     }
     run_with_reader(wrapper, &InnerReader(inner), timer).await
@@ -531,6 +562,36 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             })?;
             c.ok("release", node.release(&k, &t).await)?;
             Ok(())
+        }
+        "run_id_is_stable_between_calls" => {
+            // An optional capability: a node that claims it must report one id while its server runs.
+            let k = c.key("lock");
+            let first = match node.run_id(&k).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => c.ok("run_id", other)?,
+            };
+            c.ensure(!first.as_str().is_empty(), || "run_id is empty".into())?;
+            let again = c.ok("run_id", node.run_id(&k).await)?;
+            c.ensure(again == first, || {
+                format!("run_id changed between two calls: {first} then {again}")
+            })
+        }
+        "wait_replicas_for_none_answers_at_once" => {
+            // `WAIT 0 timeout` returns at once with the number of replicas that have the writes so far.
+            let (k, t) = (c.key("lock"), token()?);
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            let wait = redlease::ReplicaWait::new(0, Duration::from_secs(5));
+            let started = c.timer.now();
+            match node.wait_replicas(&k, wait).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => {
+                    c.ok("wait_replicas", other)?;
+                }
+            }
+            let took = c.timer.now().saturating_duration_since(started);
+            c.ensure(took < Duration::from_secs(4), || {
+                format!("waiting for 0 replicas took {took:?}: it must not wait for the timeout")
+            })
         }
         "raise_fence_refuses_a_non_integer_counter" => {
             let f = c.key("fence");

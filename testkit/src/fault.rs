@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use redlease::machine::Jitter;
 use redlease::{
-    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, Spawn, Timer, Token, Ttl,
-    async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, Spawn, Timer,
+    Token, Ttl, async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -871,6 +871,18 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
     /// Forwarded without faults (an administrative call, not a lease operation).
     async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
         self.inner.raise_fence(fence_key, at_least).await
+    }
+
+    /// Forwarded without faults: a node answers it from memory (see [`RedisNode::run_id`]), and only after
+    /// an acquisition reply arrived.
+    async fn run_id(&self, key: &str) -> Result<RunId, NodeError> {
+        self.inner.run_id(key).await
+    }
+
+    /// Forwarded without faults (test replica failures against real servers, or with
+    /// [`MemoryNode::set_replicas`](crate::MemoryNode::set_replicas)).
+    async fn wait_replicas(&self, key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
+        self.inner.wait_replicas(key, wait).await
     }
 }
 

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redlease::{
-    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, SystemTimer, Timer, Token, Ttl,
-    async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, SystemTimer,
+    Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -22,6 +22,10 @@ struct Entry {
 #[derive(Default)]
 struct Store {
     keys: HashMap<String, Entry>,
+    /// Restarts so far: part of the run id.
+    runs: u64,
+    /// What `wait_replicas` answers (see [`MemoryNode::set_replicas`]).
+    replicas: Option<u32>,
 }
 
 impl Store {
@@ -43,7 +47,9 @@ impl Store {
 /// Keys expire when the node's [`Timer`] reaches their deadline (`now >= expires_at`), like Redis' `PX`.
 /// Clones share one store: keep a clone to plant foreign values or inspect keys while a manager owns another.
 /// Every node created by [`new`](Self::new)/[`with_timer`](Self::with_timer) reports a distinct
-/// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones.
+/// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones, and a [`run_id`](RedisNode::run_id)
+/// that changes with every [`restart`](Self::restart). It has no replicas unless
+/// [`set_replicas`](Self::set_replicas) says how many acknowledge.
 #[derive(Clone)]
 pub struct MemoryNode {
     store: Arc<Mutex<Store>>,
@@ -149,6 +155,20 @@ impl MemoryNode {
     /// `FLUSHALL`: forgets every key, fence counters included (like a restart without persistence).
     pub fn flush(&self) {
         self.lock().keys.clear();
+    }
+
+    /// A restart without persistence: every key is forgotten and the [`run_id`](RedisNode::run_id) changes.
+    pub fn restart(&self) {
+        let mut store = self.lock();
+        store.keys.clear();
+        store.runs += 1;
+    }
+
+    /// How many replicas acknowledge every write from now on: [`wait_replicas`](RedisNode::wait_replicas)
+    /// answers `min(n, asked)` at once. `None` (the default) makes it answer
+    /// [`NodeErrorKind::Unsupported`], like a node without the capability.
+    pub fn set_replicas(&self, n: Option<u32>) {
+        self.lock().replicas = n;
     }
 }
 
@@ -350,5 +370,20 @@ impl RedisNode for MemoryNode {
 
     fn endpoint(&self) -> Option<String> {
         Some(format!("memory://{}", self.id))
+    }
+
+    async fn run_id(&self, _key: &str) -> Result<RunId, NodeError> {
+        let runs = self.lock().runs;
+        Ok(RunId::new(format!("memory-{}-run-{runs}", self.id)))
+    }
+
+    async fn wait_replicas(&self, _key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
+        match self.lock().replicas {
+            Some(n) => Ok(n.min(wait.replicas)),
+            None => Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                "this memory node has no replicas (MemoryNode::set_replicas)",
+            )),
+        }
     }
 }

@@ -20,6 +20,7 @@ mod permissions;
 mod redlock;
 mod redlock_stall;
 mod renewal_loss;
+mod replicas;
 mod scripts;
 mod single;
 mod split_vote;
