@@ -43,16 +43,16 @@ mod with_a_client {
         })
     }
 
-    /// Holds a lease through `manager` and checks it on the servers, then releases it.
+    /// Holds a lease through `manager` and checks it on a majority of `servers` (a Redlock acquisition
+    /// returns at its quorum; a straggler's `SET` may land later), then releases it.
     async fn hold(manager: &LockManager, servers: &[&RedisServer], key: &str) {
         let lease = manager.lock(key).try_acquire().await.unwrap();
-        for server in servers {
-            assert_eq!(server.cmd(&["GET", key]), lease.token().as_str());
-        }
-        lease.release().await.unwrap();
-        for server in servers {
-            assert_eq!(server.cmd(&["EXISTS", key]), "0");
-        }
+        let holding = servers
+            .iter()
+            .filter(|s| s.cmd(&["GET", key]) == lease.token().as_str())
+            .count();
+        assert!(holding > servers.len() / 2, "{holding} of {}", servers.len());
+        assert!(lease.release().await.unwrap().deleted() > servers.len() / 2);
     }
 
     #[cfg(all(feature = "redis", feature = "tokio"))]
