@@ -27,6 +27,26 @@ struct ClockState {
 ///
 /// As a [`Timer`], its sleeps complete when the clock is advanced past their deadline (by [`Sim`] or by hand
 /// with [`advance`](Self::advance)).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, LockManager, Timer};
+/// use redlease_testkit::{MemoryNode, VirtualClock, block_on};
+///
+/// let clock = VirtualClock::new();
+/// let node = MemoryNode::with_timer(clock.clone());
+/// let manager = LockManager::single(node, Config::default())?.with_timer(clock.clone());
+/// let lease = block_on(manager.lock("job").try_acquire())?; // 30 s
+///
+/// // Time stands still until moved: the lease ends when the clock passes its deadline, not before.
+/// let left = lease.valid_until() - clock.now();
+/// clock.advance(left - Duration::from_millis(1));
+/// assert!(lease.is_held());
+/// clock.advance(Duration::from_millis(1));
+/// assert!(!lease.is_held());
+/// assert!(clock.elapsed() < Duration::from_secs(30)); // validity ends before the key's TTL
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct VirtualClock {
     state: Arc<Mutex<ClockState>>,
