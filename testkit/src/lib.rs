@@ -42,3 +42,8 @@ pub use sim::{Sim, SimSpawner, VirtualClock, block_on, for_each_seed};
 mod tokio_time;
 #[cfg(feature = "tokio")]
 pub use tokio_time::TokioTestTimer;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
