@@ -115,3 +115,8 @@ compile_error!(
     "redlease-adapters: the `redis` feature needs a runtime feature too, which selects redis-rs's runtime \
      support: add `tokio` or `smol` to the features (for example `features = [\"redis\", \"tokio\"]`)"
 );
+
+/// The README's examples, compiled as doctests (they need a client and a runtime feature).
+#[cfg(all(doctest, feature = "redis", feature = "tokio"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
