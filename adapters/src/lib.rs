@@ -120,3 +120,9 @@ compile_error!(
 #[cfg(all(doctest, feature = "redis", feature = "tokio"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The workspace README's examples (the `redlease` crate's page), compiled and run as doctests here, where
+/// both clients and the testkit are at hand.
+#[cfg(all(doctest, feature = "redis", feature = "fred", feature = "tokio"))]
+#[doc = include_str!("../../README.md")]
+pub struct WorkspaceReadmeDoctests;
