@@ -403,7 +403,9 @@ fn lazy_from_url(index: usize, url: &str, timeouts: Timeouts) -> Result<ClientNo
             return Err(SetupError::url(
                 index,
                 url,
-                format!("unsupported scheme `{scheme}` (expected redis, rediss, redis-cluster, redis-sentinel or their valkey forms)"),
+                format!(
+                    "unsupported scheme `{scheme}` (expected redis, rediss, redis-cluster, redis-sentinel or their valkey forms)"
+                ),
             ));
         }
     }

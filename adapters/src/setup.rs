@@ -41,7 +41,9 @@ impl Timeouts {
     /// [`SetupError::ZeroTimeout`] if either is zero (every connection or every command would fail).
     pub fn new(connection: Duration, response: Duration) -> Result<Self, SetupError> {
         if connection.is_zero() {
-            return Err(SetupError::ZeroTimeout { which: "connection" });
+            return Err(SetupError::ZeroTimeout {
+                which: "connection",
+            });
         }
         if response.is_zero() {
             return Err(SetupError::ZeroTimeout { which: "response" });
@@ -146,7 +148,10 @@ mod tests {
         let err = SetupError::url(2, url, format!("cannot parse {url}"));
         let text = format!("{err} {err:?}");
         assert!(!text.contains("s3cret"), "{text}");
-        assert!(err.to_string().starts_with("node 2: invalid Redis URL"), "{err}");
+        assert!(
+            err.to_string().starts_with("node 2: invalid Redis URL"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -154,7 +159,9 @@ mod tests {
         let ms = Duration::from_millis(1);
         assert!(matches!(
             Timeouts::new(Duration::ZERO, ms),
-            Err(SetupError::ZeroTimeout { which: "connection" })
+            Err(SetupError::ZeroTimeout {
+                which: "connection"
+            })
         ));
         assert!(matches!(
             Timeouts::new(ms, Duration::ZERO),

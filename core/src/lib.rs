@@ -140,13 +140,20 @@ mod readme {
     fn no_readme_example_has_hidden_lines() {
         for (name, text) in [
             ("README.md", include_str!("../../README.md")),
-            ("adapters/README.md", include_str!("../../adapters/README.md")),
+            (
+                "adapters/README.md",
+                include_str!("../../adapters/README.md"),
+            ),
             ("testkit/README.md", include_str!("../../testkit/README.md")),
         ] {
             assert_eq!(hidden_lines(text), Vec::<String>::new(), "{name}");
         }
-        let sample = "```toml\n# a comment\n```\n```rust\n# let x = 1;\n#[derive(Debug)]\n```\n# Title\n";
-        assert_eq!(hidden_lines(sample), vec!["line 5: # let x = 1;".to_owned()]);
+        let sample =
+            "```toml\n# a comment\n```\n```rust\n# let x = 1;\n#[derive(Debug)]\n```\n# Title\n";
+        assert_eq!(
+            hidden_lines(sample),
+            vec!["line 5: # let x = 1;".to_owned()]
+        );
     }
 
     #[test]

@@ -386,8 +386,9 @@ impl Sim {
             return config;
         }
         let n = self.managers.fetch_add(1, Ordering::Relaxed);
-        let seed = Jitter::from_seed(self.seed ^ n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-            .next_u64();
+        let seed =
+            Jitter::from_seed(self.seed ^ n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .next_u64();
         config.jitter_seed(seed)
     }
 

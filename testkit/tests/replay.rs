@@ -21,8 +21,11 @@ fn run(seed: u64) -> Trace {
     let mut sim = Sim::new(seed);
     let clock = sim.clock();
     let t0 = clock.now();
-    let (node, faults) =
-        FaultyNode::with_spawner(MemoryNode::with_timer(clock.clone()), clock.clone(), sim.spawner());
+    let (node, faults) = FaultyNode::with_spawner(
+        MemoryNode::with_timer(clock.clone()),
+        clock.clone(),
+        sim.spawner(),
+    );
     faults.random(RandomFaults::hostile(seed));
     let node = std::sync::Arc::new(node);
     let history = History::new();
@@ -37,7 +40,9 @@ fn run(seed: u64) -> Trace {
             .unwrap()
             .with_spawner(sim.client(client))
             .with_observer(history.recorder(client));
-        let lock = manager.lock("nightly").auto_renew(Duration::from_millis(500));
+        let lock = manager
+            .lock("nightly")
+            .auto_renew(Duration::from_millis(500));
         let c = clock.clone();
         sim.client(client).spawn(async move {
             for _ in 0..4 {
@@ -49,7 +54,10 @@ fn run(seed: u64) -> Trace {
             }
         });
     }
-    assert!(sim.run_until_idle(Duration::from_secs(600)), "seed {seed}: stuck");
+    assert!(
+        sim.run_until_idle(Duration::from_secs(600)),
+        "seed {seed}: stuck"
+    );
     assert_eq!(history.check(), Ok(()), "seed {seed}");
     let rel = |t: Instant| t.saturating_duration_since(t0);
     let events = history
@@ -60,7 +68,9 @@ fn run(seed: u64) -> Trace {
                 EventKind::Acquired { valid_until, fence } => {
                     format!("acquired until {:?} fence {fence:?}", rel(valid_until))
                 }
-                EventKind::Extended { valid_until } => format!("extended until {:?}", rel(valid_until)),
+                EventKind::Extended { valid_until } => {
+                    format!("extended until {:?}", rel(valid_until))
+                }
                 other => format!("{other:?}"),
             };
             (e.client, rel(e.at), kind)
@@ -78,7 +88,11 @@ fn twenty_replays_of_one_seed_with_managers_from_the_sim_are_identical() {
     for seed in [3, 11] {
         let first = run(seed);
         // Contended: some acquisitions retried (at jittered instants), several leases taken.
-        let acquired = first.events.iter().filter(|e| e.2.starts_with("acquired")).count();
+        let acquired = first
+            .events
+            .iter()
+            .filter(|e| e.2.starts_with("acquired"))
+            .count();
         assert!(acquired >= 4, "seed {seed}: {acquired} acquisitions");
         for replay in 1..20 {
             assert_eq!(run(seed), first, "seed {seed}: replay {replay} differs");
@@ -92,10 +106,17 @@ fn the_sim_gives_each_manager_its_own_seed_and_keeps_a_seed_the_config_has() {
     let a = sim.seeded(Config::default()).get_jitter_seed().unwrap();
     let b = sim.seeded(Config::default()).get_jitter_seed().unwrap();
     assert_ne!(a, b);
-    assert_eq!(Sim::new(5).seeded(Config::default()).get_jitter_seed(), Some(a));
-    assert_ne!(Sim::new(6).seeded(Config::default()).get_jitter_seed(), Some(a));
     assert_eq!(
-        sim.seeded(Config::default().jitter_seed(42)).get_jitter_seed(),
+        Sim::new(5).seeded(Config::default()).get_jitter_seed(),
+        Some(a)
+    );
+    assert_ne!(
+        Sim::new(6).seeded(Config::default()).get_jitter_seed(),
+        Some(a)
+    );
+    assert_eq!(
+        sim.seeded(Config::default().jitter_seed(42))
+            .get_jitter_seed(),
         Some(42)
     );
 }

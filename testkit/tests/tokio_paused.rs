@@ -16,7 +16,8 @@ fn manager(node: MemoryNode) -> LockManager {
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn renewals_keep_a_lease_for_an_hour_of_paused_tokio_time_and_a_deleted_key_is_lost_at_the_next() {
+async fn renewals_keep_a_lease_for_an_hour_of_paused_tokio_time_and_a_deleted_key_is_lost_at_the_next()
+ {
     let node = MemoryNode::with_timer(TokioTestTimer);
     let lease = manager(node.clone())
         .lock("job")

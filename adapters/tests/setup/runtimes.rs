@@ -119,9 +119,9 @@ fn the_smol_spawner_also_runs_tasks_on_an_executor_of_ones_own() {
 #[test]
 fn fred_on_tokio_holds_a_lease_renewed_by_the_tokio_timer_and_spawner() {
     use redlease_adapters::runtime::{TokioSpawner, TokioTimer};
-    let Some(server) =
-        RedisServer::start_or_skip("fred_on_tokio_holds_a_lease_renewed_by_the_tokio_timer_and_spawner")
-    else {
+    let Some(server) = RedisServer::start_or_skip(
+        "fred_on_tokio_holds_a_lease_renewed_by_the_tokio_timer_and_spawner",
+    ) else {
         return;
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -160,8 +160,7 @@ fn fred_outside_tokio_is_a_typed_unsupported_error_at_once_not_a_panic() {
     ) else {
         return;
     };
-    let manager =
-        redlease_adapters::fred::single(&server.url(), config().attempts(3)).unwrap();
+    let manager = redlease_adapters::fred::single(&server.url(), config().attempts(3)).unwrap();
     let err = smol::block_on(manager.lock("rt:{fred-smol}:lock").acquire()).unwrap_err();
     // Permanent: the first attempt ends the acquisition.
     assert!(

@@ -51,7 +51,11 @@ mod with_a_client {
             .iter()
             .filter(|s| s.cmd(&["GET", key]) == lease.token().as_str())
             .count();
-        assert!(holding > servers.len() / 2, "{holding} of {}", servers.len());
+        assert!(
+            holding > servers.len() / 2,
+            "{holding} of {}",
+            servers.len()
+        );
         assert!(lease.release().await.unwrap().deleted() > servers.len() / 2);
     }
 
@@ -74,13 +78,17 @@ mod with_a_client {
             rt().block_on(async move {
                 let ca = rs::Client::open(a.as_str()).unwrap();
                 let cb = rs::Client::open(b.as_str()).unwrap();
-                let multiplexed = MultiplexedNode::connect_with_timeouts(&ca, t).await.unwrap();
+                let multiplexed = MultiplexedNode::connect_with_timeouts(&ca, t)
+                    .await
+                    .unwrap();
                 let managed = ManagedNode::connect_with_timeouts(&ca, t).await.unwrap();
                 let lazy = LazyNode::with_timeouts(ca.clone(), t);
                 for endpoint in [multiplexed.endpoint(), managed.endpoint(), lazy.endpoint()] {
                     assert_eq!(endpoint.as_deref(), Some(expected.as_str()));
                 }
-                let other = MultiplexedNode::connect_with_timeouts(&cb, t).await.unwrap();
+                let other = MultiplexedNode::connect_with_timeouts(&cb, t)
+                    .await
+                    .unwrap();
                 let err = LockManager::redlock_dyn(
                     vec![
                         std::sync::Arc::new(multiplexed),
@@ -106,8 +114,16 @@ mod with_a_client {
             let client = rs::Client::open(server.url()).unwrap();
             rt().block_on(async {
                 let nodes: Vec<Box<dyn RedisNode>> = vec![
-                    Box::new(MultiplexedNode::connect_with_timeouts(&client, t).await.unwrap()),
-                    Box::new(ManagedNode::connect_with_timeouts(&client, t).await.unwrap()),
+                    Box::new(
+                        MultiplexedNode::connect_with_timeouts(&client, t)
+                            .await
+                            .unwrap(),
+                    ),
+                    Box::new(
+                        ManagedNode::connect_with_timeouts(&client, t)
+                            .await
+                            .unwrap(),
+                    ),
                     Box::new(LazyNode::with_timeouts(client.clone(), t)),
                 ];
                 for (i, node) in nodes.iter().enumerate() {
@@ -117,7 +133,10 @@ mod with_a_client {
                     let answer = node.inspect("urls:{late}").await;
                     resume.join().unwrap();
                     assert!(answer.is_ok(), "node {i}: {answer:?}");
-                    assert!(started.elapsed() >= Duration::from_millis(1_400), "node {i}");
+                    assert!(
+                        started.elapsed() >= Duration::from_millis(1_400),
+                        "node {i}"
+                    );
                 }
             });
         }
@@ -135,9 +154,10 @@ mod with_a_client {
 
         #[test]
         fn a_redlock_url_manager_holds_a_lease_on_three_servers() {
-            let Some(servers) =
-                RedisServers::start_or_skip("a_redlock_url_manager_holds_a_lease_on_three_servers", 3)
-            else {
+            let Some(servers) = RedisServers::start_or_skip(
+                "a_redlock_url_manager_holds_a_lease_on_three_servers",
+                3,
+            ) else {
                 return;
             };
             let manager = redis::redlock(servers.urls(), config()).unwrap();
@@ -155,12 +175,19 @@ mod with_a_client {
             };
             let before = connections(&server);
             let good = server.url();
-            for bad in ["redis://user:s3cret@127.0.0.1:notaport/0", "http://user:s3cret@127.0.0.1/"] {
-                let err = redis::redlock([good.as_str(), bad, good.as_str()], config()).unwrap_err();
+            for bad in [
+                "redis://user:s3cret@127.0.0.1:notaport/0",
+                "http://user:s3cret@127.0.0.1/",
+            ] {
+                let err =
+                    redis::redlock([good.as_str(), bad, good.as_str()], config()).unwrap_err();
                 assert!(matches!(err, SetupError::Url { index: 1, .. }), "{err:?}");
                 let text = format!("{err} {err:?}");
                 assert!(!text.contains("s3cret"), "{text}");
-                assert!(err.to_string().starts_with("node 1: invalid Redis URL"), "{err}");
+                assert!(
+                    err.to_string().starts_with("node 1: invalid Redis URL"),
+                    "{err}"
+                );
                 assert!(matches!(
                     redis::single(bad, config()),
                     Err(SetupError::Url { index: 0, .. })
@@ -173,13 +200,25 @@ mod with_a_client {
         #[test]
         fn url_managers_refuse_one_server_twice_and_an_even_count() {
             let url = "redis://127.0.0.1:7/0";
-            let err = redis::redlock([url, "redis://127.0.0.1:7", "redis://127.0.0.1:8"], config())
-                .unwrap_err();
-            assert!(matches!(err, SetupError::Config(ConfigError::Topology(_))), "{err}");
+            let err = redis::redlock(
+                [url, "redis://127.0.0.1:7", "redis://127.0.0.1:8"],
+                config(),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(err, SetupError::Config(ConfigError::Topology(_))),
+                "{err}"
+            );
             let err = redis::redlock([url, "redis://127.0.0.1:8"], config()).unwrap_err();
-            assert!(matches!(err, SetupError::Config(ConfigError::Topology(_))), "{err}");
+            assert!(
+                matches!(err, SetupError::Config(ConfigError::Topology(_))),
+                "{err}"
+            );
             let err = redis::single(url, config().attempts(0)).unwrap_err();
-            assert!(matches!(err, SetupError::Config(ConfigError::ZeroAttempts)), "{err}");
+            assert!(
+                matches!(err, SetupError::Config(ConfigError::ZeroAttempts)),
+                "{err}"
+            );
         }
     }
 
@@ -224,9 +263,9 @@ mod with_a_client {
 
         #[test]
         fn a_single_url_manager_holds_a_lease_on_a_real_server() {
-            let Some(server) =
-                RedisServer::start_or_skip("fred_a_single_url_manager_holds_a_lease_on_a_real_server")
-            else {
+            let Some(server) = RedisServer::start_or_skip(
+                "fred_a_single_url_manager_holds_a_lease_on_a_real_server",
+            ) else {
                 return;
             };
             let manager = fred::single(&server.url(), config()).unwrap();
@@ -248,7 +287,10 @@ mod with_a_client {
 
         #[test]
         fn url_managers_refuse_a_bad_url_before_connecting_by_index_without_credentials() {
-            for bad in ["redis://user:s3cret@127.0.0.1:notaport/0", "http://user:s3cret@127.0.0.1/"] {
+            for bad in [
+                "redis://user:s3cret@127.0.0.1:notaport/0",
+                "http://user:s3cret@127.0.0.1/",
+            ] {
                 let urls = ["redis://127.0.0.1:7", bad, "redis://127.0.0.1:8"];
                 let err = fred::redlock(urls, config()).unwrap_err();
                 assert!(matches!(err, SetupError::Url { index: 1, .. }), "{err:?}");
