@@ -398,16 +398,16 @@ fn lazy_from_url(index: usize, url: &str, timeouts: Timeouts) -> Result<ClientNo
     use fred::types::Builder;
     use fred::types::config::ReconnectPolicy;
     // fred takes any scheme for a centralized server (`http://…` included): only Redis's and Valkey's.
-    if let Some((scheme, _)) = url.split_once("://") {
-        if !(scheme.starts_with("redis") || scheme.starts_with("valkey")) {
-            return Err(SetupError::url(
-                index,
-                url,
-                format!(
-                    "unsupported scheme `{scheme}` (expected redis, rediss, redis-cluster, redis-sentinel or their valkey forms)"
-                ),
-            ));
-        }
+    if let Some((scheme, _)) = url.split_once("://")
+        && !(scheme.starts_with("redis") || scheme.starts_with("valkey"))
+    {
+        return Err(SetupError::url(
+            index,
+            url,
+            format!(
+                "unsupported scheme `{scheme}` (expected redis, rediss, redis-cluster, redis-sentinel or their valkey forms)"
+            ),
+        ));
     }
     let config =
         fred::types::config::Config::from_url(url).map_err(|e| SetupError::url(index, url, e))?;

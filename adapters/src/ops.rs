@@ -174,10 +174,10 @@ pub(crate) trait Transport: Send + Sync {
 
 /// After a failed connection the next acquisition checks again: the client may reconnect to another server.
 fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
-    if let Err(e) = &result {
-        if matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io) {
-            t.probe().forget();
-        }
+    if let Err(e) = &result
+        && matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io)
+    {
+        t.probe().forget();
     }
     result
 }

@@ -584,10 +584,11 @@ where
     }
 
     fn after<T>(&self, result: &Result<T, NodeError>) {
-        if let Err(e) = result {
-            if !self.reconnects && is_dropped(e) {
-                self.dead.store(true, Ordering::Release);
-            }
+        if let Err(e) = result
+            && !self.reconnects
+            && is_dropped(e)
+        {
+            self.dead.store(true, Ordering::Release);
         }
     }
 }
@@ -816,13 +817,13 @@ impl LazyNode {
     }
 
     fn dropped<T>(&self, result: &Result<T, NodeError>, generation: u64) {
-        if let Err(e) = result {
-            if is_dropped(e) {
-                // Forget this connection (unless a newer one replaced it already); the next call reconnects.
-                let mut slot = self.slot();
-                if slot.generation == generation {
-                    slot.conn = None;
-                }
+        if let Err(e) = result
+            && is_dropped(e)
+        {
+            // Forget this connection (unless a newer one replaced it already); the next call reconnects.
+            let mut slot = self.slot();
+            if slot.generation == generation {
+                slot.conn = None;
             }
         }
     }
