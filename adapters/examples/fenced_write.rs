@@ -80,7 +80,8 @@ async fn fenced_set(
 
 /// A lock handle and a connection to the resource, as one holder process would have them.
 async fn holder(url: &str) -> Result<(Lock, redis::aio::MultiplexedConnection), BoxError> {
-    let manager = LockManager::single(common::node(url).await?, Config::default().expiry(TTL))?;
+    let manager =
+        LockManager::single(common::node(url).await?, Config::default().with_expiry(TTL))?;
     Ok((
         manager.lock(LOCK_KEY).fenced(FENCE_KEY),
         common::connection(url).await?,

@@ -84,7 +84,7 @@ impl Timer for TokioTimer {
 /// #[tokio::main]
 /// async fn main() -> Result<(), Box<dyn std::error::Error>> {
 ///     let node = MemoryNode::new(); // any RedisNode: `redis::single(url, …)` gives a manager in one line
-///     let manager = LockManager::single(node, Config::default().expiry(Duration::from_secs(1)))?
+///     let manager = LockManager::single(node, Config::default().with_expiry(Duration::from_secs(1)))?
 ///         .with_timer(TokioTimer)
 ///         .with_spawner(TokioSpawner::current()?);
 ///     let lock = manager.lock("jobs:nightly").auto_renew(Duration::from_millis(250));

@@ -61,7 +61,7 @@ impl Timeouts {
     /// [`SetupError::Config`] if `config` is invalid.
     pub fn for_config(config: &Config) -> Result<Self, SetupError> {
         config.validate()?;
-        let timeout = config.operation_timeout_for(config.get_expiry());
+        let timeout = config.operation_timeout_for(config.expiry());
         Self::new(timeout, timeout)
     }
 
@@ -168,7 +168,7 @@ mod tests {
             Err(SetupError::ZeroTimeout { which: "response" })
         ));
         assert!(matches!(
-            Timeouts::for_config(&Config::default().operation_timeout(Duration::ZERO)),
+            Timeouts::for_config(&Config::default().with_operation_timeout(Duration::ZERO)),
             Err(SetupError::Config(_))
         ));
     }

@@ -241,7 +241,7 @@ impl Shared {
 
     /// The drift allowance of this lease's TTL.
     fn drift(&self) -> Duration {
-        crate::machine::validity::drift(self.ttl, self.engine.config.get_drift_factor())
+        crate::machine::validity::drift(self.ttl, self.engine.config.drift_factor())
     }
 
     fn lost_error(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
@@ -312,7 +312,7 @@ impl Shared {
     /// sooner (a paused client, a reply that never comes).
     async fn extend_once(&self, ttl: Ttl, timeout: Duration, renewal: bool) -> Extension {
         let engine = &self.engine;
-        let factor = engine.config.get_drift_factor();
+        let factor = engine.config.drift_factor();
         let unconfirmed = {
             let now = self.now();
             let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
@@ -372,14 +372,9 @@ impl Shared {
             }
         }
         if r.tally.verdict() == Verdict::Quorum {
-            let drift = crate::machine::validity::drift(ttl, engine.config.get_drift_factor());
-            return match deadline_after_round(
-                r.started,
-                r.ended,
-                ttl,
-                engine.config.get_drift_factor(),
-            )
-            .filter(|_| !r.suspended(drift))
+            let drift = crate::machine::validity::drift(ttl, engine.config.drift_factor());
+            return match deadline_after_round(r.started, r.ended, ttl, engine.config.drift_factor())
+                .filter(|_| !r.suspended(drift))
             {
                 Some(valid_until) => Extension::Extended {
                     started: r.started,
@@ -631,7 +626,7 @@ impl Shared {
     fn schedule(&self) -> RenewalSchedule {
         RenewalSchedule::new(
             self.renew_interval.unwrap_or(self.ttl.as_duration() / 3),
-            self.engine.config.get_retry_delay(),
+            self.engine.config.retry_delay(),
             self.op_timeout,
         )
     }
@@ -744,9 +739,11 @@ impl Drop for RenewalClaim<'_> {
 /// extended. Releasing consumes it, so "release twice" or "extend after release" cannot be written.
 ///
 /// # Renewal
-/// A lock described with [`auto_renew`](crate::Lock::auto_renew) is renewed
-/// - in the background, if the manager has a [spawner](crate::LockManager::with_spawner); or
-/// - while [`run`](Self::run) executes a future (no spawning at all; the recommended form).
+/// A lease is renewed
+/// - while [`run`](Self::run) executes a future — always, every [`renew_every`](crate::Lock::renew_every)
+///   (default a third of the TTL), with no spawning at all: the recommended form; and
+/// - in the background, if its lock was described with [`auto_renew`](crate::Lock::auto_renew) (which needs
+///   the manager's [spawner](crate::LockManager::with_spawner); acquisition fails without one).
 ///
 /// Otherwise nothing renews it and it is lost at its validity deadline unless [`extend`](Self::extend)ed.
 ///
@@ -968,9 +965,9 @@ impl Lease {
         }
     }
 
-    /// Runs `work` while holding the lease, renewing it meanwhile if its lock was described with
-    /// [`auto_renew`](crate::Lock::auto_renew) (and no background renewal runs), and stops it as soon as the
-    /// lease is lost.
+    /// Runs `work` while holding the lease, renewing it meanwhile (every
+    /// [`renew_every`](crate::Lock::renew_every), default a third of the TTL, unless background renewal
+    /// already runs), and stops it as soon as the lease is lost.
     ///
     /// Nothing is spawned: renewal runs inside this future, interleaved with `work`. The lease stays held when
     /// `run` returns; release it afterwards.
@@ -991,7 +988,7 @@ impl Lease {
     /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
     /// let lease = manager
     ///     .lock("nightly")
-    ///     .auto_renew(Duration::from_secs(10))
+    ///     .renew_every(Duration::from_secs(10))
     ///     .try_acquire()
     ///     .await?;
     /// match lease.run(async { 2 + 2 }).await {
@@ -1018,7 +1015,7 @@ impl Lease {
                 if r.as_mut().poll(cx).is_ready() {
                     renewal = None;
                 }
-            } else if shared.renew_interval.is_some() && !claim.held && shared.claim_renewal() {
+            } else if !claim.held && shared.claim_renewal() {
                 // No renewal runs (none yet, or another `run` that renewed has returned): take it over.
                 claim.held = true;
                 let mut r: Pin<Box<dyn Future<Output = ()> + Send>> =
@@ -1167,8 +1164,9 @@ impl LossSignal {
         }
     }
 
-    /// Whether the signal has fired, without waiting.
-    pub fn is_lost(&self) -> bool {
+    /// Whether the lease has ended — lost, released or dropped — without waiting: `true` exactly when
+    /// awaiting the signal would complete at once.
+    pub fn has_ended(&self) -> bool {
         self.shared.current(self.shared.now()).is_err()
     }
 }
@@ -1183,7 +1181,7 @@ impl fmt::Debug for LossSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LossSignal")
             .field("key", &self.shared.key)
-            .field("lost", &self.is_lost())
+            .field("ended", &self.has_ended())
             .finish()
     }
 }

@@ -234,7 +234,7 @@ struct Plan {
 /// let mut sim = Sim::new(2);
 /// let clock = sim.clock();
 /// let (node, faults) = FaultyNode::new(MemoryNode::with_timer(clock.clone()), clock);
-/// let manager = sim.single(node, Config::default().expiry(Duration::from_secs(3)).attempts(2))?;
+/// let manager = sim.single(node, Config::default().with_expiry(Duration::from_secs(3)).with_attempts(2))?;
 /// let lock = manager.lock("job").auto_renew(Duration::from_secs(1));
 ///
 /// // A partition: every call fails at once, nothing is applied.

@@ -51,7 +51,7 @@ impl Store {
 ///
 /// let mut sim = Sim::new(1);
 /// let node = MemoryNode::with_timer(sim.clock()); // keys expire on the simulation's clock
-/// let manager = sim.single(node.clone(), Config::default().attempts(1))?;
+/// let manager = sim.single(node.clone(), Config::default().with_attempts(1))?;
 /// let lock = manager.lock("job").expiry(Duration::from_secs(10));
 ///
 /// // Another owner holds the key: contention, and the foreign value is left alone.

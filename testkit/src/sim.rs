@@ -377,19 +377,19 @@ impl Sim {
     }
 
     /// `config` with its retry jitter seeded from the simulation's seed, unless it has a
-    /// [`jitter_seed`](Config::jitter_seed) of its own. The n-th call gives the n-th seed of a sequence
+    /// [`with_jitter_seed`](Config::with_jitter_seed) of its own. The n-th call gives the n-th seed of a sequence
     /// derived from the simulation's seed (so two managers do not retry in lockstep), which makes a run
     /// replay exactly: without it each manager draws its jitter from the OS and no two runs of one seed
     /// retry at the same instants.
     pub fn seeded(&self, config: Config) -> Config {
-        if config.get_jitter_seed().is_some() {
+        if config.jitter_seed().is_some() {
             return config;
         }
         let n = self.managers.fetch_add(1, Ordering::Relaxed);
         let seed =
             Jitter::from_seed(self.seed ^ n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
                 .next_u64();
-        config.jitter_seed(seed)
+        config.with_jitter_seed(seed)
     }
 
     /// A single-authority manager on this simulation: [`seeded`](Self::seeded) jitter, the virtual clock as

@@ -32,9 +32,9 @@ fn run(seed: u64) -> Trace {
     // Three clients, each its own manager on the one node, none with a `jitter_seed` of its own.
     for client in 0..3u64 {
         let config = Config::default()
-            .expiry(Duration::from_secs(2))
-            .retry_delay(Duration::from_millis(100))
-            .attempts(10);
+            .with_expiry(Duration::from_secs(2))
+            .with_retry_delay(Duration::from_millis(100))
+            .with_attempts(10);
         let manager = sim
             .single(std::sync::Arc::clone(&node), config)
             .unwrap()
@@ -103,20 +103,14 @@ fn twenty_replays_of_one_seed_with_managers_from_the_sim_are_identical() {
 #[test]
 fn the_sim_gives_each_manager_its_own_seed_and_keeps_a_seed_the_config_has() {
     let sim = Sim::new(5);
-    let a = sim.seeded(Config::default()).get_jitter_seed().unwrap();
-    let b = sim.seeded(Config::default()).get_jitter_seed().unwrap();
+    let a = sim.seeded(Config::default()).jitter_seed().unwrap();
+    let b = sim.seeded(Config::default()).jitter_seed().unwrap();
     assert_ne!(a, b);
+    assert_eq!(Sim::new(5).seeded(Config::default()).jitter_seed(), Some(a));
+    assert_ne!(Sim::new(6).seeded(Config::default()).jitter_seed(), Some(a));
     assert_eq!(
-        Sim::new(5).seeded(Config::default()).get_jitter_seed(),
-        Some(a)
-    );
-    assert_ne!(
-        Sim::new(6).seeded(Config::default()).get_jitter_seed(),
-        Some(a)
-    );
-    assert_eq!(
-        sim.seeded(Config::default().jitter_seed(42))
-            .get_jitter_seed(),
+        sim.seeded(Config::default().with_jitter_seed(42))
+            .jitter_seed(),
         Some(42)
     );
 }

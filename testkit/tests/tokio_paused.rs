@@ -9,7 +9,7 @@ use redlease::{Config, LeaseState, LockManager, LossReason, Task, Timer};
 use redlease_testkit::{MemoryNode, TokioTestTimer};
 
 fn manager(node: MemoryNode) -> LockManager {
-    LockManager::single(node, Config::default().expiry(Duration::from_secs(30)))
+    LockManager::single(node, Config::default().with_expiry(Duration::from_secs(30)))
         .unwrap()
         .with_timer(TokioTestTimer)
         .with_spawner(|task: Task| drop(tokio::spawn(task)))

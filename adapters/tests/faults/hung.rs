@@ -29,7 +29,7 @@ async fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_opera
         let renewing = manager
             .lock(key("hung-renew", backend))
             .expiry(Duration::from_millis(1000))
-            .auto_renew(Duration::from_millis(100));
+            .renew_every(Duration::from_millis(100));
         let renewed = renewing.try_acquire().await.unwrap();
         let to_extend = manager
             .lock(key("hung-extend", backend))
@@ -112,7 +112,7 @@ async fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_opera
             elapsed <= 2 * OP + SLACK,
             "{backend:?}: extend took {elapsed:?}"
         );
-        assert!(to_extend.lost().is_lost(), "{backend:?}");
+        assert!(to_extend.lost().has_ended(), "{backend:?}");
 
         // Release: one round; the outcome is unknown, which is an error, not a success.
         let started = Instant::now();

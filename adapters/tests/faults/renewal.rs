@@ -76,7 +76,7 @@ fn check_transient(what: &str, states: &[LeaseState], recovered: Option<Duration
         recovered <= Duration::from_millis(20) + OP + Duration::from_millis(400),
         "{what}: held again only after {recovered:?}"
     );
-    assert!(!lease.lost().is_lost(), "{what}");
+    assert!(!lease.lost().has_ended(), "{what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,7 +93,7 @@ async fn a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_aga
         let k = key("transient", backend);
         let lease = manager
             .lock(&k)
-            .auto_renew(INTERVAL)
+            .renew_every(INTERVAL)
             .try_acquire()
             .await
             .unwrap();
@@ -129,7 +129,7 @@ async fn redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again() {
         let k = key("transient-redlock", backend);
         let lease = manager
             .lock(&k)
-            .auto_renew(INTERVAL)
+            .renew_every(INTERVAL)
             .try_acquire()
             .await
             .unwrap();
@@ -175,7 +175,7 @@ async fn persistent_failure(
 ) -> (LossReason, Instant, Instant, Instant, bool) {
     let lease = manager
         .lock(k)
-        .auto_renew(INTERVAL)
+        .renew_every(INTERVAL)
         .try_acquire()
         .await
         .unwrap();
@@ -261,7 +261,7 @@ async fn a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_befo
                 return;
             };
             // A drift allowance of 5 % (52 ms) is the margin between our deadline and the servers' expiry.
-            let cfg = config(TTL, OP).drift_factor(0.05);
+            let cfg = config(TTL, OP).with_drift_factor(0.05);
             let through_proxies = common::nodes(backend, &set.urls()).await;
             let direct =
                 common::nodes(common::Backend::RedisMultiplexed, &set.servers.urls()).await;

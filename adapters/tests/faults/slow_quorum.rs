@@ -31,7 +31,7 @@ async fn redlock_slow_majority_applies_the_set_but_acquisition_fails_without_val
             return;
         };
         let nodes = common::nodes(backend, &set.urls()).await;
-        let cfg = common::config(TTL, OP).drift_factor(DRIFT_FACTOR);
+        let cfg = common::config(TTL, OP).with_drift_factor(DRIFT_FACTOR);
         let manager = LockManager::redlock_dyn(nodes, cfg).unwrap();
         let k = key("slow-quorum", backend);
         set.reset_stats();

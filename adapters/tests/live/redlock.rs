@@ -24,7 +24,7 @@ async fn occupancy_masks(n: usize, backend: Backend) {
     };
     // A generous operation timeout: the first round on fresh connections can be slow on a loaded machine,
     // and a node missing the round would turn a "free >= quorum" mask into a failure.
-    let cfg = config(Duration::from_secs(5)).operation_timeout(Duration::from_secs(1));
+    let cfg = config(Duration::from_secs(5)).with_operation_timeout(Duration::from_secs(1));
     let manager = LockManager::redlock_dyn(nodes(&servers, backend).await, cfg).unwrap();
     let quorum = n / 2 + 1;
     for mask in 0u32..(1 << n) {
@@ -101,7 +101,7 @@ async fn redlock_survives_a_killed_minority_and_fails_fast_without_a_majority() 
         ) else {
             return;
         };
-        let cfg = config(Duration::from_secs(1)).operation_timeout(Duration::from_millis(150));
+        let cfg = config(Duration::from_secs(1)).with_operation_timeout(Duration::from_millis(150));
         let manager = LockManager::redlock_dyn(nodes(&servers, backend).await, cfg).unwrap();
 
         // Minority (2 of 5) killed: acquire, extend and release still work.
@@ -218,7 +218,7 @@ async fn a_redlock_service_starts_with_a_minority_down_and_the_node_joins_when_i
         let nodes = lazy_nodes(kind, &urls);
         let manager = LockManager::redlock_dyn(
             nodes,
-            config(Duration::from_secs(10)).operation_timeout(Duration::from_millis(800)),
+            config(Duration::from_secs(10)).with_operation_timeout(Duration::from_millis(800)),
         )
         .unwrap();
         for (i, before) in before.iter().enumerate() {

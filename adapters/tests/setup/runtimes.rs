@@ -21,7 +21,7 @@ const HOLD: Duration = Duration::from_millis(2_500);
 
 #[cfg(any(all(feature = "redis", feature = "tokio"), feature = "fred"))]
 fn config() -> Config {
-    Config::default().expiry(TTL).attempts(1)
+    Config::default().with_expiry(TTL).with_attempts(1)
 }
 
 #[cfg(all(feature = "redis", feature = "tokio"))]
@@ -160,7 +160,8 @@ fn fred_outside_tokio_is_a_typed_unsupported_error_at_once_not_a_panic() {
     ) else {
         return;
     };
-    let manager = redlease_adapters::fred::single(&server.url(), config().attempts(3)).unwrap();
+    let manager =
+        redlease_adapters::fred::single(&server.url(), config().with_attempts(3)).unwrap();
     let err = smol::block_on(manager.lock("rt:{fred-smol}:lock").acquire()).unwrap_err();
     // Permanent: the first attempt ends the acquisition.
     assert!(

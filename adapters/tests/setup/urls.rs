@@ -19,7 +19,9 @@ mod with_a_client {
     }
 
     fn config() -> Config {
-        Config::default().expiry(Duration::from_secs(2)).attempts(1)
+        Config::default()
+            .with_expiry(Duration::from_secs(2))
+            .with_attempts(1)
     }
 
     /// Connections the server has accepted so far.
@@ -214,7 +216,7 @@ mod with_a_client {
                 matches!(err, SetupError::Config(ConfigError::Topology(_))),
                 "{err}"
             );
-            let err = redis::single(url, config().attempts(0)).unwrap_err();
+            let err = redis::single(url, config().with_attempts(0)).unwrap_err();
             assert!(
                 matches!(err, SetupError::Config(ConfigError::ZeroAttempts)),
                 "{err}"

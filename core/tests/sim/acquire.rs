@@ -163,7 +163,11 @@ fn release_after_expiry_reports_lost_and_keeps_the_new_owners_key() {
 /// late after the caller gave up, and (with `delivery`) are reordered: acquisitions retry, reuse their token,
 /// recognise their own late writes and clean up. Returns the history and the node's fault counters.
 fn fenced_contention_under_faults(seed: u64, delivery: Delivery) -> (History, Faults) {
-    let mut c = Cluster::new(1, seed, config().expiry(secs(2)).retry_delay(ms(10)));
+    let mut c = Cluster::new(
+        1,
+        seed,
+        config().with_expiry(secs(2)).with_retry_delay(ms(10)),
+    );
     c.faults[0].random(
         RandomFaults::new(seed, 0.03, 0.02, 0.06, ms(5))
             .slow_reply(0.03)
@@ -273,8 +277,10 @@ fn hung_after_acquire(seed: u64, spawner: bool, renew: bool) -> (Cluster, redlea
         Cluster::new(1, seed, config())
     };
     let mut lock = c.manager.lock("job");
-    if renew {
+    if renew && spawner {
         lock = lock.auto_renew(secs(5));
+    } else if renew {
+        lock = lock.renew_every(secs(5));
     }
     let lease = c.try_acquire(&lock).unwrap();
     c.faults[0].always_all(Fault::Hang);
@@ -399,7 +405,9 @@ fn redlock_proceeds_past_a_hung_minority_without_waiting() {
 
 #[test]
 fn slow_quorum_fails_although_its_sets_succeeded() {
-    let cfg = config().expiry(ms(1000)).operation_timeout(ms(995));
+    let cfg = config()
+        .with_expiry(ms(1000))
+        .with_operation_timeout(ms(995));
     let mut c = Cluster::new(3, 7, cfg);
     for f in &c.faults {
         f.script(Op::Acquire, [Fault::Delay(ms(990))]);
@@ -466,7 +474,7 @@ fn lost_reply_then_retry_recognises_its_own_token() {
 
 #[test]
 fn contended_acquire_retries_with_jittered_delays_then_reports_contention() {
-    let mut c = Cluster::new(3, 9, config().attempts(4));
+    let mut c = Cluster::new(3, 9, config().with_attempts(4));
     for node in &c.nodes {
         node.set("job", FOREIGN, Some(secs(60)));
     }
@@ -647,7 +655,7 @@ fn extend_after_expiry_reports_lost_and_never_recreates_the_key() {
 
 #[test]
 fn extend_that_leaves_no_validity_fails_and_is_cleaned_up() {
-    let mut c = Cluster::new(3, 14, config().operation_timeout(ms(995)));
+    let mut c = Cluster::new(3, 14, config().with_operation_timeout(ms(995)));
     let lock = c.manager.lock("job").expiry(secs(10));
     let lease = c
         .sim
@@ -728,7 +736,7 @@ fn definite_failures_send_no_cleanup_but_unconfirmed_writes_are_cleaned_later() 
 
     // Attempt 1 is applied but its reply lost, and its clean-up cannot reach the node. Attempt 2 fails
     // definitely; the write of attempt 1 is still unconfirmed, so attempt 2's clean-up deletes it.
-    let mut c = Cluster::new(1, 18, config().attempts(2));
+    let mut c = Cluster::new(1, 18, config().with_attempts(2));
     c.faults[0].script(
         Op::Acquire,
         [

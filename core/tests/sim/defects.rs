@@ -231,7 +231,7 @@ fn setup(n: usize, config: redlease::Config, spawner: bool) -> Setup {
 /// through the own-token branch, then the held clean-up lands. The holder must not go on believing it holds
 /// the lock while a second client acquires it.
 fn stale_cleanup_scenario(n: usize, fenced: bool) {
-    let mut s = setup(n, config().retry_delay(ms(50)), false);
+    let mut s = setup(n, config().with_retry_delay(ms(50)), false);
     let victim = 0;
     s.nets[victim]
         .acquire(&[Step::LoseReply])
@@ -336,7 +336,7 @@ fn a_stale_shorter_extension_cannot_shorten_a_key_a_later_extension_relies_on() 
 #[test]
 fn run_finishes_its_give_up_cleanup_before_returning() {
     let mut s = setup(3, config(), false);
-    let lock = s.manager.lock("job").expiry(secs(3)).auto_renew(secs(1));
+    let lock = s.manager.lock("job").expiry(secs(3)).renew_every(secs(1));
     let token = s.sim.block_on({
         let nets = s.nets.clone();
         let clock = s.clock.clone();
@@ -468,7 +468,7 @@ async fn futures_join<A: std::future::Future, B: std::future::Future>(
 #[test]
 fn a_second_concurrent_run_is_renewed_after_the_first_returns() {
     let mut s = setup(1, config(), false);
-    let lock = s.manager.lock("job").expiry(secs(3)).auto_renew(secs(1));
+    let lock = s.manager.lock("job").expiry(secs(3)).renew_every(secs(1));
     let clock = s.clock.clone();
     let (short, long) = s.sim.block_on(async move {
         let lease = lock.try_acquire().await.unwrap();
@@ -561,7 +561,7 @@ fn acquire_until_a_past_deadline_sends_nothing() {
 /// Defect 8: after the last failed attempt, a clean-up that timed out is finished in the background.
 #[test]
 fn a_timed_out_cleanup_after_the_last_attempt_is_retried_in_the_background() {
-    let mut s = setup(1, config().attempts(1), true);
+    let mut s = setup(1, config().with_attempts(1), true);
     s.nets[0].acquire(&[Step::LoseReply]).release(&[Step::Hold]);
     let lock = s.manager.lock("job");
     let r = s.sim.block_on(async move { lock.acquire().await });
