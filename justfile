@@ -41,7 +41,8 @@ rust-version:
 
 # Package the three published crates (each tarball is built once).
 package:
-    cargo package -p redlease -p redlease-testkit -p redlease-adapters
+    rm -rf target/package-check "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/redlease-*   # see .ci/run
+    CARGO_TARGET_DIR=target/package-check cargo package -p redlease -p redlease-testkit -p redlease-adapters
 
 demo:
     cargo run -p redlease-demo
