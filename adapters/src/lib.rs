@@ -13,6 +13,11 @@
 //! tokio runtime, smol elsewhere). fred runs on tokio only: `fred` turns `tokio` on, and a fred node must be
 //! called from a tokio runtime.
 //!
+//! One line to a manager from URLs: `redis::single(url, config)` / `redis::redlock(urls, config)` (and the
+//! same in `fred`); a bad URL is a typed [`SetupError`] before anything is sent. Every constructor that takes
+//! [`Timeouts`] (connection and response) keeps the server's endpoint, which Redlock uses to refuse one
+//! server named twice.
+//!
 //! Observability features (off by default): `tracing` turns on redlease's spans and events and adds
 //! `trace::Traced`, a span per node call; `metrics` turns on redlease's `metrics::MetricsObserver`.
 //!
