@@ -912,6 +912,21 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
     fn endpoint(&self) -> Option<String> {
         self.endpoint.clone()
     }
+
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        ops::raise_fence(self, fence_key, at_least).await
+    }
+
+    async fn extend_many(
+        &self,
+        items: &[redlease::ExtendItem<'_>],
+    ) -> Result<Vec<bool>, NodeError> {
+        ops::extend_many(self, items).await
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        ops::EXTEND_MANY_LIMIT
+    }
 }
 
 #[cfg(test)]

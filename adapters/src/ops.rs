@@ -932,6 +932,153 @@ pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyS
     }
 }
 
+/// The most leases one batched extension call carries (as Redisson's renewal batches): about 100 µs of
+/// server time for the script, short enough not to stall other clients.
+pub(crate) const EXTEND_MANY_LIMIT: usize = 100;
+
+/// Polls every future to completion, concurrently, and returns their outputs in order.
+async fn join_all<T>(
+    mut futures: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>>,
+) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// Batched extension: the [`EXTEND_MANY`](scripts::EXTEND_MANY) script, one call per slot on a cluster;
+/// where scripts cannot run (or the node is pinned to native commands), each item's own extension, all sent
+/// at once (a multiplexed connection pipelines them).
+pub(crate) async fn extend_many(
+    t: &impl Transport,
+    items: &[redlease::ExtendItem<'_>],
+) -> Result<Vec<bool>, NodeError> {
+    let Some(first) = items.first() else {
+        return Ok(Vec::new());
+    };
+    let caps = path(t, first.key).await?;
+    let scripts_ok = caps.is_none_or(|c| c.lua && c.commands != Commands::Native);
+    if !scripts_ok {
+        let calls = items
+            .iter()
+            .map(|i| {
+                Box::pin(extend(t, i.key, i.token, i.ttl))
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
+            })
+            .collect();
+        return join_all(calls).await.into_iter().collect();
+    }
+    // Group by slot on a cluster (a script's keys must share one); one group otherwise.
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let slot = if t.clustered() {
+            slot::hash_slot(item.key.as_bytes())
+        } else {
+            0
+        };
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    let ttls: Vec<String> = items
+        .iter()
+        .map(|i| i.ttl.as_millis().to_string())
+        .collect();
+    let calls = groups
+        .iter()
+        .map(|(_, members)| {
+            let keys: Vec<&str> = members.iter().map(|&i| items[i].key).collect();
+            let mut args: Vec<&str> = members.iter().map(|&i| items[i].token.as_str()).collect();
+            args.extend(members.iter().map(|&i| ttls[i].as_str()));
+            Box::pin(async move {
+                let reply = eval(t, &scripts::EXTEND_MANY, &keys, &args).await?;
+                scripts::parse_flags(&scripts::EXTEND_MANY, reply, keys.len())
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
+        })
+        .collect();
+    let results: Vec<Result<Vec<bool>, NodeError>> = join_all(calls).await;
+    let mut out = vec![false; items.len()];
+    for ((_, members), result) in groups.iter().zip(results) {
+        // One slot's failure fails the call: the core counts the node as failed for every lease of it.
+        for (&i, flag) in members.iter().zip(result?) {
+            out[i] = flag;
+        }
+    }
+    Ok(out)
+}
+
+/// Raises the fence counter to at least `at_least`: reads it (`inspect`), and if it is smaller adds the
+/// difference with one `INCRBY`. `INCRBY` only ever adds a positive amount, so the counter never goes down:
+/// a fenced acquisition that increments it in between makes the result larger than `at_least`, never
+/// smaller. Plain commands, no script: the same path on every server, exact for every 64-bit value (Lua
+/// numbers are doubles). Retries the read when the counter was set lower in between (by someone else).
+pub(crate) async fn raise_fence(
+    t: &impl Transport,
+    fence_key: &str,
+    at_least: u64,
+) -> Result<u64, NodeError> {
+    const ATTEMPTS: usize = 3;
+    for _ in 0..ATTEMPTS {
+        let current = match inspect(t, fence_key).await? {
+            None => 0,
+            Some(state) if state.ttl.is_some() => {
+                return Err(NodeError::not_applied(
+                    NodeErrorKind::Fence,
+                    "the fence key has a TTL: its numbers would start again when it expires",
+                ));
+            }
+            Some(state) => std::str::from_utf8(&state.value)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    NodeError::not_applied(
+                        NodeErrorKind::Fence,
+                        "the fence key does not hold a non-negative integer",
+                    )
+                })?,
+        };
+        if current >= at_least {
+            return Ok(current);
+        }
+        let delta = (at_least - current).to_string();
+        let reply = note(
+            t,
+            t.command(
+                &scripts::RAISE_FENCE,
+                fence_key,
+                &["INCRBY", fence_key, &delta],
+            )
+            .await,
+        )?;
+        let raised = scripts::parse_integer(&scripts::RAISE_FENCE, &reply)?;
+        if let Ok(raised) = u64::try_from(raised) {
+            if raised >= at_least {
+                return Ok(raised);
+            }
+        }
+    }
+    Err(NodeError::not_applied(
+        NodeErrorKind::Other,
+        "the fence counter kept being lowered while it was raised",
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

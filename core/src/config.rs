@@ -19,6 +19,24 @@ use crate::node::Ttl;
 /// | [`drift_factor`](Self::with_drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
 /// | [`operation_timeout`](Self::with_operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
 /// | [`jitter_seed`](Self::with_jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, ConfigError};
+///
+/// let config = Config::default()
+///     .with_expiry(Duration::from_secs(10))
+///     .with_attempts(5)
+///     .with_retry_delay(Duration::from_millis(50));
+/// assert_eq!(config.expiry(), Duration::from_secs(10));
+/// // Derived: min(expiry / 5, 500 ms).
+/// assert_eq!(config.operation_timeout_for(config.expiry()), Duration::from_millis(500));
+/// assert_eq!(config.validate(), Ok(()));
+///
+/// // Settings that cannot work are refused before anything is sent.
+/// let bad = Config::default().with_expiry(Duration::from_millis(100)).with_operation_timeout(Duration::from_millis(100));
+/// assert!(matches!(bad.validate(), Err(ConfigError::OperationTimeoutNotBelowExpiry { .. })));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     expiry: Duration,
@@ -28,6 +46,7 @@ pub struct Config {
     drift_factor: f64,
     operation_timeout: Option<Duration>,
     jitter_seed: Option<u64>,
+    renewal_batching: Option<(Duration, usize)>,
 }
 
 impl Default for Config {
@@ -40,6 +59,7 @@ impl Default for Config {
             drift_factor: 0.01,
             operation_timeout: None,
             jitter_seed: None,
+            renewal_batching: None,
         }
     }
 }
@@ -99,6 +119,27 @@ impl Config {
     pub fn with_jitter_seed(mut self, seed: u64) -> Self {
         self.jitter_seed = Some(seed);
         self
+    }
+
+    /// Renews leases in the background in batches: the renewals of this manager's leases that fall due
+    /// within `window` of the first one go to each node as one call of up to `max_batch` leases
+    /// ([`RedisNode::extend_many`](crate::RedisNode::extend_many); a Lua script over all the keys, per slot on
+    /// a cluster). Off by default.
+    ///
+    /// It applies to background renewal ([`Lock::auto_renew`](crate::Lock::auto_renew), on the manager's
+    /// spawner) when every node supports batches; otherwise each lease renews on its own. A renewal is
+    /// late by at most `window` (keep it small against the renewal interval: milliseconds); each lease
+    /// keeps its own validity, measured from its batch round's start, and its own at-risk and loss
+    /// handling. `max_batch` must be in `1..=1000`.
+    #[must_use]
+    pub fn with_renewal_batching(mut self, window: Duration, max_batch: usize) -> Self {
+        self.renewal_batching = Some((window, max_batch));
+        self
+    }
+
+    /// The renewal batching window and batch size, if batching is on.
+    pub fn renewal_batching(&self) -> Option<(Duration, usize)> {
+        self.renewal_batching
     }
 
     /// The default lease TTL.
@@ -161,6 +202,19 @@ impl Config {
         }
         if let Some(timeout) = self.operation_timeout {
             nonzero("operation_timeout", timeout)?;
+        }
+        if let Some((window, max)) = self.renewal_batching {
+            if !(1..=1000).contains(&max) {
+                return Err(ConfigError::RenewalBatch(format!(
+                    "max_batch must be in 1..=1000, got {max}"
+                )));
+            }
+            if window >= self.expiry {
+                return Err(ConfigError::RenewalBatch(format!(
+                    "the window ({window:?}) must be shorter than the expiry ({:?})",
+                    self.expiry
+                )));
+            }
         }
         self.check_expiry(self.expiry).map(|_| ())
     }
@@ -276,6 +330,12 @@ pub enum ConfigError {
          the work inside Lease::run, which renews by itself"
     )]
     AutoRenewWithoutSpawner,
+    /// The renewal batching settings cannot work.
+    #[error("renewal batching: {0}")]
+    RenewalBatch(String),
+    /// A fence value no Redis counter can exceed (`i64::MAX` or more).
+    #[error("fence value {0} leaves no larger fence below i64::MAX")]
+    FenceOutOfRange(u64),
     /// A lock or fence key is unusable.
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),

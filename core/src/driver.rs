@@ -52,6 +52,8 @@ pub(crate) struct Engine {
     pub(crate) spawner: Option<Arc<dyn Spawn>>,
     pub(crate) jitter: Mutex<Jitter>,
     pub(crate) hook: crate::observe::Hook,
+    /// Renewals waiting for the next batch (see `crate::batch`).
+    pub(crate) batcher: crate::batch::Batcher,
 }
 
 /// The replies of one round, with their values where a node answered.
@@ -68,6 +70,12 @@ impl<T> RoundResult<T> {
     /// Whether the machine was suspended during the round, by more than `allowance`.
     pub(crate) fn suspended(&self, allowance: Duration) -> bool {
         crate::time::suspended((self.started, self.ended), self.wall, allowance)
+    }
+
+    /// [`suspended`](Self::suspended) as a closure over the round's times.
+    pub(crate) fn suspended_by(&self) -> impl Fn(Duration) -> bool + use<T> {
+        let (times, wall) = ((self.started, self.ended), self.wall);
+        move |allowance| crate::time::suspended(times, wall, allowance)
     }
 }
 

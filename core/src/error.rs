@@ -17,6 +17,8 @@ pub enum Operation {
     Extend,
     /// Releasing.
     Release,
+    /// Raising a fence counter ([`LockManager::raise_fence`](crate::LockManager::raise_fence)).
+    RaiseFence,
 }
 
 impl fmt::Display for Operation {
@@ -25,6 +27,7 @@ impl fmt::Display for Operation {
             Self::Acquire => "acquire",
             Self::Extend => "extend",
             Self::Release => "release",
+            Self::RaiseFence => "raise fence",
         })
     }
 }
@@ -88,8 +91,10 @@ pub enum LossReason {
     /// The nodes report the key missing or holding another token (expired on the server, deleted, or taken
     /// over), on too many nodes for a quorum to remain.
     NotHeld,
-    /// An extension failed (errors, timeouts or too little validity left), so the lease was given up and
-    /// cleaned up.
+    /// An extension succeeded too late to leave any validity (its round took about the whole TTL, or spanned
+    /// a suspend), so the lease was given up and cleaned up. An extension that merely failed to reach a
+    /// quorum leaves the lease at risk instead; if nothing extends it, it is lost as
+    /// [`Expired`](Self::Expired), with the node errors as the cause.
     ExtendFailed,
     /// The holder released the lease (or dropped it). Only reported by a [`LossSignal`](crate::LossSignal).
     Released,
@@ -182,6 +187,30 @@ fn not_acquired(
 /// The errors of redlease's public API.
 ///
 /// Match on the variants; never on the message text. Variants may be added.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, Error, LockManager, LossReason};
+///
+/// # redlease_testkit::block_on(async {
+/// # let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default()).unwrap();
+/// match manager.lock("report").try_acquire().await {
+///     Ok(lease) => {
+///         match lease.run(async { /* the work */ }).await {
+///             Ok(()) => {}
+///             // Lost while working: the work was stopped; `reason` says why, `source()` the node errors.
+///             Err(Error::Lost { reason: LossReason::NotHeld, .. }) => eprintln!("taken over"),
+///             Err(e) => eprintln!("{e}"),
+///         }
+///         let _ = lease.release().await;
+///     }
+///     Err(e) if e.is_contended() => {}                 // someone else holds it
+///     Err(Error::Config(e)) => panic!("a bug in our setup: {e}"), // nothing was sent
+///     Err(Error::NotAcquired { .. }) => {}              // nodes failed: retry later
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # });
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::driver::Engine;
 use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::validity::deadline_after_round;
-use crate::machine::{RenewalSchedule, RenewalStep, Verdict};
+use crate::machine::{RenewalSchedule, RenewalStep, Tally, Verdict};
 use crate::node::NodeError;
 use crate::node::Ttl;
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
@@ -119,7 +119,7 @@ pub(crate) struct Grant {
 }
 
 /// How one extension round ended.
-enum Extension {
+pub(crate) enum Extension {
     Extended {
         started: Instant,
         wall_started: Option<SystemTime>,
@@ -180,7 +180,10 @@ impl Shared {
             let first = st.lost.is_none();
             if first {
                 st.lost = Some(reason);
-                st.loss_source = source.map(Box::new);
+                // Without a cause of its own (an expiry), the loss keeps the one recorded while at risk.
+                if let Some(source) = source {
+                    st.loss_source = Some(Box::new(source));
+                }
             }
             let report = (first && !st.ended).then_some(st.valid_until);
             (st.lost.unwrap_or(reason), st.take_waiters(), report)
@@ -311,51 +314,80 @@ impl Shared {
     /// now: a holder must not go on believing in its old, later deadline while the key may already expire
     /// sooner (a paused client, a reply that never comes).
     async fn extend_once(&self, ttl: Ttl, timeout: Duration, renewal: bool) -> Extension {
-        let engine = &self.engine;
-        let factor = engine.config.drift_factor();
-        let unconfirmed = {
-            let now = self.now();
-            let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
-            let mut st = self.lock();
-            if cap < st.valid_until && st.lost.is_none() && !st.ended {
-                st.valid_until = cap;
-                let waiters = st.take_waiters();
-                let unconfirmed = st.unconfirmed.clone();
-                drop(st);
-                engine.hook.emit(
-                    &self.key,
-                    self.id,
-                    now,
-                    EventKind::Capped { valid_until: cap },
-                );
-                wake(waiters);
-                unconfirmed
-            } else {
-                st.unconfirmed.clone()
-            }
-        };
-        let r = engine
+        let unconfirmed = self.prepare_extension(ttl);
+        let r = self
+            .engine
             .extend_round(&self.key, &self.token, ttl, timeout, unconfirmed.as_deref())
             .await;
+        self.finish_extension(
+            ttl,
+            renewal,
+            &r.tally,
+            r.started,
+            r.ended,
+            r.wall,
+            r.suspended_by(),
+        )
+    }
+
+    /// Before an extension round with `ttl`: caps the deadline (see [`extend_once`](Self::extend_once)) and
+    /// returns the per-node TTLs of unconfirmed earlier extensions.
+    pub(crate) fn prepare_extension(&self, ttl: Ttl) -> Option<Box<[u64]>> {
+        let engine = &self.engine;
+        let factor = engine.config.drift_factor();
+        let now = self.now();
+        let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
+        let mut st = self.lock();
+        if cap < st.valid_until && st.lost.is_none() && !st.ended {
+            st.valid_until = cap;
+            let waiters = st.take_waiters();
+            let unconfirmed = st.unconfirmed.clone();
+            drop(st);
+            engine.hook.emit(
+                &self.key,
+                self.id,
+                now,
+                EventKind::Capped { valid_until: cap },
+            );
+            wake(waiters);
+            unconfirmed
+        } else {
+            st.unconfirmed.clone()
+        }
+    }
+
+    /// After an extension round with `ttl` whose replies for this lease are `tally`: records the nodes
+    /// where it may have been applied unconfirmed and turns the tally into an [`Extension`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finish_extension(
+        &self,
+        ttl: Ttl,
+        renewal: bool,
+        tally: &Tally,
+        started: Instant,
+        ended: Instant,
+        wall: (Option<SystemTime>, Option<SystemTime>),
+        suspended: impl Fn(Duration) -> bool,
+    ) -> Extension {
+        let engine = &self.engine;
         if engine.hook.active() {
             engine.hook.emit(
                 &self.key,
                 self.id,
-                r.ended,
+                ended,
                 EventKind::Extension {
                     renewal,
-                    nodes: Nodes::new(&r.tally),
-                    round: r.ended.saturating_duration_since(r.started),
+                    nodes: Nodes::new(tally),
+                    round: ended.saturating_duration_since(started),
                 },
             );
         }
         let n = engine.nodes.len();
         {
             let mut st = self.lock();
-            let mut record = r
-                .tally
+            let mut record = tally
                 .maybe_applied_indices()
-                .filter(|i| !r.tally.is_yes(*i))
+                .filter(|i| !tally.is_yes(*i))
                 .peekable();
             if record.peek().is_some() {
                 let slots = st
@@ -371,27 +403,27 @@ impl Shared {
                 }
             }
         }
-        if r.tally.verdict() == Verdict::Quorum {
+        if tally.verdict() == Verdict::Quorum {
             let drift = crate::machine::validity::drift(ttl, engine.config.drift_factor());
-            return match deadline_after_round(r.started, r.ended, ttl, engine.config.drift_factor())
-                .filter(|_| !r.suspended(drift))
+            return match deadline_after_round(started, ended, ttl, engine.config.drift_factor())
+                .filter(|_| !suspended(drift))
             {
                 Some(valid_until) => Extension::Extended {
-                    started: r.started,
-                    wall_started: r.wall.0,
+                    started,
+                    wall_started: wall.0,
                     valid_until,
                 },
                 None => Extension::Failed(None),
             };
         }
-        if r.tally.no() > n - engine.quorum() {
+        if tally.no() > n - engine.quorum() {
             return Extension::NotHeld;
         }
         Extension::Failed(Some(QuorumError::new(
             Operation::Extend,
-            r.tally.yes(),
-            r.tally.required(),
-            r.tally.errors(),
+            tally.yes(),
+            tally.required(),
+            tally.errors(),
         )))
     }
 
@@ -418,6 +450,8 @@ impl Shared {
         }
         let earlier = valid_until < st.valid_until;
         st.valid_until = valid_until;
+        // Extended: an earlier failure is no longer the cause of anything.
+        st.loss_source = None;
         st.round_started = started;
         st.wall_started = wall_started;
         let was_at_risk = st.at_risk.take();
@@ -449,6 +483,35 @@ impl Shared {
         }
         wake(waiters);
         Ok(())
+    }
+
+    /// A manual extension failed without proving the lease gone (too few nodes answered). Like a failed
+    /// renewal round: the lease stays held until its deadline, at risk, retryable; the cause is kept for the
+    /// loss at the deadline if nothing extends it. Lost already (expired during the round): given up.
+    async fn extension_failed(&self, source: QuorumError) -> Error {
+        let now = self.now();
+        let valid_until = match self.current(now) {
+            Ok(valid_until) => valid_until,
+            Err(reason) => return self.give_up(reason, Some(source)).await,
+        };
+        let first = self.set_at_risk(now);
+        self.engine.hook.emit(
+            &self.key,
+            self.id,
+            now,
+            EventKind::AtRisk {
+                valid_until,
+                error: Some(&source),
+                first,
+            },
+        );
+        {
+            let mut st = self.lock();
+            if st.lost.is_none() {
+                st.loss_source = Some(Box::new(source.clone()));
+            }
+        }
+        source.into()
     }
 
     /// Marks the lease at risk since `now` unless it already was; `true` if it was not.
@@ -562,8 +625,18 @@ impl Shared {
                 self.engine.mode,
                 self.id,
             ));
-            let round = crate::trace::instrument(span, self.extend_once(self.ttl, timeout, true));
-            match Box::pin(round).await {
+            let outcome = match self.engine.batch_size() {
+                Some(size) => {
+                    let batched = crate::batch::renew_in_batch(&self, self.ttl, timeout, size);
+                    crate::trace::instrument(span, batched).await
+                }
+                None => {
+                    let round =
+                        crate::trace::instrument(span, self.extend_once(self.ttl, timeout, true));
+                    Box::pin(round).await
+                }
+            };
+            match outcome {
                 Extension::Extended {
                     started,
                     wall_started,
@@ -793,6 +866,28 @@ impl Lease {
         self.shared.fence
     }
 
+    /// The fencing token as an `i64`, for a SQL `BIGINT` column or a driver that binds signed integers.
+    ///
+    /// Fences come from a Redis counter, which is a signed 64-bit integer, so every fence fits: `Some` for
+    /// every fenced lease (a node breaking [`acquire_fenced`](crate::RedisNode::acquire_fenced)'s contract
+    /// with a larger number is the only way to get `None` from a fenced lease), `None` for an unfenced one.
+    ///
+    /// ```
+    /// # use redlease::{Config, LockManager};
+    /// # redlease_testkit::block_on(async {
+    /// # let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager.lock("orders:{42}:lock").fenced("orders:{42}:fence").try_acquire().await?;
+    /// let fence: i64 = lease.fencing_token_i64().expect("a fenced lease");
+    /// // e.g. sqlx::query("UPDATE orders SET …, last_fence = $1 WHERE id = 42 AND last_fence <= $1").bind(fence)
+    /// assert_eq!(fence, 1);
+    /// # lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn fencing_token_i64(&self) -> Option<i64> {
+        self.shared.fence.and_then(|f| i64::try_from(f).ok())
+    }
+
     /// The instant (on the manager's timer) after which the lease must be considered lost unless extended.
     pub fn valid_until(&self) -> Instant {
         self.shared.lock().valid_until
@@ -825,6 +920,28 @@ impl Lease {
     /// resolved. Cloneable; each clone waits independently.
     ///
     /// It resolves no later than the validity deadline even if nothing renews or polls the lease.
+    ///
+    /// For work that cannot run inside [`run`](Self::run), race it against the signal yourself:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, LockManager, LossReason};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager.lock("leader").expiry(Duration::from_millis(200)).try_acquire().await?;
+    /// let lost = lease.lost();
+    /// assert!(!lost.has_ended());
+    /// // Nothing renews this lease: the signal fires at its validity deadline.
+    /// assert_eq!(lost.await, LossReason::Expired);
+    /// // Released or dropped leases resolve their signals too, with `Released`.
+    /// let lease = manager.lock("follower").try_acquire().await?;
+    /// let signal = lease.lost();
+    /// lease.release().await?;
+    /// assert_eq!(signal.await, LossReason::Released);
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     pub fn lost(&self) -> LossSignal {
         LossSignal::new(Arc::clone(&self.shared))
     }
@@ -839,10 +956,36 @@ impl Lease {
     /// # Errors
     /// - [`Error::Config`] for an invalid `ttl` (zero, too long, within the drift allowance), before any
     ///   command is sent;
-    /// - [`Error::Lost`] if the lease was already lost, or if this extension failed: the nodes no longer hold
-    ///   it ([`LossReason::NotHeld`]), or too few nodes answered in time or too little validity remained
-    ///   ([`LossReason::ExtendFailed`], with the node errors as `source`). After a failed extension the lease
-    ///   is given up and its token deleted from every node that may still hold it.
+    /// - [`Error::Quorum`] if too few nodes answered in time (refused connections, timeouts, error replies):
+    ///   nothing proves the lease gone, so it stays held until its current deadline,
+    ///   [at risk](LeaseState::AtRisk), and `extend` may be retried; if nothing extends it, it is lost at the
+    ///   deadline (its loss then carries these node errors as `source`);
+    /// - [`Error::Lost`] if the lease was already lost, or if this extension proved it gone: the nodes no
+    ///   longer hold it ([`LossReason::NotHeld`]), or the round left no validity
+    ///   ([`LossReason::ExtendFailed`]). The lease is then given up and its token deleted from every node that
+    ///   may still hold it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Error, LeaseState, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager.lock("report").try_acquire().await?;
+    /// match lease.extend(Duration::from_secs(60)).await {
+    ///     Ok(()) => {}
+    ///     // Too few nodes answered: still ours until `valid_until`, at risk; try again or stop in time.
+    ///     Err(Error::Quorum(e)) => {
+    ///         assert!(matches!(lease.state(), LeaseState::AtRisk));
+    ///         eprintln!("extension failed ({e}); valid until {:?}", lease.valid_until());
+    ///     }
+    ///     // Gone: stop acting as the owner.
+    ///     Err(lost) => return Err(lost),
+    /// }
+    /// lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     pub fn extend(&self, ttl: Duration) -> impl Future<Output = Result<(), Error>> {
         // In a span with the `tracing` feature. Not an `async fn`: without the feature this is the
         // extension's own future, no bigger.
@@ -882,8 +1025,10 @@ impl Lease {
                 Err(reason) => Err(self.shared.give_up(reason, None).await),
             },
             Extension::NotHeld => Err(self.shared.give_up(LossReason::NotHeld, None).await),
-            Extension::Failed(source) => {
-                Err(self.shared.give_up(LossReason::ExtendFailed, source).await)
+            Extension::Failed(Some(source)) => Err(self.shared.extension_failed(source).await),
+            // A quorum extended it, but the round left no validity (or spanned a suspend).
+            Extension::Failed(None) => {
+                Err(self.shared.give_up(LossReason::ExtendFailed, None).await)
             }
         }
     }

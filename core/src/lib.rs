@@ -61,6 +61,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod batch;
 mod config;
 mod driver;
 mod error;
@@ -84,7 +85,8 @@ pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{Lock, LockManager};
 pub use node::{
-    Applied, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper, RedisNode, Ttl,
+    Applied, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper, RedisNode,
+    Ttl,
 };
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,

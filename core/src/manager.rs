@@ -131,6 +131,7 @@ impl LockManager {
                 spawner: None,
                 jitter: Mutex::new(jitter),
                 hook: Hook::default(),
+                batcher: Default::default(),
             }),
         })
     }
@@ -149,6 +150,7 @@ impl LockManager {
             spawner: e.spawner.clone(),
             jitter: Mutex::new(jitter),
             hook: e.hook.clone(),
+            batcher: Default::default(),
         };
         f(&mut engine);
         Self {
@@ -230,6 +232,70 @@ impl LockManager {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.engine.config
+    }
+
+    /// Raises the fence counter at `fence_key` to at least `at_least` (never lowering it) and returns its
+    /// value afterwards: every fencing token issued from then on is larger than `at_least`. Single mode only.
+    ///
+    /// For the day a Redis without persistence restarts and its fence counter starts again at 1, while the
+    /// fenced resource remembers a larger fence and would refuse every new holder's write as stale: read the
+    /// largest fence the resource has accepted, and raise the counter above it before taking the lock again.
+    /// Bounded by the operation timeout of the default expiry.
+    ///
+    /// ```
+    /// use redlease::{Config, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// // The resource's largest accepted fence, e.g. `SELECT max(fence) FROM orders_log`.
+    /// let resource_max = 4_711;
+    /// manager.raise_fence("orders:{42}:fence", resource_max).await?;
+    /// let lease = manager.lock("orders:{42}:lock").fenced("orders:{42}:fence").try_acquire().await?;
+    /// assert!(lease.fencing_token().unwrap() > resource_max);
+    /// # lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::FencingUnsupported`] for a Redlock manager and [`Error::Config`] for an empty key or a value
+    /// of `i64::MAX` or more (no larger fence could follow), before anything is sent; [`Error::Quorum`] (operation [`RaiseFence`](Operation::RaiseFence)) with the node's
+    /// error otherwise — [`NodeErrorKind::Unsupported`](crate::NodeErrorKind::Unsupported) for a node without
+    /// the capability, [`NodeErrorKind::Fence`](crate::NodeErrorKind::Fence) for a counter that is not a
+    /// non-negative integer or has a TTL.
+    pub async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, Error> {
+        if self.engine.mode != Mode::Single {
+            return Err(Error::FencingUnsupported);
+        }
+        if fence_key.is_empty() {
+            return Err(ConfigError::InvalidKey("the fence key is empty").into());
+        }
+        if at_least >= i64::MAX as u64 {
+            // Redis counters are signed 64-bit: the next INCR would overflow.
+            return Err(ConfigError::FenceOutOfRange(at_least).into());
+        }
+        let config = &self.engine.config;
+        let timeout = config.operation_timeout_for(config.expiry());
+        let r = self
+            .engine
+            .round(
+                crate::machine::WaitFor::All,
+                false,
+                timeout,
+                |_, node| node.raise_fence(fence_key, at_least),
+                |_| true,
+            )
+            .await;
+        match r.values.into_iter().next().flatten() {
+            Some(value) => Ok(value),
+            None => Err(QuorumError::new(
+                Operation::RaiseFence,
+                r.tally.yes(),
+                r.tally.required(),
+                r.tally.errors(),
+            )
+            .into()),
+        }
     }
 }
 
@@ -490,6 +556,24 @@ impl Lock {
     }
 
     /// Keeps trying for `patience` from now; see [`acquire_until`](Self::acquire_until).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Error, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let holder = manager.lock("migration").try_acquire().await?;
+    /// // Someone holds it: wait up to 300 ms, retrying every `retry_delay` (+ jitter).
+    /// match manager.lock("migration").acquire_within(Duration::from_millis(300)).await {
+    ///     Ok(lease) => lease.release().await.map(|_| ())?,
+    ///     Err(e) if e.is_contended() => println!("still held by someone else: skip this run"),
+    ///     Err(e) => return Err(e), // the server is unreachable, refused us, …
+    /// }
+    /// holder.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).

@@ -260,7 +260,8 @@ pub trait RedisNode: Send + Sync {
     /// Atomically: if `key` does not exist, `INCR fence_key`, `SET key token PX ttl` and return the incremented
     /// value; if `key` holds exactly `token`, reset its TTL to `ttl` and return the current value of
     /// `fence_key` (the number issued to this acquisition, or a larger one); otherwise change nothing and
-    /// return `None`. `fence_key` is never deleted or given a TTL, so numbers only grow. Everything that could
+    /// return `None`. `fence_key` is never deleted or given a TTL, so numbers only grow; like every Redis
+    /// counter they stay below `i64::MAX` (an exhausted counter is an error). Everything that could
     /// fail (wrong types, an exhausted counter) is checked before the first write, so an error never leaves a
     /// lock key behind. On Redis Cluster both keys must hash to one slot (`{tag}`).
     async fn acquire_fenced(
@@ -286,6 +287,69 @@ pub trait RedisNode: Send + Sync {
     /// Redlock topology that names one server twice. `None` (the default) when unknown.
     fn endpoint(&self) -> Option<String> {
         None
+    }
+
+    /// Raises the fence counter at `fence_key` to at least `at_least`, and returns its value afterwards.
+    ///
+    /// Never lowers the counter and never gives it a TTL; a missing counter is created at `at_least`. Every
+    /// fencing token issued after this returns is larger than `at_least`. (Acquisitions that run at the
+    /// same time may still receive smaller numbers: they happened before the raise.) For re-seeding a
+    /// counter that a restart without persistence reset, see
+    /// [`LockManager::raise_fence`](crate::LockManager::raise_fence).
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending anything.
+    /// A counter that is not a non-negative integer, or has a TTL, is a [`NodeErrorKind::Fence`] error, as
+    /// for [`acquire_fenced`](Self::acquire_fenced), changing nothing.
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        let _ = (fence_key, at_least);
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot raise a fence counter (RedisNode::raise_fence is not implemented)",
+        ))
+    }
+
+    /// Extends many leases in one call: for each item, exactly [`extend`](Self::extend) — if its key holds
+    /// its token, set its TTL and answer `true`; otherwise change nothing and answer `false` (a key of
+    /// another type answers `false` too) — and one answer per item, in order. The items need not be atomic
+    /// together; each one is.
+    ///
+    /// The core's batched renewal sends at most [`extend_many_limit`](Self::extend_many_limit) items per
+    /// call. An error fails every item of the call (classify it as for `extend`: not applied, or
+    /// ambiguous).
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending
+    /// anything, and the core then extends each lease on its own.
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let _ = items;
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot extend a batch (RedisNode::extend_many is not implemented)",
+        ))
+    }
+
+    /// The most items [`extend_many`](Self::extend_many) takes in one call; 0 (the default) when it is not
+    /// supported.
+    fn extend_many_limit(&self) -> usize {
+        0
+    }
+}
+
+/// One lease's part of a batched extension ([`RedisNode::extend_many`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ExtendItem<'a> {
+    /// The lock key.
+    pub key: &'a str,
+    /// The lease's token.
+    pub token: &'a Token,
+    /// The TTL to set.
+    pub ttl: Ttl,
+}
+
+impl<'a> ExtendItem<'a> {
+    /// An item extending `key`, if it holds `token`, to `ttl`.
+    pub fn new(key: &'a str, token: &'a Token, ttl: Ttl) -> Self {
+        Self { key, token, ttl }
     }
 }
 
@@ -445,6 +509,35 @@ pub trait NodeWrapper: Send + Sync {
     fn endpoint(&self) -> Option<String> {
         self.inner().endpoint()
     }
+
+    /// See [`RedisNode::raise_fence`]; forwards by default.
+    fn raise_fence<'a, 'b, 'f>(&'a self, fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        self.inner().raise_fence(fence_key, at_least)
+    }
+
+    /// See [`RedisNode::extend_many`]; forwards by default.
+    fn extend_many<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [ExtendItem<'c>],
+    ) -> NodeFuture<'f, Vec<bool>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().extend_many(items)
+    }
+
+    /// See [`RedisNode::extend_many_limit`]; forwards by default.
+    fn extend_many_limit(&self) -> usize {
+        self.inner().extend_many_limit()
+    }
 }
 
 impl<W: NodeWrapper> RedisNode for W {
@@ -535,6 +628,32 @@ impl<W: NodeWrapper> RedisNode for W {
 
     fn endpoint(&self) -> Option<String> {
         NodeWrapper::endpoint(self)
+    }
+
+    fn raise_fence<'a, 'b, 'f>(&'a self, fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::raise_fence(self, fence_key, at_least)
+    }
+
+    fn extend_many<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [ExtendItem<'c>],
+    ) -> NodeFuture<'f, Vec<bool>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::extend_many(self, items)
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        NodeWrapper::extend_many_limit(self)
     }
 }
 

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use redlease::machine::Jitter;
 use redlease::{
-    KeyState, NodeError, NodeErrorKind, RedisNode, Spawn, Timer, Token, Ttl, async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, Spawn, Timer, Token, Ttl,
+    async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -857,6 +858,30 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             .await
     }
 
+    /// Counted and faulted as one [`Op::Extend`] call: a fault hits the whole batch, as a failed connection
+    /// or a lost reply would.
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let owned: Vec<(String, Token, Ttl)> = items
+            .iter()
+            .map(|i| (i.key.to_owned(), i.token.clone(), i.ttl))
+            .collect();
+        let detach = move |n: Arc<N>| -> BoxFuture<Reply<Vec<bool>>> {
+            Box::pin(async move {
+                let items: Vec<ExtendItem<'_>> = owned
+                    .iter()
+                    .map(|(k, t, ttl)| ExtendItem::new(k, t, *ttl))
+                    .collect();
+                n.extend_many(&items).await
+            })
+        };
+        self.run(Op::Extend, self.inner.extend_many(items), detach)
+            .await
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        self.inner.extend_many_limit()
+    }
+
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
         let detach = |n: Arc<N>| -> BoxFuture<Reply<Option<KeyState>>> {
             let key = key.to_owned();
@@ -871,6 +896,11 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
 
     fn endpoint(&self) -> Option<String> {
         self.inner.endpoint()
+    }
+
+    /// Forwarded without faults (an administrative call, not a lease operation).
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        self.inner.raise_fence(fence_key, at_least).await
     }
 }
 

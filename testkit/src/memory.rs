@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redlease::{
-    KeyState, NodeError, NodeErrorKind, RedisNode, SystemTimer, Timer, Token, Ttl, async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, SystemTimer, Timer, Token, Ttl,
+    async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -177,6 +178,31 @@ impl MemoryNode {
     }
 }
 
+/// The number a fence counter holds (`None`: missing), or the error the fenced acquisition script gives for
+/// a counter with a TTL or a value that is not a non-negative integer.
+fn fence_value(entry: Option<&Entry>) -> Result<Option<u64>, NodeError> {
+    let Some(entry) = entry else {
+        return Ok(None);
+    };
+    if entry.expires_at.is_some() {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Fence,
+            "the fence key has a TTL: its numbers would start again when it expires",
+        ));
+    }
+    std::str::from_utf8(&entry.value)
+        .ok()
+        .filter(|s| *s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit())))
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            NodeError::not_applied(
+                NodeErrorKind::Fence,
+                "the fence key does not hold a non-negative integer",
+            )
+        })
+}
+
 fn expiry(now: Instant, ttl: Ttl) -> Option<Instant> {
     now.checked_add(ttl.as_duration())
 }
@@ -215,29 +241,7 @@ impl RedisNode for MemoryNode {
         let now = self.now();
         let mut store = self.lock();
         // Validate everything before any write, as the Lua script does: an error never leaves a lock behind.
-        let fence = match store.live(fence_key, now) {
-            None => None,
-            Some(entry) if entry.expires_at.is_some() => {
-                return Err(NodeError::not_applied(
-                    NodeErrorKind::Fence,
-                    "the fence key has a TTL: its numbers would start again when it expires",
-                ));
-            }
-            Some(entry) => Some(
-                std::str::from_utf8(&entry.value)
-                    .ok()
-                    .filter(|s| {
-                        *s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit()))
-                    })
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        NodeError::not_applied(
-                            NodeErrorKind::Fence,
-                            "the fence key does not hold a non-negative integer",
-                        )
-                    })?,
-            ),
-        };
+        let fence = fence_value(store.live(fence_key, now).as_deref())?;
         if fence.is_some_and(|f| f >= i64::MAX as u64) {
             return Err(NodeError::not_applied(
                 NodeErrorKind::Fence,
@@ -276,6 +280,24 @@ impl RedisNode for MemoryNode {
         }
     }
 
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        match fence_value(store.live(fence_key, now).as_deref())? {
+            Some(current) if current >= at_least => Ok(current),
+            _ => {
+                store.keys.insert(
+                    fence_key.to_owned(),
+                    Entry {
+                        value: at_least.to_string().into_bytes(),
+                        expires_at: None,
+                    },
+                );
+                Ok(at_least)
+            }
+        }
+    }
+
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
         let now = self.now();
         let mut store = self.lock();
@@ -299,6 +321,26 @@ impl RedisNode for MemoryNode {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Every item as [`extend`](RedisNode::extend) would, under one lock (one call, one instant).
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        Ok(items
+            .iter()
+            .map(|item| match store.live(item.key, now) {
+                Some(entry) if item.token.matches(&entry.value) => {
+                    entry.expires_at = expiry(now, item.ttl);
+                    true
+                }
+                _ => false,
+            })
+            .collect())
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        1000
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use redlease::{Error, LeaseState, LockManager, LossReason, NotAcquiredReason};
+use redlease::{Error, LeaseState, LockManager, NotAcquiredReason};
 use redlease_testkit::proxy::ProxyMode;
 
 use crate::common::{self, BACKENDS, Proxied, config, get, key, not_acquired_reason, pttl};
@@ -98,21 +98,18 @@ async fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_opera
             .await
             .expect_err("extended through a hung node");
         let elapsed = started.elapsed();
+        // Unanswered is not "gone": the lease is at risk until its deadline, not lost.
+        assert!(matches!(err, Error::Quorum(_)), "{backend:?}: {err}");
         assert!(
-            matches!(
-                err,
-                Error::Lost {
-                    reason: LossReason::ExtendFailed,
-                    ..
-                }
-            ),
-            "{backend:?}: {err}"
-        );
-        assert!(
-            elapsed <= 2 * OP + SLACK,
+            elapsed <= OP + SLACK,
             "{backend:?}: extend took {elapsed:?}"
         );
-        assert!(to_extend.lost().has_ended(), "{backend:?}");
+        assert!(
+            matches!(to_extend.state(), LeaseState::AtRisk),
+            "{backend:?}: {:?}",
+            to_extend.state()
+        );
+        assert!(!to_extend.lost().has_ended(), "{backend:?}");
 
         // Release: one round; the outcome is unknown, which is an error, not a success.
         let started = Instant::now();

@@ -8,6 +8,7 @@
 
 mod ambiguity;
 mod auth;
+mod batch;
 mod cluster;
 mod common;
 mod conformance;

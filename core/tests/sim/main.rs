@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 mod acquire;
+mod batch;
 mod cancel;
 mod clock_jump;
 mod config;
