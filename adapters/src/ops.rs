@@ -1067,10 +1067,10 @@ pub(crate) async fn raise_fence(
             .await,
         )?;
         let raised = scripts::parse_integer(&scripts::RAISE_FENCE, &reply)?;
-        if let Ok(raised) = u64::try_from(raised) {
-            if raised >= at_least {
-                return Ok(raised);
-            }
+        if let Ok(raised) = u64::try_from(raised)
+            && raised >= at_least
+        {
+            return Ok(raised);
         }
     }
     Err(NodeError::not_applied(
