@@ -288,6 +288,48 @@ return 0
     sha1: "20f1153a4f93df7f520d499d02a10f77884d4098",
 };
 
+/// Compare-and-pexpire for many leases at once (batched renewal). `KEYS[1..n]` locks, `ARGV[1..n]` their
+/// tokens, `ARGV[n+1..2n]` their TTLs in ms. Returns an array of n flags, each exactly what [`EXTEND`] would
+/// return for that key. All TTLs are validated and all keys read before the first write, so an error reply
+/// (an invalid TTL, a refused read) changes nothing; a key of another type answers 0. On a cluster all keys
+/// must share a slot: the adapters send one call per slot.
+pub const EXTEND_MANY: Script = Script {
+    name: "extend-many",
+    source: r#"local n = #KEYS
+if #ARGV ~= 2 * n then
+  return redis.error_reply('ERR redlease: extend_many wants a token and a TTL per key')
+end
+for i = 1, n do
+  local ttl = ARGV[n + i]
+  if #ttl > 15 or not string.find(ttl, '^[1-9][0-9]*$') then
+    return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+  end
+end
+local held = {}
+for i = 1, n do
+  local cur = redis.pcall('GET', KEYS[i])
+  if type(cur) == 'table' then
+    if not (cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE') then
+      return cur
+    end
+    held[i] = false
+  else
+    held[i] = (cur == ARGV[i])
+  end
+end
+local out = {}
+for i = 1, n do
+  if held[i] then
+    out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[n + i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"#,
+    sha1: "f1a7bdda5ff853638fbeafb1bc245492f1ef7e1e",
+};
+
 /// Reads value and TTL in one step. `KEYS[1]` key. Returns nil when absent, else `[value, pttl_ms]` (`pttl` is
 /// -1 for a key without expiry).
 pub const INSPECT: Script = Script {
@@ -477,7 +519,7 @@ pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 10] = [
+pub const ALL: [Script; 11] = [
     ACQUIRE,
     ACQUIRE_FRESH,
     ACQUIRE_TTL,
@@ -485,6 +527,7 @@ pub const ALL: [Script; 10] = [
     RELEASE,
     RELEASE_SILENT,
     EXTEND,
+    EXTEND_MANY,
     INSPECT,
     PROBE,
     PROBE_ACQUIRE,
@@ -542,6 +585,17 @@ pub fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeError> {
         1 => Ok(true),
         0 => Ok(false),
         _ => Err(unexpected(script, &reply)),
+    }
+}
+
+/// The reply of [`EXTEND_MANY`] for `n` keys: an array of n flags, each 1 or 0.
+pub fn parse_flags(script: &Script, reply: Reply, n: usize) -> Result<Vec<bool>, NodeError> {
+    match reply {
+        Reply::Array(items) if items.len() == n => items
+            .into_iter()
+            .map(|item| parse_flag(script, item))
+            .collect(),
+        other => Err(unexpected(script, &other)),
     }
 }
 

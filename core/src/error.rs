@@ -133,6 +133,9 @@ pub enum NotAcquiredReason {
     /// The deadline of [`acquire_until`](crate::Lock::acquire_until) had passed before an attempt could start;
     /// nothing was sent.
     DeadlinePassed,
+    /// The node took the lock, but too few replicas acknowledged it in time for the
+    /// [`Durability::Required`](crate::Durability::Required) policy; the key was released again.
+    NotReplicated,
 }
 
 impl fmt::Display for NotAcquiredReason {
@@ -143,6 +146,9 @@ impl fmt::Display for NotAcquiredReason {
             Self::ValidityExhausted => "no validity left after the round",
             Self::Refused => "refused",
             Self::DeadlinePassed => "the deadline had passed before an attempt could start",
+            Self::NotReplicated => {
+                "taken, but not acknowledged by enough replicas in time (released again)"
+            }
         })
     }
 }

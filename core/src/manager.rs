@@ -105,6 +105,12 @@ impl LockManager {
             }
             _ => {}
         }
+        if mode == Mode::Redlock && config.durability().wait().is_some() {
+            return Err(ConfigError::Durability(
+                "a durability policy waits for the replicas of one primary; Redlock nodes are independent \
+                 primaries (use Durability::Off)",
+            ));
+        }
         let mut seen = HashSet::new();
         for (i, node) in nodes.iter().enumerate() {
             if nodes[..i].iter().any(|other| Arc::ptr_eq(other, node)) {
@@ -133,6 +139,8 @@ impl LockManager {
                 spawner: None,
                 jitter: Mutex::new(jitter),
                 hook: Hook::default(),
+                watch: Arc::default(),
+                batcher: Default::default(),
             }),
         })
     }
@@ -151,6 +159,8 @@ impl LockManager {
             spawner: e.spawner.clone(),
             jitter: Mutex::new(jitter),
             hook: e.hook.clone(),
+            watch: Arc::clone(&e.watch),
+            batcher: Default::default(),
         };
         f(&mut engine);
         Self {
@@ -168,13 +178,25 @@ impl LockManager {
     /// Lets redlease run background tasks through `spawner`: automatic renewal of leases whose lock has
     /// [`auto_renew`](Lock::auto_renew), and clean-up after a lease or an acquisition is dropped.
     ///
+    /// Any `Fn(Task)` is a spawner. On tokio or smol use `redlease_adapters::runtime::TokioSpawner` or
+    /// `SmolSpawner`; without a runtime, a thread per task with any `block_on` works:
+    ///
     /// ```
-    /// # use redlease::{Config, LockManager};
-    /// # let node = redlease_testkit::MemoryNode::new();
-    /// let manager = LockManager::single(node, Config::default())
-    ///     .unwrap()
-    ///     .with_spawner(|task| { std::thread::spawn(move || futures_executor_stub(task)); });
-    /// # fn futures_executor_stub(_t: redlease::Task) {}
+    /// use std::time::Duration;
+    /// use redlease::{Config, LockManager, Task};
+    /// use redlease_testkit::MemoryNode;
+    ///
+    /// let node = MemoryNode::new(); // any RedisNode
+    /// let config = Config::default().with_expiry(Duration::from_secs(1));
+    /// let manager = LockManager::single(node, config)?.with_spawner(|task: Task| {
+    ///     std::thread::spawn(move || redlease_testkit::block_on(task));
+    /// });
+    /// let lock = manager.lock("jobs:nightly").auto_renew(Duration::from_millis(250));
+    /// let lease = redlease_testkit::block_on(lock.acquire())?;
+    /// std::thread::sleep(Duration::from_millis(2_500)); // past two TTLs: renewed on the spawned thread
+    /// assert!(lease.is_held());
+    /// redlease_testkit::block_on(lease.release())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
     pub fn with_spawner(self, spawner: impl Spawn + 'static) -> Self {
@@ -663,7 +685,7 @@ impl Lock {
         let mut unsettled: Vec<bool> = Vec::new();
         loop {
             attempt = attempt.saturating_add(1);
-            let mut timeout = plan.op_timeout;
+            let mut timeout = plan.op_timeout.saturating_add(engine.wait_allowance());
             if let Limit::Until(deadline) = limit {
                 timeout = timeout.min(deadline.saturating_duration_since(engine.timer.now()));
             }
@@ -682,6 +704,7 @@ impl Lock {
                     timeout,
                     fresh,
                     hint.as_ref(),
+                    id,
                 )
                 .await;
 
@@ -708,6 +731,12 @@ impl Lock {
                     };
                     for w in &mut watches {
                         w.end_attempt(Outcome::Won);
+                    }
+                    if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
+                        match engine.watch.lock() {
+                            Ok(mut w) => w.issued(fence_key, fence),
+                            Err(p) => p.into_inner().issued(fence_key, fence),
+                        }
                     }
                     let token = tokens.won();
                     // A straggling acquisition request sets the acquisition's TTL when it lands: the lease
@@ -765,6 +794,13 @@ impl Lock {
                 NotAcquiredReason::Contended
             } else if r.tally.permanent() > n - engine.quorum() {
                 NotAcquiredReason::Refused
+            } else if engine.mode == Mode::Single
+                && r.tally
+                    .errors()
+                    .iter()
+                    .any(|(_, e)| e.kind() == crate::node::NodeErrorKind::NotReplicated)
+            {
+                NotAcquiredReason::NotReplicated
             } else {
                 NotAcquiredReason::TooFewNodes
             };

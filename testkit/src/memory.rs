@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Claim, KeyState, NodeError, NodeErrorKind, RedisNode, SystemTimer, Timer, Token, Ttl,
-    async_trait,
+    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId,
+    SystemTimer, Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -28,6 +28,10 @@ struct Store {
     subs: HashMap<String, Vec<(u64, Inbox)>>,
     /// Messages published so far.
     published: u64,
+    /// Restarts so far: part of the run id.
+    runs: u64,
+    /// What `wait_replicas` answers (see [`MemoryNode::set_replicas`]).
+    replicas: Option<u32>,
 }
 
 impl Store {
@@ -49,7 +53,35 @@ impl Store {
 /// Keys expire when the node's [`Timer`] reaches their deadline (`now >= expires_at`), like Redis' `PX`.
 /// Clones share one store: keep a clone to plant foreign values or inspect keys while a manager owns another.
 /// Every node created by [`new`](Self::new)/[`with_timer`](Self::with_timer) reports a distinct
-/// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones.
+/// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones, and a [`run_id`](RedisNode::run_id)
+/// that changes with every [`restart`](Self::restart). It has no replicas unless
+/// [`set_replicas`](Self::set_replicas) says how many acknowledge.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, Error, LockManager, NotAcquiredReason};
+/// use redlease_testkit::{MemoryNode, Sim};
+///
+/// let mut sim = Sim::new(1);
+/// let node = MemoryNode::with_timer(sim.clock()); // keys expire on the simulation's clock
+/// let manager = sim.single(node.clone(), Config::default().with_attempts(1))?;
+/// let lock = manager.lock("job").expiry(Duration::from_secs(10));
+///
+/// // Another owner holds the key: contention, and the foreign value is left alone.
+/// node.set("job", "someone-else", Some(Duration::from_secs(5)));
+/// let err = sim.block_on(lock.try_acquire()).unwrap_err();
+/// assert!(matches!(err, Error::NotAcquired { reason: NotAcquiredReason::Contended, .. }));
+/// assert_eq!(node.get("job").as_deref(), Some(&b"someone-else"[..]));
+///
+/// // Five virtual seconds later the foreign key has expired; ours carries the lease's TTL.
+/// sim.run_for(Duration::from_secs(5));
+/// let lease = sim.block_on(lock.try_acquire())?;
+/// assert_eq!(node.get("job").as_deref(), Some(lease.token().as_str().as_bytes()));
+/// assert_eq!(node.pttl("job"), Some(Some(Duration::from_secs(10))));
+/// sim.block_on(lease.release())?;
+/// assert_eq!(node.keys(), Vec::<String>::new());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// # Release notifications
 ///
@@ -326,6 +358,32 @@ impl MemoryNode {
     pub fn flush(&self) {
         self.lock().keys.clear();
     }
+
+    /// A restart without persistence: every key is forgotten, every subscriber connection is dropped (its
+    /// notifier subscribes again) and the [`run_id`](RedisNode::run_id) changes.
+    pub fn restart(&self) {
+        let lost: Vec<Inbox> = {
+            let mut store = self.lock();
+            store.keys.clear();
+            store.runs += 1;
+            // Every connection is gone, subscriber connections too.
+            std::mem::take(&mut store.subs)
+                .into_values()
+                .flatten()
+                .map(|(_, inbox)| inbox)
+                .collect()
+        };
+        for inbox in lost {
+            inbox.lost();
+        }
+    }
+
+    /// How many replicas acknowledge every write from now on: [`wait_replicas`](RedisNode::wait_replicas)
+    /// answers `min(n, asked)` at once. `None` (the default) makes it answer
+    /// [`NodeErrorKind::Unsupported`], like a node without the capability.
+    pub fn set_replicas(&self, n: Option<u32>) {
+        self.lock().replicas = n;
+    }
 }
 
 /// The number a fence counter holds (`None`: missing), or the error the fenced acquisition script gives for
@@ -515,6 +573,26 @@ impl RedisNode for MemoryNode {
         }
     }
 
+    /// Every item as [`extend`](RedisNode::extend) would, under one lock (one call, one instant).
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        Ok(items
+            .iter()
+            .map(|item| match store.live(item.key, now) {
+                Some(entry) if item.token.matches(&entry.value) => {
+                    entry.expires_at = expiry(now, item.ttl);
+                    true
+                }
+                _ => false,
+            })
+            .collect())
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        1000
+    }
+
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
         let now = self.now();
         Ok(self.lock().live(key, now).map(|e| {
@@ -548,5 +626,20 @@ impl RedisNode for MemoryNode {
 
     fn endpoint(&self) -> Option<String> {
         Some(format!("memory://{}", self.id))
+    }
+
+    async fn run_id(&self, _key: &str) -> Result<RunId, NodeError> {
+        let runs = self.lock().runs;
+        Ok(RunId::new(format!("memory-{}-run-{runs}", self.id)))
+    }
+
+    async fn wait_replicas(&self, _key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
+        match self.lock().replicas {
+            Some(n) => Ok(n.min(wait.replicas)),
+            None => Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                "this memory node has no replicas (MemoryNode::set_replicas)",
+            )),
+        }
     }
 }

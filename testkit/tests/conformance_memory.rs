@@ -248,6 +248,25 @@ impl RedisNode for ForgetsNotifications {
     async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
         self.inner.raise_fence(fence_key, at_least).await
     }
+    async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
+        self.inner.run_id(key).await
+    }
+    async fn wait_replicas(
+        &self,
+        key: &str,
+        wait: redlease::ReplicaWait,
+    ) -> Result<u32, NodeError> {
+        self.inner.wait_replicas(key, wait).await
+    }
+    async fn extend_many(
+        &self,
+        items: &[redlease::ExtendItem<'_>],
+    ) -> Result<Vec<bool>, NodeError> {
+        self.inner.extend_many(items).await
+    }
+    fn extend_many_limit(&self) -> usize {
+        self.inner.extend_many_limit()
+    }
     fn notifier(&self) -> Option<&Notifier> {
         self.notifier.then(|| self.inner.notifier()).flatten()
     }

@@ -8,6 +8,7 @@
 
 mod ambiguity;
 mod auth;
+mod batch;
 mod cluster;
 mod common;
 mod conformance;
@@ -20,6 +21,7 @@ mod push;
 mod redlock;
 mod redlock_stall;
 mod renewal_loss;
+mod replicas;
 mod scripts;
 mod single;
 mod split_vote;

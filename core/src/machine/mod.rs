@@ -22,6 +22,7 @@
 mod quorum;
 mod renewal;
 mod retry;
+pub(crate) mod slots;
 pub mod validity;
 
 pub use quorum::{Reply, Tally, Verdict, WaitFor, quorum};
