@@ -1095,15 +1095,22 @@ impl FredSubscriber {
         current: &Current,
         inbox: &Inbox,
     ) -> Result<Client, NodeError> {
-        if let Some((client, generation, _)) = &*lock_current(current) {
-            if *generation == inbox.generation() {
-                return Ok(client.clone());
-            }
+        if let Some((client, generation, _)) = &*lock_current(current)
+            && *generation == inbox.generation()
+        {
+            return Ok(client.clone());
         }
         let old = lock_current(current).take();
         quit_later(old);
+        // fred runs on tokio: outside a tokio runtime there is nothing to run the listeners on (the waiters
+        // then poll).
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                "SUBSCRIBE: fred needs a tokio runtime to receive messages; none is current (not sent)",
+            ));
+        };
         let client = template.clone_new();
-        let handle = tokio::runtime::Handle::current();
         // Not `on_message`: its listener ends at the first overflow of fred's bounded message queue (32 by
         // default), after which every message would be lost. This one survives it and reports the gap.
         let (sink, mut messages) = (inbox.clone(), client.message_rx());

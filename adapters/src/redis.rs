@@ -1141,10 +1141,10 @@ fn on_push(inbox: &Inbox, current: &Mutex<Option<(SubConnection, u64)>>, info: P
                 _ => None,
             };
             // `[channel, payload]`.
-            if let [channel, payload, ..] = info.data.as_slice() {
-                if let (Some(channel), Some(payload)) = (bytes(channel), bytes(payload)) {
-                    inbox.deliver(&channel, &payload);
-                }
+            if let [channel, payload, ..] = info.data.as_slice()
+                && let (Some(channel), Some(payload)) = (bytes(channel), bytes(payload))
+            {
+                inbox.deliver(&channel, &payload);
             }
         }
         PushKind::Disconnection => {
@@ -1167,10 +1167,10 @@ impl RedisSubscriber {
         current: &Arc<Mutex<Option<(SubConnection, u64)>>>,
         inbox: &Inbox,
     ) -> Result<SubConnection, NodeError> {
-        if let Some((conn, generation)) = &*lock_sub(current) {
-            if *generation == inbox.generation() {
-                return Ok(conn.clone());
-            }
+        if let Some((conn, generation)) = &*lock_sub(current)
+            && *generation == inbox.generation()
+        {
+            return Ok(conn.clone());
         }
         let (sink, slot) = (inbox.clone(), Arc::clone(current));
         let push = move |info: PushInfo| {

@@ -1,7 +1,7 @@
 //! Release notifications: how a waiting acquisition learns that a lock was released, instead of polling.
 //!
 //! Every release (compare-and-delete) publishes a message on a channel derived from the lock key
-//! ([`channel`]). A node that can subscribe offers a [`Notifier`] ([`RedisNode::notifier`]): one per node
+//! ([`channel`]). A node that can subscribe offers a [`Notifier`] ([`RedisNode::notifier`](crate::RedisNode::notifier)): one per node
 //! object (its clones share it), owning **one subscriber connection** through a [`Subscriber`] the node
 //! implements, shared by every waiter of that client.
 //!
@@ -12,7 +12,7 @@
 //! for a subscription only when an attempt found the lock held. Until the subscription is confirmed they keep
 //! the polling cadence ([`Config::retry_delay`](crate::Config::retry_delay)); once it is, they wait for a
 //! notification, for the holder's remaining TTL (when the node reported it,
-//! [`RedisNode::acquire_or_ttl`]), or for the deadline, whichever comes first, but never longer than
+//! [`RedisNode::acquire_or_ttl`](crate::RedisNode::acquire_or_ttl)), or for the deadline, whichever comes first, but never longer than
 //! [`Config::max_retry_delay`](crate::Config::max_retry_delay). A confirmed subscription counts as a
 //! notification itself: a release that happened before it was in place is caught by the attempt it triggers.
 //!
@@ -47,7 +47,7 @@
 //! Implement [`Subscriber`] (subscribe and unsubscribe on a dedicated connection, deliver every message to the
 //! [`Inbox`] it was given, report a dropped connection with [`Inbox::lost`], close the connection on
 //! [`close`](Subscriber::close)), build a [`Notifier`] from it and return it from
-//! [`RedisNode::notifier`]. A wrapper node forwards the inner node's notifier.
+//! [`RedisNode::notifier`](crate::RedisNode::notifier). A wrapper node forwards the inner node's notifier.
 //!
 //! ```
 //! use std::sync::{Arc, Mutex};
@@ -316,7 +316,8 @@ pub enum Outcome {
     /// Another owner holds the lock (the attempt was answered).
     Held,
     /// The attempt failed (errors, timeouts, too few nodes, validity used up): it says nothing about the
-    /// lock, so a notification it used goes to another waiter.
+    /// lock. A notification that arrived meanwhile goes to another waiter; the one that started the attempt
+    /// stays with this waiter, which retries after its pause.
     Failed,
 }
 
@@ -858,8 +859,8 @@ impl Watch {
 
     /// The attempt ended with `outcome`. After a win, a message that arrived meanwhile is spent; after
     /// [`Held`](Outcome::Held), one is delivered once no attempt is in flight; after
-    /// [`Failed`](Outcome::Failed), the notification that started the attempt (and any that arrived
-    /// meanwhile) goes to another waiter: this one retries after its pause.
+    /// [`Failed`](Outcome::Failed), one that arrived meanwhile goes to another waiter (this one retries
+    /// after its pause).
     pub fn end_attempt(&mut self, outcome: Outcome) {
         let mut wake = Vec::new();
         {
@@ -1069,11 +1070,13 @@ impl State {
                 }
             }
             Outcome::Failed => {
-                if c.attempts == 0 && (c.pending || triggered) {
+                // A message that arrived meanwhile is news: another waiter tries. The notification that
+                // started this attempt stays with this waiter, which tries again after its pause: passing it
+                // on would make waiters bounce it between them as fast as a refusing server answers.
+                let _ = triggered;
+                if c.attempts == 0 && c.pending {
                     c.pending = false;
                     self.notify_channel_except(name, Some(id), wake);
-                } else if triggered {
-                    c.pending = true;
                 }
             }
         }
