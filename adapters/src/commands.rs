@@ -8,7 +8,7 @@
 /// | retried acquisition (own token) | script; without Lua `SET NX PX`, then `SET … IFEQ` | script | `SET NX PX`, then `SET … IFEQ` |
 /// | fenced acquisition | script; without Lua the native sequence | script | the native sequence (see the crate docs) |
 /// | release | `DELIFEQ` where offered, else script | script | `DELIFEQ` |
-/// | extend | `SET … IFEQ … PX` where offered, else script | script | `SET … IFEQ … PX` |
+/// | extend | `SET … IFEQ … PX` where offered (the script when a full server refuses the `SET`), else script | script | `SET … IFEQ … PX` |
 /// | inspect | script; without Lua `MULTI GET PTTL EXEC` | script | `MULTI GET PTTL EXEC` |
 ///
 /// A node pinned to one set fails with a definite

@@ -890,11 +890,15 @@ pub(crate) async fn extend(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
-    if path(t, key).await?.is_some_and(|c| c.native_extend()) {
-        return match set_ifeq(t, key, token, &ttl).await {
-            Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
-            other => other,
-        };
+    let caps = path(t, key).await?;
+    if let Some(caps) = caps.filter(Capabilities::native_extend) {
+        match set_ifeq(t, key, token, &ttl).await {
+            Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
+            // `SET` grows memory, so a server at `maxmemory` refuses it (not applied); the script's
+            // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script.
+            Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() && caps.lua => {}
+            other => return other,
+        }
     }
     let reply = eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await?;
     scripts::parse_flag(&scripts::EXTEND, reply)

@@ -167,6 +167,141 @@ impl fmt::Display for Flavor {
     }
 }
 
+/// The environment variable that bounds how many [`on_each_flavor`] bodies run at once in one process
+/// (default 4; `1` runs the flavors of a test one after the other).
+pub const PARALLEL_ENV: &str = "REDLEASE_MATRIX_PARALLEL";
+
+/// The environment variable that restricts [`on_each_flavor`] to some flavors: a comma-separated list of
+/// [`Flavor::name`]s (e.g. `redis,valkey-9.1.2`); the others are skipped with a line saying so.
+pub const FLAVORS_ENV: &str = "REDLEASE_FLAVORS";
+
+/// How many flavor bodies run at once by default: each is mostly waiting (on timeouts, sleeps, servers),
+/// and the limit keeps a test binary's load near that of two tests per core.
+const DEFAULT_PARALLEL: usize = 4;
+
+/// A counting semaphore shared by every [`on_each_flavor`] call of the process.
+struct Slots {
+    taken: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+static SLOTS: Slots = Slots {
+    taken: std::sync::Mutex::new(0),
+    freed: std::sync::Condvar::new(),
+};
+
+/// A slot of [`SLOTS`], given back on drop (also when the body panics).
+struct Slot;
+
+impl Slot {
+    fn take() -> Slot {
+        let limit = std::env::var(PARALLEL_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(DEFAULT_PARALLEL);
+        let mut taken = SLOTS.taken.lock().unwrap_or_else(|e| e.into_inner());
+        while *taken >= limit {
+            taken = SLOTS.freed.wait(taken).unwrap_or_else(|e| e.into_inner());
+        }
+        *taken += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *SLOTS.taken.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        SLOTS.freed.notify_one();
+    }
+}
+
+/// Whether `$REDLEASE_FLAVORS` (when set) lists `flavor`.
+fn selected(flavor: Flavor) -> bool {
+    std::env::var(FLAVORS_ENV).map_or(true, |list| {
+        list.split(',').any(|name| name.trim() == flavor.name())
+    })
+}
+
+/// The text of a panic payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(a panic without a message)".to_owned())
+}
+
+/// Runs the live test `test`'s `body` once per flavor of `flavors`: each on a thread of its own named
+/// `<test> on <flavor>` (so a panic's first line names the server), concurrently with the others — at most
+/// four bodies of the process at a time (`$REDLEASE_MATRIX_PARALLEL`) — and, once all have ended, panics
+/// if any failed, listing each failed flavor with its panic message. A flavor whose binary is missing is
+/// skipped with a line saying so ([`Flavor::available`]; a failure under `REDLEASE_REQUIRE_REDIS=1`), as is
+/// one left out of `$REDLEASE_FLAVORS`.
+///
+/// Each body starts its own servers (e.g. [`RedisServer::start_flavor`]) and builds its own runtime if it
+/// needs one, so that a blocking admin command or a stalled server in one flavor's body never delays
+/// another's timers.
+///
+/// ```no_run
+/// use redlease_testkit::server::{Flavor, RedisServer, on_each_flavor};
+///
+/// on_each_flavor("set_and_get", &Flavor::ALL, |flavor| {
+///     let server = RedisServer::start_flavor(flavor, &[]);
+///     server.cmd(&["SET", "k", "v"]);
+///     assert_eq!(server.cmd(&["GET", "k"]), "v", "{flavor}");
+/// });
+/// ```
+pub fn on_each_flavor(test: &str, flavors: &[Flavor], body: impl Fn(Flavor) + Sync) {
+    let body = &body;
+    let failures: Vec<String> = thread::scope(|s| {
+        let handles: Vec<_> = flavors
+            .iter()
+            .copied()
+            .filter(|&flavor| {
+                if selected(flavor) {
+                    return flavor.available(test);
+                }
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIP live test {test} on {flavor}: not in ${FLAVORS_ENV}"
+                );
+                false
+            })
+            .map(|flavor| {
+                let handle = thread::Builder::new()
+                    .name(format!("{test} on {flavor}"))
+                    .spawn_scoped(s, move || {
+                        let _slot = Slot::take();
+                        let started = Instant::now();
+                        body(flavor);
+                        // Captured with the test's output (shown on failure or with --nocapture).
+                        eprintln!(
+                            "live test {test} on {flavor}: passed in {:.1?}",
+                            started.elapsed()
+                        );
+                    })
+                    .unwrap_or_else(|e| panic!("spawn the thread of {test} on {flavor}: {e}"));
+                (flavor, handle)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|(flavor, handle)| {
+                handle
+                    .join()
+                    .err()
+                    .map(|payload| format!("on {flavor}: {}", panic_message(&*payload)))
+            })
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "live test {test} failed {}",
+        failures.join("\n  and ")
+    );
+}
+
 /// Whether missing Redis binaries must fail the test (`REDLEASE_REQUIRE_REDIS=1`).
 pub fn redis_required() -> bool {
     std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1")

@@ -13,6 +13,10 @@ use redlease_testkit::server::{RedisServer, RedisServers};
 mod backends;
 pub(crate) use backends::{Backend, fred_builder, node};
 
+#[path = "../shared/flavors.rs"]
+mod flavors;
+pub(crate) use flavors::{CLUSTERS, EVERY_SERVER, WITH_LUA, has_lua, on_every_server, on_servers};
+
 /// redis-rs multiplexed and fred client: the two adapters in their most common form.
 pub(crate) const BACKENDS: [Backend; 2] = [Backend::RedisMultiplexed, Backend::FredClient];
 

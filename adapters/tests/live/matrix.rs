@@ -9,9 +9,9 @@ use redlease::{LockManager, NodeErrorKind, RedisNode, SystemTimer, Token, Ttl};
 use redlease_adapters::Commands;
 use redlease_adapters::fred::FredNode;
 use redlease_adapters::fred::fred::prelude::ClientLike;
-use redlease_adapters::redis::{ClusterNode, ManagedNode, redis};
+use redlease_adapters::redis::{ManagedNode, redis};
 use redlease_testkit::conformance;
-use redlease_testkit::server::{Flavor, RedisCluster, RedisServer};
+use redlease_testkit::server::{Flavor, RedisServer};
 
 use crate::common::{self, ALL_BACKENDS, Backend, first_node_error};
 
@@ -85,40 +85,6 @@ async fn conformance_on_valkey_9_1_without_lua() {
         "conformance_on_valkey_9_1_without_lua",
     )
     .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_on_a_valkey_9_1_cluster_in_every_mode() {
-    let test = "conformance_on_a_valkey_9_1_cluster_in_every_mode";
-    let Some(cluster) = RedisCluster::start_flavor_or_skip(test, Flavor::Valkey91) else {
-        return;
-    };
-    let client = redis::cluster::ClusterClientBuilder::new(cluster.urls())
-        .build()
-        .unwrap();
-    let reader = crate::conformance::GetPttl(client.get_async_connection().await.unwrap());
-    for mode in [Commands::Automatic, Commands::Scripts, Commands::Native] {
-        let node: ClusterNode = crate::cluster::redis_rs_node(&cluster)
-            .await
-            .with_commands(mode);
-        if let Err(failure) = conformance::run_with_reader(&node, &reader, &SystemTimer).await {
-            panic!("matrix: valkey 9.1 cluster redis-rs {mode:?}: {failure}");
-        }
-        eprintln!(
-            "matrix: valkey 9.1 cluster redis-rs {mode:?}: conformance passed ({:?})",
-            node.capabilities()
-        );
-        let node = crate::cluster::fred_node(&cluster)
-            .await
-            .with_commands(mode);
-        if let Err(failure) = conformance::run_with_reader(&node, &reader, &SystemTimer).await {
-            panic!("matrix: valkey 9.1 cluster fred {mode:?}: {failure}");
-        }
-        eprintln!(
-            "matrix: valkey 9.1 cluster fred {mode:?}: conformance passed ({:?})",
-            node.capabilities()
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
