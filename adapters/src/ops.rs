@@ -325,17 +325,25 @@ async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 
 /// Both probes write nothing: the first is a read-only transaction sent so that a refused `MULTI` is
 /// harmless ([`Transport::probe_transaction`]); the second queues `INCR key` and then a malformed `INCR`,
 /// whose refusal aborts the transaction, so that `INCR key` never runs and only its own refusal names it.
-async fn transactions_refused(t: &impl Transport, key: &str) -> Result<Option<NodeError>, NodeError> {
+async fn transactions_refused(
+    t: &impl Transport,
+    key: &str,
+) -> Result<Option<NodeError>, NodeError> {
     let what = &scripts::TRANSACTION;
     match note(t, t.probe_transaction(what, key).await) {
         Ok(()) => {}
         Err(e) if denied(&e) => return Ok(Some(e)),
         Err(e) => return Err(e),
     }
-    match note(t, t.transaction(what, key, &[&["INCR", key], &["INCR"]]).await) {
+    match note(
+        t,
+        t.transaction(what, key, &[&["INCR", key], &["INCR"]]).await,
+    ) {
         Err(e) if denied(&e) => Ok(Some(e)),
         // The malformed INCR's refusal (arity): the transaction was discarded, INCR key is permitted.
-        Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => Ok(None),
+        Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => {
+            Ok(None)
+        }
         Err(e) => Err(e),
         Ok(replies) => Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
     }

@@ -544,7 +544,9 @@ where
     }
 
     async fn probe_transaction(&self, what: &Script, key: &str) -> Result<(), NodeError> {
-        self.run_transaction(probe_pipe(key), what).await.map(|_| ())
+        self.run_transaction(probe_pipe(key), what)
+            .await
+            .map(|_| ())
     }
 
     fn clustered(&self) -> bool {

@@ -138,7 +138,11 @@ fn release_and_extend_report_a_refused_read_instead_of_not_held() {
             let server = RedisServer::start_flavor(flavor, &[]);
             // The scripts may run; the GET inside them may not (nor, where offered, the native DELIFEQ, which
             // needs no GET and would release the lease).
-            let url = acl_user(&server, "noget", &without_natives(flavor, &["+@all", "-get"]));
+            let url = acl_user(
+                &server,
+                "noget",
+                &without_natives(flavor, &["+@all", "-get"]),
+            );
             let ttl = Ttl::from_millis(10_000).unwrap();
             for backend in ALL_BACKENDS {
                 let node = common::unprobed(backend, &url).await;
@@ -161,7 +165,7 @@ fn release_and_extend_report_a_refused_read_instead_of_not_held() {
 
 #[test]
 fn a_wrong_type_lock_key_gives_the_same_wrong_type_answer_with_one_attempt_or_three_without_a_retry()
-{
+ {
     on_every_server(
         "a_wrong_type_lock_key_gives_the_same_wrong_type_answer_with_one_attempt_or_three_without_a_retry",
         |flavor| async move {

@@ -109,11 +109,7 @@ fn script_flush_between_operations_still_succeeds_executing_once() {
                             }
                         } else {
                             // One EVALSHA refused with NOSCRIPT, then exactly one EVAL.
-                            assert_eq!(
-                                stats(&server, "evalsha"),
-                                (1, 1),
-                                "{what} {name}: EVALSHA"
-                            );
+                            assert_eq!(stats(&server, "evalsha"), (1, 1), "{what} {name}: EVALSHA");
                             assert_eq!(stats(&server, "eval"), (1, 0), "{what} {name}: EVAL");
                         }
                     }
@@ -252,7 +248,10 @@ fn release_works_under_oom_and_extend_wherever_a_script_can_run_while_acquire_is
                         "{backend:?}: {err}"
                     );
                     assert!(!err.is_ambiguous(), "{backend:?}: {err}");
-                    assert!(pttl <= pttl_before, "{backend:?}: PTTL {pttl} after a refusal");
+                    assert!(
+                        pttl <= pttl_before,
+                        "{backend:?}: PTTL {pttl} after a refusal"
+                    );
                     assert_eq!(server.cmd(&["GET", &k]), token.as_str(), "{backend:?}");
                 }
                 assert!(
@@ -283,72 +282,79 @@ fn raw_eval(
 #[test]
 fn every_script_checks_its_arguments_before_its_first_write() {
     // The scripts as a user of the public `scripts` module sends them: on every server with Lua.
-    on_each_flavor("every_script_checks_its_arguments_before_its_first_write", &WITH_LUA, |flavor| {
-    let server = RedisServer::start_flavor(flavor, &[]);
-    let token = "0123456789abcdef0123456789abcdef01234567";
-    let bad_ttls = [
-        "0",
-        "-5",
-        "",
-        "1.5",
-        "1e3",
-        "abc",
-        " 100",
-        "1000000000000000",
-    ];
-    for ttl in bad_ttls {
-        // The fenced acquisition must not increment the counter before refusing (a partial write).
-        server.cmd(&["SET", "f", "7"]);
-        let err = raw_eval(
-            &server,
-            &scripts::ACQUIRE_FENCED,
-            &["k", "f"],
-            &[token, ttl],
-        )
-        .expect_err(ttl);
-        assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
-        assert_eq!(server.cmd(&["GET", "f"]), "7", "{ttl:?}: the fence moved");
-        assert_eq!(server.cmd(&["EXISTS", "k"]), "0", "{ttl:?}");
-        let err = raw_eval(&server, &scripts::ACQUIRE, &["k"], &[token, ttl]).expect_err(ttl);
-        assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
-        assert_eq!(server.cmd(&["EXISTS", "k"]), "0", "{ttl:?}");
-        // Extend with a non-positive TTL would delete the key (`PEXPIRE 0`) or set a wrong one.
-        server.cmd(&["SET", "k", token, "PX", "60000"]);
-        let err = raw_eval(&server, &scripts::EXTEND, &["k"], &[token, ttl]).expect_err(ttl);
-        assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
-        assert_eq!(
-            server.cmd(&["GET", "k"]),
-            token,
-            "{ttl:?}: extend deleted the key"
-        );
-        let pttl: i64 = server.cmd(&["PTTL", "k"]).parse().unwrap();
-        assert!(pttl > 50_000, "{ttl:?}: extend changed the TTL to {pttl}");
-        server.cmd(&["DEL", "k"]);
-    }
-    // A missing TTL argument and an empty token are refused too.
-    let err = raw_eval(&server, &scripts::ACQUIRE_FENCED, &["k", "f"], &[token]).unwrap_err();
-    assert!(err.contains("invalid TTL"), "{err}");
-    let err = raw_eval(&server, &scripts::ACQUIRE, &["k"], &["", "1000"]).unwrap_err();
-    assert!(err.contains("invalid token"), "{err}");
-    assert_eq!(server.cmd(&["GET", "f"]), "7");
-    assert_eq!(server.cmd(&["EXISTS", "k"]), "0");
-    // The largest TTL redlease sends (2^46 ms) is accepted.
-    let max = redlease::Ttl::MAX.as_millis().to_string();
-    assert_eq!(
-        raw_eval(
-            &server,
-            &scripts::ACQUIRE_FENCED,
-            &["k", "f"],
-            &[token, &max]
-        )
-        .unwrap(),
-        "8"
+    on_each_flavor(
+        "every_script_checks_its_arguments_before_its_first_write",
+        &WITH_LUA,
+        |flavor| {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let token = "0123456789abcdef0123456789abcdef01234567";
+            let bad_ttls = [
+                "0",
+                "-5",
+                "",
+                "1.5",
+                "1e3",
+                "abc",
+                " 100",
+                "1000000000000000",
+            ];
+            for ttl in bad_ttls {
+                // The fenced acquisition must not increment the counter before refusing (a partial write).
+                server.cmd(&["SET", "f", "7"]);
+                let err = raw_eval(
+                    &server,
+                    &scripts::ACQUIRE_FENCED,
+                    &["k", "f"],
+                    &[token, ttl],
+                )
+                .expect_err(ttl);
+                assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
+                assert_eq!(server.cmd(&["GET", "f"]), "7", "{ttl:?}: the fence moved");
+                assert_eq!(server.cmd(&["EXISTS", "k"]), "0", "{ttl:?}");
+                let err =
+                    raw_eval(&server, &scripts::ACQUIRE, &["k"], &[token, ttl]).expect_err(ttl);
+                assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
+                assert_eq!(server.cmd(&["EXISTS", "k"]), "0", "{ttl:?}");
+                // Extend with a non-positive TTL would delete the key (`PEXPIRE 0`) or set a wrong one.
+                server.cmd(&["SET", "k", token, "PX", "60000"]);
+                let err =
+                    raw_eval(&server, &scripts::EXTEND, &["k"], &[token, ttl]).expect_err(ttl);
+                assert!(err.contains("invalid TTL"), "{ttl:?}: {err}");
+                assert_eq!(
+                    server.cmd(&["GET", "k"]),
+                    token,
+                    "{ttl:?}: extend deleted the key"
+                );
+                let pttl: i64 = server.cmd(&["PTTL", "k"]).parse().unwrap();
+                assert!(pttl > 50_000, "{ttl:?}: extend changed the TTL to {pttl}");
+                server.cmd(&["DEL", "k"]);
+            }
+            // A missing TTL argument and an empty token are refused too.
+            let err =
+                raw_eval(&server, &scripts::ACQUIRE_FENCED, &["k", "f"], &[token]).unwrap_err();
+            assert!(err.contains("invalid TTL"), "{err}");
+            let err = raw_eval(&server, &scripts::ACQUIRE, &["k"], &["", "1000"]).unwrap_err();
+            assert!(err.contains("invalid token"), "{err}");
+            assert_eq!(server.cmd(&["GET", "f"]), "7");
+            assert_eq!(server.cmd(&["EXISTS", "k"]), "0");
+            // The largest TTL redlease sends (2^46 ms) is accepted.
+            let max = redlease::Ttl::MAX.as_millis().to_string();
+            assert_eq!(
+                raw_eval(
+                    &server,
+                    &scripts::ACQUIRE_FENCED,
+                    &["k", "f"],
+                    &[token, &max]
+                )
+                .unwrap(),
+                "8"
+            );
+            assert_eq!(
+                raw_eval(&server, &scripts::EXTEND, &["k"], &[token, &max]).unwrap(),
+                "1"
+            );
+        },
     );
-    assert_eq!(
-        raw_eval(&server, &scripts::EXTEND, &["k"], &[token, &max]).unwrap(),
-        "1"
-    );
-    });
 }
 
 #[test]
@@ -385,24 +391,29 @@ fn the_capability_probe_writes_nothing_and_reports_set_nx_get_ifeq_and_delifeq_p
 #[test]
 fn the_fresh_acquire_script_never_touches_an_existing_key() {
     // The scripts as a user of the public `scripts` module sends them: on every server with Lua.
-    on_each_flavor("the_fresh_acquire_script_never_touches_an_existing_key", &WITH_LUA, |flavor| {
-    let server = RedisServer::start_flavor(flavor, &[]);
-    let token = "0123456789abcdef0123456789abcdef01234567";
-    assert_eq!(
-        raw_eval(&server, &scripts::ACQUIRE_FRESH, &["k"], &[token, "60000"]).unwrap(),
-        "1"
+    on_each_flavor(
+        "the_fresh_acquire_script_never_touches_an_existing_key",
+        &WITH_LUA,
+        |flavor| {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let token = "0123456789abcdef0123456789abcdef01234567";
+            assert_eq!(
+                raw_eval(&server, &scripts::ACQUIRE_FRESH, &["k"], &[token, "60000"]).unwrap(),
+                "1"
+            );
+            assert_eq!(server.cmd(&["GET", "k"]), token);
+            // A late copy of the same fresh acquisition: the key exists (even with this token), nothing changes.
+            server.cmd(&["PEXPIRE", "k", "300000"]);
+            assert_eq!(
+                raw_eval(&server, &scripts::ACQUIRE_FRESH, &["k"], &[token, "1000"]).unwrap(),
+                "0"
+            );
+            let pttl: i64 = server.cmd(&["PTTL", "k"]).parse().unwrap();
+            assert!(pttl > 250_000, "the TTL was reset to {pttl}");
+            server.cmd(&["HSET", "h", "a", "1"]);
+            let err =
+                raw_eval(&server, &scripts::ACQUIRE_FRESH, &["h"], &[token, "1000"]).unwrap_err();
+            assert!(err.starts_with("WRONGTYPE the lock key h"), "{err}");
+        },
     );
-    assert_eq!(server.cmd(&["GET", "k"]), token);
-    // A late copy of the same fresh acquisition: the key exists (even with this token), nothing changes.
-    server.cmd(&["PEXPIRE", "k", "300000"]);
-    assert_eq!(
-        raw_eval(&server, &scripts::ACQUIRE_FRESH, &["k"], &[token, "1000"]).unwrap(),
-        "0"
-    );
-    let pttl: i64 = server.cmd(&["PTTL", "k"]).parse().unwrap();
-    assert!(pttl > 250_000, "the TTL was reset to {pttl}");
-    server.cmd(&["HSET", "h", "a", "1"]);
-    let err = raw_eval(&server, &scripts::ACQUIRE_FRESH, &["h"], &[token, "1000"]).unwrap_err();
-    assert!(err.starts_with("WRONGTYPE the lock key h"), "{err}");
-    });
 }
