@@ -64,12 +64,12 @@ pub(crate) async fn run(url: &str) -> Result<Vec<TickOutcome>, BoxError> {
         // Each instance has its own connections, like a separate process would.
         let manager = LockManager::single(
             common::node(url).await?,
-            Config::default().expiry(TTL).attempts(1),
+            Config::default().with_expiry(TTL).with_attempts(1),
         )?;
         let mut conn = common::connection(url).await?;
         let outcomes = Arc::clone(&outcomes);
         instances.push(tokio::spawn(async move {
-            let lock = manager.lock(JOB_KEY).auto_renew(RENEW_EVERY);
+            let lock = manager.lock(JOB_KEY).renew_every(RENEW_EVERY);
             for tick in 1..=TICKS {
                 tokio::time::sleep_until((start + TICK_EVERY * (tick as u32 - 1)).into()).await;
                 // Every instance names a tick the same way: by the schedule's slot (here: this run's start time

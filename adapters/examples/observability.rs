@@ -122,9 +122,9 @@ pub(crate) fn serve_metrics(handle: PrometheusHandle, addr: &str) -> Result<Sock
 async fn manager(url: &str, seen: ContentionSeen) -> Result<LockManager, BoxError> {
     let node = Traced::new(common::node(url).await?);
     let config = Config::default()
-        .expiry(TTL)
-        .operation_timeout(OP_TIMEOUT)
-        .retry_delay(RETRY_DELAY);
+        .with_expiry(TTL)
+        .with_operation_timeout(OP_TIMEOUT)
+        .with_retry_delay(RETRY_DELAY);
     Ok(LockManager::single(node, config)?
         .with_spawner(|task| {
             tokio::spawn(task);

@@ -47,7 +47,7 @@ async fn client(urls: &[String]) -> Result<LockManager, BoxError> {
     }
     Ok(LockManager::redlock(
         nodes,
-        Config::default().expiry(TTL).attempts(1),
+        Config::default().with_expiry(TTL).with_attempts(1),
     )?)
 }
 

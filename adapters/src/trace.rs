@@ -27,7 +27,7 @@
 
 use std::fmt;
 
-use redlease::{KeyState, NodeError, RedisNode, Token, Ttl, async_trait};
+use redlease::{KeyState, NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -124,8 +124,16 @@ fn finish<T>(span: &tracing::Span, result: &Result<T, NodeError>, yes: impl Fn(&
     }
 }
 
+// A `NodeWrapper`: every capability it does not trace (the fast-path claim, the endpoint, later ones) is
+// the inner node's.
 #[async_trait]
-impl<N: RedisNode> RedisNode for Traced<N> {
+impl<N: RedisNode> NodeWrapper for Traced<N> {
+    type Inner = N;
+
+    fn inner(&self) -> &N {
+        &self.inner
+    }
+
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         let span = self.span("acquire", key);
         let r = self
@@ -193,10 +201,6 @@ impl<N: RedisNode> RedisNode for Traced<N> {
         finish(&span, &r, Option::is_some);
         r
     }
-
-    fn endpoint(&self) -> Option<String> {
-        self.inner.endpoint()
-    }
 }
 
 #[cfg(test)]
@@ -217,5 +221,17 @@ mod tests {
         assert_eq!(redact("redis://10.0.0.5:6379/0"), "redis://10.0.0.5:6379/0");
         assert_eq!(redact("no url here"), "no url here");
         assert_eq!(redact("redis://user:pw@"), "redis://");
+    }
+
+    #[test]
+    fn traced_forwards_every_capability_of_its_node() {
+        let inner = redlease_testkit::MemoryNode::new();
+        let traced = Traced::new(inner.clone());
+        redlease_testkit::block_on(redlease_testkit::conformance::run_wrapper(
+            &traced,
+            &inner,
+            &redlease::SystemTimer,
+        ))
+        .unwrap();
     }
 }

@@ -459,9 +459,9 @@ impl Held {
 /// A redlease configuration for `setup`, with a spawner on the current tokio runtime.
 fn redlease_config(setup: Setup) -> Config {
     Config::default()
-        .expiry(setup.ttl)
-        .operation_timeout(setup.op_timeout)
-        .retry_delay(setup.retry_delay)
+        .with_expiry(setup.ttl)
+        .with_operation_timeout(setup.op_timeout)
+        .with_retry_delay(setup.retry_delay)
 }
 
 /// A [`redlease::Timer`] on tokio's timer wheel, to compare with the default [`redlease::SystemTimer`]

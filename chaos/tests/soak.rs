@@ -98,7 +98,7 @@ fn seed() -> u64 {
 enum Keeping {
     /// `auto_renew`, renewed in the background through the manager's spawner.
     Background,
-    /// `auto_renew`, renewed inside `Lease::run` (no spawner).
+    /// `renew_every`, renewed inside `Lease::run` (no spawner).
     InRun,
     /// Manual `extend` calls from the work.
     Manual,
@@ -107,9 +107,9 @@ enum Keeping {
 /// The clients' configuration (each with its own jitter seed).
 fn client_config(seed: u64, id: u64) -> Config {
     Config::default()
-        .expiry(TTL)
-        .retry_delay(Duration::from_millis(30))
-        .jitter_seed(seed ^ (id << 32))
+        .with_expiry(TTL)
+        .with_retry_delay(Duration::from_millis(30))
+        .with_jitter_seed(seed ^ (id << 32))
 }
 
 /// How late after its deadline a client may learn of a loss from the loss signal: one operation timeout of
@@ -256,7 +256,12 @@ impl Client {
                         }
                     }
                 };
-                lease.run(work).await
+                if this.keeping == Keeping::Manual {
+                    // Only the work's own extensions keep it (`run` would renew it too).
+                    Ok(work.await)
+                } else {
+                    lease.run(work).await
+                }
             };
             let observed = Instant::now();
             self.note_extension(&mut recorded_until, &lease, observed);
@@ -277,7 +282,7 @@ impl Client {
                     );
                     // A manual extension that failed without losing the lease fires no signal: then the
                     // failure itself is when the client learned it.
-                    let learned = if lease.lost().is_lost() {
+                    let learned = if lease.lost().has_ended() {
                         signalled.await.map_or(observed, |at| at.min(observed))
                     } else {
                         observed
@@ -677,8 +682,10 @@ fn soak(test: &str, setup: Setup) {
         let locks = (0..KEYS.len())
             .map(|i| {
                 let mut lock = manager.lock(KEYS[i]);
-                if keeping != Keeping::Manual {
-                    lock = lock.auto_renew(RENEW_EVERY);
+                match keeping {
+                    Keeping::Background => lock = lock.auto_renew(RENEW_EVERY),
+                    Keeping::InRun => lock = lock.renew_every(RENEW_EVERY),
+                    Keeping::Manual => {}
                 }
                 if setup == Setup::Single {
                     lock = lock.fenced(FENCE_KEYS[i]);
@@ -844,8 +851,8 @@ fn a_restart_without_persistence_breaks_a_single_fenced_lock_and_the_checker_fla
         .unwrap();
     let history = History::new();
     let config = Config::default()
-        .expiry(Duration::from_secs(10))
-        .attempts(1);
+        .with_expiry(Duration::from_secs(10))
+        .with_attempts(1);
     let key = "unsafe:{r}:lock";
     let a = rt.block_on(async {
         let node = managed_node(&server.url(), &server.url(), Duration::from_millis(500))
@@ -900,8 +907,8 @@ fn immediate_restarts_of_a_redlock_majority_let_two_clients_hold_and_the_checker
         .unwrap();
     let history = History::new();
     let config = Config::default()
-        .expiry(Duration::from_secs(10))
-        .attempts(1);
+        .with_expiry(Duration::from_secs(10))
+        .with_attempts(1);
     let key = "unsafe:lock";
     let lock_on = |servers: &RedisServers| {
         let urls = servers.urls();
@@ -977,10 +984,10 @@ async fn redlock_on(servers: &RedisServers, retry_delay: Duration) -> LockManage
         ));
     }
     let config = Config::default()
-        .expiry(Duration::from_secs(10))
-        .attempts(3)
-        .retry_delay(retry_delay)
-        .retry_jitter(0.0);
+        .with_expiry(Duration::from_secs(10))
+        .with_attempts(3)
+        .with_retry_delay(retry_delay)
+        .with_retry_jitter(0.0);
     LockManager::redlock_dyn(nodes, config).unwrap()
 }
 
@@ -1026,7 +1033,7 @@ fn a_redlock_acquisition_retry_after_a_script_flush_writes_every_healthy_server(
         let manager = redlock_on(&servers, retry_delay).await;
         let bound = manager
             .config()
-            .operation_timeout_for(manager.config().get_expiry());
+            .operation_timeout_for(manager.config().expiry());
         for i in 0..8 {
             let key = format!("placement:{i}");
             for s in servers.iter() {
@@ -1077,7 +1084,7 @@ fn a_redlock_extend_and_release_after_a_script_flush_reach_every_server() {
         let manager = redlock_on(&servers, Duration::from_millis(50)).await;
         let bound = manager
             .config()
-            .operation_timeout_for(manager.config().get_expiry());
+            .operation_timeout_for(manager.config().expiry());
         for i in 0..8 {
             let key = format!("extend:{i}");
             let lease = manager

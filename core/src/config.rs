@@ -12,13 +12,13 @@ use crate::node::Ttl;
 ///
 /// | setting | default | meaning |
 /// |---|---|---|
-/// | [`expiry`](Self::expiry) | 30 s | Redis TTL of a lease, and the TTL renewals set |
-/// | [`attempts`](Self::attempts) | 3 | acquisition attempts of [`Lock::acquire`](crate::Lock::acquire) |
-/// | [`retry_delay`](Self::retry_delay) | 200 ms | base pause between attempts |
-/// | [`retry_jitter`](Self::retry_jitter) | 0.5 | a random 0–50 % of the delay is added to each pause |
-/// | [`drift_factor`](Self::drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
-/// | [`operation_timeout`](Self::operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
-/// | [`jitter_seed`](Self::jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
+/// | [`expiry`](Self::with_expiry) | 30 s | Redis TTL of a lease, and the TTL renewals set |
+/// | [`attempts`](Self::with_attempts) | 3 | acquisition attempts of [`Lock::acquire`](crate::Lock::acquire) |
+/// | [`retry_delay`](Self::with_retry_delay) | 200 ms | base pause between attempts |
+/// | [`retry_jitter`](Self::with_retry_jitter) | 0.5 | a random 0–50 % of the delay is added to each pause |
+/// | [`drift_factor`](Self::with_drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
+/// | [`operation_timeout`](Self::with_operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
+/// | [`jitter_seed`](Self::with_jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     expiry: Duration,
@@ -50,28 +50,28 @@ const DEFAULT_OPERATION_TIMEOUT_CAP: Duration = Duration::from_millis(500);
 impl Config {
     /// Sets the default lease TTL (also the TTL every renewal sets).
     #[must_use]
-    pub fn expiry(mut self, expiry: Duration) -> Self {
+    pub fn with_expiry(mut self, expiry: Duration) -> Self {
         self.expiry = expiry;
         self
     }
 
     /// Sets how many acquisition rounds [`Lock::acquire`](crate::Lock::acquire) makes before giving up.
     #[must_use]
-    pub fn attempts(mut self, attempts: u32) -> Self {
+    pub fn with_attempts(mut self, attempts: u32) -> Self {
         self.attempts = attempts;
         self
     }
 
     /// Sets the base pause between acquisition attempts.
     #[must_use]
-    pub fn retry_delay(mut self, delay: Duration) -> Self {
+    pub fn with_retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
     }
 
     /// Sets the random extra pause, as a fraction of the retry delay, in `[0, 1]` (default 0.5: up to +50 %).
     #[must_use]
-    pub fn retry_jitter(mut self, fraction: f64) -> Self {
+    pub fn with_retry_jitter(mut self, fraction: f64) -> Self {
         self.retry_jitter = fraction;
         self
     }
@@ -80,7 +80,7 @@ impl Config {
     ///
     /// Validity is `ttl - elapsed - (ceil(ttl * drift_factor) + 2 ms)`.
     #[must_use]
-    pub fn drift_factor(mut self, factor: f64) -> Self {
+    pub fn with_drift_factor(mut self, factor: f64) -> Self {
         self.drift_factor = factor;
         self
     }
@@ -89,46 +89,52 @@ impl Config {
     ///
     /// By default it is derived from the lease TTL: `min(ttl / 5, 500 ms)`.
     #[must_use]
-    pub fn operation_timeout(mut self, timeout: Duration) -> Self {
+    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = Some(timeout);
         self
     }
 
     /// Seeds the retry-jitter generator, making retry pauses reproducible (for tests and simulations).
     #[must_use]
-    pub fn jitter_seed(mut self, seed: u64) -> Self {
+    pub fn with_jitter_seed(mut self, seed: u64) -> Self {
         self.jitter_seed = Some(seed);
         self
     }
 
     /// The default lease TTL.
-    pub fn get_expiry(&self) -> Duration {
+    pub fn expiry(&self) -> Duration {
         self.expiry
     }
 
     /// The number of acquisition attempts.
-    pub fn get_attempts(&self) -> u32 {
+    pub fn attempts(&self) -> u32 {
         self.attempts
     }
 
     /// The base retry delay.
-    pub fn get_retry_delay(&self) -> Duration {
+    pub fn retry_delay(&self) -> Duration {
         self.retry_delay
     }
 
     /// The retry jitter fraction.
-    pub fn get_retry_jitter(&self) -> f64 {
+    pub fn retry_jitter(&self) -> f64 {
         self.retry_jitter
     }
 
     /// The drift factor.
-    pub fn get_drift_factor(&self) -> f64 {
+    pub fn drift_factor(&self) -> f64 {
         self.drift_factor
     }
 
     /// The jitter seed, if one was set.
-    pub fn get_jitter_seed(&self) -> Option<u64> {
+    pub fn jitter_seed(&self) -> Option<u64> {
         self.jitter_seed
+    }
+
+    /// The operation timeout, if one was set (otherwise it is derived per lease: see
+    /// [`operation_timeout_for`](Self::operation_timeout_for)).
+    pub fn operation_timeout(&self) -> Option<Duration> {
+        self.operation_timeout
     }
 
     /// The operation timeout that applies to leases of TTL `expiry`: the configured one, or
@@ -263,6 +269,13 @@ pub enum ConfigError {
         /// The lease TTL.
         expiry: Duration,
     },
+    /// [`Lock::auto_renew`](crate::Lock::auto_renew) asks for background renewal, but the manager has no
+    /// spawner to run it on.
+    #[error(
+        "auto_renew needs a spawner to renew in the background (LockManager::with_spawner); without one, do \
+         the work inside Lease::run, which renews by itself"
+    )]
+    AutoRenewWithoutSpawner,
     /// A lock or fence key is unusable.
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),
@@ -278,11 +291,11 @@ mod tests {
     #[test]
     fn defaults_match_the_reference() {
         let c = Config::default();
-        assert_eq!(c.get_expiry(), Duration::from_secs(30));
-        assert_eq!(c.get_attempts(), 3);
-        assert_eq!(c.get_retry_delay(), Duration::from_millis(200));
-        assert_eq!(c.get_retry_jitter(), 0.5);
-        assert_eq!(c.get_drift_factor(), 0.01);
+        assert_eq!(c.expiry(), Duration::from_secs(30));
+        assert_eq!(c.attempts(), 3);
+        assert_eq!(c.retry_delay(), Duration::from_millis(200));
+        assert_eq!(c.retry_jitter(), 0.5);
+        assert_eq!(c.drift_factor(), 0.01);
         assert_eq!(
             c.operation_timeout_for(Duration::from_secs(30)),
             Duration::from_millis(500)
@@ -298,23 +311,23 @@ mod tests {
     fn zero_durations_are_rejected() {
         let err = |c: Config| c.validate().unwrap_err();
         assert_eq!(
-            err(Config::default().expiry(Duration::ZERO)),
+            err(Config::default().with_expiry(Duration::ZERO)),
             ConfigError::ZeroDuration { field: "expiry" }
         );
         assert_eq!(
-            err(Config::default().retry_delay(Duration::ZERO)),
+            err(Config::default().with_retry_delay(Duration::ZERO)),
             ConfigError::ZeroDuration {
                 field: "retry_delay"
             }
         );
         assert_eq!(
-            err(Config::default().operation_timeout(Duration::ZERO)),
+            err(Config::default().with_operation_timeout(Duration::ZERO)),
             ConfigError::ZeroDuration {
                 field: "operation_timeout"
             }
         );
         assert_eq!(
-            err(Config::default().attempts(0)),
+            err(Config::default().with_attempts(0)),
             ConfigError::ZeroAttempts
         );
     }
@@ -323,19 +336,19 @@ mod tests {
     fn drift_factor_outside_unit_interval_is_rejected() {
         for bad in [-0.1, 1.0, 1.5, f64::NAN, f64::INFINITY] {
             assert!(matches!(
-                Config::default().drift_factor(bad).validate(),
+                Config::default().with_drift_factor(bad).validate(),
                 Err(ConfigError::DriftFactor(_))
             ));
         }
-        assert_eq!(Config::default().drift_factor(0.0).validate(), Ok(()));
-        assert_eq!(Config::default().drift_factor(0.5).validate(), Ok(()));
+        assert_eq!(Config::default().with_drift_factor(0.0).validate(), Ok(()));
+        assert_eq!(Config::default().with_drift_factor(0.5).validate(), Ok(()));
     }
 
     #[test]
     fn jitter_outside_unit_interval_is_rejected() {
         for bad in [-0.01, 1.01, f64::NAN] {
             assert!(matches!(
-                Config::default().retry_jitter(bad).validate(),
+                Config::default().with_retry_jitter(bad).validate(),
                 Err(ConfigError::RetryJitter(_))
             ));
         }
@@ -344,8 +357,8 @@ mod tests {
     #[test]
     fn operation_timeout_must_be_below_expiry() {
         let c = Config::default()
-            .expiry(Duration::from_millis(400))
-            .operation_timeout(Duration::from_millis(400));
+            .with_expiry(Duration::from_millis(400))
+            .with_operation_timeout(Duration::from_millis(400));
         assert!(matches!(
             c.validate(),
             Err(ConfigError::OperationTimeoutNotBelowExpiry { .. })
@@ -373,7 +386,7 @@ mod tests {
         for ms in 1..=3 {
             assert!(matches!(
                 Config::default()
-                    .expiry(Duration::from_millis(ms))
+                    .with_expiry(Duration::from_millis(ms))
                     .validate(),
                 Err(ConfigError::ExpiryWithinDrift { .. })
             ));
@@ -381,17 +394,19 @@ mod tests {
         for ms in 4..=5 {
             assert_eq!(
                 Config::default()
-                    .expiry(Duration::from_millis(ms))
+                    .with_expiry(Duration::from_millis(ms))
                     .validate(),
                 Ok(())
             );
         }
         assert!(matches!(
-            Config::default().expiry(Duration::MAX).validate(),
+            Config::default().with_expiry(Duration::MAX).validate(),
             Err(ConfigError::TooLong { .. })
         ));
         assert_eq!(
-            Config::default().expiry(Ttl::MAX.as_duration()).validate(),
+            Config::default()
+                .with_expiry(Ttl::MAX.as_duration())
+                .validate(),
             Ok(())
         );
     }

@@ -88,8 +88,10 @@ pub enum LossReason {
     /// The nodes report the key missing or holding another token (expired on the server, deleted, or taken
     /// over), on too many nodes for a quorum to remain.
     NotHeld,
-    /// An extension failed (errors, timeouts or too little validity left), so the lease was given up and
-    /// cleaned up.
+    /// An extension succeeded too late to leave any validity (its round took about the whole TTL, or spanned
+    /// a suspend), so the lease was given up and cleaned up. An extension that merely failed to reach a
+    /// quorum leaves the lease at risk instead; if nothing extends it, it is lost as
+    /// [`Expired`](Self::Expired), with the node errors as the cause.
     ExtendFailed,
     /// The holder released the lease (or dropped it). Only reported by a [`LossSignal`](crate::LossSignal).
     Released,

@@ -180,7 +180,10 @@ impl Shared {
             let first = st.lost.is_none();
             if first {
                 st.lost = Some(reason);
-                st.loss_source = source.map(Box::new);
+                // Without a cause of its own (an expiry), the loss keeps the one recorded while at risk.
+                if let Some(source) = source {
+                    st.loss_source = Some(Box::new(source));
+                }
             }
             let report = (first && !st.ended).then_some(st.valid_until);
             (st.lost.unwrap_or(reason), st.take_waiters(), report)
@@ -241,7 +244,7 @@ impl Shared {
 
     /// The drift allowance of this lease's TTL.
     fn drift(&self) -> Duration {
-        crate::machine::validity::drift(self.ttl, self.engine.config.get_drift_factor())
+        crate::machine::validity::drift(self.ttl, self.engine.config.drift_factor())
     }
 
     fn lost_error(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
@@ -312,7 +315,7 @@ impl Shared {
     /// sooner (a paused client, a reply that never comes).
     async fn extend_once(&self, ttl: Ttl, timeout: Duration, renewal: bool) -> Extension {
         let engine = &self.engine;
-        let factor = engine.config.get_drift_factor();
+        let factor = engine.config.drift_factor();
         let unconfirmed = {
             let now = self.now();
             let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
@@ -372,14 +375,9 @@ impl Shared {
             }
         }
         if r.tally.verdict() == Verdict::Quorum {
-            let drift = crate::machine::validity::drift(ttl, engine.config.get_drift_factor());
-            return match deadline_after_round(
-                r.started,
-                r.ended,
-                ttl,
-                engine.config.get_drift_factor(),
-            )
-            .filter(|_| !r.suspended(drift))
+            let drift = crate::machine::validity::drift(ttl, engine.config.drift_factor());
+            return match deadline_after_round(r.started, r.ended, ttl, engine.config.drift_factor())
+                .filter(|_| !r.suspended(drift))
             {
                 Some(valid_until) => Extension::Extended {
                     started: r.started,
@@ -423,6 +421,8 @@ impl Shared {
         }
         let earlier = valid_until < st.valid_until;
         st.valid_until = valid_until;
+        // Extended: an earlier failure is no longer the cause of anything.
+        st.loss_source = None;
         st.round_started = started;
         st.wall_started = wall_started;
         let was_at_risk = st.at_risk.take();
@@ -454,6 +454,35 @@ impl Shared {
         }
         wake(waiters);
         Ok(())
+    }
+
+    /// A manual extension failed without proving the lease gone (too few nodes answered). Like a failed
+    /// renewal round: the lease stays held until its deadline, at risk, retryable; the cause is kept for the
+    /// loss at the deadline if nothing extends it. Lost already (expired during the round): given up.
+    async fn extension_failed(&self, source: QuorumError) -> Error {
+        let now = self.now();
+        let valid_until = match self.current(now) {
+            Ok(valid_until) => valid_until,
+            Err(reason) => return self.give_up(reason, Some(source)).await,
+        };
+        let first = self.set_at_risk(now);
+        self.engine.hook.emit(
+            &self.key,
+            self.id,
+            now,
+            EventKind::AtRisk {
+                valid_until,
+                error: Some(&source),
+                first,
+            },
+        );
+        {
+            let mut st = self.lock();
+            if st.lost.is_none() {
+                st.loss_source = Some(Box::new(source.clone()));
+            }
+        }
+        source.into()
     }
 
     /// Marks the lease at risk since `now` unless it already was; `true` if it was not.
@@ -631,7 +660,7 @@ impl Shared {
     fn schedule(&self) -> RenewalSchedule {
         RenewalSchedule::new(
             self.renew_interval.unwrap_or(self.ttl.as_duration() / 3),
-            self.engine.config.get_retry_delay(),
+            self.engine.config.retry_delay(),
             self.op_timeout,
         )
     }
@@ -744,9 +773,11 @@ impl Drop for RenewalClaim<'_> {
 /// extended. Releasing consumes it, so "release twice" or "extend after release" cannot be written.
 ///
 /// # Renewal
-/// A lock described with [`auto_renew`](crate::Lock::auto_renew) is renewed
-/// - in the background, if the manager has a [spawner](crate::LockManager::with_spawner); or
-/// - while [`run`](Self::run) executes a future (no spawning at all; the recommended form).
+/// A lease is renewed
+/// - while [`run`](Self::run) executes a future — always, every [`renew_every`](crate::Lock::renew_every)
+///   (default a third of the TTL), with no spawning at all: the recommended form; and
+/// - in the background, if its lock was described with [`auto_renew`](crate::Lock::auto_renew) (which needs
+///   the manager's [spawner](crate::LockManager::with_spawner); acquisition fails without one).
 ///
 /// Otherwise nothing renews it and it is lost at its validity deadline unless [`extend`](Self::extend)ed.
 ///
@@ -842,10 +873,36 @@ impl Lease {
     /// # Errors
     /// - [`Error::Config`] for an invalid `ttl` (zero, too long, within the drift allowance), before any
     ///   command is sent;
-    /// - [`Error::Lost`] if the lease was already lost, or if this extension failed: the nodes no longer hold
-    ///   it ([`LossReason::NotHeld`]), or too few nodes answered in time or too little validity remained
-    ///   ([`LossReason::ExtendFailed`], with the node errors as `source`). After a failed extension the lease
-    ///   is given up and its token deleted from every node that may still hold it.
+    /// - [`Error::Quorum`] if too few nodes answered in time (refused connections, timeouts, error replies):
+    ///   nothing proves the lease gone, so it stays held until its current deadline,
+    ///   [at risk](LeaseState::AtRisk), and `extend` may be retried; if nothing extends it, it is lost at the
+    ///   deadline (its loss then carries these node errors as `source`);
+    /// - [`Error::Lost`] if the lease was already lost, or if this extension proved it gone: the nodes no
+    ///   longer hold it ([`LossReason::NotHeld`]), or the round left no validity
+    ///   ([`LossReason::ExtendFailed`]). The lease is then given up and its token deleted from every node that
+    ///   may still hold it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Error, LeaseState, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager.lock("report").try_acquire().await?;
+    /// match lease.extend(Duration::from_secs(60)).await {
+    ///     Ok(()) => {}
+    ///     // Too few nodes answered: still ours until `valid_until`, at risk; try again or stop in time.
+    ///     Err(Error::Quorum(e)) => {
+    ///         assert!(matches!(lease.state(), LeaseState::AtRisk));
+    ///         eprintln!("extension failed ({e}); valid until {:?}", lease.valid_until());
+    ///     }
+    ///     // Gone: stop acting as the owner.
+    ///     Err(lost) => return Err(lost),
+    /// }
+    /// lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
     pub fn extend(&self, ttl: Duration) -> impl Future<Output = Result<(), Error>> {
         // In a span with the `tracing` feature. Not an `async fn`: without the feature this is the
         // extension's own future, no bigger.
@@ -885,8 +942,10 @@ impl Lease {
                 Err(reason) => Err(self.shared.give_up(reason, None).await),
             },
             Extension::NotHeld => Err(self.shared.give_up(LossReason::NotHeld, None).await),
-            Extension::Failed(source) => {
-                Err(self.shared.give_up(LossReason::ExtendFailed, source).await)
+            Extension::Failed(Some(source)) => Err(self.shared.extension_failed(source).await),
+            // A quorum extended it, but the round left no validity (or spanned a suspend).
+            Extension::Failed(None) => {
+                Err(self.shared.give_up(LossReason::ExtendFailed, None).await)
             }
         }
     }
@@ -968,9 +1027,9 @@ impl Lease {
         }
     }
 
-    /// Runs `work` while holding the lease, renewing it meanwhile if its lock was described with
-    /// [`auto_renew`](crate::Lock::auto_renew) (and no background renewal runs), and stops it as soon as the
-    /// lease is lost.
+    /// Runs `work` while holding the lease, renewing it meanwhile (every
+    /// [`renew_every`](crate::Lock::renew_every), default a third of the TTL, unless background renewal
+    /// already runs), and stops it as soon as the lease is lost.
     ///
     /// Nothing is spawned: renewal runs inside this future, interleaved with `work`. The lease stays held when
     /// `run` returns; release it afterwards.
@@ -991,7 +1050,7 @@ impl Lease {
     /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
     /// let lease = manager
     ///     .lock("nightly")
-    ///     .auto_renew(Duration::from_secs(10))
+    ///     .renew_every(Duration::from_secs(10))
     ///     .try_acquire()
     ///     .await?;
     /// match lease.run(async { 2 + 2 }).await {
@@ -1018,7 +1077,7 @@ impl Lease {
                 if r.as_mut().poll(cx).is_ready() {
                     renewal = None;
                 }
-            } else if shared.renew_interval.is_some() && !claim.held && shared.claim_renewal() {
+            } else if !claim.held && shared.claim_renewal() {
                 // No renewal runs (none yet, or another `run` that renewed has returned): take it over.
                 claim.held = true;
                 let mut r: Pin<Box<dyn Future<Output = ()> + Send>> =
@@ -1167,8 +1226,9 @@ impl LossSignal {
         }
     }
 
-    /// Whether the signal has fired, without waiting.
-    pub fn is_lost(&self) -> bool {
+    /// Whether the lease has ended — lost, released or dropped — without waiting: `true` exactly when
+    /// awaiting the signal would complete at once.
+    pub fn has_ended(&self) -> bool {
         self.shared.current(self.shared.now()).is_err()
     }
 }
@@ -1183,7 +1243,7 @@ impl fmt::Debug for LossSignal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LossSignal")
             .field("key", &self.shared.key)
-            .field("lost", &self.is_lost())
+            .field("ended", &self.has_ended())
             .finish()
     }
 }

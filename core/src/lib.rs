@@ -12,7 +12,7 @@
 //! let lock = manager
 //!     .lock("reports:{nightly}:lock")
 //!     .expiry(Duration::from_secs(30))
-//!     .auto_renew(Duration::from_secs(10))
+//!     .renew_every(Duration::from_secs(10))
 //!     .fenced("reports:{nightly}:fence");
 //!
 //! let lease = lock.acquire().await?;
@@ -76,7 +76,9 @@ pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{Lock, LockManager};
-pub use node::{Applied, KeyState, NodeError, NodeErrorKind, RedisNode, Ttl};
+pub use node::{
+    Applied, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper, RedisNode, Ttl,
+};
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,
 };

@@ -3,6 +3,8 @@
 use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,6 +121,14 @@ impl fmt::Debug for KeyState {
 /// still cost is liveness: an acquisition applied after its own clean-up keeps the key until its TTL ends.
 /// So a node should keep the requests for one key in order when it can (one connection per key); the
 /// adapters do (fred's pool routes every command for a key through one pool member).
+///
+/// # Wrappers
+///
+/// A node that decorates another (metrics, logging, fault injection) should implement [`NodeWrapper`]
+/// instead: it forwards every operation and capability it does not override, including the provided ones
+/// (the fast path, the endpoint, and capabilities added later), which a direct `RedisNode` implementation
+/// that writes only the required methods silently loses. `redlease_testkit::conformance::run_wrapper`
+/// checks a wrapper.
 ///
 /// # Cancellation
 ///
@@ -279,45 +289,270 @@ pub trait RedisNode: Send + Sync {
     }
 }
 
-macro_rules! forward_node {
-    ($($ty:ty),*) => {$(
-        #[async_trait]
-        impl<N: RedisNode + ?Sized> RedisNode for $ty {
-            async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-                (**self).acquire(key, token, ttl).await
-            }
-            async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-                (**self).acquire_fresh(key, token, ttl).await
-            }
-            fn acquire_fresh_is_nx(&self) -> bool {
-                (**self).acquire_fresh_is_nx()
-            }
-            async fn acquire_fenced(
-                &self,
-                key: &str,
-                fence_key: &str,
-                token: &Token,
-                ttl: Ttl,
-            ) -> Result<Option<u64>, NodeError> {
-                (**self).acquire_fenced(key, fence_key, token, ttl).await
-            }
-            async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-                (**self).release(key, token).await
-            }
-            async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-                (**self).extend(key, token, ttl).await
-            }
-            async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-                (**self).inspect(key).await
-            }
-            fn endpoint(&self) -> Option<String> {
-                (**self).endpoint()
-            }
-        }
-    )*};
+/// The boxed future every node operation returns (what `#[async_trait]` methods return).
+pub type NodeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> + Send + 'a>>;
+
+/// A node that wraps another and forwards to it every operation and capability it does not override.
+///
+/// Write decorators (metrics, logging, fault injection, routing) with this trait rather than [`RedisNode`]:
+/// implement [`inner`](Self::inner) and override only what the wrapper changes; a blanket implementation
+/// makes every `NodeWrapper` a [`RedisNode`]. Each method defaults to the inner node's, so the fast path
+/// ([`acquire_fresh`](RedisNode::acquire_fresh) with [`acquire_fresh_is_nx`](RedisNode::acquire_fresh_is_nx)),
+/// the [`endpoint`](RedisNode::endpoint) that Redlock uses to reject duplicate servers, and every
+/// capability added to [`RedisNode`] later are forwarded without the wrapper author thinking of them.
+/// (A wrapper that implements [`RedisNode`] directly and writes only the required methods silently loses
+/// them: each provided method falls back to its plain default.)
+///
+/// A forwarded call costs nothing extra: the inner node's future is returned as is.
+///
+/// Overriding an operation does not redirect the others: a wrapper that counts `acquire` and should also
+/// count first attempts overrides [`acquire_fresh`](Self::acquire_fresh) too.
+///
+/// # Example: counting releases
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use redlease::{NodeError, NodeWrapper, RedisNode, Token, async_trait};
+///
+/// struct CountReleases<N> {
+///     inner: N,
+///     releases: AtomicU64,
+/// }
+///
+/// #[async_trait]
+/// impl<N: RedisNode> NodeWrapper for CountReleases<N> {
+///     type Inner = N;
+///
+///     fn inner(&self) -> &N {
+///         &self.inner
+///     }
+///
+///     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+///         self.releases.fetch_add(1, Ordering::Relaxed);
+///         self.inner.release(key, token).await
+///     }
+/// }
+///
+/// # fn node() -> redlease_testkit::MemoryNode { redlease_testkit::MemoryNode::new() }
+/// let counted = CountReleases { inner: node(), releases: AtomicU64::new(0) };
+/// // Everything else (acquire, extend, the fast path, the endpoint) is the inner node's. (With both traits
+/// // in scope, name the trait: the wrapper has each method twice.)
+/// assert!(RedisNode::acquire_fresh_is_nx(&counted));
+/// let manager = redlease::LockManager::single(counted, redlease::Config::default()).unwrap();
+/// # let _ = manager;
+/// ```
+#[async_trait]
+pub trait NodeWrapper: Send + Sync {
+    /// The wrapped node.
+    type Inner: RedisNode + ?Sized;
+
+    /// The wrapped node, which receives every call this wrapper does not override.
+    fn inner(&self) -> &Self::Inner;
+
+    /// See [`RedisNode::acquire`]; forwards by default.
+    fn acquire<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().acquire(key, token, ttl)
+    }
+
+    /// See [`RedisNode::acquire_fresh`]; forwards by default.
+    fn acquire_fresh<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().acquire_fresh(key, token, ttl)
+    }
+
+    /// See [`RedisNode::acquire_fresh_is_nx`]; forwards by default.
+    fn acquire_fresh_is_nx(&self) -> bool {
+        self.inner().acquire_fresh_is_nx()
+    }
+
+    /// See [`RedisNode::acquire_fenced`]; forwards by default.
+    fn acquire_fenced<'a, 'b, 'c, 'd, 'f>(
+        &'a self,
+        key: &'b str,
+        fence_key: &'c str,
+        token: &'d Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, Option<u64>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        'd: 'f,
+        Self: 'f,
+    {
+        self.inner().acquire_fenced(key, fence_key, token, ttl)
+    }
+
+    /// See [`RedisNode::release`]; forwards by default.
+    fn release<'a, 'b, 'c, 'f>(&'a self, key: &'b str, token: &'c Token) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().release(key, token)
+    }
+
+    /// See [`RedisNode::extend`]; forwards by default.
+    fn extend<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().extend(key, token, ttl)
+    }
+
+    /// See [`RedisNode::inspect`]; forwards by default.
+    fn inspect<'a, 'b, 'f>(&'a self, key: &'b str) -> NodeFuture<'f, Option<KeyState>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        self.inner().inspect(key)
+    }
+
+    /// See [`RedisNode::endpoint`]; forwards by default.
+    fn endpoint(&self) -> Option<String> {
+        self.inner().endpoint()
+    }
 }
 
-forward_node!(Arc<N>, Box<N>);
+impl<W: NodeWrapper> RedisNode for W {
+    fn acquire<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::acquire(self, key, token, ttl)
+    }
+
+    fn acquire_fresh<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::acquire_fresh(self, key, token, ttl)
+    }
+
+    fn acquire_fresh_is_nx(&self) -> bool {
+        NodeWrapper::acquire_fresh_is_nx(self)
+    }
+
+    fn acquire_fenced<'a, 'b, 'c, 'd, 'f>(
+        &'a self,
+        key: &'b str,
+        fence_key: &'c str,
+        token: &'d Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, Option<u64>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        'd: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::acquire_fenced(self, key, fence_key, token, ttl)
+    }
+
+    fn release<'a, 'b, 'c, 'f>(&'a self, key: &'b str, token: &'c Token) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::release(self, key, token)
+    }
+
+    fn extend<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::extend(self, key, token, ttl)
+    }
+
+    fn inspect<'a, 'b, 'f>(&'a self, key: &'b str) -> NodeFuture<'f, Option<KeyState>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::inspect(self, key)
+    }
+
+    fn endpoint(&self) -> Option<String> {
+        NodeWrapper::endpoint(self)
+    }
+}
+
+impl<N: RedisNode + ?Sized> NodeWrapper for Arc<N> {
+    type Inner = N;
+
+    fn inner(&self) -> &N {
+        self
+    }
+}
+
+impl<N: RedisNode + ?Sized> NodeWrapper for Box<N> {
+    type Inner = N;
+
+    fn inner(&self) -> &N {
+        self
+    }
+}
 
 /// Whether a failed node operation may have taken effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

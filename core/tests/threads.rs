@@ -14,8 +14,8 @@ use redlease_testkit::{FaultyNode, MemoryNode, Op, VirtualClock, block_on};
 fn contending_threads_lose_no_update_of_a_non_atomic_counter() {
     for redlock in [false, true] {
         let config = Config::default()
-            .expiry(Duration::from_secs(5))
-            .retry_delay(Duration::from_millis(2));
+            .with_expiry(Duration::from_secs(5))
+            .with_retry_delay(Duration::from_millis(2));
         let manager = if redlock {
             LockManager::redlock((0..3).map(|_| MemoryNode::new()), config).unwrap()
         } else {

@@ -49,8 +49,8 @@ fn main() -> ExitCode {
         }
     };
     let config = Config::default()
-        .expiry(EXPIRY)
-        .retry_delay(Duration::from_millis(40));
+        .with_expiry(EXPIRY)
+        .with_retry_delay(Duration::from_millis(40));
     let outcome = match urls {
         None => run_in_memory(config),
         Some(urls) => run_on_redis(&urls, config),
@@ -149,7 +149,7 @@ impl Summary {
 }
 
 fn describe_lock(manager: &LockManager, fenced: bool) -> Lock {
-    let lock = manager.lock(LOCK_KEY).auto_renew(RENEW_EVERY);
+    let lock = manager.lock(LOCK_KEY).renew_every(RENEW_EVERY);
     if fenced { lock.fenced(FENCE_KEY) } else { lock }
 }
 

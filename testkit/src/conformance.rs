@@ -219,6 +219,64 @@ pub async fn run_with_reader(
     run_cases(node, Some(reader), timer).await
 }
 
+/// Checks a wrapper node (a decorator around `inner`): that it reports the inner node's capabilities — the
+/// [`endpoint`](RedisNode::endpoint) and whether [`acquire_fresh`](RedisNode::acquire_fresh) is a plain
+/// `SET NX` — and that every case of [`run`] passes through it, with each state read from `inner` directly.
+///
+/// A wrapper written with [`redlease::NodeWrapper`] forwards everything by default; one that implements
+/// [`RedisNode`] and writes only the required methods fails here (case `wrapper_forwards_capabilities`).
+///
+/// ```
+/// use redlease::SystemTimer;
+/// use redlease_testkit::{block_on, conformance, MemoryNode};
+///
+/// let inner = MemoryNode::new();
+/// // `Arc<N>` and `Box<N>` are wrappers too.
+/// let wrapper = std::sync::Arc::new(inner.clone());
+/// block_on(conformance::run_wrapper(&wrapper, &inner, &SystemTimer)).unwrap();
+/// ```
+///
+/// # Errors
+/// The first [`Failure`].
+pub async fn run_wrapper(
+    wrapper: &dyn RedisNode,
+    inner: &dyn RedisNode,
+    timer: &dyn Timer,
+) -> Result<(), Failure> {
+    let case = "wrapper_forwards_capabilities";
+    if wrapper.endpoint() != inner.endpoint() {
+        return Err(Failure {
+            case,
+            message: format!(
+                "endpoint() is {:?}, the inner node's is {:?}",
+                wrapper.endpoint(),
+                inner.endpoint()
+            ),
+        });
+    }
+    if wrapper.acquire_fresh_is_nx() != inner.acquire_fresh_is_nx() {
+        return Err(Failure {
+            case,
+            message: format!(
+                "acquire_fresh_is_nx() is {}, the inner node's is {}",
+                wrapper.acquire_fresh_is_nx(),
+                inner.acquire_fresh_is_nx()
+            ),
+        });
+    }
+    run_with_reader(wrapper, &InnerReader(inner), timer).await
+}
+
+/// Reads states through a node's own `inspect` (the inner node of a wrapper under test).
+struct InnerReader<'a>(&'a dyn RedisNode);
+
+#[async_trait]
+impl StateReader for InnerReader<'_> {
+    async fn read(&self, key: &str) -> Result<Option<KeyState>, String> {
+        self.0.inspect(key).await.map_err(|e| e.to_string())
+    }
+}
+
 async fn run_cases(
     node: &dyn RedisNode,
     reader: Option<&dyn StateReader>,

@@ -89,3 +89,88 @@ fn suite_catches_broken_nodes() {
         assert_eq!(failure.case, case, "{bug}: {failure}");
     }
 }
+
+/// A decorator that implements `RedisNode` directly and writes only the required methods, the way a wrapper
+/// author who does not know the provided ones would.
+struct ForwardsOnlyRequired(MemoryNode);
+
+#[async_trait]
+impl RedisNode for ForwardsOnlyRequired {
+    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.0.acquire(key, token, ttl).await
+    }
+    async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<u64>, NodeError> {
+        self.0.acquire_fenced(key, fence_key, token, ttl).await
+    }
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+        self.0.release(key, token).await
+    }
+    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.0.extend(key, token, ttl).await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+        self.0.inspect(key).await
+    }
+}
+
+/// The same decorator written with `NodeWrapper`: it overrides one operation and forwards the rest.
+struct CountsReleases {
+    inner: MemoryNode,
+    releases: std::sync::atomic::AtomicU64,
+}
+
+#[async_trait]
+impl redlease::NodeWrapper for CountsReleases {
+    type Inner = MemoryNode;
+
+    fn inner(&self) -> &MemoryNode {
+        &self.inner
+    }
+
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+        self.releases
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.release(key, token).await
+    }
+}
+
+#[test]
+fn a_wrapper_that_forwards_only_the_required_methods_is_caught() {
+    let inner = MemoryNode::new();
+    let wrapper = ForwardsOnlyRequired(inner.clone());
+    let failure = block_on(conformance::run_wrapper(&wrapper, &inner, &SystemTimer)).unwrap_err();
+    assert_eq!(failure.case, "wrapper_forwards_capabilities", "{failure}");
+    assert!(
+        failure.message.contains("endpoint") || failure.message.contains("acquire_fresh_is_nx"),
+        "{failure}"
+    );
+}
+
+#[test]
+fn node_wrapper_forwards_everything_it_does_not_override() {
+    let inner = MemoryNode::new();
+    let wrapper = CountsReleases {
+        inner: inner.clone(),
+        releases: Default::default(),
+    };
+    block_on(conformance::run_wrapper(&wrapper, &inner, &SystemTimer)).unwrap();
+    assert!(
+        wrapper.releases.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the overridden release ran"
+    );
+    // Arc and Box forward too.
+    block_on(conformance::run_wrapper(
+        &std::sync::Arc::new(inner.clone()),
+        &inner,
+        &SystemTimer,
+    ))
+    .unwrap();
+    let boxed: Box<dyn RedisNode> = Box::new(inner.clone());
+    block_on(conformance::run_wrapper(&boxed, &inner, &SystemTimer)).unwrap();
+}

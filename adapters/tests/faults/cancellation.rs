@@ -182,12 +182,13 @@ async fn check_cleaned(setup: &Setup, redlock: bool, key: &str, what: &str) {
     assert!(gone, "{what}: the spawner did not clean up");
 }
 
-async fn acquired(manager: &LockManager, key: &str, renew: bool, what: &str) -> Lease {
+/// `renew`: `Some(true)` renews in the background (the manager has a spawner), `Some(false)` inside `run`.
+async fn acquired(manager: &LockManager, key: &str, renew: Option<bool>, what: &str) -> Lease {
     let lock = manager.lock(key);
-    let lock = if renew {
-        lock.auto_renew(INTERVAL)
-    } else {
-        lock
+    let lock = match renew {
+        Some(true) => lock.auto_renew(INTERVAL),
+        Some(false) => lock.renew_every(INTERVAL),
+        None => lock,
     };
     lock.try_acquire()
         .await
@@ -247,7 +248,7 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
             }
         },
         Op::Extend => {
-            let lease = acquired(&manager, &key, false, &what).await;
+            let lease = acquired(&manager, &key, None, &what).await;
             let token = lease.token().as_str().to_owned();
             if flush {
                 setup.flush(redlock);
@@ -263,7 +264,7 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
                 .unwrap_or_else(|e| panic!("{what}: release after a cancelled extend: {e}"));
         }
         Op::Release => {
-            let lease = acquired(&manager, &key, false, &what).await;
+            let lease = acquired(&manager, &key, None, &what).await;
             let token = lease.token().as_str().to_owned();
             if flush {
                 setup.flush(redlock);
@@ -281,7 +282,7 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
             }
         }
         Op::Renewal => {
-            let lease = acquired(&manager, &key, true, &what).await;
+            let lease = acquired(&manager, &key, Some(spawner), &what).await;
             let token = lease.token().as_str().to_owned();
             if flush {
                 setup.flush(redlock);

@@ -35,10 +35,10 @@ pub(crate) async fn nodes(backend: Backend, urls: &[String]) -> Vec<Arc<dyn Redi
 /// Short-TTL configuration: one attempt, a small retry delay, the given operation timeout.
 pub(crate) fn config(expiry: Duration, op_timeout: Duration) -> Config {
     Config::default()
-        .expiry(expiry)
-        .attempts(1)
-        .retry_delay(Duration::from_millis(20))
-        .operation_timeout(op_timeout)
+        .with_expiry(expiry)
+        .with_attempts(1)
+        .with_retry_delay(Duration::from_millis(20))
+        .with_operation_timeout(op_timeout)
 }
 
 /// A key unique to one scenario and backend.

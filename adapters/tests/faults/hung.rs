@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use redlease::{Error, LeaseState, LockManager, LossReason, NotAcquiredReason};
+use redlease::{Error, LeaseState, LockManager, NotAcquiredReason};
 use redlease_testkit::proxy::ProxyMode;
 
 use crate::common::{
@@ -30,7 +30,7 @@ fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_operation_t
                 let renewing = manager
                     .lock(key("hung-renew", backend))
                     .expiry(Duration::from_millis(1000))
-                    .auto_renew(Duration::from_millis(100));
+                    .renew_every(Duration::from_millis(100));
                 let renewed = renewing.try_acquire().await.unwrap();
                 let to_extend = manager
                     .lock(key("hung-extend", backend))
@@ -100,21 +100,18 @@ fn hung_single_node_bounds_acquire_extend_release_and_renewal_by_the_operation_t
                     .await
                     .expect_err("extended through a hung node");
                 let elapsed = started.elapsed();
+                // Unanswered is not "gone": the lease is at risk until its deadline, not lost.
+                assert!(matches!(err, Error::Quorum(_)), "{backend:?}: {err}");
                 assert!(
-                    matches!(
-                        err,
-                        Error::Lost {
-                            reason: LossReason::ExtendFailed,
-                            ..
-                        }
-                    ),
-                    "{backend:?}: {err}"
-                );
-                assert!(
-                    elapsed <= 2 * OP + SLACK,
+                    elapsed <= OP + SLACK,
                     "{backend:?}: extend took {elapsed:?}"
                 );
-                assert!(to_extend.lost().is_lost(), "{backend:?}");
+                assert!(
+                    matches!(to_extend.state(), LeaseState::AtRisk),
+                    "{backend:?}: {:?}",
+                    to_extend.state()
+                );
+                assert!(!to_extend.lost().has_ended(), "{backend:?}");
 
                 // Release: one round; the outcome is unknown, which is an error, not a success.
                 let started = Instant::now();

@@ -65,9 +65,9 @@ fn a_retry_after_a_lost_reply_and_a_refused_clean_up_recognises_its_own_token() 
                     // clean-up after a "contended" second attempt deletes our own key).
                     let fred = matches!(backend, common::Backend::FredClient);
                     let config = common::config(TTL, OP)
-                        .attempts(2)
-                        .retry_delay(if fred { FRED_RETRY_DELAY } else { RETRY_DELAY })
-                        .retry_jitter(0.0);
+                        .with_attempts(2)
+                        .with_retry_delay(if fred { FRED_RETRY_DELAY } else { RETRY_DELAY })
+                        .with_retry_jitter(0.0);
                     let manager = LockManager::single(node, config).unwrap();
                     let k = key(&format!("lost-retry-{fenced}"), backend);
                     let f = k.replace(":lock", ":fence");

@@ -76,7 +76,7 @@ fn check_transient(what: &str, states: &[LeaseState], recovered: Option<Duration
         recovered <= Duration::from_millis(20) + OP + Duration::from_millis(400),
         "{what}: held again only after {recovered:?}"
     );
-    assert!(!lease.lost().is_lost(), "{what}");
+    assert!(!lease.lost().has_ended(), "{what}");
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_again() {
                 let k = key("transient", backend);
                 let lease = manager
                     .lock(&k)
-                    .auto_renew(INTERVAL)
+                    .renew_every(INTERVAL)
                     .try_acquire()
                     .await
                     .unwrap();
@@ -128,7 +128,7 @@ fn redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again() {
                 let k = key("transient-redlock", backend);
                 let lease = manager
                     .lock(&k)
-                    .auto_renew(INTERVAL)
+                    .renew_every(INTERVAL)
                     .try_acquire()
                     .await
                     .unwrap();
@@ -176,7 +176,7 @@ async fn persistent_failure(
 ) -> (LossReason, Instant, Instant, Instant, bool) {
     let lease = manager
         .lock(k)
-        .auto_renew(INTERVAL)
+        .renew_every(INTERVAL)
         .try_acquire()
         .await
         .unwrap();
@@ -260,7 +260,7 @@ fn a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_before_any
                 for (n, hung) in [(1, &[0][..]), (3, &[0, 1][..])] {
                     let set = Proxied::start(flavor, n);
                     // A drift allowance of 5 % (52 ms) is the margin between our deadline and the servers' expiry.
-                    let cfg = config(TTL, OP).drift_factor(0.05);
+                    let cfg = config(TTL, OP).with_drift_factor(0.05);
                     let through_proxies = common::nodes(backend, &set.urls()).await;
                     let direct =
                         common::nodes(common::Backend::RedisMultiplexed, &set.servers.urls()).await;

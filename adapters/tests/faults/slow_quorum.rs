@@ -29,7 +29,7 @@ fn redlock_slow_majority_applies_the_set_but_acquisition_fails_without_validity_
             for backend in BACKENDS {
                 let set = Proxied::start(flavor, 3);
                 let nodes = common::nodes(backend, &set.urls()).await;
-                let cfg = common::config(TTL, OP).drift_factor(DRIFT_FACTOR);
+                let cfg = common::config(TTL, OP).with_drift_factor(DRIFT_FACTOR);
                 let manager = LockManager::redlock_dyn(nodes, cfg).unwrap();
                 let k = key("slow-quorum", backend);
                 set.reset_stats();

@@ -56,9 +56,11 @@ fn missing_or_wrong_password_is_a_definite_auth_error_without_secrets() {
                 );
                 // Through the manager: not contention, the node error is kept, and no retry (one attempt, no new
                 // connection: counted on the server).
-                let manager =
-                    LockManager::single(node, common::config(Duration::from_secs(1)).attempts(3))
-                        .unwrap();
+                let manager = LockManager::single(
+                    node,
+                    common::config(Duration::from_secs(1)).with_attempts(3),
+                )
+                .unwrap();
                 let mut admin = Admin::new(&server);
                 let before = admin.stats();
                 let err = manager.lock("k").acquire().await.unwrap_err();

@@ -27,9 +27,9 @@ pub(crate) fn fred_client(url: &str) -> redlease_adapters::fred::fred::clients::
 /// Short-TTL config for live tests: one attempt, small retry delay.
 pub(crate) fn config(expiry: Duration) -> Config {
     Config::default()
-        .expiry(expiry)
-        .attempts(1)
-        .retry_delay(Duration::from_millis(10))
+        .with_expiry(expiry)
+        .with_attempts(1)
+        .with_retry_delay(Duration::from_millis(10))
 }
 
 /// A unique key for one test case (a fresh server per test keeps them apart anyway).

@@ -25,7 +25,7 @@ fn redis_rs_node_works_on_smol_without_a_tokio_runtime() {
             let lease = manager
                 .lock("smol:{x}:lock")
                 .fenced("smol:{x}:fence")
-                .auto_renew(Duration::from_millis(60))
+                .renew_every(Duration::from_millis(60))
                 .try_acquire()
                 .await
                 .unwrap();

@@ -70,7 +70,7 @@ async fn long_job(
         "{backend:?} on {} server(s), background={background}",
         servers.len()
     );
-    let cfg = config(TTL).operation_timeout(OP);
+    let cfg = config(TTL).with_operation_timeout(OP);
     let mut manager = if nodes.len() == 1 {
         LockManager::single(Arc::clone(&nodes[0]), cfg)
     } else {
@@ -84,12 +84,13 @@ async fn long_job(
     }
     let quorum = manager.quorum();
     let k = key(&format!("long-job-{}", servers.len()), backend);
-    let lease = manager
-        .lock(&k)
-        .auto_renew(INTERVAL)
-        .try_acquire()
-        .await
-        .unwrap();
+    let lock = manager.lock(&k);
+    let lock = if background {
+        lock.auto_renew(INTERVAL)
+    } else {
+        lock.renew_every(INTERVAL)
+    };
+    let lease = lock.try_acquire().await.unwrap();
     // Without a spawner, renewal runs inside `run` while the job does.
     let renewals = lease
         .run(hold_and_check(&what, &lease, servers, quorum))

@@ -416,7 +416,7 @@ fn a_user_without_multi_exec_or_incr_gets_a_definite_auth_error_naming_it_before
                     // Through a manager: the first attempt ends it, nothing written.
                     let manager = LockManager::single(
                         Arc::clone(&node),
-                        common::config(Duration::from_secs(10)).attempts(3),
+                        common::config(Duration::from_secs(10)).with_attempts(3),
                     )
                     .unwrap();
                     let err = manager.lock(&k).fenced(&f).try_acquire().await.unwrap_err();

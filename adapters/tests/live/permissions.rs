@@ -19,9 +19,9 @@ const RETRY_DELAY: Duration = Duration::from_secs(2);
 
 fn config() -> redlease::Config {
     redlease::Config::default()
-        .expiry(Duration::from_secs(10))
-        .attempts(3)
-        .retry_delay(RETRY_DELAY)
+        .with_expiry(Duration::from_secs(10))
+        .with_attempts(3)
+        .with_retry_delay(RETRY_DELAY)
 }
 
 fn attempts_of(err: &Error) -> Option<u32> {
@@ -77,9 +77,11 @@ fn acl_refusals_end_the_acquisition_at_once_with_an_auth_error_before_any_write(
                     let node = common::unprobed(backend, &url).await;
                     let k = common::key(&format!("acl-{user}"), backend);
                     for (attempts, fenced) in [(1, false), (3, false), (3, true)] {
-                        let manager =
-                            LockManager::single(Arc::clone(&node), config().attempts(attempts))
-                                .unwrap();
+                        let manager = LockManager::single(
+                            Arc::clone(&node),
+                            config().with_attempts(attempts),
+                        )
+                        .unwrap();
                         let before = Stats::of(&server);
                         let started = Instant::now();
                         let lock = manager.lock(&k);
@@ -178,7 +180,7 @@ fn a_wrong_type_lock_key_gives_the_same_wrong_type_answer_with_one_attempt_or_th
                 for (attempts, fenced) in [(1, false), (3, false), (1, true), (3, true)] {
                     let what = format!("{backend:?} attempts={attempts} fenced={fenced}");
                     let manager =
-                        LockManager::single(Arc::clone(&node), config().attempts(attempts))
+                        LockManager::single(Arc::clone(&node), config().with_attempts(attempts))
                             .unwrap();
                     let lock = manager.lock(&k);
                     let lock = if fenced {

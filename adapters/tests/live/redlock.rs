@@ -21,8 +21,8 @@ async fn occupancy_masks(servers: &RedisServers, backend: Backend) {
     let n = servers.len();
     // A generous operation timeout: the first round on fresh connections can be slow on a loaded machine,
     // and a node missing the round would turn a "free >= quorum" mask into a failure.
-    let cfg = config(Duration::from_secs(5)).operation_timeout(Duration::from_secs(1));
-    let manager = LockManager::redlock_dyn(nodes(&servers, backend).await, cfg).unwrap();
+    let cfg = config(Duration::from_secs(5)).with_operation_timeout(Duration::from_secs(1));
+    let manager = LockManager::redlock_dyn(nodes(servers, backend).await, cfg).unwrap();
     let quorum = n / 2 + 1;
     for mask in 0u32..(1 << n) {
         let k = format!("mask:{backend:?}:{mask}:lock");
@@ -109,8 +109,8 @@ fn redlock_survives_a_killed_minority_and_fails_fast_without_a_majority() {
         |flavor| async move {
             for backend in [Backend::RedisManager, Backend::FredClient] {
                 let mut servers = RedisServers::start_flavor(flavor, 5);
-                let cfg =
-                    config(Duration::from_secs(1)).operation_timeout(Duration::from_millis(150));
+                let cfg = config(Duration::from_secs(1))
+                    .with_operation_timeout(Duration::from_millis(150));
                 let manager =
                     LockManager::redlock_dyn(nodes(&servers, backend).await, cfg).unwrap();
 
@@ -230,7 +230,8 @@ fn a_redlock_service_starts_with_a_minority_down_and_the_node_joins_when_it_come
                 let nodes = lazy_nodes(kind, &urls);
                 let manager = LockManager::redlock_dyn(
                     nodes,
-                    config(Duration::from_secs(10)).operation_timeout(Duration::from_millis(800)),
+                    config(Duration::from_secs(10))
+                        .with_operation_timeout(Duration::from_millis(800)),
                 )
                 .unwrap();
                 for (i, before) in before.iter().enumerate() {

@@ -41,7 +41,7 @@ fn redlock_with_a_stalled_minority_is_bounded_by_the_operation_timeout_and_valid
                     common::node(backend, &format!("{}/0", proxies[1].url())).await,
                 ];
                 let manager =
-                    LockManager::redlock_dyn(nodes, config(TTL).operation_timeout(OP_TIMEOUT))
+                    LockManager::redlock_dyn(nodes, config(TTL).with_operation_timeout(OP_TIMEOUT))
                         .unwrap();
                 // Warm every connection (fred may finish its handshake lazily) before breaking anything.
                 manager

@@ -92,7 +92,7 @@ async fn loss_during_renewal(backend: Backend, server: &RedisServer) {
         tokio::time::sleep(op).await;
         let calls = common::lock_calls(server);
         tokio::time::sleep(3 * INTERVAL).await;
-        assert!(lease.lost().is_lost(), "{what}");
+        assert!(lease.lost().has_ended(), "{what}");
         assert_eq!(
             tokio::time::timeout(op, lease.lost()).await,
             Ok(LossReason::NotHeld),

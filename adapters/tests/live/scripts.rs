@@ -28,6 +28,9 @@ fn every_precomputed_sha1_equals_script_load() {
     });
 }
 
+/// The native commands one operation sends, with their counts (`("set", 1)`).
+type NativeCalls = [(&'static str, u64)];
+
 /// `calls` and `failed_calls` of one command from `INFO commandstats`.
 fn stats(server: &RedisServer, command: &str) -> (u64, u64) {
     let info = server.cmd(&["INFO", "commandstats"]);
@@ -67,7 +70,7 @@ fn script_flush_between_operations_still_succeeds_executing_once() {
                     let f = common::fence_of(&k);
                     let token = Token::random().unwrap();
                     // (name, whether it runs natively, the native commands one execution sends)
-                    let ops: [(&str, bool, &[(&str, u64)]); 4] = [
+                    let ops: [(&str, bool, &NativeCalls); 4] = [
                         ("acquire", caps.native_acquire(), &[("set", 1)]),
                         (
                             "acquire_fenced",

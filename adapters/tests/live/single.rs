@@ -103,7 +103,7 @@ fn release_after_expiry_or_takeover_reports_lost_and_keeps_the_new_owner() {
             let expired = short + short / 2;
             for backend in ALL_BACKENDS {
                 let node = common::node(backend, &server.url()).await;
-                let cfg = config(short).operation_timeout(short - Duration::from_millis(10));
+                let cfg = config(short).with_operation_timeout(short - Duration::from_millis(10));
                 let manager = LockManager::single(node, cfg).unwrap();
                 let k = key("release", backend);
 
@@ -189,7 +189,7 @@ fn extend_after_expiry_or_del_reports_lost_and_never_recreates_the_key() {
                 // too long for it, so a manager with a short one).
                 let short = Duration::from_millis(50);
                 let node = common::node(backend, &server.url()).await;
-                let cfg = config(short).operation_timeout(short - Duration::from_millis(10));
+                let cfg = config(short).with_operation_timeout(short - Duration::from_millis(10));
                 let lease = LockManager::single(node, cfg)
                     .unwrap()
                     .lock(&k)
@@ -229,7 +229,7 @@ fn restart_while_held_reports_loss_no_later_than_the_validity_deadline() {
                 let k = key("restart", backend);
                 let lease = manager
                     .lock(&k)
-                    .auto_renew(Duration::from_millis(250))
+                    .renew_every(Duration::from_millis(250))
                     .try_acquire()
                     .await
                     .unwrap();
@@ -280,7 +280,7 @@ fn stalled_server_bounds_acquire_by_the_operation_timeout_and_never_reports_cont
             for backend in ALL_BACKENDS {
                 let node = common::node(backend, &server.url()).await;
                 let cfg = config(Duration::from_millis(500))
-                    .operation_timeout(Duration::from_millis(100));
+                    .with_operation_timeout(Duration::from_millis(100));
                 let manager = LockManager::single(node, cfg).unwrap();
                 let k = key("stall", backend);
                 server.pause();

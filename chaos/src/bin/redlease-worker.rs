@@ -114,9 +114,9 @@ async fn build(args: &Args) -> Result<Worker> {
         .collect();
     let ttl = Duration::from_millis(args.num("ttl-ms", 10_000)?);
     let config = Config::default()
-        .expiry(ttl)
-        .retry_delay(Duration::from_millis(5))
-        .retry_jitter(1.0);
+        .with_expiry(ttl)
+        .with_retry_delay(Duration::from_millis(5))
+        .with_retry_jitter(1.0);
     let mut connected: Vec<Arc<dyn RedisNode>> = Vec::new();
     for url in &nodes {
         let node = multiplexed_node(url)

@@ -31,7 +31,7 @@ impl SimHost for Env {
 /// loses its first reply (so its write needs a clean-up, which sits in the network past the operation
 /// timeout and lands after the caller left), node 2 is held by someone else for `foreign_ms`.
 fn contended(seed: u64, spawner: bool, foreign_ms: u64) -> Cluster {
-    let cfg = config().expiry(secs(30));
+    let cfg = config().with_expiry(secs(30));
     let c = if spawner {
         Cluster::with_spawner(3, seed, cfg)
     } else {
@@ -51,7 +51,7 @@ fn contended(seed: u64, spawner: bool, foreign_ms: u64) -> Cluster {
 /// `renew`); then extension and release faults: node 0 slow, node 1 late past the timeout, node 2 loses
 /// replies.
 fn held(seed: u64, spawner: bool, renew: bool) -> Env {
-    let cfg = config().expiry(secs(30));
+    let cfg = config().with_expiry(secs(30));
     let mut c = if spawner {
         Cluster::with_spawner(3, seed, cfg)
     } else {
@@ -59,7 +59,7 @@ fn held(seed: u64, spawner: bool, renew: bool) -> Env {
     };
     let mut lock = c.manager.lock("job");
     if renew {
-        lock = lock.auto_renew(secs(1));
+        lock = lock.renew_every(secs(1));
     }
     let lease = c.try_acquire(&lock).unwrap();
     c.faults[0].script(Op::Extend, vec![Fault::SlowReply(ms(40)); 4]);
@@ -277,8 +277,14 @@ fn cancelling_a_lease_with_background_renewal_at_every_await_point_leaves_nothin
 }
 
 /// One of the lease futures of the random variant.
-fn victim(c: &Cluster, kind: u64, fenced: bool) -> Boxed {
-    let mut lock = c.manager.lock("job").expiry(secs(10)).auto_renew(secs(3));
+fn victim(c: &Cluster, kind: u64, fenced: bool, spawner: bool) -> Boxed {
+    let lock = c.manager.lock("job").expiry(secs(10));
+    // Background renewal where the manager can run it; otherwise only `run` renews (kind 1).
+    let mut lock = if spawner {
+        lock.auto_renew(secs(3))
+    } else {
+        lock.renew_every(secs(3))
+    };
     if fenced {
         lock = lock.fenced("job:fence");
     }
@@ -339,7 +345,7 @@ fn cancelling_any_lease_future_at_every_await_point_under_hostile_faults_leaves_
                 }
                 Env { c, lease: None }
             },
-            |env| victim(&env.c, kind, fenced),
+            |env| victim(&env.c, kind, fenced, spawner),
         );
     });
 }

@@ -37,7 +37,7 @@ fn a_server_clock_jump_lets_a_second_holder_in_and_fencing_rejects_the_stale_wri
     // The server keeps its own clock, which jumps; the clients' monotonic clock does not.
     let server_clock = VirtualClock::new();
     let node = MemoryNode::with_timer(server_clock.clone());
-    let manager = LockManager::single(node, Config::default().jitter_seed(1))
+    let manager = LockManager::single(node, Config::default().with_jitter_seed(1))
         .unwrap()
         .with_timer(client_clock.clone());
     let lock = manager.lock("job").expiry(secs(30)).fenced("job:fence");
@@ -98,10 +98,10 @@ fn a_server_clock_jump_lets_a_second_holder_in_and_fencing_rejects_the_stale_wri
 /// whose clocks run fast by `rates`; returns whether the history checker found two holders at once.
 fn fast_node_clocks_overlap(seed: u64, rates: &[f64], drift_factor: f64) -> Option<Violation> {
     let config = Config::default()
-        .expiry(secs(1))
-        .retry_delay(ms(20))
-        .drift_factor(drift_factor)
-        .jitter_seed(seed);
+        .with_expiry(secs(1))
+        .with_retry_delay(ms(20))
+        .with_drift_factor(drift_factor)
+        .with_jitter_seed(seed);
     let mut c = Cluster::with_node_rates(seed, config, rates, false);
     let mut lock = c.manager.lock("job");
     if rates.len() == 1 {
@@ -143,7 +143,7 @@ fn fast_node_clocks_overlap(seed: u64, rates: &[f64], drift_factor: f64) -> Opti
 #[test]
 fn node_clocks_running_fast_within_the_drift_allowance_are_safe_and_zero_drift_is_not() {
     // Config::drift_factor(0.0) is accepted: only the 2 ms floor remains.
-    Config::default().drift_factor(0.0).validate().unwrap();
+    Config::default().with_drift_factor(0.0).validate().unwrap();
     let (mut safe, mut unsafe_zero, mut unsafe_beyond) = (0, 0, 0);
     for seed in 0..60u64 {
         // Every node fast by 0.6-0.8 %: a 1 s key ends 6-8 ms early by the clients' clock, within the
@@ -232,9 +232,9 @@ fn everything_hostile(seed: u64, delivery: Option<Delivery>) -> Result<usize, Vi
 fn hostile_history(seed: u64, delivery: Option<Delivery>) -> History {
     let n = [1usize, 3, 5][(seed % 3) as usize];
     let config = Config::default()
-        .expiry(secs(2))
-        .retry_delay(ms(50))
-        .jitter_seed(seed);
+        .with_expiry(secs(2))
+        .with_retry_delay(ms(50))
+        .with_jitter_seed(seed);
     let mut c = Cluster::hostile(n, seed, config);
     if let Some(delivery) = delivery {
         for f in &c.faults {

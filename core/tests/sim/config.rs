@@ -44,16 +44,16 @@ fn bad_topologies_are_rejected_at_construction() {
 #[test]
 fn invalid_configuration_is_rejected_at_construction() {
     let bad = [
-        Config::default().expiry(secs(0)),
-        Config::default().expiry(ms(2)),
-        Config::default().expiry(std::time::Duration::MAX),
-        Config::default().attempts(0),
-        Config::default().retry_delay(secs(0)),
-        Config::default().drift_factor(1.0),
-        Config::default().drift_factor(-0.5),
-        Config::default().retry_jitter(2.0),
-        Config::default().operation_timeout(secs(0)),
-        Config::default().operation_timeout(secs(30)),
+        Config::default().with_expiry(secs(0)),
+        Config::default().with_expiry(ms(2)),
+        Config::default().with_expiry(std::time::Duration::MAX),
+        Config::default().with_attempts(0),
+        Config::default().with_retry_delay(secs(0)),
+        Config::default().with_drift_factor(1.0),
+        Config::default().with_drift_factor(-0.5),
+        Config::default().with_retry_jitter(2.0),
+        Config::default().with_operation_timeout(secs(0)),
+        Config::default().with_operation_timeout(secs(30)),
     ];
     for config in bad {
         assert!(

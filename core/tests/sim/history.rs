@@ -109,9 +109,9 @@ async fn renewing_client(
 fn renewing_history(seed: u64, horizon: Duration) -> History {
     let n = [1usize, 3, 5][(seed % 3) as usize];
     let config = config()
-        .expiry(secs(2))
-        .retry_delay(ms(50))
-        .jitter_seed(seed);
+        .with_expiry(secs(2))
+        .with_retry_delay(ms(50))
+        .with_jitter_seed(seed);
     let mut c = Cluster::hostile(n, seed, config);
     let history = History::new();
     for id in 0..3u64 {
@@ -189,9 +189,9 @@ async fn client(lock: redlease::Lock, clock: VirtualClock, mut rng: Jitter, hori
 /// Runs `clients` clients against `n` faulty nodes for `horizon` of virtual time and returns their history.
 fn simulate(seed: u64, n: usize, clients: u64, horizon: Duration) -> History {
     let config = config()
-        .expiry(secs(2))
-        .retry_delay(ms(50))
-        .jitter_seed(seed);
+        .with_expiry(secs(2))
+        .with_retry_delay(ms(50))
+        .with_jitter_seed(seed);
     let mut c = Cluster::new(n, seed, config);
     for (i, f) in c.faults.iter().enumerate() {
         f.random(RandomFaults::new(seed * 7 + i as u64, 0.05, 0.02, 0.05, ms(30)).slow_reply(0.02));

@@ -140,7 +140,7 @@ impl Observer for Recorder {
 
 #[test]
 fn a_contended_acquisition_reports_every_attempt_and_its_wait() {
-    let mut c = Cluster::new(1, 40, config().retry_delay(ms(50)));
+    let mut c = Cluster::new(1, 40, config().with_retry_delay(ms(50)));
     let rec = Recorder::default();
     c.manager = c.manager.clone().with_observer(rec.clone());
     let lock = c.manager.lock("job");
@@ -221,7 +221,7 @@ fn a_contended_acquisition_reports_every_attempt_and_its_wait() {
 
 #[test]
 fn a_failed_renewal_is_at_risk_then_recovered_and_the_history_still_checks() {
-    let config = config().expiry(secs(30)).retry_delay(ms(200));
+    let config = config().with_expiry(secs(30)).with_retry_delay(ms(200));
     let mut c = Cluster::with_spawner(3, 41, config);
     let rec = Recorder::default();
     let history = History::new();
@@ -337,7 +337,7 @@ fn a_release_reports_the_nodes_that_failed_and_a_failed_attempt_its_cleanup() {
 
 #[test]
 fn a_lost_lease_reports_the_loss_then_its_cleanup() {
-    let mut c = Cluster::with_spawner(1, 43, config().expiry(secs(30)));
+    let mut c = Cluster::with_spawner(1, 43, config().with_expiry(secs(30)));
     let rec = Recorder::default();
     c.manager = c.manager.clone().with_observer(rec.clone());
     let lease = c
@@ -380,7 +380,7 @@ fn a_lost_lease_reports_the_loss_then_its_cleanup() {
 
 #[test]
 fn node_replies_are_a_view_of_the_round() {
-    let mut c = Cluster::new(3, 44, config().operation_timeout(ms(100)));
+    let mut c = Cluster::new(3, 44, config().with_operation_timeout(ms(100)));
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let s2 = Arc::clone(&seen);
     struct F(Arc<Mutex<Vec<String>>>);

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use redlease::{Error, LeaseState, LossReason, NodeErrorKind, Timer};
+use redlease::{ConfigError, Error, LeaseState, LossReason, NodeErrorKind, Timer};
 use redlease_testkit::{Fault, Op};
 
 use crate::support::*;
@@ -48,7 +48,7 @@ fn auto_renew_holds_a_30s_lease_through_10_minutes_in_the_background() {
 fn scoped_run_renews_without_spawning_and_returns_the_work_result() {
     let mut c = Cluster::new(3, 21, config());
     let clock = c.clock.clone();
-    let lock = c.manager.lock("job").auto_renew(secs(10));
+    let lock = c.manager.lock("job").renew_every(secs(10));
     let (out, extends) = c.sim.block_on({
         let faults = c.faults[0].clone();
         async move {
@@ -177,7 +177,7 @@ fn run_stops_the_work_when_the_lease_is_lost() {
     let clock = c.clock.clone();
     let node = c.nodes[0].clone();
     let polls = Arc::new(AtomicU32::new(0));
-    let lock = c.manager.lock("job").auto_renew(secs(10));
+    let lock = c.manager.lock("job").renew_every(secs(10));
     let start = c.now();
     let result = c.sim.block_on({
         let polls = polls.clone();
@@ -222,6 +222,7 @@ fn run_stops_the_work_when_the_lease_is_lost() {
 
 #[test]
 fn lease_without_renewal_expires_at_its_deadline() {
+    // Neither `run` nor background renewal: nothing renews it, and its loss signal fires at the deadline.
     let mut c = Cluster::new(3, 26, config());
     let lock = c.manager.lock("job").expiry(secs(5));
     let lease = c
@@ -229,21 +230,62 @@ fn lease_without_renewal_expires_at_its_deadline() {
         .block_on(async move { lock.try_acquire().await })
         .unwrap();
     let deadline = lease.valid_until();
+    let calls = c.calls();
+    let reason = c.sim.block_on(lease.lost());
+    assert_eq!(reason, LossReason::Expired);
+    assert_eq!(c.now(), deadline);
+    assert_eq!(lease.remaining(), std::time::Duration::ZERO);
+    assert_eq!(c.calls(), calls, "nothing was sent");
+}
+
+#[test]
+fn run_renews_a_lease_without_renew_every_at_a_third_of_its_ttl() {
+    // `run` always renews: a 5 s lease runs 60 s of work, renewed every 5/3 s.
+    let mut c = Cluster::new(3, 27, config());
+    let lock = c.manager.lock("job").expiry(secs(5));
+    let lease = c
+        .sim
+        .block_on(async move { lock.try_acquire().await })
+        .unwrap();
     let clock = c.clock.clone();
+    let start = c.now();
     let r = c.sim.block_on(async {
         lease
             .run(async {
                 clock.sleep_until(clock.now() + secs(60)).await;
+                7
             })
             .await
     });
+    assert_eq!(r.unwrap(), 7);
+    assert_eq!(c.now() - start, secs(60));
+    assert!(lease.is_held());
+    let extends = c.faults[0].calls(Op::Extend);
+    assert!(
+        (34..=37).contains(&extends),
+        "{extends} renewals in 60 s at one per 5/3 s"
+    );
+    c.sim
+        .block_on(async move { lease.release().await })
+        .unwrap();
+}
+
+#[test]
+fn auto_renew_without_a_spawner_is_refused_before_anything_is_sent() {
+    let mut c = Cluster::new(3, 28, config());
+    let lock = c.manager.lock("job").auto_renew(secs(10));
     assert!(matches!(
-        r,
-        Err(Error::Lost {
-            reason: LossReason::Expired,
-            ..
-        })
+        lock.validate(),
+        Err(Error::Config(ConfigError::AutoRenewWithoutSpawner))
     ));
-    assert_eq!(c.now(), deadline);
-    assert_eq!(lease.remaining(), std::time::Duration::ZERO);
+    let err = c
+        .sim
+        .block_on(async move { lock.try_acquire().await })
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Config(ConfigError::AutoRenewWithoutSpawner)),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("spawner"), "{err}");
+    assert_eq!(c.calls(), 0, "nothing was sent");
 }

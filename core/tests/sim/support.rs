@@ -14,7 +14,7 @@ pub(crate) struct Cluster {
 }
 
 pub(crate) fn config() -> Config {
-    Config::default().jitter_seed(1)
+    Config::default().with_jitter_seed(1)
 }
 
 impl Cluster {

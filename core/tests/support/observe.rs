@@ -25,9 +25,9 @@ pub(crate) fn world(seed: u64) -> World {
     let node = MemoryNode::with_timer(clock.clone());
     let (faulty, faults) = FaultyNode::new(node.clone(), clock.clone());
     let config = Config::default()
-        .jitter_seed(seed)
-        .expiry(Duration::from_secs(30))
-        .retry_delay(ms(50));
+        .with_jitter_seed(seed)
+        .with_expiry(Duration::from_secs(30))
+        .with_retry_delay(ms(50));
     let manager = LockManager::single(faulty, config)
         .unwrap()
         .with_timer(clock.clone())
