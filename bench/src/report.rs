@@ -32,7 +32,8 @@ pub(crate) struct Row {
     /// (`INFO commandstats`), over the scenario (S1: every pair, warm-ups included; S3: the measured
     /// window; S6: the renewal window).
     pub(crate) server_commands: Vec<(&'static str, u64, f64)>,
-    /// The server's time (`usec` of those commands) per operation: per pair (S1, S3) or per renewal (S6).
+    /// The server's time (`usec` of those commands but `EVAL`, the once-per-connection check) per operation:
+    /// per pair (S1, S3) or per renewal (S6).
     pub(crate) server_us_per_op: Option<f64>,
     /// How the figure was obtained, what bounds it, or why there is none.
     pub(crate) note: String,

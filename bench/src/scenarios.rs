@@ -170,11 +170,19 @@ fn reset_own_stats(env: &Env, imp: Impl) -> Res<()> {
     Ok(())
 }
 
+/// `INFO commandstats` of `imp`'s own server, if it has one.
+fn own_stats(env: &Env, imp: Impl) -> Option<Res<String>> {
+    env.own(imp)
+        .map(|server| server.try_cmd(&["INFO", "commandstats"]))
+}
+
 /// What `imp`'s own server spent on the lock commands since [`reset_own_stats`]: the server's name, each
-/// command's calls and `usec_per_call`, and the total `usec` per operation for `ops` operations.
-fn record_own_stats(env: &Env, imp: Impl, row: &mut Row, ops: u64) {
+/// command's calls and `usec_per_call`, and the `usec` per operation for `ops` operations, from `info` (read
+/// now when `None`). `EVAL` is listed but left out of the time per operation: it is each connection's
+/// capability check and a script's first use, once per connection, not the steady state (`EVALSHA`).
+fn record_own_stats(env: &Env, imp: Impl, row: &mut Row, ops: u64, info: Option<Res<String>>) {
     let Some(server) = env.own(imp) else { return };
-    let Ok(info) = server.try_cmd(&["INFO", "commandstats"]) else {
+    let Some(Ok(info)) = info.or_else(|| own_stats(env, imp)) else {
         row.note.push_str("; INFO commandstats failed");
         return;
     };
@@ -196,7 +204,9 @@ fn record_own_stats(env: &Env, imp: Impl, row: &mut Row, ops: u64) {
             (field("calls"), field("usec"), field("usec_per_call"))
             && calls > 0.0
         {
-            total_usec += usec;
+            if command != "eval" {
+                total_usec += usec;
+            }
             row.server_commands.push((command, calls as u64, per_call));
         }
     }
@@ -291,7 +301,7 @@ pub(crate) fn latency(env: &Env, plan: &Plan, impls: &[Impl], nodes: usize) -> V
                         );
                         // Every pair since the reset, warm-ups included.
                         let warmups = plan.warmup + (plan.rounds - 1) * (plan.warmup / 10);
-                        record_own_stats(env, imp, &mut row, (s.len() + warmups) as u64);
+                        record_own_stats(env, imp, &mut row, (s.len() + warmups) as u64, None);
                     }
                     Err(e) => row.note = format!("failed: {e}"),
                 }
@@ -314,13 +324,20 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
         let warm_per_task = (plan.warmup / S3_TASKS).max(2);
         let mut tasks = Vec::with_capacity(S3_TASKS);
         let start = Arc::new(tokio::sync::Barrier::new(S3_TASKS + 1));
+        // Every task warmed up, before the server's counters are reset and the window starts.
+        let warmed = Arc::new(tokio::sync::Barrier::new(S3_TASKS + 1));
         let stop = Arc::new(AtomicBool::new(false));
         for t in 0..S3_TASKS {
-            let (client, start, stop) =
-                (Arc::clone(&client), Arc::clone(&start), Arc::clone(&stop));
+            let (client, start, stop, warmed) = (
+                Arc::clone(&client),
+                Arc::clone(&start),
+                Arc::clone(&stop),
+                Arc::clone(&warmed),
+            );
             let key = format!("bench:S3:{}:{t}", imp.name());
             tasks.push(tokio::spawn(async move {
                 pairs(&client, &key, warm_per_task, 0).await?;
+                warmed.wait().await;
                 start.wait().await;
                 let mut samples = Samples::with_capacity(1 << 14);
                 while !stop.load(Ordering::Relaxed) {
@@ -335,6 +352,7 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
                 Ok::<_, String>(samples)
             }));
         }
+        warmed.wait().await;
         reset_own_stats(env, imp)?;
         start.wait().await;
         let t0 = Instant::now();
@@ -361,7 +379,7 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
                  p50/p99 = latency of one pair under this load",
                 elapsed.as_secs_f64()
             );
-            record_own_stats(env, imp, &mut row, ops as u64);
+            record_own_stats(env, imp, &mut row, ops as u64, None);
         }
         Err(e) => row.note = format!("failed: {e}"),
     }
@@ -616,7 +634,8 @@ pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
         tokio::time::sleep(plan.s6_window).await;
         let cpu1 = cpu.now()?;
         let window = t0.elapsed();
-        let calls1 = measure::renewal_calls(&server.try_cmd(&["INFO", "commandstats"])?);
+        let info1 = server.try_cmd(&["INFO", "commandstats"])?;
+        let calls1 = measure::renewal_calls(&info1);
         let renewals = calls1.saturating_sub(calls0);
 
         let still = held.len();
@@ -630,13 +649,25 @@ pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
             acquire_time,
             still,
             release_errors,
+            info1,
         ))
     });
     match result {
-        Ok((bytes, rss, cpu_time, window, renewals, acquire_time, still, release_errors)) => {
+        Ok((
+            bytes,
+            rss,
+            cpu_time,
+            window,
+            renewals,
+            acquire_time,
+            still,
+            release_errors,
+            info1,
+        )) => {
             row.bytes_per_lease = Some(bytes);
             row.cpu_us_per_renewal = (renewals > 0).then(|| us(cpu_time) / renewals as f64);
-            record_own_stats(env, imp, &mut row, renewals);
+            // The renewal window alone (read before the releases).
+            record_own_stats(env, imp, &mut row, renewals, Some(Ok(info1)));
             row.note = format!(
                 "{still} leases (TTL 3 s) acquired in {:.2} s; {renewals} renewals (server-side script calls, or \
                  SET … IFEQ) in a \
