@@ -16,8 +16,10 @@
 //! server.restart(); // kill -9, then start again on the same port
 //! ```
 //!
-//! The binaries are looked up in `$REDIS_SERVER` / `$REDIS_CLI` (full paths), then on `PATH`. Only std is
-//! used: processes through [`std::process`], admin commands as raw RESP over a [`TcpStream`].
+//! The binaries are looked up in `$REDIS_SERVER` / `$REDIS_CLI` (full paths), then on `PATH`; Valkey's as
+//! [`Flavor`] says. [`on_each_flavor`] runs a test's body once per server flavor, concurrently, naming the
+//! flavor that failed. Only std is used: processes through [`std::process`], admin commands as raw RESP over
+//! a [`TcpStream`].
 //!
 //! **Only our own server.** A port picked as free can be taken by another process before the server binds
 //! it, and a [`restart`](RedisServer::restart) leaves it free for a moment. A server is ready only when the

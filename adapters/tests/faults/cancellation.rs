@@ -25,7 +25,7 @@ const BACKENDS: [Backend; 3] = [
 ];
 
 const ITERATIONS_PER_BACKEND: u32 = 500;
-/// Fewer on the Valkey servers (two more servers' worth of run time; the seeds differ from run to run).
+/// Fewer on the three Valkey servers (they run concurrently with Redis's; the seeds differ from run to run).
 const ITERATIONS_OTHER_SERVERS: u32 = 200;
 /// Long enough that a key found gone within `CLEANED_WITHIN` was deleted, not expired.
 const TTL: Duration = Duration::from_millis(2000);
