@@ -700,12 +700,21 @@ impl RedisServer {
             .and_then(|i| extra.get(i + 1).cloned());
         let mut failures = Vec::new();
         // A port picked by `free_port` can be taken by someone else before redis binds it: retry elsewhere.
-        for _ in 0..START_ATTEMPTS {
+        for attempt in 0..START_ATTEMPTS {
+            let mut extra = extra.clone();
+            if attempt > 0 {
+                // So can a cluster node's bus port (the start fails the same way): another one too.
+                if let Some(i) = extra.iter().position(|a| a == "--cluster-port") {
+                    if let Some(bus) = extra.get_mut(i + 1) {
+                        *bus = free_port().to_string();
+                    }
+                }
+            }
             let mut server = RedisServer {
                 bin: bin.clone(),
                 flavor,
                 port: next_port(),
-                extra: extra.clone(),
+                extra,
                 password: password.clone(),
                 running: None,
                 identity: None,
@@ -1240,6 +1249,40 @@ mod tests {
             Identity::parse(&Resp::Text(info)).map(|id| id.pid),
             ours.pid()
         );
+    }
+
+    #[test]
+    fn a_cluster_node_whose_bus_port_is_taken_starts_on_another_bus_port() {
+        if !live_tests_enabled("a_cluster_node_whose_bus_port_is_taken_starts_on_another_bus_port")
+        {
+            return;
+        }
+        // Someone else holds the bus port the start was given (as another test's server may, by the time
+        // the node binds it).
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let bus = taken.local_addr().unwrap().port().to_string();
+        let node = RedisServer::start_flavor(
+            Flavor::Redis,
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                &bus,
+            ],
+        );
+        assert!(
+            node.cmd(&["CLUSTER", "INFO"]).contains("cluster_state"),
+            "not a cluster node"
+        );
+        let i = node
+            .extra
+            .iter()
+            .position(|a| a == "--cluster-port")
+            .unwrap();
+        assert_ne!(node.extra[i + 1], bus, "started on the taken bus port?");
+        drop(taken);
     }
 
     #[test]
