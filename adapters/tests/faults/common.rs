@@ -108,6 +108,15 @@ pub(crate) fn pttl(server: &RedisServer, key: &str) -> i64 {
         .expect("PTTL is an integer")
 }
 
+/// How long a test waits for a call beyond the quorum to land. A fresh Redlock acquisition returns at the
+/// quorum and abandons the remaining calls; redis-rs's multiplexed connection discards an abandoned request
+/// it had not yet written (`redis` 1.8, `multiplexed_connection.rs`: "nothing to receive our output"), so
+/// on a loaded machine such a node may never get the key. A scenario that needs it there acquires again.
+pub(crate) const LANDED_WITHIN: Duration = Duration::from_secs(2);
+
+/// How many acquisitions such a scenario tries before failing.
+pub(crate) const LANDING_TRIES: u32 = 5;
+
 /// Polls `check` every 10 ms until it holds or `within` passes; returns whether it held.
 pub(crate) async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
