@@ -29,7 +29,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use redlease::{KeyState, NodeError, NodeErrorKind, Token, Ttl, async_trait};
+use redlease::{KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, async_trait};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
@@ -65,6 +65,11 @@ struct ProbeState {
     /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
     /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
     fences: std::collections::VecDeque<(String, String, Option<u64>)>,
+    /// The server's run id, learned with `INFO server` on this connection; forgotten with the capabilities
+    /// (after a connection failure or a reconnect), so a new server process is asked again.
+    run_id: Option<RunId>,
+    /// Whether the server lacks `WAITAOF` (an unknown command), once seen.
+    no_waitaof: bool,
 }
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
@@ -96,7 +101,10 @@ impl Probe {
     }
 
     pub(crate) fn forget(&self) {
-        self.lock().caps = None;
+        let mut state = self.lock();
+        state.caps = None;
+        state.run_id = None;
+        state.no_waitaof = false;
     }
 
     pub(crate) fn mode(&self) -> Commands {
@@ -187,10 +195,10 @@ pub(crate) trait Transport: Send + Sync {
 
 /// After a failed connection the next acquisition checks again: the client may reconnect to another server.
 fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
-    if let Err(e) = &result {
-        if matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io) {
-            t.probe().forget();
-        }
+    if let Err(e) = &result
+        && matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io)
+    {
+        t.probe().forget();
     }
     result
 }
@@ -997,6 +1005,280 @@ pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyS
         }
         Err(e) => Err(e),
     }
+}
+
+/// The most leases one batched extension call carries (as Redisson's renewal batches): about 100 µs of
+/// server time for the script, short enough not to stall other clients.
+pub(crate) const EXTEND_MANY_LIMIT: usize = 100;
+
+/// Polls every future to completion, concurrently, and returns their outputs in order.
+async fn join_all<T>(
+    mut futures: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + '_>>>,
+) -> Vec<T> {
+    let mut out: Vec<Option<T>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, slot) in futures.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// Batched extension: the [`EXTEND_MANY`](scripts::EXTEND_MANY) script, one call per slot on a cluster;
+/// where scripts cannot run (or the node is pinned to native commands), each item's own extension, all sent
+/// at once (a multiplexed connection pipelines them).
+pub(crate) async fn extend_many(
+    t: &impl Transport,
+    items: &[redlease::ExtendItem<'_>],
+) -> Result<Vec<bool>, NodeError> {
+    let Some(first) = items.first() else {
+        return Ok(Vec::new());
+    };
+    let caps = path(t, first.key).await?;
+    let scripts_ok = caps.is_none_or(|c| c.lua && c.commands != Commands::Native);
+    if !scripts_ok {
+        let calls = items
+            .iter()
+            .map(|i| {
+                Box::pin(extend(t, i.key, i.token, i.ttl))
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
+            })
+            .collect();
+        return join_all(calls).await.into_iter().collect();
+    }
+    // Group by slot on a cluster (a script's keys must share one); one group otherwise.
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let slot = if t.clustered() {
+            slot::hash_slot(item.key.as_bytes())
+        } else {
+            0
+        };
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    let ttls: Vec<String> = items
+        .iter()
+        .map(|i| i.ttl.as_millis().to_string())
+        .collect();
+    let calls = groups
+        .iter()
+        .map(|(_, members)| {
+            let keys: Vec<&str> = members.iter().map(|&i| items[i].key).collect();
+            let mut args: Vec<&str> = members.iter().map(|&i| items[i].token.as_str()).collect();
+            args.extend(members.iter().map(|&i| ttls[i].as_str()));
+            Box::pin(async move {
+                let reply = eval(t, &scripts::EXTEND_MANY, &keys, &args).await?;
+                scripts::parse_flags(&scripts::EXTEND_MANY, reply, keys.len())
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
+        })
+        .collect();
+    let results: Vec<Result<Vec<bool>, NodeError>> = join_all(calls).await;
+    let mut out = vec![false; items.len()];
+    for ((_, members), result) in groups.iter().zip(results) {
+        // One slot's failure fails the call: the core counts the node as failed for every lease of it.
+        for (&i, flag) in members.iter().zip(result?) {
+            out[i] = flag;
+        }
+    }
+    Ok(out)
+}
+
+/// Raises the fence counter to at least `at_least`: reads it (`inspect`), and if it is smaller adds the
+/// difference with one `INCRBY`. `INCRBY` only ever adds a positive amount, so the counter never goes down:
+/// a fenced acquisition that increments it in between makes the result larger than `at_least`, never
+/// smaller. Plain commands, no script: the same path on every server, exact for every 64-bit value (Lua
+/// numbers are doubles). Retries the read when the counter was set lower in between (by someone else).
+pub(crate) async fn raise_fence(
+    t: &impl Transport,
+    fence_key: &str,
+    at_least: u64,
+) -> Result<u64, NodeError> {
+    const ATTEMPTS: usize = 3;
+    for _ in 0..ATTEMPTS {
+        let current = match inspect(t, fence_key).await? {
+            None => 0,
+            Some(state) if state.ttl.is_some() => {
+                return Err(NodeError::not_applied(
+                    NodeErrorKind::Fence,
+                    "the fence key has a TTL: its numbers would start again when it expires",
+                ));
+            }
+            Some(state) => std::str::from_utf8(&state.value)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| {
+                    NodeError::not_applied(
+                        NodeErrorKind::Fence,
+                        "the fence key does not hold a non-negative integer",
+                    )
+                })?,
+        };
+        if current >= at_least {
+            return Ok(current);
+        }
+        let delta = (at_least - current).to_string();
+        let reply = note(
+            t,
+            t.command(
+                &scripts::RAISE_FENCE,
+                fence_key,
+                &["INCRBY", fence_key, &delta],
+            )
+            .await,
+        )?;
+        let raised = scripts::parse_integer(&scripts::RAISE_FENCE, &reply)?;
+        if let Ok(raised) = u64::try_from(raised)
+            && raised >= at_least
+        {
+            return Ok(raised);
+        }
+    }
+    Err(NodeError::not_applied(
+        NodeErrorKind::Other,
+        "the fence counter kept being lowered while it was raised",
+    ))
+}
+
+/// Names `INFO server` in messages.
+const INFO: Script = Script {
+    name: "INFO server (run_id)",
+    source: "",
+    sha1: "",
+};
+
+/// Names `WAIT`/`WAITAOF` in messages.
+const WAIT: Script = Script {
+    name: "WAIT for replicas",
+    source: "",
+    sha1: "",
+};
+
+fn not_on_a_cluster(what: &str) -> NodeError {
+    NodeError::not_applied(
+        NodeErrorKind::Unsupported,
+        format!(
+            "{what} is not supported on a Redis Cluster node (one node per shard would be needed)"
+        ),
+    )
+}
+
+/// The server's run id: remembered per connection, asked with `INFO server` on the first call and after a
+/// connection failure or reconnection. A user who may not run `INFO` gets [`NodeErrorKind::Unsupported`]
+/// (the core then cannot detect restarts of this node, and counts it as before).
+pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeError> {
+    if t.clustered() {
+        return Err(not_on_a_cluster("run_id"));
+    }
+    if let Some(id) = t.probe().lock().run_id.clone() {
+        return Ok(id);
+    }
+    let reply = match note(t, t.command(&INFO, key, &["INFO", "server"]).await) {
+        Ok(reply) => reply,
+        Err(e) if denied(&e) || e.kind() == NodeErrorKind::Auth => {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                format!("INFO is not permitted, so restarts cannot be detected: {e}"),
+            )
+            .with_source(e));
+        }
+        Err(e) => return Err(e),
+    };
+    let Reply::Bytes(text) = reply else {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Protocol,
+            "INFO server did not answer with text",
+        ));
+    };
+    let text = String::from_utf8_lossy(&text);
+    let id = text
+        .lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| {
+            NodeError::not_applied(NodeErrorKind::Protocol, "INFO server has no run_id line")
+        })?;
+    let id = RunId::new(id);
+    t.probe().lock().run_id = Some(id.clone());
+    Ok(id)
+}
+
+/// `WAIT replicas timeout`, or `WAITAOF 0 replicas timeout`, on the connection that carries `key`'s
+/// commands. A server without `WAITAOF` (Redis before 7.2) answers "unknown command": reported as
+/// [`NodeErrorKind::Unsupported`] and remembered for the connection.
+pub(crate) async fn wait_replicas(
+    t: &impl Transport,
+    key: &str,
+    wait: ReplicaWait,
+) -> Result<u32, NodeError> {
+    if t.clustered() {
+        return Err(not_on_a_cluster("wait_replicas"));
+    }
+    let unsupported = || {
+        NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "the server has no WAITAOF (Redis 7.2+ and Valkey have it): it cannot wait for the replicas' \
+             append-only files",
+        )
+    };
+    if wait.aof && t.probe().lock().no_waitaof {
+        return Err(unsupported());
+    }
+    let replicas = wait.replicas.to_string();
+    // At least 1 ms: `WAIT n 0` blocks forever.
+    let millis = wait
+        .timeout
+        .as_millis()
+        .clamp(1, u128::from(u32::MAX))
+        .to_string();
+    let args: Vec<&str> = if wait.aof {
+        vec!["WAITAOF", "0", &replicas, &millis]
+    } else {
+        vec!["WAIT", &replicas, &millis]
+    };
+    let reply = match note(t, t.command(&WAIT, key, &args).await) {
+        Ok(reply) => reply,
+        Err(e) if wait.aof && unknown_command(&e) => {
+            t.probe().lock().no_waitaof = true;
+            return Err(unsupported().with_source(e));
+        }
+        Err(e) => return Err(e),
+    };
+    let count = match (&reply, wait.aof) {
+        (Reply::Int(n), false) => Some(*n),
+        // WAITAOF answers [local fsyncs, replica fsyncs].
+        (Reply::Array(items), true) => match items.get(1) {
+            Some(Reply::Int(n)) => Some(*n),
+            _ => None,
+        },
+        _ => None,
+    };
+    count.and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+        NodeError::not_applied(
+            NodeErrorKind::Protocol,
+            format!("{}: unexpected reply", args[0]),
+        )
+    })
+}
+
+fn unknown_command(e: &NodeError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("unknown command") || text.contains("unknown subcommand")
 }
 
 #[cfg(test)]

@@ -3,7 +3,23 @@
 //! Each script is one atomic server-side operation implementing one method of
 //! [`RedisNode`](redlease::RedisNode) exactly. They are public so that a node for another client can reuse them
 //! verbatim (send `EVALSHA` with [`Script::sha1`], and on a `NOSCRIPT` reply send `EVAL` with
-//! [`Script::source`] once).
+//! [`Script::source`] once), together with the interpretation of their replies: convert your client's reply
+//! to a [`Reply`] and call [`parse_flag`], [`parse_fence`], [`parse_inspect`] or [`parse_set_nx_get`]; map an
+//! error reply's line to its kind with [`server_error_kind`]. These are the functions the adapters use.
+//!
+//! ```
+//! use redlease::NodeErrorKind;
+//! use redlease_adapters::scripts::{self, Reply};
+//!
+//! // What your client answered to `EVALSHA <scripts::RELEASE.sha1> 1 <key> <token>`:
+//! assert!(scripts::parse_flag(&scripts::RELEASE, Reply::Int(1)).unwrap());
+//! // … to ACQUIRE_FENCED: the fence, exact as a string.
+//! let fence = scripts::parse_fence(Reply::Bytes(b"9007199254740993".to_vec())).unwrap();
+//! assert_eq!(fence, Some(9_007_199_254_740_993));
+//! // … or an error reply: its kind decides retry and ambiguity.
+//! assert_eq!(scripts::server_error_kind("NOSCRIPT No matching script"), NodeErrorKind::NoScript);
+//! assert_eq!(scripts::server_error_kind("OOM command not allowed"), NodeErrorKind::OutOfMemory);
+//! ```
 //!
 //! # Design rules
 //!
@@ -199,6 +215,48 @@ return 0
     sha1: "20f1153a4f93df7f520d499d02a10f77884d4098",
 };
 
+/// Compare-and-pexpire for many leases at once (batched renewal). `KEYS[1..n]` locks, `ARGV[1..n]` their
+/// tokens, `ARGV[n+1..2n]` their TTLs in ms. Returns an array of n flags, each exactly what [`EXTEND`] would
+/// return for that key. All TTLs are validated and all keys read before the first write, so an error reply
+/// (an invalid TTL, a refused read) changes nothing; a key of another type answers 0. On a cluster all keys
+/// must share a slot: the adapters send one call per slot.
+pub const EXTEND_MANY: Script = Script {
+    name: "extend-many",
+    source: r#"local n = #KEYS
+if #ARGV ~= 2 * n then
+  return redis.error_reply('ERR redlease: extend_many wants a token and a TTL per key')
+end
+for i = 1, n do
+  local ttl = ARGV[n + i]
+  if #ttl > 15 or not string.find(ttl, '^[1-9][0-9]*$') then
+    return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+  end
+end
+local held = {}
+for i = 1, n do
+  local cur = redis.pcall('GET', KEYS[i])
+  if type(cur) == 'table' then
+    if not (cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE') then
+      return cur
+    end
+    held[i] = false
+  else
+    held[i] = (cur == ARGV[i])
+  end
+end
+local out = {}
+for i = 1, n do
+  if held[i] then
+    out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[n + i])
+  else
+    out[i] = 0
+  end
+end
+return out
+"#,
+    sha1: "f1a7bdda5ff853638fbeafb1bc245492f1ef7e1e",
+};
+
 /// Reads value and TTL in one step. `KEYS[1]` key. Returns nil when absent, else `[value, pttl_ms]` (`pttl` is
 /// -1 for a key without expiry).
 pub const INSPECT: Script = Script {
@@ -388,25 +446,33 @@ pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 8] = [
+pub const ALL: [Script; 9] = [
     ACQUIRE,
     ACQUIRE_FRESH,
     ACQUIRE_FENCED,
     RELEASE,
     EXTEND,
+    EXTEND_MANY,
     INSPECT,
     PROBE,
     PROBE_ACQUIRE,
 ];
 
-/// A client-neutral view of a script reply, built by each adapter from its client's value type.
+/// A client-neutral view of a script reply, built by each adapter from its client's value type — and by a
+/// node of your own from its client's, to interpret replies with the `parse_*` functions of this module.
+/// (An error reply is not a `Reply`: classify its line with [`server_error_kind`].)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reply {
+#[non_exhaustive]
+pub enum Reply {
+    /// A nil bulk string or nil array (RESP3 null).
     Nil,
+    /// An integer.
     Int(i64),
+    /// A bulk or simple string.
     Bytes(Vec<u8>),
+    /// An array.
     Array(Vec<Reply>),
-    /// Any other RESP type, by name.
+    /// Any other RESP type, by name (it is never a valid answer of a script).
     Other(&'static str),
 }
 
@@ -437,8 +503,9 @@ fn parse_int(script: &Script, reply: &Reply) -> Result<i64, NodeError> {
     }
 }
 
-/// Replies 1 / 0 of acquire, release and extend.
-pub(crate) fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeError> {
+/// Replies 1 / 0 of [`ACQUIRE`], [`ACQUIRE_FRESH`], [`RELEASE`] and [`EXTEND`]: `true` for 1. Any other reply
+/// is an ambiguous [`NodeErrorKind::Protocol`] error (the script ran).
+pub fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeError> {
     match parse_int(script, &reply)? {
         1 => Ok(true),
         0 => Ok(false),
@@ -446,9 +513,20 @@ pub(crate) fn parse_flag(script: &Script, reply: Reply) -> Result<bool, NodeErro
     }
 }
 
+/// The reply of [`EXTEND_MANY`] for `n` keys: an array of n flags, each 1 or 0.
+pub fn parse_flags(script: &Script, reply: Reply, n: usize) -> Result<Vec<bool>, NodeError> {
+    match reply {
+        Reply::Array(items) if items.len() == n => items
+            .into_iter()
+            .map(|item| parse_flag(script, item))
+            .collect(),
+        other => Err(unexpected(script, &other)),
+    }
+}
+
 /// The reply of `SET key token NX GET PX ttl`: nil when the key was absent (now set), the old value when it
 /// exists (nothing changed).
-pub(crate) fn parse_set_nx_get(reply: Reply) -> Result<bool, NodeError> {
+pub fn parse_set_nx_get(reply: Reply) -> Result<bool, NodeError> {
     match &reply {
         Reply::Nil => Ok(true),
         Reply::Bytes(_) => Ok(false),
@@ -524,6 +602,13 @@ pub(crate) fn unexpected_reply(script: &Script, reply: &Reply) -> NodeError {
     unexpected(script, reply)
 }
 
+/// Not a script: names the `INCRBY` that raises a fence counter in messages.
+pub(crate) const RAISE_FENCE: Script = Script {
+    name: "raise-fence INCRBY",
+    source: "",
+    sha1: "",
+};
+
 /// Not a script: names a plain command in messages.
 pub(crate) const COMMAND: Script = Script {
     name: "requested",
@@ -531,8 +616,8 @@ pub(crate) const COMMAND: Script = Script {
     sha1: "",
 };
 
-/// The fence string or nil of acquire_fenced.
-pub(crate) fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
+/// The reply of [`ACQUIRE_FENCED`]: the fence as a string (exact above 2^53) or nil when contended.
+pub fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
     let script = &ACQUIRE_FENCED;
     match &reply {
         Reply::Nil => Ok(None),
@@ -547,8 +632,8 @@ pub(crate) fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
     }
 }
 
-/// The nil or `[value, pttl]` of inspect.
-pub(crate) fn parse_inspect(reply: Reply) -> Result<Option<KeyState>, NodeError> {
+/// The reply of [`INSPECT`]: nil for a missing key, else `[value, pttl]`.
+pub fn parse_inspect(reply: Reply) -> Result<Option<KeyState>, NodeError> {
     let script = &INSPECT;
     match reply {
         Reply::Nil => Ok(None),
@@ -573,7 +658,7 @@ pub(crate) fn parse_inspect(reply: Reply) -> Result<Option<KeyState>, NodeError>
 /// The kind of a Redis error reply `line` (`CODE detail…`), from its first token (`NOSCRIPT No matching
 /// script…` → `NoScript`), and for `ERR` from the text Redis 7.0 gives a command refused by the ACL inside a
 /// script (`ERR The user executing the script can't run this command…`), which is `Auth`.
-pub(crate) fn server_error_kind(line: &str) -> NodeErrorKind {
+pub fn server_error_kind(line: &str) -> NodeErrorKind {
     let code = line.split_whitespace().next().unwrap_or("");
     match code {
         "NOSCRIPT" => NodeErrorKind::NoScript,

@@ -2,7 +2,53 @@
 
 use std::time::Duration;
 
-use crate::node::Ttl;
+use crate::node::{ReplicaWait, Ttl};
+
+/// Whether a single-mode lease waits for replicas to acknowledge its writes (see
+/// [`Config::with_durability`]).
+///
+/// A primary acknowledges a write before its replicas have it; if it fails over (Sentinel, a managed
+/// service) before they do, the new primary has never seen the lock, or the fence counter's last increment.
+/// Waiting with `WAIT` (or `WAITAOF`) after the write narrows that window; it does not make Redis strongly
+/// consistent (a replica that acknowledged may still not be the one promoted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Do not wait (the default): no extra round trip.
+    #[default]
+    Off,
+    /// Wait after each acquisition and extension; when fewer replicas acknowledge in time (or the node
+    /// cannot wait), report it with a [`NotReplicated`](crate::EventKind::NotReplicated) event and go on.
+    BestEffort(ReplicaWait),
+    /// Wait after each acquisition and extension; an acquisition that is not acknowledged releases its key
+    /// and fails ([`NotAcquiredReason::NotReplicated`](crate::NotAcquiredReason::NotReplicated)), an
+    /// extension that is not acknowledged counts as a failed extension (the lease is at risk).
+    Required(ReplicaWait),
+}
+
+impl Durability {
+    /// The wait, unless off.
+    pub fn wait(&self) -> Option<ReplicaWait> {
+        match self {
+            Self::Off => None,
+            Self::BestEffort(w) | Self::Required(w) => Some(*w),
+        }
+    }
+
+    /// Whether an unacknowledged write fails the operation.
+    pub fn is_required(&self) -> bool {
+        matches!(self, Self::Required(_))
+    }
+}
+
+/// How long a restarted node is kept out of quorums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Quarantine {
+    /// For the configured expiry (the default).
+    Expiry,
+    For(Duration),
+    Off,
+}
 
 /// Timing and retry settings shared by every lock of a [`LockManager`](crate::LockManager).
 ///
@@ -19,6 +65,26 @@ use crate::node::Ttl;
 /// | [`drift_factor`](Self::with_drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
 /// | [`operation_timeout`](Self::with_operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
 /// | [`jitter_seed`](Self::with_jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
+/// | [`durability`](Self::with_durability) | off | single mode: wait for replicas after each write |
+/// | [`restart_quarantine`](Self::with_restart_quarantine) | the expiry | Redlock: a restarted node is not counted for this long |
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, ConfigError};
+///
+/// let config = Config::default()
+///     .with_expiry(Duration::from_secs(10))
+///     .with_attempts(5)
+///     .with_retry_delay(Duration::from_millis(50));
+/// assert_eq!(config.expiry(), Duration::from_secs(10));
+/// // Derived: min(expiry / 5, 500 ms).
+/// assert_eq!(config.operation_timeout_for(config.expiry()), Duration::from_millis(500));
+/// assert_eq!(config.validate(), Ok(()));
+///
+/// // Settings that cannot work are refused before anything is sent.
+/// let bad = Config::default().with_expiry(Duration::from_millis(100)).with_operation_timeout(Duration::from_millis(100));
+/// assert!(matches!(bad.validate(), Err(ConfigError::OperationTimeoutNotBelowExpiry { .. })));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     expiry: Duration,
@@ -28,6 +94,9 @@ pub struct Config {
     drift_factor: f64,
     operation_timeout: Option<Duration>,
     jitter_seed: Option<u64>,
+    durability: Durability,
+    quarantine: Quarantine,
+    renewal_batching: Option<(Duration, usize)>,
 }
 
 impl Default for Config {
@@ -40,6 +109,9 @@ impl Default for Config {
             drift_factor: 0.01,
             operation_timeout: None,
             jitter_seed: None,
+            durability: Durability::Off,
+            quarantine: Quarantine::Expiry,
+            renewal_batching: None,
         }
     }
 }
@@ -99,6 +171,83 @@ impl Config {
     pub fn with_jitter_seed(mut self, seed: u64) -> Self {
         self.jitter_seed = Some(seed);
         self
+    }
+
+    /// Waits for replicas after every acquisition and extension of a single-mode lease (`WAIT`, or
+    /// `WAITAOF` with [`ReplicaWait::aof`]), on the connection that wrote, right after the write. See
+    /// [`Durability`] for what each policy does when the replicas do not acknowledge in time. The wait is
+    /// part of the operation's round: its timeout is added to the operation timeout, and the time it takes
+    /// is subtracted from the lease's validity. Redlock managers refuse a policy (their nodes are
+    /// independent primaries). With a policy, [renewal batching](Self::with_renewal_batching) is not used:
+    /// each lease renews on its own, each extension followed by its wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Durability, ReplicaWait};
+    ///
+    /// let config = Config::default()
+    ///     .with_durability(Durability::Required(ReplicaWait::new(1, Duration::from_millis(100))));
+    /// assert!(config.durability().is_required());
+    /// ```
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Keeps a Redlock node whose server restarted (its [`RunId`](crate::RunId) changed since this manager
+    /// last saw it) out of acquisition quorums for `quarantine` after the change was seen: a server restarted
+    /// without persistence forgot the locks it held, and counting it could let a second client take a lock
+    /// the first still holds. Set it to the longest lock TTL any client of these nodes uses; `None` turns it
+    /// off. Default: the configured [`expiry`](Self::with_expiry). (The longer of this and the acquiring
+    /// lock's own TTL applies.)
+    ///
+    /// Needs nodes that report [`run_id`](crate::RedisNode::run_id), and sees only changes this process
+    /// observes: a process that first talks to a node after its restart cannot know it restarted. In
+    /// single mode a changed run id is reported as a [`NodeRestarted`](crate::EventKind::NodeRestarted)
+    /// event and nothing else.
+    #[must_use]
+    pub fn with_restart_quarantine(mut self, quarantine: Option<Duration>) -> Self {
+        self.quarantine = match quarantine {
+            Some(d) => Quarantine::For(d),
+            None => Quarantine::Off,
+        };
+        self
+    }
+
+    /// The durability policy.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The restart quarantine, if on.
+    pub fn restart_quarantine(&self) -> Option<Duration> {
+        match self.quarantine {
+            Quarantine::Expiry => Some(self.expiry),
+            Quarantine::For(d) => Some(d),
+            Quarantine::Off => None,
+        }
+    }
+
+    /// Renews leases in the background in batches: the renewals of this manager's leases that fall due
+    /// within `window` of the first one go to each node as one call of up to `max_batch` leases
+    /// ([`RedisNode::extend_many`](crate::RedisNode::extend_many); a Lua script over all the keys, per slot on
+    /// a cluster). Off by default.
+    ///
+    /// It applies to background renewal ([`Lock::auto_renew`](crate::Lock::auto_renew), on the manager's
+    /// spawner) when every node supports batches; otherwise each lease renews on its own. A renewal is
+    /// late by at most `window` (keep it small against the renewal interval: milliseconds); each lease
+    /// keeps its own validity, measured from its batch round's start, and its own at-risk and loss
+    /// handling. `max_batch` must be in `1..=1000`.
+    #[must_use]
+    pub fn with_renewal_batching(mut self, window: Duration, max_batch: usize) -> Self {
+        self.renewal_batching = Some((window, max_batch));
+        self
+    }
+
+    /// The renewal batching window and batch size, if batching is on.
+    pub fn renewal_batching(&self) -> Option<(Duration, usize)> {
+        self.renewal_batching
     }
 
     /// The default lease TTL.
@@ -162,6 +311,30 @@ impl Config {
         if let Some(timeout) = self.operation_timeout {
             nonzero("operation_timeout", timeout)?;
         }
+        if let Some(wait) = self.durability.wait() {
+            if wait.replicas == 0 {
+                return Err(ConfigError::Durability(
+                    "the durability policy waits for 0 replicas; use Durability::Off",
+                ));
+            }
+            nonzero("durability timeout", wait.timeout)?;
+        }
+        if let Quarantine::For(d) = self.quarantine {
+            nonzero("restart_quarantine", d)?;
+        }
+        if let Some((window, max)) = self.renewal_batching {
+            if !(1..=1000).contains(&max) {
+                return Err(ConfigError::RenewalBatch(format!(
+                    "max_batch must be in 1..=1000, got {max}"
+                )));
+            }
+            if window >= self.expiry {
+                return Err(ConfigError::RenewalBatch(format!(
+                    "the window ({window:?}) must be shorter than the expiry ({:?})",
+                    self.expiry
+                )));
+            }
+        }
         self.check_expiry(self.expiry).map(|_| ())
     }
 
@@ -188,6 +361,15 @@ impl Config {
                 operation_timeout: timeout,
                 expiry,
             });
+        }
+        if let Some(wait) = self.durability.wait() {
+            if timeout.saturating_add(wait.timeout) >= expiry {
+                return Err(ConfigError::DurabilityWaitNotBelowExpiry {
+                    wait: wait.timeout,
+                    operation_timeout: timeout,
+                    expiry,
+                });
+            }
         }
         Ok(ttl)
     }
@@ -276,6 +458,28 @@ pub enum ConfigError {
          the work inside Lease::run, which renews by itself"
     )]
     AutoRenewWithoutSpawner,
+    /// The renewal batching settings cannot work.
+    #[error("renewal batching: {0}")]
+    RenewalBatch(String),
+    /// A fence value no Redis counter can exceed (`i64::MAX` or more).
+    #[error("fence value {0} leaves no larger fence below i64::MAX")]
+    FenceOutOfRange(u64),
+    /// The durability policy cannot work (e.g. it waits for no replica, or the manager is a Redlock one).
+    #[error("invalid durability policy: {0}")]
+    Durability(&'static str),
+    /// The operation timeout plus the durability wait is not shorter than the lease TTL.
+    #[error(
+        "operation_timeout ({operation_timeout:?}) plus the durability wait ({wait:?}) must be shorter than \
+         the expiry ({expiry:?})"
+    )]
+    DurabilityWaitNotBelowExpiry {
+        /// The durability policy's wait timeout.
+        wait: Duration,
+        /// The effective operation timeout.
+        operation_timeout: Duration,
+        /// The lease TTL.
+        expiry: Duration,
+    },
     /// A lock or fence key is unusable.
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),

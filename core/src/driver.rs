@@ -7,8 +7,9 @@ use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
+use crate::machine::slots::Slots;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
-use crate::node::{NodeError, NodeErrorKind, RedisNode, Ttl};
+use crate::node::{NodeError, NodeErrorKind, RedisNode, RunId, Ttl};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::SharedTimer;
 use crate::token::Token;
@@ -52,12 +53,143 @@ pub(crate) struct Engine {
     pub(crate) spawner: Option<Arc<dyn Spawn>>,
     pub(crate) jitter: Mutex<Jitter>,
     pub(crate) hook: crate::observe::Hook,
+    /// Renewals waiting for the next batch (see `crate::batch`).
+    pub(crate) batcher: crate::batch::Batcher,
+    /// What this manager learned about its nodes (shared by the managers `with_*` derives from it).
+    pub(crate) watch: Arc<Mutex<Watch>>,
+}
+
+/// What a manager remembers about its nodes across operations: each node's last [`RunId`] and when a change
+/// was seen (restart detection and quarantine), and the largest fence each counter issued (fence regression
+/// detection). Bounded by the number of nodes and of distinct fence keys used.
+#[derive(Default)]
+pub(crate) struct Watch {
+    run_ids: Vec<Option<Seen>>,
+    fences: std::collections::HashMap<String, u64>,
+}
+
+struct Seen {
+    run_id: RunId,
+    /// Not counted toward a quorum until then (set when a change was seen).
+    quarantined_until: Option<Instant>,
+}
+
+impl Watch {
+    /// Records that node `i` reported `run_id` at `now`. Returns `(newly changed, remaining quarantine)`.
+    fn saw(
+        &mut self,
+        i: usize,
+        run_id: RunId,
+        now: Instant,
+        quarantine: Duration,
+    ) -> (bool, Option<Duration>) {
+        if self.run_ids.len() <= i {
+            self.run_ids.resize_with(i + 1, || None);
+        }
+        let slot = &mut self.run_ids[i];
+        let changed = match slot {
+            None => {
+                *slot = Some(Seen {
+                    run_id,
+                    quarantined_until: None,
+                });
+                false
+            }
+            Some(seen) if seen.run_id == run_id => false,
+            Some(seen) => {
+                seen.run_id = run_id;
+                seen.quarantined_until = Some(crate::time::add(now, quarantine));
+                true
+            }
+        };
+        let remaining = slot
+            .as_ref()
+            .and_then(|s| s.quarantined_until)
+            .filter(|until| *until > now)
+            .map(|until| until.saturating_duration_since(now));
+        (changed, remaining)
+    }
+
+    /// The largest fence this process received from `fence_key`.
+    pub(crate) fn fence(&self, fence_key: &str) -> Option<u64> {
+        self.fences.get(fence_key).copied()
+    }
+
+    /// Records a fence handed out with a lease.
+    pub(crate) fn issued(&mut self, fence_key: &str, fence: u64) {
+        match self.fences.get_mut(fence_key) {
+            Some(max) => *max = (*max).max(fence),
+            None => {
+                self.fences.insert(fence_key.to_owned(), fence);
+            }
+        }
+    }
+}
+
+/// What the nodes of one round reported besides their votes, turned into events after the round.
+#[derive(Default)]
+pub(crate) struct Notes {
+    inner: Mutex<NotesInner>,
+}
+
+#[derive(Default)]
+struct NotesInner {
+    restarted: Vec<(usize, Duration)>,
+    not_replicated: Option<(Option<u32>, Option<NodeError>)>,
+    regressed: Option<(u64, u64)>,
+}
+
+impl Notes {
+    fn with<R>(&self, f: impl FnOnce(&mut NotesInner) -> R) -> R {
+        match self.inner.lock() {
+            Ok(mut g) => f(&mut g),
+            Err(p) => f(&mut p.into_inner()),
+        }
+    }
+
+    /// Emits the events the round's nodes gave reason for.
+    pub(crate) fn emit(self, engine: &Engine, key: &str, id: LeaseId, at: Instant) {
+        let inner = match self.inner.into_inner() {
+            Ok(i) => i,
+            Err(p) => p.into_inner(),
+        };
+        for (node, quarantined_for) in inner.restarted {
+            engine.hook.emit(
+                key,
+                id,
+                at,
+                EventKind::NodeRestarted {
+                    node,
+                    quarantined_for,
+                },
+            );
+        }
+        if let Some((fence, previous)) = inner.regressed {
+            engine
+                .hook
+                .emit(key, id, at, EventKind::FenceRegressed { fence, previous });
+        }
+        if let (Some((acknowledged, error)), Some(wait)) =
+            (inner.not_replicated, engine.config.durability().wait())
+        {
+            engine.hook.emit(
+                key,
+                id,
+                at,
+                EventKind::NotReplicated {
+                    acknowledged,
+                    wanted: wait.replicas,
+                    error: error.as_ref(),
+                },
+            );
+        }
+    }
 }
 
 /// The replies of one round, with their values where a node answered.
 pub(crate) struct RoundResult<T> {
     pub(crate) tally: Tally,
-    pub(crate) values: Vec<Option<T>>,
+    pub(crate) values: Slots<Option<T>>,
     pub(crate) started: Instant,
     pub(crate) ended: Instant,
     /// Wall-clock readings at the start and end (see [`Timer::wall_now`](crate::Timer::wall_now)).
@@ -68,6 +200,12 @@ impl<T> RoundResult<T> {
     /// Whether the machine was suspended during the round, by more than `allowance`.
     pub(crate) fn suspended(&self, allowance: Duration) -> bool {
         crate::time::suspended((self.started, self.ended), self.wall, allowance)
+    }
+
+    /// [`suspended`](Self::suspended) as a closure over the round's times.
+    pub(crate) fn suspended_by(&self) -> impl Fn(Duration) -> bool + use<T> {
+        let (times, wall) = ((self.started, self.ended), self.wall);
+        move |allowance| crate::time::suspended(times, wall, allowance)
     }
 }
 
@@ -117,15 +255,13 @@ impl Engine {
         let wall_started = self.timer.wall_now();
         let n = self.nodes.len();
         let mut tally = Tally::new(n, self.quorum(), wait);
-        let mut values: Vec<Option<T>> = (0..n).map(|_| None).collect();
-        let mut calls: Vec<Option<BoxFuture<'a, Result<T, NodeError>>>> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| Some(op(i, node.as_ref())))
-            .collect();
+        // Inline for a single node: a round then allocates nothing but the node's own future.
+        let mut values: Slots<Option<T>> = Slots::from_fn(n, |_| None);
+        let mut calls: Slots<Option<BoxFuture<'a, Result<T, NodeError>>>> =
+            Slots::from_fn(n, |i| Some(op(i, self.nodes[i].as_ref())));
         let deadline = crate::time::add(started, timeout);
-        let mut sleep = self.timer.sleep_until(deadline);
+        // Armed only if the first poll leaves the round undecided (an in-memory node answers at once).
+        let mut sleep: Option<crate::time::Sleep> = None;
         let mut grace_sleep: Option<crate::time::Sleep> = None;
 
         std::future::poll_fn(|cx| {
@@ -167,6 +303,7 @@ impl Engine {
                     return Poll::Ready(());
                 }
             }
+            let sleep = sleep.get_or_insert_with(|| self.timer.sleep_until(deadline));
             if sleep.as_mut().poll(cx).is_ready() {
                 tally.handle_timeout(&NodeError::timed_out(timeout));
                 return Poll::Ready(());
@@ -185,8 +322,18 @@ impl Engine {
         }
     }
 
+    /// The time a round may take beyond the operation timeout: the durability wait, in single mode.
+    pub(crate) fn wait_allowance(&self) -> Duration {
+        match (self.mode, self.config.durability().wait()) {
+            (Mode::Single, Some(wait)) => wait.timeout,
+            _ => Duration::ZERO,
+        }
+    }
+
     /// One acquisition round. `Some(fence)` values only come from fenced single-node acquisition. `fresh`
-    /// says the token has never been sent (the first attempt), so a plain `SET NX` suffices.
+    /// says the token has never been sent (the first attempt), so a plain `SET NX` suffices. `timeout`
+    /// includes the [`wait_allowance`](Self::wait_allowance). Events the nodes gave reason for (a restart, a fence regression, a write not replicated) are emitted for `id`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn acquire_round(
         &self,
         key: &str,
@@ -195,14 +342,32 @@ impl Engine {
         ttl: Ttl,
         timeout: Duration,
         fresh: bool,
+        id: LeaseId,
     ) -> RoundResult<Option<u64>> {
-        match fence_key {
+        let notes = Notes::default();
+        let notes_ref = &notes;
+        let r = match fence_key {
             Some(fence_key) => {
                 self.round(
                     WaitFor::Decision,
                     true,
                     timeout,
-                    |_, node| node.acquire_fenced(key, fence_key, token, ttl),
+                    |i, node| {
+                        Box::pin(async move {
+                            let taken = node.acquire_fenced(key, fence_key, token, ttl).await;
+                            self.after_acquire(
+                                i,
+                                node,
+                                key,
+                                Some(fence_key),
+                                token,
+                                ttl,
+                                taken,
+                                notes_ref,
+                            )
+                            .await
+                        })
+                    },
                     Option::is_some,
                 )
                 .await
@@ -213,26 +378,168 @@ impl Engine {
                     WaitFor::Decision,
                     !fresh,
                     timeout,
-                    |_, node| {
+                    |i, node| {
                         Box::pin(async move {
                             let taken = if fresh {
                                 node.acquire_fresh(key, token, ttl).await
                             } else {
                                 node.acquire(key, token, ttl).await
                             };
-                            taken.map(|ok| ok.then_some(0))
+                            let taken = taken.map(|ok| ok.then_some(0));
+                            self.after_acquire(i, node, key, None, token, ttl, taken, notes_ref)
+                                .await
                         })
                     },
                     Option::is_some,
                 )
                 .await
             }
+        };
+        if self.hook.active() {
+            notes.emit(self, key, id, r.ended);
         }
+        r
+    }
+
+    /// What follows a node's acquisition reply, on the same node and before the round counts it:
+    ///
+    /// 1. restart detection: the node's [`RunId`] is compared with the last one seen; in Redlock mode a yes
+    ///    from a node in its restart quarantine becomes an ambiguous [`NodeErrorKind::Restarted`] error (the
+    ///    key was written: the failed attempt's clean-up deletes it);
+    /// 2. fence regression: a fence no larger than one this process received from the counter releases the
+    ///    key again and becomes a [`NodeErrorKind::FenceRegressed`] error;
+    /// 3. durability (single mode): the replicas' acknowledgement; under the required policy a shortfall
+    ///    becomes an ambiguous [`NodeErrorKind::NotReplicated`] error (the clean-up releases the key).
+    #[allow(clippy::too_many_arguments)]
+    async fn after_acquire(
+        &self,
+        i: usize,
+        node: &dyn RedisNode,
+        key: &str,
+        fence_key: Option<&str>,
+        token: &Token,
+        ttl: Ttl,
+        taken: Result<Option<u64>, NodeError>,
+        notes: &Notes,
+    ) -> Result<Option<u64>, NodeError> {
+        let value = taken?;
+        if let Some(quarantine) = self.config.restart_quarantine() {
+            let quarantine = quarantine.max(ttl.as_duration());
+            let redlock = self.mode == Mode::Redlock;
+            match node.run_id(key).await {
+                Ok(run_id) => {
+                    let now = self.timer.now();
+                    let window = if redlock { quarantine } else { Duration::ZERO };
+                    let (changed, remaining) = match self.watch.lock() {
+                        Ok(mut w) => w.saw(i, run_id, now, window),
+                        Err(p) => p.into_inner().saw(i, run_id, now, window),
+                    };
+                    if changed {
+                        notes.with(|n| n.restarted.push((i, window)));
+                    }
+                    if let (Some(remaining), Some(_), true) = (remaining, value, redlock) {
+                        return Err(NodeError::ambiguous(
+                            NodeErrorKind::Restarted,
+                            format!(
+                                "the server restarted (its run_id changed) and may have forgotten locks; its \
+                                 answers are not counted toward a quorum for another {remaining:?} (restart \
+                                 quarantine)"
+                            ),
+                        ));
+                    }
+                }
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => {}
+                Err(e) if redlock && value.is_some() => {
+                    return Err(NodeError::ambiguous(
+                        e.kind(),
+                        format!(
+                            "acquired, but not counted: the server's run_id could not be read to rule out a \
+                             restart ({})",
+                            e.message()
+                        ),
+                    )
+                    .with_source(e));
+                }
+                Err(_) => {}
+            }
+        }
+        let Some(v) = value else {
+            return Ok(None);
+        };
+        if let Some(fence_key) = fence_key {
+            let previous = match self.watch.lock() {
+                Ok(w) => w.fence(fence_key),
+                Err(p) => p.into_inner().fence(fence_key),
+            };
+            if let Some(previous) = previous.filter(|p| v <= *p) {
+                notes.with(|n| n.regressed = Some((v, previous)));
+                let message = format!(
+                    "the fence counter {fence_key} issued {v}, but this process already received {previous} \
+                     from it: the server lost writes (a restart without persistence, or a failover to a replica \
+                     that had not received them); raise it above the resource's largest fence \
+                     (LockManager::raise_fence)"
+                );
+                // Not handed out: take the lock back now, so the refusal leaves nothing behind.
+                return Err(match node.release(key, token).await {
+                    Ok(_) => NodeError::not_applied(NodeErrorKind::FenceRegressed, message),
+                    Err(e) => {
+                        NodeError::ambiguous(NodeErrorKind::FenceRegressed, message).with_source(e)
+                    }
+                });
+            }
+        }
+        self.await_replicas(node, key, notes).await?;
+        Ok(Some(v))
+    }
+
+    /// The durability wait after a successful write on `node` (single mode, when a policy is set).
+    async fn await_replicas(
+        &self,
+        node: &dyn RedisNode,
+        key: &str,
+        notes: &Notes,
+    ) -> Result<(), NodeError> {
+        let durability = self.config.durability();
+        let Some(wait) = durability.wait().filter(|_| self.mode == Mode::Single) else {
+            return Ok(());
+        };
+        let (acknowledged, error) = match node.wait_replicas(key, wait).await {
+            Ok(n) if n >= wait.replicas => return Ok(()),
+            Ok(n) => (Some(n), None),
+            Err(e) => (None, Some(e)),
+        };
+        if !durability.is_required() {
+            notes.with(|n| n.not_replicated = Some((acknowledged, error)));
+            return Ok(());
+        }
+        let what = if wait.aof {
+            "written to the AOF of"
+        } else {
+            "acknowledged by"
+        };
+        let message = match (&acknowledged, &error) {
+            (Some(n), _) => format!(
+                "the write was {what} {n} of {} required replica(s) within {:?}",
+                wait.replicas, wait.timeout
+            ),
+            (None, Some(e)) => format!("waiting for replicas failed: {e}"),
+            (None, None) => "waiting for replicas failed".to_owned(),
+        };
+        notes.with(|n| n.not_replicated = Some((acknowledged, error.clone())));
+        let err = NodeError::ambiguous(NodeErrorKind::NotReplicated, message);
+        Err(match error {
+            Some(e) => err.with_source(e),
+            None => err,
+        })
     }
 
     /// One extension round. `unconfirmed[i]`, where given and non-zero, is the smallest TTL (ms) of an earlier
     /// extension whose outcome is unknown on node `i`: if it is shorter than `ttl`, node `i`'s success is
     /// reported as an ambiguous error instead, because that earlier request may still land and shorten the key.
+    ///
+    /// With a [`Durability`](crate::Durability) policy (single mode), a successful extension waits for the
+    /// replicas; under the required policy a shortfall makes it an ambiguous
+    /// [`NodeErrorKind::NotReplicated`] error (a failed extension).
     pub(crate) async fn extend_round(
         &self,
         key: &str,
@@ -240,32 +547,43 @@ impl Engine {
         ttl: Ttl,
         timeout: Duration,
         unconfirmed: Option<&[u64]>,
+        id: LeaseId,
     ) -> RoundResult<bool> {
-        self.round(
-            WaitFor::Decision,
-            true,
-            timeout,
-            |i, node| {
-                let shorter_pending = unconfirmed
-                    .and_then(|u| u.get(i).copied())
-                    .is_some_and(|min| min != 0 && min < ttl.as_millis());
-                if !shorter_pending {
-                    return node.extend(key, token, ttl);
-                }
-                Box::pin(async move {
-                    match node.extend(key, token, ttl).await {
-                        Ok(true) => Err(NodeError::ambiguous(
-                            NodeErrorKind::Other,
-                            "extended, but not counted: an earlier, shorter extension of this lease may still \
-                             be applied on this node after it",
-                        )),
-                        other => other,
+        let notes = Notes::default();
+        let notes_ref = &notes;
+        let durable = self.wait_allowance() > Duration::ZERO;
+        let timeout = timeout.saturating_add(self.wait_allowance());
+        let r = self
+            .round(
+                WaitFor::Decision,
+                true,
+                timeout,
+                |i, node| {
+                    let shorter_pending = unconfirmed
+                        .and_then(|u| u.get(i).copied())
+                        .is_some_and(|min| min != 0 && min < ttl.as_millis());
+                    if !shorter_pending && !durable {
+                        return node.extend(key, token, ttl);
                     }
-                })
-            },
-            |ok| *ok,
-        )
-        .await
+                    Box::pin(async move {
+                        match node.extend(key, token, ttl).await {
+                            Ok(true) if shorter_pending => Err(NodeError::ambiguous(
+                                NodeErrorKind::Other,
+                                "extended, but not counted: an earlier, shorter extension of this lease may \
+                                 still be applied on this node after it",
+                            )),
+                            Ok(true) => self.await_replicas(node, key, notes_ref).await.map(|()| true),
+                            other => other,
+                        }
+                    })
+                },
+                |ok| *ok,
+            )
+            .await;
+        if self.hook.active() {
+            notes.emit(self, key, id, r.ended);
+        }
+        r
     }
 
     /// One compare-and-delete round on the nodes in `only` (all nodes when `None`), waiting for every reply.

@@ -17,6 +17,8 @@ pub enum Operation {
     Extend,
     /// Releasing.
     Release,
+    /// Raising a fence counter ([`LockManager::raise_fence`](crate::LockManager::raise_fence)).
+    RaiseFence,
 }
 
 impl fmt::Display for Operation {
@@ -25,6 +27,7 @@ impl fmt::Display for Operation {
             Self::Acquire => "acquire",
             Self::Extend => "extend",
             Self::Release => "release",
+            Self::RaiseFence => "raise fence",
         })
     }
 }
@@ -130,6 +133,9 @@ pub enum NotAcquiredReason {
     /// The deadline of [`acquire_until`](crate::Lock::acquire_until) had passed before an attempt could start;
     /// nothing was sent.
     DeadlinePassed,
+    /// The node took the lock, but too few replicas acknowledged it in time for the
+    /// [`Durability::Required`](crate::Durability::Required) policy; the key was released again.
+    NotReplicated,
 }
 
 impl fmt::Display for NotAcquiredReason {
@@ -140,6 +146,9 @@ impl fmt::Display for NotAcquiredReason {
             Self::ValidityExhausted => "no validity left after the round",
             Self::Refused => "refused",
             Self::DeadlinePassed => "the deadline had passed before an attempt could start",
+            Self::NotReplicated => {
+                "taken, but not acknowledged by enough replicas in time (released again)"
+            }
         })
     }
 }
@@ -184,6 +193,30 @@ fn not_acquired(
 /// The errors of redlease's public API.
 ///
 /// Match on the variants; never on the message text. Variants may be added.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, Error, LockManager, LossReason};
+///
+/// # redlease_testkit::block_on(async {
+/// # let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default()).unwrap();
+/// match manager.lock("report").try_acquire().await {
+///     Ok(lease) => {
+///         match lease.run(async { /* the work */ }).await {
+///             Ok(()) => {}
+///             // Lost while working: the work was stopped; `reason` says why, `source()` the node errors.
+///             Err(Error::Lost { reason: LossReason::NotHeld, .. }) => eprintln!("taken over"),
+///             Err(e) => eprintln!("{e}"),
+///         }
+///         let _ = lease.release().await;
+///     }
+///     Err(e) if e.is_contended() => {}                 // someone else holds it
+///     Err(Error::Config(e)) => panic!("a bug in our setup: {e}"), // nothing was sent
+///     Err(Error::NotAcquired { .. }) => {}              // nodes failed: retry later
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # });
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {

@@ -103,6 +103,12 @@ impl LockManager {
             }
             _ => {}
         }
+        if mode == Mode::Redlock && config.durability().wait().is_some() {
+            return Err(ConfigError::Durability(
+                "a durability policy waits for the replicas of one primary; Redlock nodes are independent \
+                 primaries (use Durability::Off)",
+            ));
+        }
         let mut seen = HashSet::new();
         for (i, node) in nodes.iter().enumerate() {
             if nodes[..i].iter().any(|other| Arc::ptr_eq(other, node)) {
@@ -131,6 +137,8 @@ impl LockManager {
                 spawner: None,
                 jitter: Mutex::new(jitter),
                 hook: Hook::default(),
+                watch: Arc::default(),
+                batcher: Default::default(),
             }),
         })
     }
@@ -149,6 +157,8 @@ impl LockManager {
             spawner: e.spawner.clone(),
             jitter: Mutex::new(jitter),
             hook: e.hook.clone(),
+            watch: Arc::clone(&e.watch),
+            batcher: Default::default(),
         };
         f(&mut engine);
         Self {
@@ -166,13 +176,25 @@ impl LockManager {
     /// Lets redlease run background tasks through `spawner`: automatic renewal of leases whose lock has
     /// [`auto_renew`](Lock::auto_renew), and clean-up after a lease or an acquisition is dropped.
     ///
+    /// Any `Fn(Task)` is a spawner. On tokio or smol use `redlease_adapters::runtime::TokioSpawner` or
+    /// `SmolSpawner`; without a runtime, a thread per task with any `block_on` works:
+    ///
     /// ```
-    /// # use redlease::{Config, LockManager};
-    /// # let node = redlease_testkit::MemoryNode::new();
-    /// let manager = LockManager::single(node, Config::default())
-    ///     .unwrap()
-    ///     .with_spawner(|task| { std::thread::spawn(move || futures_executor_stub(task)); });
-    /// # fn futures_executor_stub(_t: redlease::Task) {}
+    /// use std::time::Duration;
+    /// use redlease::{Config, LockManager, Task};
+    /// use redlease_testkit::MemoryNode;
+    ///
+    /// let node = MemoryNode::new(); // any RedisNode
+    /// let config = Config::default().with_expiry(Duration::from_secs(1));
+    /// let manager = LockManager::single(node, config)?.with_spawner(|task: Task| {
+    ///     std::thread::spawn(move || redlease_testkit::block_on(task));
+    /// });
+    /// let lock = manager.lock("jobs:nightly").auto_renew(Duration::from_millis(250));
+    /// let lease = redlease_testkit::block_on(lock.acquire())?;
+    /// std::thread::sleep(Duration::from_millis(2_500)); // past two TTLs: renewed on the spawned thread
+    /// assert!(lease.is_held());
+    /// redlease_testkit::block_on(lease.release())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
     pub fn with_spawner(self, spawner: impl Spawn + 'static) -> Self {
@@ -218,6 +240,70 @@ impl LockManager {
     /// The configuration.
     pub fn config(&self) -> &Config {
         &self.engine.config
+    }
+
+    /// Raises the fence counter at `fence_key` to at least `at_least` (never lowering it) and returns its
+    /// value afterwards: every fencing token issued from then on is larger than `at_least`. Single mode only.
+    ///
+    /// For the day a Redis without persistence restarts and its fence counter starts again at 1, while the
+    /// fenced resource remembers a larger fence and would refuse every new holder's write as stale: read the
+    /// largest fence the resource has accepted, and raise the counter above it before taking the lock again.
+    /// Bounded by the operation timeout of the default expiry.
+    ///
+    /// ```
+    /// use redlease::{Config, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// // The resource's largest accepted fence, e.g. `SELECT max(fence) FROM orders_log`.
+    /// let resource_max = 4_711;
+    /// manager.raise_fence("orders:{42}:fence", resource_max).await?;
+    /// let lease = manager.lock("orders:{42}:lock").fenced("orders:{42}:fence").try_acquire().await?;
+    /// assert!(lease.fencing_token().unwrap() > resource_max);
+    /// # lease.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::FencingUnsupported`] for a Redlock manager and [`Error::Config`] for an empty key or a value
+    /// of `i64::MAX` or more (no larger fence could follow), before anything is sent; [`Error::Quorum`] (operation [`RaiseFence`](Operation::RaiseFence)) with the node's
+    /// error otherwise — [`NodeErrorKind::Unsupported`](crate::NodeErrorKind::Unsupported) for a node without
+    /// the capability, [`NodeErrorKind::Fence`](crate::NodeErrorKind::Fence) for a counter that is not a
+    /// non-negative integer or has a TTL.
+    pub async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, Error> {
+        if self.engine.mode != Mode::Single {
+            return Err(Error::FencingUnsupported);
+        }
+        if fence_key.is_empty() {
+            return Err(ConfigError::InvalidKey("the fence key is empty").into());
+        }
+        if at_least >= i64::MAX as u64 {
+            // Redis counters are signed 64-bit: the next INCR would overflow.
+            return Err(ConfigError::FenceOutOfRange(at_least).into());
+        }
+        let config = &self.engine.config;
+        let timeout = config.operation_timeout_for(config.expiry());
+        let r = self
+            .engine
+            .round(
+                crate::machine::WaitFor::All,
+                false,
+                timeout,
+                |_, node| node.raise_fence(fence_key, at_least),
+                |_| true,
+            )
+            .await;
+        match r.values.into_iter().next().flatten() {
+            Some(value) => Ok(value),
+            None => Err(QuorumError::new(
+                Operation::RaiseFence,
+                r.tally.yes(),
+                r.tally.required(),
+                r.tally.errors(),
+            )
+            .into()),
+        }
     }
 }
 
@@ -479,6 +565,24 @@ impl Lock {
 
     /// Keeps trying for `patience` from now; see [`acquire_until`](Self::acquire_until).
     ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Error, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let holder = manager.lock("migration").try_acquire().await?;
+    /// // Someone holds it: wait up to 300 ms, retrying every `retry_delay` (+ jitter).
+    /// match manager.lock("migration").acquire_within(Duration::from_millis(300)).await {
+    ///     Ok(lease) => lease.release().await.map(|_| ())?,
+    ///     Err(e) if e.is_contended() => println!("still held by someone else: skip this run"),
+    ///     Err(e) => return Err(e), // the server is unreachable, refused us, …
+    /// }
+    /// holder.release().await?;
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    ///
     /// # Errors
     /// As [`try_acquire`](Self::try_acquire).
     pub async fn acquire_within(&self, patience: Duration) -> Result<Lease, Error> {
@@ -529,7 +633,7 @@ impl Lock {
         let mut unsettled: Vec<bool> = Vec::new();
         loop {
             attempt = attempt.saturating_add(1);
-            let mut timeout = plan.op_timeout;
+            let mut timeout = plan.op_timeout.saturating_add(engine.wait_allowance());
             if let Limit::Until(deadline) = limit {
                 timeout = timeout.min(deadline.saturating_duration_since(engine.timer.now()));
             }
@@ -541,6 +645,7 @@ impl Lock {
                     plan.ttl,
                     timeout,
                     fresh,
+                    id,
                 )
                 .await;
             // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
@@ -564,6 +669,12 @@ impl Lock {
                         Some(_) => r.values.first().copied().flatten().flatten(),
                         None => None,
                     };
+                    if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
+                        match engine.watch.lock() {
+                            Ok(mut w) => w.issued(fence_key, fence),
+                            Err(p) => p.into_inner().issued(fence_key, fence),
+                        }
+                    }
                     let token = tokens.won();
                     // A straggling acquisition request sets the acquisition's TTL when it lands: the lease
                     // must not count those nodes for a longer extension later (see `Shared::extend_once`).
@@ -620,6 +731,13 @@ impl Lock {
                 NotAcquiredReason::Contended
             } else if r.tally.permanent() > n - engine.quorum() {
                 NotAcquiredReason::Refused
+            } else if engine.mode == Mode::Single
+                && r.tally
+                    .errors()
+                    .iter()
+                    .any(|(_, e)| e.kind() == crate::node::NodeErrorKind::NotReplicated)
+            {
+                NotAcquiredReason::NotReplicated
             } else {
                 NotAcquiredReason::TooFewNodes
             };

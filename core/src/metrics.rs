@@ -6,7 +6,7 @@
 //! | `redlease_acquire_attempts_total` | counter | `outcome`: `won`, `contended`, `too_few_nodes`, `validity_exhausted`, `refused` | acquisition attempts (rounds of node calls) |
 //! | `redlease_acquired_total` | counter | – | acquisitions that got the lease |
 //! | `redlease_contended_total` | counter | `result`: `acquired`, `not_acquired` | acquisitions that found the lock held by another owner at least once |
-//! | `redlease_acquire_failed_total` | counter | `reason`: `contended`, `too_few_nodes`, `validity_exhausted`, `refused`, `deadline_passed` | acquisitions that gave up |
+//! | `redlease_acquire_failed_total` | counter | `reason`: `contended`, `too_few_nodes`, `validity_exhausted`, `refused`, `deadline_passed`, `not_replicated` | acquisitions that gave up |
 //! | `redlease_lost_total` | counter | `reason`: `expired`, `not_held`, `extend_failed`, `suspended` | leases lost |
 //! | `redlease_renewals_total` | counter | `result`: `extended`, `at_risk` | automatic renewal rounds: succeeded, or failed without proving the lease gone |
 //! | `redlease_at_risk_total` | counter | – | leases that went at risk (the first failed renewal round of each at-risk period) |
@@ -78,11 +78,13 @@ macro_rules! labels {
 }
 
 static OUTCOME_WON: [[Label; 1]; 1] = labels!("outcome": "won");
-static OUTCOME_FAILED: [[Label; 1]; 5] = labels!(
-    "outcome": "contended", "too_few_nodes", "validity_exhausted", "refused", "deadline_passed"
+static OUTCOME_FAILED: [[Label; 1]; 6] = labels!(
+    "outcome": "contended", "too_few_nodes", "validity_exhausted", "refused", "deadline_passed",
+    "not_replicated"
 );
-static REASON_FAILED: [[Label; 1]; 5] = labels!(
-    "reason": "contended", "too_few_nodes", "validity_exhausted", "refused", "deadline_passed"
+static REASON_FAILED: [[Label; 1]; 6] = labels!(
+    "reason": "contended", "too_few_nodes", "validity_exhausted", "refused", "deadline_passed",
+    "not_replicated"
 );
 static RESULT_ACQUIRE: [[Label; 1]; 2] = labels!("result": "acquired", "not_acquired");
 static REASON_LOST: [[Label; 1]; 5] = labels!(
@@ -98,6 +100,7 @@ fn failed_index(reason: NotAcquiredReason) -> usize {
         NotAcquiredReason::ValidityExhausted => 2,
         NotAcquiredReason::Refused => 3,
         NotAcquiredReason::DeadlinePassed => 4,
+        NotAcquiredReason::NotReplicated => 5,
     }
 }
 
@@ -350,6 +353,7 @@ mod tests {
             NotAcquiredReason::ValidityExhausted,
             NotAcquiredReason::Refused,
             NotAcquiredReason::DeadlinePassed,
+            NotAcquiredReason::NotReplicated,
         ] {
             let i = failed_index(reason);
             assert_eq!(REASON_FAILED[i][0].value(), not_acquired_str(reason));

@@ -94,6 +94,69 @@ impl fmt::Debug for KeyState {
     }
 }
 
+/// The identity of one run of a server process: Redis' `run_id` (`INFO server`), a new random value every
+/// time the process starts. A node whose `run_id` changed was restarted (or replaced by a failover), and
+/// without persistence it forgot every key; see [`RedisNode::run_id`].
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RunId(Arc<str>);
+
+impl RunId {
+    /// A run id, as the server reports it.
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        Self(id.into())
+    }
+
+    /// The run id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RunId({})", self.0)
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What [`RedisNode::wait_replicas`] waits for: `replicas` replicas acknowledging the connection's writes
+/// (`WAIT replicas timeout`), or, with [`aof`](Self::aof), having written them to their append-only file
+/// (`WAITAOF 0 replicas timeout`), for at most `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct ReplicaWait {
+    /// How many replicas must acknowledge.
+    pub replicas: u32,
+    /// How long the server waits for them (never zero: `WAIT n 0` blocks forever).
+    pub timeout: Duration,
+    /// Wait for the replicas' append-only file (`WAITAOF`, Redis 7.2+ and Valkey) instead of their memory.
+    pub aof: bool,
+}
+
+impl ReplicaWait {
+    /// Wait for `replicas` replicas to acknowledge, for at most `timeout` (`WAIT`).
+    pub fn new(replicas: u32, timeout: Duration) -> Self {
+        Self {
+            replicas,
+            timeout,
+            aof: false,
+        }
+    }
+
+    /// Wait for the replicas to write to their append-only file instead (`WAITAOF 0 replicas timeout`). A
+    /// server without `WAITAOF` (Redis before 7.2) answers [`NodeErrorKind::Unsupported`].
+    #[must_use]
+    pub fn aof(mut self) -> Self {
+        self.aof = true;
+        self
+    }
+}
+
 /// One logical Redis authority: a standalone server, a primary with its replicas behind failover, or one Redis
 /// Cluster (each key routed to its slot's primary).
 ///
@@ -260,7 +323,8 @@ pub trait RedisNode: Send + Sync {
     /// Atomically: if `key` does not exist, `INCR fence_key`, `SET key token PX ttl` and return the incremented
     /// value; if `key` holds exactly `token`, reset its TTL to `ttl` and return the current value of
     /// `fence_key` (the number issued to this acquisition, or a larger one); otherwise change nothing and
-    /// return `None`. `fence_key` is never deleted or given a TTL, so numbers only grow. Everything that could
+    /// return `None`. `fence_key` is never deleted or given a TTL, so numbers only grow; like every Redis
+    /// counter they stay below `i64::MAX` (an exhausted counter is an error). Everything that could
     /// fail (wrong types, an exhausted counter) is checked before the first write, so an error never leaves a
     /// lock key behind. On Redis Cluster both keys must hash to one slot (`{tag}`).
     async fn acquire_fenced(
@@ -286,6 +350,105 @@ pub trait RedisNode: Send + Sync {
     /// Redlock topology that names one server twice. `None` (the default) when unknown.
     fn endpoint(&self) -> Option<String> {
         None
+    }
+
+    /// Raises the fence counter at `fence_key` to at least `at_least`, and returns its value afterwards.
+    ///
+    /// Never lowers the counter and never gives it a TTL; a missing counter is created at `at_least`. Every
+    /// fencing token issued after this returns is larger than `at_least`. (Acquisitions that run at the
+    /// same time may still receive smaller numbers: they happened before the raise.) For re-seeding a
+    /// counter that a restart without persistence reset, see
+    /// [`LockManager::raise_fence`](crate::LockManager::raise_fence).
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending anything.
+    /// A counter that is not a non-negative integer, or has a TTL, is a [`NodeErrorKind::Fence`] error, as
+    /// for [`acquire_fenced`](Self::acquire_fenced), changing nothing.
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        let _ = (fence_key, at_least);
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot raise a fence counter (RedisNode::raise_fence is not implemented)",
+        ))
+    }
+
+    /// The [`RunId`] of the server that serves `key` now (the one that answered the last command for it).
+    ///
+    /// The core asks for it after each acquisition reply, to notice a restarted server: a Redlock node whose
+    /// run id changed is not counted toward a quorum for a while (see
+    /// [`Config::with_restart_quarantine`](crate::Config::with_restart_quarantine)). So it must be cheap: a
+    /// node learns it once per connection (`INFO server`) and again after a reconnect, and answers from that
+    /// memory otherwise. It must never report an old run id for a connection to a new server process.
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending anything,
+    /// and the core then cannot detect restarts of this node.
+    async fn run_id(&self, key: &str) -> Result<RunId, NodeError> {
+        let _ = key;
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot report its server's run_id (RedisNode::run_id is not implemented)",
+        ))
+    }
+
+    /// Waits until `wait.replicas` replicas have acknowledged the writes made so far for `key` (`WAIT`, or
+    /// `WAITAOF 0 n timeout` with [`ReplicaWait::aof`]), and returns how many did within `wait.timeout`
+    /// (fewer than asked when the time ran out).
+    ///
+    /// Must run on the connection that carried the write, right after it: `WAIT` counts the writes of its
+    /// own connection. The core calls it after a won acquisition and after each extension when a
+    /// [`Durability`](crate::Durability) policy asks for it (single mode).
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending anything;
+    /// a node whose server lacks `WAITAOF` answers the same for `aof`.
+    async fn wait_replicas(&self, key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
+        let _ = (key, wait);
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot wait for replicas (RedisNode::wait_replicas is not implemented)",
+        ))
+    }
+
+    /// Extends many leases in one call: for each item, exactly [`extend`](Self::extend) — if its key holds
+    /// its token, set its TTL and answer `true`; otherwise change nothing and answer `false` (a key of
+    /// another type answers `false` too) — and one answer per item, in order. The items need not be atomic
+    /// together; each one is.
+    ///
+    /// The core's batched renewal sends at most [`extend_many_limit`](Self::extend_many_limit) items per
+    /// call. An error fails every item of the call (classify it as for `extend`: not applied, or
+    /// ambiguous).
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending
+    /// anything, and the core then extends each lease on its own.
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let _ = items;
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot extend a batch (RedisNode::extend_many is not implemented)",
+        ))
+    }
+
+    /// The most items [`extend_many`](Self::extend_many) takes in one call; 0 (the default) when it is not
+    /// supported.
+    fn extend_many_limit(&self) -> usize {
+        0
+    }
+}
+
+/// One lease's part of a batched extension ([`RedisNode::extend_many`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ExtendItem<'a> {
+    /// The lock key.
+    pub key: &'a str,
+    /// The lease's token.
+    pub token: &'a Token,
+    /// The TTL to set.
+    pub ttl: Ttl,
+}
+
+impl<'a> ExtendItem<'a> {
+    /// An item extending `key`, if it holds `token`, to `ttl`.
+    pub fn new(key: &'a str, token: &'a Token, ttl: Ttl) -> Self {
+        Self { key, token, ttl }
     }
 }
 
@@ -445,6 +608,55 @@ pub trait NodeWrapper: Send + Sync {
     fn endpoint(&self) -> Option<String> {
         self.inner().endpoint()
     }
+
+    /// See [`RedisNode::raise_fence`]; forwards by default.
+    fn raise_fence<'a, 'b, 'f>(&'a self, fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        self.inner().raise_fence(fence_key, at_least)
+    }
+
+    /// See [`RedisNode::run_id`]; forwards by default.
+    fn run_id<'a, 'b, 'f>(&'a self, key: &'b str) -> NodeFuture<'f, RunId>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        self.inner().run_id(key)
+    }
+
+    /// See [`RedisNode::wait_replicas`]; forwards by default.
+    fn wait_replicas<'a, 'b, 'f>(&'a self, key: &'b str, wait: ReplicaWait) -> NodeFuture<'f, u32>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        self.inner().wait_replicas(key, wait)
+    }
+
+    /// See [`RedisNode::extend_many`]; forwards by default.
+    fn extend_many<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [ExtendItem<'c>],
+    ) -> NodeFuture<'f, Vec<bool>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().extend_many(items)
+    }
+
+    /// See [`RedisNode::extend_many_limit`]; forwards by default.
+    fn extend_many_limit(&self) -> usize {
+        self.inner().extend_many_limit()
+    }
 }
 
 impl<W: NodeWrapper> RedisNode for W {
@@ -536,6 +748,50 @@ impl<W: NodeWrapper> RedisNode for W {
     fn endpoint(&self) -> Option<String> {
         NodeWrapper::endpoint(self)
     }
+
+    fn raise_fence<'a, 'b, 'f>(&'a self, fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::raise_fence(self, fence_key, at_least)
+    }
+
+    fn run_id<'a, 'b, 'f>(&'a self, key: &'b str) -> NodeFuture<'f, RunId>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::run_id(self, key)
+    }
+
+    fn wait_replicas<'a, 'b, 'f>(&'a self, key: &'b str, wait: ReplicaWait) -> NodeFuture<'f, u32>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::wait_replicas(self, key, wait)
+    }
+
+    fn extend_many<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [ExtendItem<'c>],
+    ) -> NodeFuture<'f, Vec<bool>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::extend_many(self, items)
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        NodeWrapper::extend_many_limit(self)
+    }
 }
 
 impl<N: RedisNode + ?Sized> NodeWrapper for Arc<N> {
@@ -598,6 +854,18 @@ pub enum NodeErrorKind {
     /// (for example a node pinned to native commands on a server without `DELIFEQ`, or one pinned to scripts
     /// where Lua is absent). Retrying will not help.
     Unsupported,
+    /// The write was applied on the primary but not acknowledged by as many replicas as the
+    /// [`Durability`](crate::Durability) policy requires (`WAIT`/`WAITAOF`): a failover now could lose it.
+    /// Usually transient (a replica is down or lagging).
+    NotReplicated,
+    /// The server was restarted (its [`RunId`] changed) and is still within the restart quarantine: its
+    /// answer is not counted toward a quorum, because it may have forgotten a lease another client holds.
+    Restarted,
+    /// The fence counter issued a number no larger than one this process already received from it: the
+    /// server lost writes (a restart without persistence, or a failover to a replica that had not received
+    /// them). Raise it above the resource's largest fence
+    /// ([`LockManager::raise_fence`](crate::LockManager::raise_fence)).
+    FenceRegressed,
     /// The reply did not have the expected shape.
     Protocol,
     /// Anything else.
@@ -614,6 +882,9 @@ impl NodeErrorKind {
     /// | [`WrongType`](Self::WrongType) | yes | the key keeps its type until someone deletes it |
     /// | [`Fence`](Self::Fence) | yes | a corrupt, exhausted or expiring counter needs an operator |
     /// | [`Unsupported`](Self::Unsupported) | yes | the server's commands do not change between attempts |
+    /// | [`FenceRegressed`](Self::FenceRegressed) | yes | the counter must be raised by an operator first |
+    /// | [`NotReplicated`](Self::NotReplicated) | no | a replica comes back or catches up |
+    /// | [`Restarted`](Self::Restarted) | no | the quarantine ends |
     /// | [`Busy`](Self::Busy) (`BUSY`, `LOADING`, `MASTERDOWN`) | no | the server finishes loading or its script |
     /// | [`Cluster`](Self::Cluster) (`TRYAGAIN`, `CLUSTERDOWN`, redirections) | no | resharding and failover end |
     /// | [`ReadOnly`](Self::ReadOnly) | no | during a failover the address becomes a primary again |
@@ -625,7 +896,12 @@ impl NodeErrorKind {
     pub fn is_permanent(self) -> bool {
         matches!(
             self,
-            Self::Auth | Self::CrossSlot | Self::WrongType | Self::Fence | Self::Unsupported
+            Self::Auth
+                | Self::CrossSlot
+                | Self::WrongType
+                | Self::Fence
+                | Self::Unsupported
+                | Self::FenceRegressed
         )
     }
 
@@ -645,6 +921,9 @@ impl NodeErrorKind {
             Self::WrongType => "wrong type",
             Self::Fence => "fence counter",
             Self::Unsupported => "unsupported by the server",
+            Self::NotReplicated => "not replicated",
+            Self::Restarted => "restarted node in quarantine",
+            Self::FenceRegressed => "fence regression",
             Self::Protocol => "protocol",
             Self::Other => "other",
         }

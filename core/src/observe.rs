@@ -229,6 +229,41 @@ pub enum EventKind<'a> {
         /// How long the round took.
         round: Duration,
     },
+    /// A node's server has a new [`RunId`](crate::RunId): it restarted (or a failover replaced it) since
+    /// this manager last talked to it, and may have forgotten every lock. In Redlock mode its answers are
+    /// not counted toward a quorum for the [restart quarantine](crate::Config::with_restart_quarantine).
+    /// Reported by the acquisition that noticed it.
+    #[non_exhaustive]
+    NodeRestarted {
+        /// The node's index.
+        node: usize,
+        /// How long its answers are not counted (zero in single mode, or with the quarantine off).
+        quarantined_for: Duration,
+    },
+    /// A write of this lease (its acquisition or an extension) was acknowledged by fewer replicas than the
+    /// [`Durability`](crate::Durability) policy asks for, within its timeout. Under
+    /// [`BestEffort`](crate::Durability::BestEffort) the lease goes on; under
+    /// [`Required`](crate::Durability::Required) the operation failed.
+    #[non_exhaustive]
+    NotReplicated {
+        /// Replicas that acknowledged (`None` when the wait itself failed).
+        acknowledged: Option<u32>,
+        /// Replicas the policy asks for.
+        wanted: u32,
+        /// The node's error, when the wait failed (e.g. [`Unsupported`](crate::NodeErrorKind::Unsupported)
+        /// for a server without `WAITAOF`).
+        error: Option<&'a NodeError>,
+    },
+    /// The fence counter issued `fence`, no larger than `previous`, which this process already received from
+    /// it: the server lost writes. The acquisition was refused
+    /// ([`NodeErrorKind::FenceRegressed`](crate::NodeErrorKind::FenceRegressed)).
+    #[non_exhaustive]
+    FenceRegressed {
+        /// The number just issued.
+        fence: u64,
+        /// The largest number this process received from the counter before.
+        previous: u64,
+    },
     /// A compare-and-delete of a token that may have been left on some nodes ended.
     #[non_exhaustive]
     Cleanup {
@@ -403,6 +438,7 @@ pub(crate) fn not_acquired_str(reason: NotAcquiredReason) -> &'static str {
         NotAcquiredReason::ValidityExhausted => "validity_exhausted",
         NotAcquiredReason::Refused => "refused",
         NotAcquiredReason::DeadlinePassed => "deadline_passed",
+        NotAcquiredReason::NotReplicated => "not_replicated",
     }
 }
 

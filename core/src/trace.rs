@@ -357,5 +357,36 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
                 "clean-up"
             );
         }
+        K::NodeRestarted {
+            node,
+            quarantined_for,
+        } => {
+            warn!(
+                key,
+                lease,
+                node,
+                ?quarantined_for,
+                "node restarted (its run_id changed): it may have forgotten locks"
+            );
+        }
+        K::NotReplicated {
+            acknowledged,
+            wanted,
+            error,
+        } => match error {
+            Some(error) => {
+                warn!(key, lease, wanted, %error, "write not acknowledged by replicas: the wait failed")
+            }
+            None => warn!(
+                key,
+                lease, acknowledged, wanted, "write not acknowledged by enough replicas in time"
+            ),
+        },
+        K::FenceRegressed { fence, previous } => {
+            error!(
+                key,
+                lease, fence, previous, "fence counter went backwards: the server lost writes"
+            );
+        }
     }
 }

@@ -23,7 +23,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use redlease::{KeyState, NodeError, RedisNode, Timer, Token, Ttl, async_trait};
+use redlease::{
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, Timer, Token, Ttl, async_trait,
+};
 
 /// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
 /// through the node under test (for Redis: `GET` and `PTTL` on a second connection).
@@ -72,6 +74,11 @@ pub const CASES: &[&str] = &[
     "fenced_own_token_without_counter_fails",
     "ttl_edges",
     "unusual_key_names",
+    "raise_fence_never_lowers_and_later_fences_exceed_it",
+    "raise_fence_refuses_a_non_integer_counter",
+    "run_id_is_stable_between_calls",
+    "wait_replicas_for_none_answers_at_once",
+    "extend_many_answers_each_item_as_extend_would",
 ];
 
 struct Ctx<'a> {
@@ -262,6 +269,35 @@ pub async fn run_wrapper(
                 wrapper.acquire_fresh_is_nx(),
                 inner.acquire_fresh_is_nx()
             ),
+        });
+    }
+    let key = "redlease:conformance:{wrapper}:run_id";
+    let (w, i) = (wrapper.run_id(key).await, inner.run_id(key).await);
+    let same = match (&w, &i) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(a), Err(b)) => a.kind() == b.kind(),
+        _ => false,
+    };
+    if !same {
+        return Err(Failure {
+            case,
+            message: format!("run_id() is {w:?}, the inner node's is {i:?}"),
+        });
+    }
+    let wait = redlease::ReplicaWait::new(0, Duration::from_millis(50));
+    let (w, i) = (
+        wrapper.wait_replicas(key, wait).await,
+        inner.wait_replicas(key, wait).await,
+    );
+    let same = match (&w, &i) {
+        (Ok(_), Ok(_)) => true,
+        (Err(a), Err(b)) => a.kind() == b.kind(),
+        _ => false,
+    };
+    if !same {
+        return Err(Failure {
+            case,
+            message: format!("wait_replicas() is {w:?}, the inner node's is {i:?}"),
         });
     }
     run_with_reader(wrapper, &InnerReader(inner), timer).await
@@ -491,6 +527,114 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 }
             }
             c.expect_absent(&k).await
+        }
+        // An optional capability: a node answering `Unsupported` (without sending anything) passes.
+        "raise_fence_never_lowers_and_later_fences_exceed_it" => {
+            let (k, f) = (c.key("lock"), c.key("fence"));
+            let raised = match node.raise_fence(&f, 1000).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => c.ok("raise_fence", other)?,
+            };
+            c.ensure(raised == 1000, || {
+                format!("raising a missing counter to 1000 returned {raised}")
+            })?;
+            c.ensure(c.fence_value(&f).await? == Some(1000), || {
+                "the raised counter does not hold 1000".into()
+            })?;
+            let lower = c.ok("raise_fence", node.raise_fence(&f, 10).await)?;
+            c.ensure(lower == 1000, || {
+                format!("raising to 10 returned {lower}, not the larger 1000")
+            })?;
+            let t = token()?;
+            let fence = c.ok(
+                "acquire_fenced",
+                node.acquire_fenced(&k, &f, &t, ttl(LONG)).await,
+            )?;
+            c.ensure(fence == Some(1001), || {
+                format!("the first fence after raising to 1000 was {fence:?}")
+            })?;
+            let again = c.ok("raise_fence", node.raise_fence(&f, 5000).await)?;
+            c.ensure(again == 5000, || {
+                format!("raising 1001 to 5000 returned {again}")
+            })?;
+            c.ensure(c.fence_value(&f).await? == Some(5000), || {
+                "the counter was not raised to 5000".into()
+            })?;
+            c.ok("release", node.release(&k, &t).await)?;
+            Ok(())
+        }
+        "run_id_is_stable_between_calls" => {
+            // An optional capability: a node that claims it must report one id while its server runs.
+            let k = c.key("lock");
+            let first = match node.run_id(&k).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => c.ok("run_id", other)?,
+            };
+            c.ensure(!first.as_str().is_empty(), || "run_id is empty".into())?;
+            let again = c.ok("run_id", node.run_id(&k).await)?;
+            c.ensure(again == first, || {
+                format!("run_id changed between two calls: {first} then {again}")
+            })
+        }
+        "wait_replicas_for_none_answers_at_once" => {
+            // `WAIT 0 timeout` returns at once with the number of replicas that have the writes so far.
+            let (k, t) = (c.key("lock"), token()?);
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            let wait = redlease::ReplicaWait::new(0, Duration::from_secs(5));
+            let started = c.timer.now();
+            match node.wait_replicas(&k, wait).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => {
+                    c.ok("wait_replicas", other)?;
+                }
+            }
+            let took = c.timer.now().saturating_duration_since(started);
+            c.ensure(took < Duration::from_secs(4), || {
+                format!("waiting for 0 replicas took {took:?}: it must not wait for the timeout")
+            })
+        }
+        "raise_fence_refuses_a_non_integer_counter" => {
+            let f = c.key("fence");
+            let junk = token()?;
+            c.ok("acquire", node.acquire(&f, &junk, ttl(LONG)).await)?;
+            match node.raise_fence(&f, 7).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                Err(e) => c.ensure(!e.is_ambiguous(), || {
+                    format!("a refused raise reported an ambiguous error: {e}")
+                })?,
+                Ok(v) => {
+                    return Err(c.fail(format!(
+                        "raise_fence on a counter holding a token returned {v}"
+                    )));
+                }
+            }
+            c.expect_held(&f, &junk, long, SLACK).await
+        }
+        // An optional capability, claimed by a non-zero `extend_many_limit`.
+        "extend_many_answers_each_item_as_extend_would" => {
+            if node.extend_many_limit() == 0 {
+                return Ok(());
+            }
+            let (ours, theirs, missing) = (c.key("ours"), c.key("theirs"), c.key("missing"));
+            let (t, other) = (token()?, token()?);
+            c.ok("acquire", node.acquire(&ours, &t, ttl(LONG)).await)?;
+            c.ok("acquire", node.acquire(&theirs, &other, ttl(LONG)).await)?;
+            let items = [
+                ExtendItem::new(&ours, &t, ttl(LONG * 3)),
+                ExtendItem::new(&theirs, &t, ttl(LONG * 3)),
+                ExtendItem::new(&missing, &t, ttl(LONG * 3)),
+            ];
+            let flags = c.ok("extend_many", node.extend_many(&items).await)?;
+            c.ensure(flags == [true, false, false], || {
+                format!("extend_many answered {flags:?}, expected [true, false, false]")
+            })?;
+            c.expect_held(&ours, &t, long * 3, SLACK).await?;
+            c.expect_held(&theirs, &other, long, SLACK).await?;
+            c.expect_absent(&missing).await?;
+            let none = c.ok("extend_many", node.extend_many(&[]).await)?;
+            c.ensure(none.is_empty(), || {
+                format!("an empty batch answered {none:?}")
+            })
         }
         "fenced_own_token_without_counter_fails" => {
             let (k, f, t) = (c.key("lock"), c.key("fence"), token()?);

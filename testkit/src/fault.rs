@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use redlease::machine::Jitter;
 use redlease::{
-    KeyState, NodeError, NodeErrorKind, RedisNode, Spawn, Timer, Token, Ttl, async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, Spawn, Timer,
+    Token, Ttl, async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -225,6 +226,36 @@ struct Plan {
 }
 
 /// The shared control panel of a [`FaultyNode`]: change faults while a test runs, count calls.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, Error, LeaseState, NodeErrorKind, NotAcquiredReason};
+/// use redlease_testkit::{Fault, FaultyNode, MemoryNode, Op, Sim};
+///
+/// let mut sim = Sim::new(2);
+/// let clock = sim.clock();
+/// let (node, faults) = FaultyNode::new(MemoryNode::with_timer(clock.clone()), clock);
+/// let manager = sim.single(node, Config::default().with_expiry(Duration::from_secs(3)).with_attempts(2))?;
+/// let lock = manager.lock("job").auto_renew(Duration::from_secs(1));
+///
+/// // A partition: every call fails at once, nothing is applied.
+/// faults.partition();
+/// let err = sim.block_on(lock.acquire()).unwrap_err();
+/// assert!(matches!(err, Error::NotAcquired { reason: NotAcquiredReason::TooFewNodes, attempts: 2, .. }));
+/// assert_eq!((faults.calls(Op::Acquire), faults.applied(Op::Acquire)), (2, 0));
+///
+/// // Healed; then every renewal fails (out of memory): the lease is at risk, and lost by its deadline.
+/// faults.heal();
+/// let lease = sim.block_on(lock.acquire())?;
+/// faults.always(Op::Extend, Fault::Fail(NodeErrorKind::OutOfMemory));
+/// sim.run_for(Duration::from_millis(1_500));
+/// assert_eq!(lease.state(), LeaseState::AtRisk);
+/// let deadline = lease.valid_until();
+/// sim.block_on(lease.lost());
+/// assert!(sim.clock().elapsed() > Duration::from_secs(2));
+/// assert!(redlease::Timer::now(&sim.clock()) <= deadline);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Default)]
 pub struct Faults {
     plan: Arc<Mutex<Plan>>,
@@ -827,6 +858,30 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             .await
     }
 
+    /// Counted and faulted as one [`Op::Extend`] call: a fault hits the whole batch, as a failed connection
+    /// or a lost reply would.
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let owned: Vec<(String, Token, Ttl)> = items
+            .iter()
+            .map(|i| (i.key.to_owned(), i.token.clone(), i.ttl))
+            .collect();
+        let detach = move |n: Arc<N>| -> BoxFuture<Reply<Vec<bool>>> {
+            Box::pin(async move {
+                let items: Vec<ExtendItem<'_>> = owned
+                    .iter()
+                    .map(|(k, t, ttl)| ExtendItem::new(k, t, *ttl))
+                    .collect();
+                n.extend_many(&items).await
+            })
+        };
+        self.run(Op::Extend, self.inner.extend_many(items), detach)
+            .await
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        self.inner.extend_many_limit()
+    }
+
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
         let detach = |n: Arc<N>| -> BoxFuture<Reply<Option<KeyState>>> {
             let key = key.to_owned();
@@ -841,6 +896,23 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
 
     fn endpoint(&self) -> Option<String> {
         self.inner.endpoint()
+    }
+
+    /// Forwarded without faults (an administrative call, not a lease operation).
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        self.inner.raise_fence(fence_key, at_least).await
+    }
+
+    /// Forwarded without faults: a node answers it from memory (see [`RedisNode::run_id`]), and only after
+    /// an acquisition reply arrived.
+    async fn run_id(&self, key: &str) -> Result<RunId, NodeError> {
+        self.inner.run_id(key).await
+    }
+
+    /// Forwarded without faults (test replica failures against real servers, or with
+    /// [`MemoryNode::set_replicas`](crate::MemoryNode::set_replicas)).
+    async fn wait_replicas(&self, key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
+        self.inner.wait_replicas(key, wait).await
     }
 }
 

@@ -15,7 +15,10 @@
 //!   increase and that losses were signalled in time (also by the client's own clock).
 //! - [`proxy::FaultProxy`]: a TCP proxy that delays, blackholes, resets or drops replies, for live tests.
 //! - [`conformance`]: the contract suite any [`RedisNode`](redlease::RedisNode) can run in one call.
+//! - `TokioTestTimer` (feature `tokio`): tokio's paused clock as a [`Timer`](redlease::Timer), for tests
+//!   written with `#[tokio::test(start_paused = true)]`.
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod cancel;
 mod clock;
@@ -33,3 +36,14 @@ pub use fault::{Delivery, Fault, Faults, FaultyNode, Op, RandomFaults};
 pub use history::{ClientRecorder, ClientView, Event, EventKind, History, Violation};
 pub use memory::MemoryNode;
 pub use sim::{Sim, SimSpawner, VirtualClock, block_on, for_each_seed};
+
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+mod tokio_time;
+#[cfg(feature = "tokio")]
+pub use tokio_time::TokioTestTimer;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use redlease::{
-    KeyState, NodeError, NodeErrorKind, RedisNode, SystemTimer, Timer, Token, Ttl, async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, SystemTimer,
+    Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -21,6 +22,10 @@ struct Entry {
 #[derive(Default)]
 struct Store {
     keys: HashMap<String, Entry>,
+    /// Restarts so far: part of the run id.
+    runs: u64,
+    /// What `wait_replicas` answers (see [`MemoryNode::set_replicas`]).
+    replicas: Option<u32>,
 }
 
 impl Store {
@@ -42,7 +47,35 @@ impl Store {
 /// Keys expire when the node's [`Timer`] reaches their deadline (`now >= expires_at`), like Redis' `PX`.
 /// Clones share one store: keep a clone to plant foreign values or inspect keys while a manager owns another.
 /// Every node created by [`new`](Self::new)/[`with_timer`](Self::with_timer) reports a distinct
-/// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones.
+/// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones, and a [`run_id`](RedisNode::run_id)
+/// that changes with every [`restart`](Self::restart). It has no replicas unless
+/// [`set_replicas`](Self::set_replicas) says how many acknowledge.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, Error, LockManager, NotAcquiredReason};
+/// use redlease_testkit::{MemoryNode, Sim};
+///
+/// let mut sim = Sim::new(1);
+/// let node = MemoryNode::with_timer(sim.clock()); // keys expire on the simulation's clock
+/// let manager = sim.single(node.clone(), Config::default().with_attempts(1))?;
+/// let lock = manager.lock("job").expiry(Duration::from_secs(10));
+///
+/// // Another owner holds the key: contention, and the foreign value is left alone.
+/// node.set("job", "someone-else", Some(Duration::from_secs(5)));
+/// let err = sim.block_on(lock.try_acquire()).unwrap_err();
+/// assert!(matches!(err, Error::NotAcquired { reason: NotAcquiredReason::Contended, .. }));
+/// assert_eq!(node.get("job").as_deref(), Some(&b"someone-else"[..]));
+///
+/// // Five virtual seconds later the foreign key has expired; ours carries the lease's TTL.
+/// sim.run_for(Duration::from_secs(5));
+/// let lease = sim.block_on(lock.try_acquire())?;
+/// assert_eq!(node.get("job").as_deref(), Some(lease.token().as_str().as_bytes()));
+/// assert_eq!(node.pttl("job"), Some(Some(Duration::from_secs(10))));
+/// sim.block_on(lease.release())?;
+/// assert_eq!(node.keys(), Vec::<String>::new());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct MemoryNode {
     store: Arc<Mutex<Store>>,
@@ -149,6 +182,45 @@ impl MemoryNode {
     pub fn flush(&self) {
         self.lock().keys.clear();
     }
+
+    /// A restart without persistence: every key is forgotten and the [`run_id`](RedisNode::run_id) changes.
+    pub fn restart(&self) {
+        let mut store = self.lock();
+        store.keys.clear();
+        store.runs += 1;
+    }
+
+    /// How many replicas acknowledge every write from now on: [`wait_replicas`](RedisNode::wait_replicas)
+    /// answers `min(n, asked)` at once. `None` (the default) makes it answer
+    /// [`NodeErrorKind::Unsupported`], like a node without the capability.
+    pub fn set_replicas(&self, n: Option<u32>) {
+        self.lock().replicas = n;
+    }
+}
+
+/// The number a fence counter holds (`None`: missing), or the error the fenced acquisition script gives for
+/// a counter with a TTL or a value that is not a non-negative integer.
+fn fence_value(entry: Option<&Entry>) -> Result<Option<u64>, NodeError> {
+    let Some(entry) = entry else {
+        return Ok(None);
+    };
+    if entry.expires_at.is_some() {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Fence,
+            "the fence key has a TTL: its numbers would start again when it expires",
+        ));
+    }
+    std::str::from_utf8(&entry.value)
+        .ok()
+        .filter(|s| *s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit())))
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| {
+            NodeError::not_applied(
+                NodeErrorKind::Fence,
+                "the fence key does not hold a non-negative integer",
+            )
+        })
 }
 
 fn expiry(now: Instant, ttl: Ttl) -> Option<Instant> {
@@ -189,29 +261,7 @@ impl RedisNode for MemoryNode {
         let now = self.now();
         let mut store = self.lock();
         // Validate everything before any write, as the Lua script does: an error never leaves a lock behind.
-        let fence = match store.live(fence_key, now) {
-            None => None,
-            Some(entry) if entry.expires_at.is_some() => {
-                return Err(NodeError::not_applied(
-                    NodeErrorKind::Fence,
-                    "the fence key has a TTL: its numbers would start again when it expires",
-                ));
-            }
-            Some(entry) => Some(
-                std::str::from_utf8(&entry.value)
-                    .ok()
-                    .filter(|s| {
-                        *s == "0" || (!s.starts_with('0') && s.bytes().all(|b| b.is_ascii_digit()))
-                    })
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .ok_or_else(|| {
-                        NodeError::not_applied(
-                            NodeErrorKind::Fence,
-                            "the fence key does not hold a non-negative integer",
-                        )
-                    })?,
-            ),
-        };
+        let fence = fence_value(store.live(fence_key, now).as_deref())?;
         if fence.is_some_and(|f| f >= i64::MAX as u64) {
             return Err(NodeError::not_applied(
                 NodeErrorKind::Fence,
@@ -250,6 +300,24 @@ impl RedisNode for MemoryNode {
         }
     }
 
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        match fence_value(store.live(fence_key, now).as_deref())? {
+            Some(current) if current >= at_least => Ok(current),
+            _ => {
+                store.keys.insert(
+                    fence_key.to_owned(),
+                    Entry {
+                        value: at_least.to_string().into_bytes(),
+                        expires_at: None,
+                    },
+                );
+                Ok(at_least)
+            }
+        }
+    }
+
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
         let now = self.now();
         let mut store = self.lock();
@@ -273,6 +341,26 @@ impl RedisNode for MemoryNode {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Every item as [`extend`](RedisNode::extend) would, under one lock (one call, one instant).
+    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        Ok(items
+            .iter()
+            .map(|item| match store.live(item.key, now) {
+                Some(entry) if item.token.matches(&entry.value) => {
+                    entry.expires_at = expiry(now, item.ttl);
+                    true
+                }
+                _ => false,
+            })
+            .collect())
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        1000
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
@@ -308,5 +396,20 @@ impl RedisNode for MemoryNode {
 
     fn endpoint(&self) -> Option<String> {
         Some(format!("memory://{}", self.id))
+    }
+
+    async fn run_id(&self, _key: &str) -> Result<RunId, NodeError> {
+        let runs = self.lock().runs;
+        Ok(RunId::new(format!("memory-{}-run-{runs}", self.id)))
+    }
+
+    async fn wait_replicas(&self, _key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
+        match self.lock().replicas {
+            Some(n) => Ok(n.min(wait.replicas)),
+            None => Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                "this memory node has no replicas (MemoryNode::set_replicas)",
+            )),
+        }
     }
 }

@@ -1013,6 +1013,48 @@ impl Drop for RedisServer {
     }
 }
 
+impl RedisServer {
+    /// Starts a replica of `self` (`--replicaof 127.0.0.1 <port>`, same flavor, extra `args` such as
+    /// `["--appendonly", "yes"]`) and waits until the primary counts it as a connected, caught-up replica
+    /// (`INFO replication`). Panics if it does not within 10 s.
+    pub fn start_replica(&self, args: &[&str]) -> RedisServer {
+        // The primary would wait 5 s (the default delay) for more replicas before a diskless full sync.
+        self.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+        let port = self.port.to_string();
+        let mut all: Vec<&str> = vec!["--replicaof", "127.0.0.1", &port];
+        all.extend_from_slice(args);
+        let replica = RedisServer::start_flavor(self.flavor(), &all);
+        self.wait_for_replicas(1, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{e}\nreplica log:\n{}", replica.log_tail()));
+        replica
+    }
+
+    /// Waits until at least `n` replicas are connected and online (`state=online` in `INFO replication`).
+    ///
+    /// # Errors
+    /// What `INFO replication` said last, after `timeout`.
+    pub fn wait_for_replicas(&self, n: usize, timeout: Duration) -> Result<(), String> {
+        let until = Instant::now() + timeout;
+        loop {
+            let info = self.try_cmd(&["INFO", "replication"]).unwrap_or_default();
+            let online = info
+                .lines()
+                .filter(|l| l.starts_with("slave") && l.contains("state=online"))
+                .count();
+            if online >= n {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(format!(
+                    "port {}: {online} of {n} replicas online after {timeout:?}: {info}",
+                    self.port
+                ));
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// `n` independent servers (e.g. for Redlock), all killed on drop. Indexes like a slice.
 #[derive(Debug)]
 pub struct RedisServers {

@@ -8,6 +8,7 @@
 
 mod ambiguity;
 mod auth;
+mod batch;
 mod cluster;
 mod common;
 mod conformance;
@@ -19,6 +20,7 @@ mod permissions;
 mod redlock;
 mod redlock_stall;
 mod renewal_loss;
+mod replicas;
 mod scripts;
 mod single;
 mod split_vote;

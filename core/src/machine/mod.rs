@@ -9,10 +9,20 @@
 //! - [`Tally`]: counts the replies of one fan-out round and says when the round is decided.
 //! - [`Backoff`]: the pause between acquisition attempts, with seeded jitter.
 //! - [`RenewalSchedule`]: when to renew next, and when a failing renewal turns into a loss.
+//!
+//! # Stability
+//!
+//! Using a lease never needs this module: [`LockManager`](crate::LockManager) and [`Lease`](crate::Lease)
+//! drive it. It is public so that the algorithms can be read, property-tested and reused (a driver for
+//! another store, a simulator), and it is covered by semantic versioning like the rest of the crate — but
+//! before 1.0 expect it to change more often than the lease API: a new capability of the driver (batched
+//! renewal, notifications) may change a machine's inputs or outputs, or add an enum variant, in a minor
+//! release. Pin a minor version if you build on it.
 
 mod quorum;
 mod renewal;
 mod retry;
+pub(crate) mod slots;
 pub mod validity;
 
 pub use quorum::{Reply, Tally, Verdict, WaitFor, quorum};

@@ -50,7 +50,7 @@ pub enum Verdict {
 /// Then read the counts and [`verdict`](Self::verdict).
 #[derive(Debug, Clone)]
 pub struct Tally {
-    replies: Vec<Option<Reply>>,
+    replies: super::slots::Slots<Option<Reply>>,
     required: usize,
     wait: WaitFor,
 }
@@ -59,7 +59,7 @@ impl Tally {
     /// A tally for `n` nodes needing `required` yes votes.
     pub fn new(n: usize, required: usize, wait: WaitFor) -> Self {
         Self {
-            replies: vec![None; n],
+            replies: super::slots::Slots::from_fn(n, |_| None),
             required,
             wait,
         }
@@ -75,7 +75,7 @@ impl Tally {
 
     /// Marks every node that has not replied as failed with `error` (normally an ambiguous timeout).
     pub fn handle_timeout(&mut self, error: &NodeError) {
-        for slot in &mut self.replies {
+        for slot in self.replies.iter_mut() {
             if slot.is_none() {
                 *slot = Some(Reply::Failed(error.clone()));
             }

@@ -33,7 +33,7 @@ async fn hold_for(lease: &redlease::Lease, clock: &impl Timer, d: Duration) -> b
 /// One hostile client: every way of holding a lease, chosen at random per acquisition — background
 /// renewal, renewal inside `run`, manual extensions longer and shorter than the expiry — and every way of
 /// ending one: release, drop, an acquisition or a release cancelled mid-way.
-async fn renewing_client(
+pub(crate) async fn renewing_client(
     lock: redlease::Lock,
     clock: redlease_testkit::SkewedClock,
     mut rng: Jitter,

@@ -2,11 +2,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 mod acquire;
+mod batch;
 mod cancel;
 mod clock_jump;
 mod config;
 mod defects;
+mod durable;
 mod history;
 mod observe;
 mod renewal;
+mod restart;
 mod support;
