@@ -1016,7 +1016,11 @@ impl Drop for RedisServer {
 impl RedisServer {
     /// Starts a replica of `self` (`--replicaof 127.0.0.1 <port>`, same flavor, extra `args` such as
     /// `["--appendonly", "yes"]`) and waits until the primary counts it as a connected, caught-up replica
-    /// (`INFO replication`). Panics if it does not within 10 s.
+    /// and the replica reports its link up (`INFO replication` on both). Panics if they do not within 10 s.
+    ///
+    /// (The primary's view alone is not enough: a Valkey 9.1 replica downloads the snapshot in a background
+    /// thread and loads it at its next once-a-second tick, so for up to a second the primary lists it as
+    /// online while it applies and acknowledges nothing, and `WAIT` counts no replica.)
     pub fn start_replica(&self, args: &[&str]) -> RedisServer {
         // The primary would wait 5 s (the default delay) for more replicas before a diskless full sync.
         self.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
@@ -1026,7 +1030,22 @@ impl RedisServer {
         let replica = RedisServer::start_flavor(self.flavor(), &all);
         self.wait_for_replicas(1, Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("{e}\nreplica log:\n{}", replica.log_tail()));
-        replica
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = replica
+                .try_cmd(&["INFO", "replication"])
+                .unwrap_or_default();
+            if info.contains("master_link_status:up") {
+                return replica;
+            }
+            assert!(
+                Instant::now() < until,
+                "the replica on port {} never reported its link up: {info}\nreplica log:\n{}",
+                replica.port,
+                replica.log_tail()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Waits until at least `n` replicas are connected and online (`state=online` in `INFO replication`).

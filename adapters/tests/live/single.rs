@@ -316,64 +316,66 @@ fn stalled_server_bounds_acquire_by_the_operation_timeout_and_never_reports_cont
 /// The README's recipe: a restart without persistence resets the fence counter, so the next holder would get
 /// a fence the resource has already passed (and be refused as stale); `raise_fence` above the resource's
 /// largest accepted fence restores the order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn raise_fence_restores_fence_order_after_a_restart_without_persistence() {
-    let test = "raise_fence_restores_fence_order_after_a_restart_without_persistence";
-    let Some(mut server) = RedisServer::start_or_skip(test) else {
-        return;
-    };
-    // What the fenced resource remembers, per backend: the largest fence it accepted before the restart.
-    let mut accepted = Vec::new();
-    for backend in ALL_BACKENDS {
-        let node = common::node(backend, &server.url()).await;
-        let manager = LockManager::single(node, config(TTL)).unwrap();
-        let k = key("reseed", backend);
-        server.cmd(&["SET", &fence_of(&k), "4710"]);
-        let lease = manager
-            .lock(&k)
-            .fenced(fence_of(&k))
-            .try_acquire()
-            .await
-            .unwrap();
-        accepted.push(lease.fencing_token().unwrap());
-        lease.release().await.unwrap();
-    }
-    server.restart();
-    for (backend, resource_max) in ALL_BACKENDS.into_iter().zip(accepted) {
-        assert_eq!(resource_max, 4711, "{backend:?}");
-        let node = common::node(backend, &server.url()).await;
-        let manager = LockManager::single(node, config(TTL)).unwrap();
-        let (k, f) = (key("reseed", backend), fence_of(&key("reseed", backend)));
-        // Without the raise the counter starts again: a fence the resource would refuse as stale.
-        let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
-        assert_eq!(lease.fencing_token(), Some(1), "{backend:?}");
-        lease.release().await.unwrap();
-        // Raised above what the resource accepted: the next fence is larger, and raising lower is a no-op.
-        assert_eq!(
-            manager.raise_fence(&f, resource_max).await.unwrap(),
-            resource_max
-        );
-        assert_eq!(
-            manager.raise_fence(&f, 5).await.unwrap(),
-            resource_max,
-            "{backend:?}"
-        );
-        assert_eq!(
-            server.cmd(&["PTTL", &f]),
-            "-1",
-            "{backend:?}: the counter has no TTL"
-        );
-        let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
-        assert_eq!(lease.fencing_token(), Some(resource_max + 1), "{backend:?}");
-        lease.release().await.unwrap();
-        // A counter that is not a number is refused, unchanged.
-        server.cmd(&["SET", &f, "junk"]);
-        let err = manager.raise_fence(&f, 10).await.unwrap_err();
-        assert_eq!(
-            common::first_node_error(&err).map(|e| e.kind()),
-            Some(redlease::NodeErrorKind::Fence),
-            "{backend:?}: {err}"
-        );
-        assert_eq!(server.cmd(&["GET", &f]), "junk", "{backend:?}");
-    }
+#[test]
+fn raise_fence_restores_fence_order_after_a_restart_without_persistence() {
+    on_every_server(
+        "raise_fence_restores_fence_order_after_a_restart_without_persistence",
+        |flavor| async move {
+            let mut server = RedisServer::start_flavor(flavor, &[]);
+            // What the fenced resource remembers, per backend: the largest fence it accepted before the restart.
+            let mut accepted = Vec::new();
+            for backend in ALL_BACKENDS {
+                let node = common::node(backend, &server.url()).await;
+                let manager = LockManager::single(node, config(TTL)).unwrap();
+                let k = key("reseed", backend);
+                server.cmd(&["SET", &fence_of(&k), "4710"]);
+                let lease = manager
+                    .lock(&k)
+                    .fenced(fence_of(&k))
+                    .try_acquire()
+                    .await
+                    .unwrap();
+                accepted.push(lease.fencing_token().unwrap());
+                lease.release().await.unwrap();
+            }
+            server.restart();
+            for (backend, resource_max) in ALL_BACKENDS.into_iter().zip(accepted) {
+                assert_eq!(resource_max, 4711, "{backend:?}");
+                let node = common::node(backend, &server.url()).await;
+                let manager = LockManager::single(node, config(TTL)).unwrap();
+                let (k, f) = (key("reseed", backend), fence_of(&key("reseed", backend)));
+                // Without the raise the counter starts again: a fence the resource would refuse as stale.
+                let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
+                assert_eq!(lease.fencing_token(), Some(1), "{backend:?}");
+                lease.release().await.unwrap();
+                // Raised above what the resource accepted: the next fence is larger, and raising lower is a no-op.
+                assert_eq!(
+                    manager.raise_fence(&f, resource_max).await.unwrap(),
+                    resource_max
+                );
+                assert_eq!(
+                    manager.raise_fence(&f, 5).await.unwrap(),
+                    resource_max,
+                    "{backend:?}"
+                );
+                assert_eq!(
+                    server.cmd(&["PTTL", &f]),
+                    "-1",
+                    "{backend:?}: the counter has no TTL"
+                );
+                let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
+                assert_eq!(lease.fencing_token(), Some(resource_max + 1), "{backend:?}");
+                lease.release().await.unwrap();
+                // A counter that is not a number is refused, unchanged.
+                server.cmd(&["SET", &f, "junk"]);
+                let err = manager.raise_fence(&f, 10).await.unwrap_err();
+                assert_eq!(
+                    common::first_node_error(&err).map(|e| e.kind()),
+                    Some(redlease::NodeErrorKind::Fence),
+                    "{backend:?}: {err}"
+                );
+                assert_eq!(server.cmd(&["GET", &f]), "junk", "{backend:?}");
+            }
+        },
+    );
 }
