@@ -1015,12 +1015,16 @@ impl Drop for RedisServer {
 
 impl RedisServer {
     /// Starts a replica of `self` (`--replicaof 127.0.0.1 <port>`, same flavor, extra `args` such as
-    /// `["--appendonly", "yes"]`) and waits until the primary counts it as a connected, caught-up replica
-    /// and the replica reports its link up (`INFO replication` on both). Panics if they do not within 10 s.
+    /// `["--appendonly", "yes"]`) and waits until the primary counts it as a connected, caught-up replica,
+    /// the replica reports its link up (`INFO replication` on both),
     ///
-    /// (The primary's view alone is not enough: a Valkey 9.1 replica downloads the snapshot in a background
-    /// thread and loads it at its next once-a-second tick, so for up to a second the primary lists it as
-    /// online while it applies and acknowledges nothing, and `WAIT` counts no replica.)
+    /// and `WAIT` counts it: a write on the primary is acknowledged by it. Panics if they do not within 10 s.
+    ///
+    /// (The primary's and the replica's views are not enough: after a diskless full sync Redis 7.0 starts
+    /// the replica's command stream only at its first acknowledgement, which the replica sends at its next
+    /// once-a-second tick, and a Valkey 9.1 replica loads the downloaded snapshot at that tick; for up to a
+    /// second both list the replica as online while it applies and acknowledges nothing, and a `WAIT` then
+    /// counts no replica.)
     pub fn start_replica(&self, args: &[&str]) -> RedisServer {
         // The primary would wait 5 s (the default delay) for more replicas before a diskless full sync.
         self.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
@@ -1036,7 +1040,7 @@ impl RedisServer {
                 .try_cmd(&["INFO", "replication"])
                 .unwrap_or_default();
             if info.contains("master_link_status:up") {
-                return replica;
+                break;
             }
             assert!(
                 Instant::now() < until,
@@ -1046,6 +1050,38 @@ impl RedisServer {
             );
             thread::sleep(Duration::from_millis(10));
         }
+        if let Err(e) = self.replicas_acknowledge(1, until) {
+            panic!("{e}\nreplica log:\n{}", replica.log_tail());
+        }
+        replica
+    }
+
+    /// Writes a marker key and `WAIT`s on the same connection until `n` replicas acknowledge it (or
+    /// `until`), then deletes it again the same way.
+    fn replicas_acknowledge(&self, n: usize, until: Instant) -> Result<(), String> {
+        let io = |e: std::io::Error| format!("port {}: {e}", self.port);
+        let mut conn = Conn::open(self.port, ADMIN_TIMEOUT).map_err(io)?;
+        if let Some(pw) = &self.password {
+            conn.send(&["AUTH", pw]).map_err(io)?;
+        }
+        let key = "redlease:testkit:replica-acknowledged";
+        let want = n.to_string();
+        for write in [["SET", key, "1"], ["DEL", key, key]] {
+            conn.send(&write).map_err(io)?;
+            loop {
+                match conn.send(&["WAIT", &want, "100"]).map_err(io)? {
+                    Resp::Int(acked) if acked >= n as i64 => break,
+                    reply if Instant::now() >= until => {
+                        return Err(format!(
+                            "port {}: a write was acknowledged by {reply} of {n} replicas in time",
+                            self.port
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Waits until at least `n` replicas are connected and online (`state=online` in `INFO replication`).

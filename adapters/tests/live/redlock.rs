@@ -295,3 +295,57 @@ fn a_redlock_service_starts_with_a_minority_down_and_the_node_joins_when_it_come
         },
     );
 }
+
+#[test]
+fn a_lazy_fred_node_whose_first_connection_fails_after_its_wait_connects_when_the_server_answers() {
+    use redlease_adapters::fred::FredNode;
+    use redlease_adapters::fred::fred::prelude::{Builder, Config as FredConfig, ReconnectPolicy};
+    use redlease_testkit::proxy::{FaultProxy, ProxyMode};
+    on_every_server(
+        "a_lazy_fred_node_whose_first_connection_fails_after_its_wait_connects_when_the_server_answers",
+        |flavor| async move {
+            let server = redlease_testkit::server::RedisServer::start_flavor(flavor, &[]);
+            // The server is reachable but silent at first: fred's first attempt waits for its handshake's
+            // reply (1.5 s) longer than the lazy node waits for the connection (its connection timeout,
+            // 300 ms), then fails, and fred's connection task ends (`fail_fast`).
+            let proxy = FaultProxy::start(server.addr().parse().unwrap()).unwrap();
+            proxy.set_mode(ProxyMode::Blackhole);
+            let config = FredConfig::from_url(&format!("{}/0", proxy.url())).unwrap();
+            let mut builder = Builder::from_config(config);
+            builder
+                .with_connection_config(|c| {
+                    c.connection_timeout = Duration::from_millis(300);
+                    c.internal_command_timeout = Duration::from_millis(1500);
+                })
+                .set_policy(ReconnectPolicy::new_constant(0, 20));
+            let node = FredNode::lazy(builder.build().unwrap());
+            let ttl = redlease::Ttl::from_millis(5000).unwrap();
+            let token = redlease::Token::random().unwrap();
+            let err = node
+                .acquire_fresh("lazy:{silent}:lock", &token, ttl)
+                .await
+                .unwrap_err();
+            assert!(!err.is_ambiguous(), "{err}");
+            // fred's attempt is over (its handshake timed out) and its task ended; the server answers now.
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            proxy.set_mode(ProxyMode::Forward);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match node.acquire_fresh("lazy:{back}:lock", &token, ttl).await {
+                    Ok(acquired) => {
+                        assert!(acquired);
+                        break;
+                    }
+                    Err(e) => {
+                        assert!(
+                            Instant::now() < deadline,
+                            "the lazy node never connected again: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            assert_eq!(server.cmd(&["GET", "lazy:{back}:lock"]), token.as_str());
+        },
+    );
+}
