@@ -180,12 +180,19 @@ impl SentinelNode {
     ///
     /// # Errors
     /// As [`new`](Self::new).
-    pub fn with_redis_settings(mut self, settings: RedisConnectionInfo) -> Result<Self, RedisError> {
+    pub fn with_redis_settings(
+        mut self,
+        settings: RedisConnectionInfo,
+    ) -> Result<Self, RedisError> {
         self.db = settings.db();
         self.node_info = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
         let client = Self::client(&self.sentinels, &self.master_name, &self.node_info)?;
         self.lookup = Arc::new(Mutex::new(Some(client)));
-        self.endpoint = Some(sentinel_endpoint(&self.sentinels, &self.master_name, self.db));
+        self.endpoint = Some(sentinel_endpoint(
+            &self.sentinels,
+            &self.master_name,
+            self.db,
+        ));
         Ok(self)
     }
 
@@ -236,11 +243,7 @@ impl SentinelNode {
                 return Ok((conn.clone(), current.generation));
             }
         }
-        let taken = self
-            .lookup
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let taken = self.lookup.lock().unwrap_or_else(|e| e.into_inner()).take();
         let Some(client) = taken else {
             return Err(NodeError::not_applied(
                 NodeErrorKind::Connection,
@@ -335,8 +338,12 @@ impl Transport for SentinelNode {
         keys: &[&str],
         args: &[&str],
     ) -> Result<Reply, NodeError> {
-        self.run(script_cmd(verb, script, keys, args), script, keys.first().copied())
-            .await
+        self.run(
+            script_cmd(verb, script, keys, args),
+            script,
+            keys.first().copied(),
+        )
+        .await
     }
 
     async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError> {
@@ -514,10 +521,7 @@ mod tests {
     #[test]
     fn the_endpoint_names_the_sentinels_and_the_master_without_credentials() {
         let node = SentinelNode::new(
-            vec![
-                "redis://:secret@127.0.0.1:26380",
-                "redis://127.0.0.1:26379",
-            ],
+            vec!["redis://:secret@127.0.0.1:26380", "redis://127.0.0.1:26379"],
             "mymaster",
         )
         .unwrap_or_else(|e| panic!("{e}"));
