@@ -35,6 +35,15 @@ docs:
 deps:
     ! cargo tree -p redlease -e normal --prefix none | grep -E '^(tokio|redis|fred|async-std|smol) '
 
+# Every crate's rust-version must be at least what its locked dependencies declare.
+rust-version:
+    python3 scripts/check-rust-version.py
+
+# Package the three published crates (each tarball is built once).
+package:
+    rm -rf target/package-check "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/redlease-*   # see .ci/run
+    CARGO_TARGET_DIR=target/package-check cargo package -p redlease -p redlease-testkit -p redlease-adapters
+
 demo:
     cargo run -p redlease-demo
 

@@ -7,8 +7,8 @@
 //! instance that acquires after the winner released sees the tick recorded as done and skips it too.
 //!
 //! ```sh
-//! cargo run -p redlease-adapters --features redis --example cron_singleton
-//! REDIS_URL=redis://127.0.0.1:7001 cargo run -p redlease-adapters --features redis --example cron_singleton
+//! cargo run -p redlease-adapters --features redis,tokio --example cron_singleton
+//! REDIS_URL=redis://127.0.0.1:7001 cargo run -p redlease-adapters --features redis,tokio --example cron_singleton
 //! ```
 //!
 //! Without `REDIS_URL` (or `REDLEASE_NODES` with one URL) it starts a temporary `redis-server`.

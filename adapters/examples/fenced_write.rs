@@ -9,8 +9,8 @@
 //! B's value stays. A's release then reports the lease as lost.
 //!
 //! ```sh
-//! cargo run -p redlease-adapters --features redis --example fenced_write
-//! REDIS_URL=redis://127.0.0.1:7001 cargo run -p redlease-adapters --features redis --example fenced_write
+//! cargo run -p redlease-adapters --features redis,tokio --example fenced_write
+//! REDIS_URL=redis://127.0.0.1:7001 cargo run -p redlease-adapters --features redis,tokio --example fenced_write
 //! ```
 //!
 //! Without `REDIS_URL` (or `REDLEASE_NODES` with one URL) it starts a temporary `redis-server`.

@@ -3,7 +3,7 @@
 //! renewal failure (the lease goes at risk, then recovers) and one loss.
 //!
 //! ```sh
-//! cargo run -p redlease-adapters --features redis,tracing,metrics --example observability
+//! cargo run -p redlease-adapters --features redis,tokio,tracing,metrics --example observability
 //! ```
 //!
 //! Without `REDIS_URL` it starts a temporary `redis-server`. **It pauses the server's writes** (`CLIENT PAUSE

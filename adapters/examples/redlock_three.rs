@@ -5,9 +5,9 @@
 //! server is then killed to show that a majority of the remaining two still grants the lock.
 //!
 //! ```sh
-//! cargo run -p redlease-adapters --features redis --example redlock_three
+//! cargo run -p redlease-adapters --features redis,tokio --example redlock_three
 //! REDLEASE_NODES=redis://127.0.0.1:7001,redis://127.0.0.1:7002,redis://127.0.0.1:7003 \
-//!     cargo run -p redlease-adapters --features redis --example redlock_three
+//!     cargo run -p redlease-adapters --features redis,tokio --example redlock_three
 //! ```
 //!
 //! Without `REDLEASE_NODES` it starts three temporary `redis-server`s. Redlock issues no fencing tokens; use a

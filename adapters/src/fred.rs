@@ -96,12 +96,14 @@ use fred::error::{Error as FredError, ErrorKind};
 use fred::interfaces::{ClientLike, EventInterface, TransactionInterface};
 use fred::types::config::{Options, Server, ServerConfig};
 use fred::types::{ClientState, ClusterHash, CustomCommand, Value};
-use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
+use redlease::{
+    Config, KeyState, LockManager, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait,
+};
 
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
-use crate::{Capabilities, Commands};
+use crate::{Capabilities, Commands, SetupError, Timeouts};
 use tokio::sync::broadcast;
 
 /// The fred client crate, re-exported so that versions match.
@@ -364,6 +366,104 @@ impl<C> FredNode<C> {
     }
 }
 
+impl ClientNode {
+    /// A [lazy](FredNode::lazy) node over a new fred [`Client`] for `url`, with `timeouts`: the connection
+    /// timeout as fred's `connection_timeout` and `internal_command_timeout`, the response timeout as the
+    /// node's [command timeout](FredNode::with_command_timeout), and a reconnection policy with backoff
+    /// (100 ms doubling to 2 s). The endpoint is derived from the URL (never its credentials). Nothing is
+    /// sent until the first call.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlease::{Config, LockManager};
+    /// use redlease_adapters::Timeouts;
+    /// use redlease_adapters::fred::ClientNode;
+    ///
+    /// # fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// let timeouts = Timeouts::new(Duration::from_millis(300), Duration::from_millis(500))?;
+    /// let node = ClientNode::from_url("redis://127.0.0.1:6379/0", timeouts)?;
+    /// let manager = LockManager::single(node, Config::default())?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`SetupError::Url`] for a URL fred cannot parse.
+    pub fn from_url(url: &str, timeouts: Timeouts) -> Result<Self, SetupError> {
+        lazy_from_url(0, url, timeouts)
+    }
+}
+
+fn lazy_from_url(index: usize, url: &str, timeouts: Timeouts) -> Result<ClientNode, SetupError> {
+    use fred::types::Builder;
+    use fred::types::config::ReconnectPolicy;
+    // fred takes any scheme for a centralized server (`http://…` included): only Redis's and Valkey's.
+    if let Some((scheme, _)) = url.split_once("://")
+        && !(scheme.starts_with("redis") || scheme.starts_with("valkey"))
+    {
+        return Err(SetupError::url(
+            index,
+            url,
+            format!(
+                "unsupported scheme `{scheme}` (expected redis, rediss, redis-cluster, redis-sentinel or their valkey forms)"
+            ),
+        ));
+    }
+    let config =
+        fred::types::config::Config::from_url(url).map_err(|e| SetupError::url(index, url, e))?;
+    let client = Builder::from_config(config)
+        .with_connection_config(|c| {
+            c.connection_timeout = timeouts.connection();
+            c.internal_command_timeout = timeouts.connection();
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 100, 2_000, 2))
+        .build()
+        .map_err(|e| SetupError::url(index, url, e))?;
+    Ok(FredNode::lazy(client).with_command_timeout(timeouts.response()))
+}
+
+/// A single-authority manager for the server at `url`, in one line: a [`ClientNode::from_url`] with
+/// [`Timeouts::for_config`] (both the operation timeout). Call it anywhere; use the manager on tokio.
+///
+/// ```no_run
+/// use redlease::Config;
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let manager = redlease_adapters::fred::single("redis://127.0.0.1:6379/0", Config::default())?;
+/// let lease = manager.lock("jobs:{nightly}:lock").acquire().await?;
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// [`SetupError::Url`] for a URL fred cannot parse; [`SetupError::Config`] for an invalid `config`.
+pub fn single(url: &str, config: Config) -> Result<LockManager, SetupError> {
+    let node = lazy_from_url(0, url, Timeouts::for_config(&config)?)?;
+    Ok(LockManager::single(node, config)?)
+}
+
+/// A Redlock manager over the independent servers at `urls` (an odd number, at least 3), in one line; each
+/// node as in [`single`], so the manager starts while a minority of the servers is down. Two URLs naming
+/// one server (same host, port and database as written) are refused.
+///
+/// # Errors
+/// [`SetupError::Url`] for the first URL fred cannot parse (with its index); [`SetupError::Config`] for an
+/// invalid `config`, or a topology Redlock refuses (an even number, fewer than 3, a duplicate).
+pub fn redlock<I>(urls: I, config: Config) -> Result<LockManager, SetupError>
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    let timeouts = Timeouts::for_config(&config)?;
+    let nodes = urls
+        .into_iter()
+        .enumerate()
+        .map(|(i, url)| lazy_from_url(i, url.as_ref(), timeouts))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LockManager::redlock(nodes, config)?)
+}
+
 const FAIL_FAST_DETAILS: &str = "Connection closed unexpectedly.";
 
 /// Classifies a fred error into a [`NodeError`] for redlease (assuming the command was sent with
@@ -559,6 +659,17 @@ impl<C: KeyRouted> FredNode<C> {
 
     /// Sends `request` once, through the client that carries `key`.
     async fn send(&self, request: Request, key: &str, what: &Script) -> Result<Reply, NodeError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            // fred's connections are tokio tasks and its timeouts tokio timers: outside a tokio runtime it
+            // would panic.
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                format!(
+                    "{}: fred runs on tokio only; call this node from within a tokio runtime (not sent)",
+                    what.name
+                ),
+            ));
+        }
         self.start().await;
         let index = self.client.member_for_key(key);
         let (Some(client), Some(health)) =

@@ -4,6 +4,20 @@
 //!   async cluster connection);
 //! - `fred`: fred, in [`fred`] (`Client` and `Pool`, centralized or clustered).
 //!
+//! Runtime features select the client's runtime support and add runtime glue in [`runtime`]:
+//!
+//! - `tokio`: redis-rs on tokio; `runtime::TokioTimer` and `runtime::TokioSpawner`;
+//! - `smol`: redis-rs on smol; `runtime::SmolSpawner`.
+//!
+//! redis-rs needs one of them (`features = ["redis", "tokio"]` or `["redis", "smol"]`; both: tokio inside a
+//! tokio runtime, smol elsewhere). fred runs on tokio only: `fred` turns `tokio` on, and a fred node must be
+//! called from a tokio runtime.
+//!
+//! One line to a manager from URLs: `redis::single(url, config)` / `redis::redlock(urls, config)` (and the
+//! same in `fred`); a bad URL is a typed [`SetupError`] before anything is sent. Every constructor that takes
+//! [`Timeouts`] (connection and response) keeps the server's endpoint, which Redlock uses to refuse one
+//! server named twice.
+//!
 //! Observability features (off by default): `tracing` turns on redlease's spans and events and adds
 //! `trace::Traced`, a span per node call; `metrics` turns on redlease's `metrics::MetricsObserver`.
 //!
@@ -79,10 +93,13 @@ mod commands;
 #[cfg(any(feature = "redis", feature = "fred"))]
 mod ops;
 pub use commands::{Capabilities, Commands};
+mod setup;
+pub use setup::{SetupError, Timeouts};
 pub mod scripts;
 pub mod slot;
 
-#[cfg(feature = "redis")]
+// Without a runtime feature only the `compile_error!` below speaks.
+#[cfg(all(feature = "redis", any(feature = "tokio", feature = "smol")))]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
@@ -93,3 +110,24 @@ pub mod fred;
 #[cfg(feature = "tracing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub mod trace;
+
+#[cfg(any(feature = "tokio", feature = "smol"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "tokio", feature = "smol"))))]
+pub mod runtime;
+
+#[cfg(all(feature = "redis", not(any(feature = "tokio", feature = "smol"))))]
+compile_error!(
+    "redlease-adapters: the `redis` feature needs a runtime feature too, which selects redis-rs's runtime \
+     support: add `tokio` or `smol` to the features (for example `features = [\"redis\", \"tokio\"]`)"
+);
+
+/// The README's examples, compiled as doctests (they need a client and a runtime feature).
+#[cfg(all(doctest, feature = "redis", feature = "tokio"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// The workspace README's examples (the `redlease` crate's page), compiled and run as doctests here, where
+/// both clients and the testkit are at hand.
+#[cfg(all(doctest, feature = "redis", feature = "fred", feature = "tokio"))]
+#[doc = include_str!("../../README.md")]
+pub struct WorkspaceReadmeDoctests;

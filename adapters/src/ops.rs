@@ -182,10 +182,10 @@ pub(crate) trait Transport: Send + Sync {
 
 /// After a failed connection the next acquisition checks again: the client may reconnect to another server.
 fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
-    if let Err(e) = &result {
-        if matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io) {
-            t.probe().forget();
-        }
+    if let Err(e) = &result
+        && matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io)
+    {
+        t.probe().forget();
     }
     result
 }
@@ -1075,10 +1075,10 @@ pub(crate) async fn raise_fence(
             .await,
         )?;
         let raised = scripts::parse_integer(&scripts::RAISE_FENCE, &reply)?;
-        if let Ok(raised) = u64::try_from(raised) {
-            if raised >= at_least {
-                return Ok(raised);
-            }
+        if let Ok(raised) = u64::try_from(raised)
+            && raised >= at_least
+        {
+            return Ok(raised);
         }
     }
     Err(NodeError::not_applied(

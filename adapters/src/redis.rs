@@ -86,11 +86,13 @@ use redis::aio::{
 };
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Value};
-use redlease::{KeyState, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait};
+use redlease::{
+    Config, KeyState, LockManager, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait,
+};
 
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
-use crate::{Capabilities, Commands};
+use crate::{Capabilities, Commands, SetupError, Timeouts};
 
 /// The redis-rs client crate, re-exported so that versions match.
 pub use ::redis;
@@ -150,7 +152,9 @@ impl<C> fmt::Debug for RedisRsNode<C> {
 }
 
 impl<C: NodeConnection> RedisRsNode<C> {
-    /// A node over `conn`, without endpoint.
+    /// A node over `conn`, **without endpoint**: add one with [`with_endpoint`](Self::with_endpoint), or a
+    /// Redlock manager cannot tell that two nodes name one server. The `connect*` constructors keep the
+    /// client's endpoint (and take timeouts): prefer them.
     pub fn new(conn: C) -> Self {
         Self::build(conn, C::RECONNECTS, false)
     }
@@ -211,6 +215,75 @@ where
     }
 }
 
+/// redis-rs connection settings with `timeouts`.
+fn async_config(timeouts: Timeouts) -> AsyncConnectionConfig {
+    AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(timeouts.connection()))
+        .set_response_timeout(Some(timeouts.response()))
+}
+
+/// A single-authority manager for the server at `url`, in one line.
+///
+/// Its node is a [`LazyNode`] with [`Timeouts::for_config`] (both the operation timeout): building it sends
+/// nothing, the first call connects, and a call after a dropped connection connects again. A URL the client
+/// cannot parse is an error now, before anything is sent.
+///
+/// ```no_run
+/// use redlease::Config;
+///
+/// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+/// let manager = redlease_adapters::redis::single("redis://127.0.0.1:6379/0", Config::default())?;
+/// let lease = manager.lock("jobs:{nightly}:lock").acquire().await?;
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// [`SetupError::Url`] for a URL redis-rs cannot parse; [`SetupError::Config`] for an invalid `config`.
+pub fn single(url: &str, config: Config) -> Result<LockManager, SetupError> {
+    let node = lazy_from_url(0, url, &config)?;
+    Ok(LockManager::single(node, config)?)
+}
+
+/// A Redlock manager over the independent servers at `urls` (an odd number, at least 3), in one line.
+///
+/// Each node is a [`LazyNode`] as in [`single`], so the manager starts while a minority of the servers is
+/// down. Two URLs naming one server (same host, port and database as written) are refused.
+///
+/// ```no_run
+/// use redlease::Config;
+///
+/// # fn example() -> Result<(), redlease_adapters::SetupError> {
+/// let urls = ["redis://redis-a:6379", "redis://redis-b:6379", "redis://redis-c:6379"];
+/// let manager = redlease_adapters::redis::redlock(urls, Config::default())?;
+/// assert_eq!(manager.quorum(), 2);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Errors
+/// [`SetupError::Url`] for the first URL redis-rs cannot parse (with its index); [`SetupError::Config`] for
+/// an invalid `config`, or a topology Redlock refuses (an even number, fewer than 3, a duplicate).
+pub fn redlock<I>(urls: I, config: Config) -> Result<LockManager, SetupError>
+where
+    I: IntoIterator,
+    I::Item: AsRef<str>,
+{
+    let nodes = urls
+        .into_iter()
+        .enumerate()
+        .map(|(i, url)| lazy_from_url(i, url.as_ref(), &config))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(LockManager::redlock(nodes, config)?)
+}
+
+fn lazy_from_url(index: usize, url: &str, config: &Config) -> Result<LazyNode, SetupError> {
+    let timeouts = Timeouts::for_config(config)?;
+    let client = redis::Client::open(url).map_err(|e| SetupError::url(index, url, e))?;
+    Ok(LazyNode::with_timeouts(client, timeouts))
+}
+
 /// `redis://host:port/db` (or the socket path) of a client, without credentials.
 fn client_endpoint(client: &redis::Client) -> String {
     let info = client.get_connection_info();
@@ -218,13 +291,42 @@ fn client_endpoint(client: &redis::Client) -> String {
 }
 
 impl MultiplexedNode {
-    /// Opens a multiplexed connection with `client`'s settings; the endpoint is taken from the client.
-    ///
-    /// To set timeouts, open the connection yourself with
-    /// [`get_multiplexed_async_connection_with_config`](redis::Client::get_multiplexed_async_connection_with_config)
-    /// and use [`RedisRsNode::new`], or use [`LazyNode::with_config`].
+    /// Opens a multiplexed connection with `client`'s settings; the endpoint is taken from the client. See
+    /// [`connect_with_timeouts`](Self::connect_with_timeouts) to set the timeouts.
     pub async fn connect(client: &redis::Client) -> Result<Self, RedisError> {
-        let conn = client.get_multiplexed_async_connection().await?;
+        Self::connect_with_config(client, &AsyncConnectionConfig::new()).await
+    }
+
+    /// Opens a multiplexed connection with `timeouts` (connection and response); the endpoint is taken from
+    /// the client.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use redlease_adapters::Timeouts;
+    /// use redlease_adapters::redis::{MultiplexedNode, redis};
+    ///
+    /// async fn node() -> Result<MultiplexedNode, Box<dyn std::error::Error>> {
+    ///     let client = redis::Client::open("redis://127.0.0.1:6379/0")?;
+    ///     let timeouts = Timeouts::new(Duration::from_millis(300), Duration::from_millis(500))?;
+    ///     Ok(MultiplexedNode::connect_with_timeouts(&client, timeouts).await?)
+    /// }
+    /// ```
+    pub async fn connect_with_timeouts(
+        client: &redis::Client,
+        timeouts: Timeouts,
+    ) -> Result<Self, RedisError> {
+        Self::connect_with_config(client, &async_config(timeouts)).await
+    }
+
+    /// Opens a multiplexed connection with `config` (timeouts and other settings); the endpoint is taken
+    /// from the client.
+    pub async fn connect_with_config(
+        client: &redis::Client,
+        config: &AsyncConnectionConfig,
+    ) -> Result<Self, RedisError> {
+        let conn = client
+            .get_multiplexed_async_connection_with_config(config)
+            .await?;
         Ok(Self::new(conn).with_endpoint(client_endpoint(client)))
     }
 
@@ -248,6 +350,22 @@ impl ManagedNode {
         Self::connect_with_config(
             client,
             ConnectionManagerConfig::new().set_number_of_retries(0),
+        )
+        .await
+    }
+
+    /// Like [`connect`](Self::connect) (`set_number_of_retries(0)`), with `timeouts` (connection and
+    /// response); the endpoint is taken from the client.
+    pub async fn connect_with_timeouts(
+        client: &redis::Client,
+        timeouts: Timeouts,
+    ) -> Result<Self, RedisError> {
+        Self::connect_with_config(
+            client,
+            ConnectionManagerConfig::new()
+                .set_number_of_retries(0)
+                .set_connection_timeout(Some(timeouts.connection()))
+                .set_response_timeout(Some(timeouts.response())),
         )
         .await
     }
@@ -467,10 +585,11 @@ where
     }
 
     fn after<T>(&self, result: &Result<T, NodeError>) {
-        if let Err(e) = result {
-            if !self.reconnects && is_dropped(e) {
-                self.dead.store(true, Ordering::Release);
-            }
+        if let Err(e) = result
+            && !self.reconnects
+            && is_dropped(e)
+        {
+            self.dead.store(true, Ordering::Release);
         }
     }
 }
@@ -644,6 +763,12 @@ impl LazyNode {
         Self::with_config(client, AsyncConnectionConfig::new())
     }
 
+    /// A lazy node whose connections are opened with `timeouts` (connection and response); the endpoint is
+    /// taken from the client.
+    pub fn with_timeouts(client: redis::Client, timeouts: Timeouts) -> Self {
+        Self::with_config(client, async_config(timeouts))
+    }
+
     /// A lazy node whose connections are opened with `config` (set its connection timeout to at most the
     /// operation timeout, so a call to an unreachable server fails within the round).
     pub fn with_config(client: redis::Client, config: AsyncConnectionConfig) -> Self {
@@ -722,13 +847,13 @@ impl LazyNode {
     }
 
     fn dropped<T>(&self, result: &Result<T, NodeError>, generation: u64) {
-        if let Err(e) = result {
-            if is_dropped(e) {
-                // Forget this connection (unless a newer one replaced it already); the next call reconnects.
-                let mut slot = self.slot();
-                if slot.generation == generation {
-                    slot.conn = None;
-                }
+        if let Err(e) = result
+            && is_dropped(e)
+        {
+            // Forget this connection (unless a newer one replaced it already); the next call reconnects.
+            let mut slot = self.slot();
+            if slot.generation == generation {
+                slot.conn = None;
             }
         }
     }

@@ -36,10 +36,10 @@ fn crc16(bytes: &[u8]) -> u16 {
 pub fn hash_tag(key: &[u8]) -> &[u8] {
     if let Some(open) = key.iter().position(|&b| b == b'{') {
         let rest = &key[open + 1..];
-        if let Some(close) = rest.iter().position(|&b| b == b'}') {
-            if close > 0 {
-                return &rest[..close];
-            }
+        if let Some(close) = rest.iter().position(|&b| b == b'}')
+            && close > 0
+        {
+            return &rest[..close];
         }
     }
     key

@@ -362,12 +362,12 @@ impl Nemesis {
 
     fn heal_due(&mut self, now: Instant, all: bool) {
         for node in 0..self.servers.len() {
-            if let Some(until) = self.paused[node] {
-                if all || now >= until {
-                    self.servers[node].resume();
-                    self.paused[node] = None;
-                    self.note(format!("resume node {node}"));
-                }
+            if let Some(until) = self.paused[node]
+                && (all || now >= until)
+            {
+                self.servers[node].resume();
+                self.paused[node] = None;
+                self.note(format!("resume node {node}"));
             }
             if let Some(at) = self.killed[node] {
                 // A killed server never comes back before its delay, even when healing at the end.
@@ -499,7 +499,7 @@ impl Nemesis {
 
 async fn connect(client: u64, proxy: &FaultProxy, server: &RedisServer) -> Arc<dyn RedisNode> {
     let timeout = Duration::from_millis(300);
-    if client % 2 == 0 {
+    if client.is_multiple_of(2) {
         let url = format!("{}/0", proxy.url());
         Arc::new(managed_node(&url, &server.url(), timeout).await.unwrap())
     } else {

@@ -26,12 +26,19 @@
 //! # }).unwrap();
 //! ```
 //!
+//! # Connecting to Redis
+//!
+//! [redlease-adapters](https://docs.rs/redlease-adapters) implements [`RedisNode`] for redis-rs and fred,
+//! with runtime glue for tokio and smol and one-line managers from URLs
+//! (`redlease_adapters::redis::single(url, config)`); [redlease-testkit](https://docs.rs/redlease-testkit)
+//! has the in-memory node used in these examples, fault injection and virtual time.
+//!
 //! # What a lease guarantees
 //!
 //! A lease is a time-bounded promise, not a mutex: a process paused longer than its lease keeps running
 //! after another process has acquired the lock. Use the [fencing token](Lease::fencing_token) (single
-//! mode) or another atomic condition at the protected resource when stale writes must be rejected. See the
-//! README's safety section.
+//! mode) or another atomic condition at the protected resource when stale writes must be rejected. The
+//! [safety model](safety) says what redlease guarantees and what no Redis lock can.
 //!
 //! # Layers
 //!
@@ -87,7 +94,74 @@ pub use observe::{
 pub use time::{Sleep, SystemTimer, Timer};
 pub use token::{TOKEN_BYTES, Token, TokenError};
 
-/// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
+/// The safety model: what a lease does and does not guarantee.
+///
+/// (The README's section of the same name, word for word; a test compares them.)
+///
+#[doc = include_str!("safety.md")]
+pub mod safety {}
+
+#[cfg(test)]
+mod readme {
+    /// The README's "Safety model" section, up to its table of faults.
+    fn readme_section() -> String {
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("## Safety model")
+            .expect("the README has a safety model section");
+        let section = &readme[start..];
+        let end = section
+            .find("\n### ")
+            .expect("the section ends at its table of faults");
+        let body = section[..end].split_once('\n').map_or("", |(_, b)| b);
+        format!("{}\n", body.trim_matches('\n'))
+    }
+
+    /// Lines of `text`'s Rust code blocks that rustdoc would hide (`# …`): they would show on GitHub and on
+    /// the registry page as stray `#` lines, and hide what the example needs from its readers.
+    fn hidden_lines(text: &str) -> Vec<String> {
+        // `None` outside code blocks, else whether the block is Rust.
+        let mut block: Option<bool> = None;
+        let mut hidden = Vec::new();
+        for (i, line) in text.lines().enumerate() {
+            let trimmed = line.trim_start();
+            if let Some(fence) = trimmed.strip_prefix("```") {
+                block = match block {
+                    Some(_) => None,
+                    None => Some(fence.is_empty() || fence.starts_with("rust")),
+                };
+                continue;
+            }
+            let in_rust = block == Some(true);
+            if in_rust && (trimmed == "#" || trimmed.starts_with("# ")) {
+                hidden.push(format!("line {}: {line}", i + 1));
+            }
+        }
+        hidden
+    }
+
+    #[test]
+    fn no_readme_example_has_hidden_lines() {
+        for (name, text) in [
+            ("README.md", include_str!("../../README.md")),
+            (
+                "adapters/README.md",
+                include_str!("../../adapters/README.md"),
+            ),
+            ("testkit/README.md", include_str!("../../testkit/README.md")),
+        ] {
+            assert_eq!(hidden_lines(text), Vec::<String>::new(), "{name}");
+        }
+        let sample =
+            "```toml\n# a comment\n```\n```rust\n# let x = 1;\n#[derive(Debug)]\n```\n# Title\n";
+        assert_eq!(
+            hidden_lines(sample),
+            vec!["line 5: # let x = 1;".to_owned()]
+        );
+    }
+
+    #[test]
+    fn the_safety_module_is_the_readmes_safety_section_word_for_word() {
+        assert_eq!(include_str!("safety.md"), readme_section());
+    }
+}

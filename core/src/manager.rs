@@ -176,13 +176,25 @@ impl LockManager {
     /// Lets redlease run background tasks through `spawner`: automatic renewal of leases whose lock has
     /// [`auto_renew`](Lock::auto_renew), and clean-up after a lease or an acquisition is dropped.
     ///
+    /// Any `Fn(Task)` is a spawner. On tokio or smol use `redlease_adapters::runtime::TokioSpawner` or
+    /// `SmolSpawner`; without a runtime, a thread per task with any `block_on` works:
+    ///
     /// ```
-    /// # use redlease::{Config, LockManager};
-    /// # let node = redlease_testkit::MemoryNode::new();
-    /// let manager = LockManager::single(node, Config::default())
-    ///     .unwrap()
-    ///     .with_spawner(|task| { std::thread::spawn(move || futures_executor_stub(task)); });
-    /// # fn futures_executor_stub(_t: redlease::Task) {}
+    /// use std::time::Duration;
+    /// use redlease::{Config, LockManager, Task};
+    /// use redlease_testkit::MemoryNode;
+    ///
+    /// let node = MemoryNode::new(); // any RedisNode
+    /// let config = Config::default().with_expiry(Duration::from_secs(1));
+    /// let manager = LockManager::single(node, config)?.with_spawner(|task: Task| {
+    ///     std::thread::spawn(move || redlease_testkit::block_on(task));
+    /// });
+    /// let lock = manager.lock("jobs:nightly").auto_renew(Duration::from_millis(250));
+    /// let lease = redlease_testkit::block_on(lock.acquire())?;
+    /// std::thread::sleep(Duration::from_millis(2_500)); // past two TTLs: renewed on the spawned thread
+    /// assert!(lease.is_held());
+    /// redlease_testkit::block_on(lease.release())?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
     pub fn with_spawner(self, spawner: impl Spawn + 'static) -> Self {

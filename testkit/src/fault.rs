@@ -226,6 +226,36 @@ struct Plan {
 }
 
 /// The shared control panel of a [`FaultyNode`]: change faults while a test runs, count calls.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, Error, LeaseState, NodeErrorKind, NotAcquiredReason};
+/// use redlease_testkit::{Fault, FaultyNode, MemoryNode, Op, Sim};
+///
+/// let mut sim = Sim::new(2);
+/// let clock = sim.clock();
+/// let (node, faults) = FaultyNode::new(MemoryNode::with_timer(clock.clone()), clock);
+/// let manager = sim.single(node, Config::default().with_expiry(Duration::from_secs(3)).with_attempts(2))?;
+/// let lock = manager.lock("job").auto_renew(Duration::from_secs(1));
+///
+/// // A partition: every call fails at once, nothing is applied.
+/// faults.partition();
+/// let err = sim.block_on(lock.acquire()).unwrap_err();
+/// assert!(matches!(err, Error::NotAcquired { reason: NotAcquiredReason::TooFewNodes, attempts: 2, .. }));
+/// assert_eq!((faults.calls(Op::Acquire), faults.applied(Op::Acquire)), (2, 0));
+///
+/// // Healed; then every renewal fails (out of memory): the lease is at risk, and lost by its deadline.
+/// faults.heal();
+/// let lease = sim.block_on(lock.acquire())?;
+/// faults.always(Op::Extend, Fault::Fail(NodeErrorKind::OutOfMemory));
+/// sim.run_for(Duration::from_millis(1_500));
+/// assert_eq!(lease.state(), LeaseState::AtRisk);
+/// let deadline = lease.valid_until();
+/// sim.block_on(lease.lost());
+/// assert!(sim.clock().elapsed() > Duration::from_secs(2));
+/// assert!(redlease::Timer::now(&sim.clock()) <= deadline);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone, Default)]
 pub struct Faults {
     plan: Arc<Mutex<Plan>>,

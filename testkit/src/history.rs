@@ -376,6 +376,31 @@ impl History {
     /// A client believes it holds a lease from `Acquired` until the earliest of `Lost`, `Released` and its
     /// current validity deadline.
     ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use redlease_testkit::{EventKind, History, Violation};
+    ///
+    /// let t0 = Instant::now();
+    /// let s = Duration::from_secs;
+    /// let history = History::new();
+    /// // Client 1 holds "job" with fence 7 until t0 + 10 s; client 2 acquires at t0 + 5 s with fence 8.
+    /// history.record(1, "job", t0, EventKind::Acquired { valid_until: t0 + s(10), fence: Some(7) });
+    /// history.record(2, "job", t0 + s(5), EventKind::Acquired { valid_until: t0 + s(15), fence: Some(8) });
+    /// assert!(matches!(history.check(), Err(Violation::Overlap { .. })));
+    ///
+    /// // Had client 1 learned of its loss first, the history would be fine.
+    /// let history = History::new();
+    /// history.record(1, "job", t0, EventKind::Acquired { valid_until: t0 + s(10), fence: Some(7) });
+    /// history.record(1, "job", t0 + s(4), EventKind::Lost);
+    /// history.record(2, "job", t0 + s(5), EventKind::Acquired { valid_until: t0 + s(15), fence: Some(8) });
+    /// assert_eq!(history.check(), Ok(()));
+    ///
+    /// // A fence that does not increase is a violation even without overlap.
+    /// history.record(2, "job", t0 + s(6), EventKind::Released);
+    /// history.record(3, "job", t0 + s(7), EventKind::Acquired { valid_until: t0 + s(17), fence: Some(8) });
+    /// assert!(matches!(history.check(), Err(Violation::FenceNotIncreasing { previous: 8, next: 8, .. })));
+    /// ```
+    ///
     /// # Errors
     /// The first [`Violation`] found.
     pub fn check(&self) -> Result<(), Violation> {

@@ -17,7 +17,10 @@
 //! - [`server`] and [`sentinel`]: real server processes on loopback (single, several, a cluster, a primary
 //!   with a replica and three Sentinels) that never outlive the test process.
 //! - [`conformance`]: the contract suite any [`RedisNode`](redlease::RedisNode) can run in one call.
+//! - `TokioTestTimer` (feature `tokio`): tokio's paused clock as a [`Timer`](redlease::Timer), for tests
+//!   written with `#[tokio::test(start_paused = true)]`.
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod cancel;
 mod clock;
@@ -36,3 +39,14 @@ pub use fault::{Delivery, Fault, Faults, FaultyNode, Op, RandomFaults};
 pub use history::{ClientRecorder, ClientView, Event, EventKind, History, Violation};
 pub use memory::MemoryNode;
 pub use sim::{Sim, SimSpawner, VirtualClock, block_on, for_each_seed};
+
+#[cfg(feature = "tokio")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tokio")))]
+mod tokio_time;
+#[cfg(feature = "tokio")]
+pub use tokio_time::TokioTestTimer;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -50,6 +50,32 @@ impl Store {
 /// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones, and a [`run_id`](RedisNode::run_id)
 /// that changes with every [`restart`](Self::restart). It has no replicas unless
 /// [`set_replicas`](Self::set_replicas) says how many acknowledge.
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, Error, LockManager, NotAcquiredReason};
+/// use redlease_testkit::{MemoryNode, Sim};
+///
+/// let mut sim = Sim::new(1);
+/// let node = MemoryNode::with_timer(sim.clock()); // keys expire on the simulation's clock
+/// let manager = sim.single(node.clone(), Config::default().with_attempts(1))?;
+/// let lock = manager.lock("job").expiry(Duration::from_secs(10));
+///
+/// // Another owner holds the key: contention, and the foreign value is left alone.
+/// node.set("job", "someone-else", Some(Duration::from_secs(5)));
+/// let err = sim.block_on(lock.try_acquire()).unwrap_err();
+/// assert!(matches!(err, Error::NotAcquired { reason: NotAcquiredReason::Contended, .. }));
+/// assert_eq!(node.get("job").as_deref(), Some(&b"someone-else"[..]));
+///
+/// // Five virtual seconds later the foreign key has expired; ours carries the lease's TTL.
+/// sim.run_for(Duration::from_secs(5));
+/// let lease = sim.block_on(lock.try_acquire())?;
+/// assert_eq!(node.get("job").as_deref(), Some(lease.token().as_str().as_bytes()));
+/// assert_eq!(node.pttl("job"), Some(Some(Duration::from_secs(10))));
+/// sim.block_on(lease.release())?;
+/// assert_eq!(node.keys(), Vec::<String>::new());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct MemoryNode {
     store: Arc<Mutex<Store>>,

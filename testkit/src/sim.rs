@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use redlease::machine::Jitter;
-use redlease::{Sleep, Task, Timer};
+use redlease::{Config, ConfigError, LockManager, RedisNode, Sleep, Task, Timer};
 
 struct ClockState {
     origin: Instant,
@@ -27,6 +27,26 @@ struct ClockState {
 ///
 /// As a [`Timer`], its sleeps complete when the clock is advanced past their deadline (by [`Sim`] or by hand
 /// with [`advance`](Self::advance)).
+///
+/// ```
+/// use std::time::Duration;
+/// use redlease::{Config, LockManager, Timer};
+/// use redlease_testkit::{MemoryNode, VirtualClock, block_on};
+///
+/// let clock = VirtualClock::new();
+/// let node = MemoryNode::with_timer(clock.clone());
+/// let manager = LockManager::single(node, Config::default())?.with_timer(clock.clone());
+/// let lease = block_on(manager.lock("job").try_acquire())?; // 30 s
+///
+/// // Time stands still until moved: the lease ends when the clock passes its deadline, not before.
+/// let left = lease.valid_until() - clock.now();
+/// clock.advance(left - Duration::from_millis(1));
+/// assert!(lease.is_held());
+/// clock.advance(Duration::from_millis(1));
+/// assert!(!lease.is_held());
+/// assert!(clock.elapsed() < Duration::from_secs(30)); // validity ends before the key's TTL
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[derive(Clone)]
 pub struct VirtualClock {
     state: Arc<Mutex<ClockState>>,
@@ -281,6 +301,8 @@ pub struct Sim {
     deferred: Vec<usize>,
     /// The earliest end of a pause in `pauses` (when to forget it).
     prune_at: Option<Instant>,
+    /// Jitter seeds handed out by [`Sim::seeded`] so far.
+    managers: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Sim {
@@ -350,7 +372,54 @@ impl Sim {
             pauses: BTreeMap::new(),
             deferred: Vec::new(),
             prune_at: None,
+            managers: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// `config` with its retry jitter seeded from the simulation's seed, unless it has a
+    /// [`with_jitter_seed`](Config::with_jitter_seed) of its own. The n-th call gives the n-th seed of a sequence
+    /// derived from the simulation's seed (so two managers do not retry in lockstep), which makes a run
+    /// replay exactly: without it each manager draws its jitter from the OS and no two runs of one seed
+    /// retry at the same instants.
+    pub fn seeded(&self, config: Config) -> Config {
+        if config.jitter_seed().is_some() {
+            return config;
+        }
+        let n = self.managers.fetch_add(1, Ordering::Relaxed);
+        let seed =
+            Jitter::from_seed(self.seed ^ n.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+                .next_u64();
+        config.with_jitter_seed(seed)
+    }
+
+    /// A single-authority manager on this simulation: [`seeded`](Self::seeded) jitter, the virtual clock as
+    /// its timer and [`spawner`](Self::spawner) as its spawner (replace it with
+    /// `.with_spawner(sim.client(id))` for a client that can be [paused](Self::pause)).
+    ///
+    /// # Errors
+    /// As [`LockManager::single`].
+    pub fn single(
+        &self,
+        node: impl RedisNode + 'static,
+        config: Config,
+    ) -> Result<LockManager, ConfigError> {
+        Ok(LockManager::single(node, self.seeded(config))?
+            .with_timer(self.clock())
+            .with_spawner(self.spawner()))
+    }
+
+    /// A Redlock manager on this simulation, wired as in [`single`](Self::single).
+    ///
+    /// # Errors
+    /// As [`LockManager::redlock`].
+    pub fn redlock<I>(&self, nodes: I, config: Config) -> Result<LockManager, ConfigError>
+    where
+        I: IntoIterator,
+        I::Item: RedisNode + 'static,
+    {
+        Ok(LockManager::redlock(nodes, self.seeded(config))?
+            .with_timer(self.clock())
+            .with_spawner(self.spawner()))
     }
 
     /// The seed.

@@ -268,10 +268,9 @@ async fn clients_sending<F: std::future::Future<Output = ()>>(
                     .split_once('[')
                     .and_then(|(_, rest)| rest.split_once(']'))
                     .and_then(|(inside, _)| inside.split_whitespace().nth(1))
+                    && addr != "lua"
                 {
-                    if addr != "lua" {
-                        seen.insert(addr.to_owned());
-                    }
+                    seen.insert(addr.to_owned());
                 }
             }
         }

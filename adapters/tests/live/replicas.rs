@@ -198,11 +198,11 @@ async fn run_id_is_the_servers_and_changes_after_a_restart() {
         let mut seen = None;
         for _ in 0..50 {
             let _ = node.inspect("k").await;
-            if let Ok(id) = node.run_id("k").await {
-                if id.as_str() == after {
-                    seen = Some(id);
-                    break;
-                }
+            if let Ok(id) = node.run_id("k").await
+                && id.as_str() == after
+            {
+                seen = Some(id);
+                break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
