@@ -20,7 +20,7 @@ use super::{
 };
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{Reply, Script};
-use crate::{Capabilities, Commands};
+use crate::{Capabilities, Commands, Timeouts};
 
 /// How many keys a [`SentinelNode`] remembers the connection of their last write for (for `WAIT`).
 const WRITES_KEPT: usize = 1024;
@@ -167,6 +167,8 @@ impl SentinelNode {
         master_name: &str,
         node_info: &SentinelNodeConnectionInfo,
     ) -> Result<SentinelClient, RedisError> {
+        // `build` takes a `String`, or `impl AsRef<str>` when redis-rs's `tls-rustls` is on: an owned one fits both.
+        #[allow(clippy::unnecessary_to_owned)]
         SentinelClient::build(
             sentinels.to_vec(),
             master_name.to_owned(),
@@ -201,6 +203,11 @@ impl SentinelNode {
     pub fn with_config(mut self, config: AsyncConnectionConfig) -> Self {
         self.config = config;
         self
+    }
+
+    /// The connection and response timeouts of each connection to the primary (see [`Timeouts`]).
+    pub fn with_timeouts(self, timeouts: Timeouts) -> Self {
+        self.with_config(super::async_config(timeouts))
     }
 
     /// Replaces the identity reported by [`RedisNode::endpoint`]. Do not put credentials in it.
@@ -284,13 +291,11 @@ impl SentinelNode {
     /// it dropped or its server is no longer a primary (the next call asks the Sentinels again).
     fn after<T>(&self, result: &Result<T, NodeError>, generation: u64, key: Option<&str>) {
         let mut current = self.lock_current();
-        match result {
-            Err(e) if is_dropped(e) || e.kind() == NodeErrorKind::ReadOnly => {
-                if current.generation == generation {
-                    current.conn = None;
-                }
+        if let Err(e) = result {
+            let gone = is_dropped(e) || e.kind() == NodeErrorKind::ReadOnly;
+            if gone && current.generation == generation {
+                current.conn = None;
             }
-            _ => {}
         }
         if let Some(key) = key {
             current.wrote(key, generation);
