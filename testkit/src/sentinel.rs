@@ -237,7 +237,9 @@ impl SentinelSet {
         self.primary.kill();
     }
 
-    /// Waits until every Sentinel names the replica as the primary and the replica says it is one (`ROLE`).
+    /// Waits until every Sentinel names the replica as the primary and the replica says it is one (`ROLE`);
+    /// returns how long that took. (A Sentinel whose timer ran more than 2 s late — a starved machine — stays
+    /// in TILT mode for 30 s and does not fail over meanwhile: give `timeout` room for that.)
     ///
     /// # Errors
     /// What the Sentinels and the replica said last, after `timeout`.
@@ -250,11 +252,16 @@ impl SentinelSet {
                 return Ok(started.elapsed());
             }
             if started.elapsed() >= timeout {
+                let logs: Vec<String> = self
+                    .sentinels
+                    .iter()
+                    .map(|s| format!("sentinel on port {}:\n{}", s.port(), s.log_tail()))
+                    .collect();
                 return Err(format!(
                     "no failover within {timeout:?}: the sentinels report {reported:?} (replica {}), its ROLE \
-                     {role:?}\nfirst sentinel's log:\n{}",
+                     {role:?}\n{}",
                     self.replica.port(),
-                    self.sentinels[0].log_tail()
+                    logs.join("\n")
                 ));
             }
             thread::sleep(Duration::from_millis(50));

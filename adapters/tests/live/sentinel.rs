@@ -128,7 +128,7 @@ async fn sentinel_nodes_pass_the_conformance_suite_before_and_after_a_failover()
     assert_eq!(nodes[0].1.endpoint(), nodes[1].1.endpoint());
     let old_run_id = set.primary().run_id().unwrap().to_owned();
     set.kill_primary();
-    set.wait_for_failover(Duration::from_secs(30)).unwrap();
+    set.wait_for_failover(FAILOVER).unwrap();
     let after = reader(&set.replica().url()).await;
     let new_run_id = set.replica().run_id().unwrap().to_owned();
     for (adapter, node) in &nodes {
@@ -182,7 +182,9 @@ impl Observer for Watch {
 
 const TTL: Duration = Duration::from_secs(8);
 const RENEW: Duration = Duration::from_millis(250);
-const FAILOVER: Duration = Duration::from_secs(30);
+/// A bound, not an expectation (a failover takes about 2-3 s): a Sentinel starved for 2 s stays in TILT mode
+/// for 30 s without acting.
+const FAILOVER: Duration = Duration::from_secs(60);
 
 fn managers(
     a: Arc<dyn RedisNode>,
