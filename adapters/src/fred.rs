@@ -725,7 +725,9 @@ impl<C: KeyRouted> FredNode<C> {
                     }
                 }
                 match queued {
-                    Ok(()) => tx.exec::<Value>(false).await,
+                    // `true`: the first refusal among the replies (of `MULTI`, or of a command while it was
+                    // queued) is the error, rather than `EXEC`'s bare `EXECABORT`, so that its cause is named.
+                    Ok(()) => tx.exec::<Value>(true).await,
                     Err(e) => Err(e),
                 }
                 .map(to_reply)

@@ -15,7 +15,7 @@ use redlease::{Config, Lease, LockManager, Task};
 use redlease_adapters::fred::ClientNode;
 use redlease_adapters::fred::fred::prelude::{Builder, ClientLike};
 use redlease_adapters::redis::MultiplexedNode;
-use redlease_adapters::scripts;
+use redlease_adapters::{Commands, scripts};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -53,6 +53,14 @@ pub(crate) enum Impl {
     Dlr,
     /// async-redis-lock 0.4 (redis-rs, one node).
     Arl,
+    /// `RedleaseRedis` on Valkey 9.1 (`--valkey`), automatic mode: release `DELIFEQ`, extend `SET … IFEQ`.
+    ValkeyRedisNative,
+    /// `RedleaseRedis` on Valkey 9.1 (`--valkey`), pinned to scripts (`Commands::Scripts`).
+    ValkeyRedisScripts,
+    /// `RedleaseFred` on Valkey 9.1 (`--valkey`), automatic mode.
+    ValkeyFredNative,
+    /// `RedleaseFred` on Valkey 9.1 (`--valkey`), pinned to scripts.
+    ValkeyFredScripts,
 }
 
 impl Impl {
@@ -74,6 +82,23 @@ impl Impl {
         Impl::RedleaseMemoryNoop,
         Impl::RedleaseMemoryMetrics,
     ];
+
+    /// The Valkey 9.1 variants, added to S1, S3 and S6 by `--valkey`, each on a Valkey server of its own.
+    pub(crate) const VALKEY: [Impl; 4] = [
+        Impl::ValkeyRedisNative,
+        Impl::ValkeyRedisScripts,
+        Impl::ValkeyFredNative,
+        Impl::ValkeyFredScripts,
+    ];
+
+    /// The command mode of a Valkey variant (`None` for the others, which run in the default mode).
+    pub(crate) fn commands(self) -> Option<Commands> {
+        match self {
+            Impl::ValkeyRedisNative | Impl::ValkeyFredNative => Some(Commands::Automatic),
+            Impl::ValkeyRedisScripts | Impl::ValkeyFredScripts => Some(Commands::Scripts),
+            _ => None,
+        }
+    }
 
     /// The observer this implementation's manager gets.
     pub(crate) fn observer(self) -> Observed {
@@ -106,6 +131,10 @@ impl Impl {
             Impl::Rslock => "rslock",
             Impl::Dlr => "distributed-lock-redis",
             Impl::Arl => "async-redis-lock",
+            Impl::ValkeyRedisNative => "redlease/redis@valkey-9.1:native",
+            Impl::ValkeyRedisScripts => "redlease/redis@valkey-9.1:scripts",
+            Impl::ValkeyFredNative => "redlease/fred@valkey-9.1:native",
+            Impl::ValkeyFredScripts => "redlease/fred@valkey-9.1:scripts",
         }
     }
 
@@ -502,14 +531,19 @@ impl Client {
     pub(crate) async fn connect(imp: Impl, urls: &[String], setup: Setup) -> Res<Client> {
         match imp {
             Impl::Raw => Ok(Client::Raw(RawClient::connect(urls, setup).await?)),
-            Impl::RedleaseRedis | Impl::RedleaseRedisNoop | Impl::RedleaseRedisMetrics => {
+            Impl::RedleaseRedis
+            | Impl::RedleaseRedisNoop
+            | Impl::RedleaseRedisMetrics
+            | Impl::ValkeyRedisNative
+            | Impl::ValkeyRedisScripts => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let client = redis::Client::open(url.as_str()).map_err(ctx("redis: open"))?;
                     nodes.push(
                         MultiplexedNode::connect(&client)
                             .await
-                            .map_err(ctx("redis: connect"))?,
+                            .map_err(ctx("redis: connect"))?
+                            .with_commands(imp.commands().unwrap_or_default()),
                     );
                 }
                 Ok(Client::Redlease(observe(
@@ -517,7 +551,7 @@ impl Client {
                     imp.observer(),
                 )))
             }
-            Impl::RedleaseFred => {
+            Impl::RedleaseFred | Impl::ValkeyFredNative | Impl::ValkeyFredScripts => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let config = redlease_adapters::fred::fred::prelude::Config::from_url(url)
@@ -526,7 +560,9 @@ impl Client {
                         .build()
                         .map_err(ctx("fred: build"))?;
                     client.init().await.map_err(ctx("fred: connect"))?;
-                    nodes.push(ClientNode::new(client));
+                    nodes.push(
+                        ClientNode::new(client).with_commands(imp.commands().unwrap_or_default()),
+                    );
                 }
                 Ok(Client::Redlease(redlease_manager(nodes, setup)?))
             }
