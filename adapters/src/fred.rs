@@ -951,6 +951,9 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
     }
 }
 
+mod sentinel;
+pub use sentinel::sentinel_builder;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -962,6 +962,10 @@ impl Transport for LazyNode {
 
 impl_node!([] LazyNode);
 
+// After `impl_node!` and with access to this module's private helpers.
+mod sentinel;
+pub use sentinel::SentinelNode;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1352,6 +1352,15 @@ impl Future for LossSignal {
                     drop(st);
                     return Poll::Ready(this.shared.mark_lost(LossReason::Expired));
                 }
+                if st.wall_started.is_some() {
+                    // Woken after a resume (the default timer wakes every sleeper then): a suspend longer
+                    // than the drift allowance ends the lease here too, not only when `state()` is read.
+                    let wall = (st.wall_started, this.shared.engine.timer.wall_now());
+                    if crate::time::suspended((st.round_started, now), wall, this.shared.drift()) {
+                        drop(st);
+                        return Poll::Ready(this.shared.mark_lost(LossReason::Suspended));
+                    }
+                }
                 st.register(this.id, cx.waker());
                 st.valid_until
             };

@@ -621,6 +621,9 @@ pub struct RedisServer {
     /// Who answered the readiness check: every admin command checks that the same process still answers.
     identity: Option<Identity>,
     dir: TempDir,
+    /// For a Sentinel ([`crate::sentinel`]): the initial contents of its config file, `sentinel.conf` in its
+    /// directory (written before the first start; the Sentinel rewrites it, and a restart keeps its state).
+    sentinel_conf: Option<String>,
 }
 
 impl fmt::Debug for RedisServer {
@@ -688,6 +691,20 @@ impl RedisServer {
     fn start_on_ports(
         flavor: Flavor,
         args: &[&str],
+        next_port: impl FnMut() -> u16,
+    ) -> RedisServer {
+        Self::start_inner(flavor, args, None, next_port)
+    }
+
+    /// A Sentinel (`<server> sentinel.conf --sentinel …`) on a free port with the config file `conf`.
+    pub(crate) fn start_sentinel_process(flavor: Flavor, conf: &str) -> RedisServer {
+        Self::start_inner(flavor, &[], Some(conf), free_port)
+    }
+
+    fn start_inner(
+        flavor: Flavor,
+        args: &[&str],
+        sentinel_conf: Option<&str>,
         mut next_port: impl FnMut() -> u16,
     ) -> RedisServer {
         let bin = flavor.binary().unwrap_or_else(|| {
@@ -719,6 +736,7 @@ impl RedisServer {
                 running: None,
                 identity: None,
                 dir: TempDir::new("redis"),
+                sentinel_conf: sentinel_conf.map(str::to_owned),
             };
             match server.spawn() {
                 Ok(()) => return server,
@@ -744,25 +762,32 @@ impl RedisServer {
     }
 
     fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> = [
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-            "--logfile",
-            "redis.log",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        let mut args: Vec<String> = Vec::new();
+        if self.sentinel_conf.is_some() {
+            // The config file comes first; a Sentinel needs one it can rewrite.
+            args.push(self.dir.0.join("sentinel.conf").display().to_string());
+            args.push("--sentinel".into());
+        }
+        args.extend(
+            [
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+                "--logfile",
+                "redis.log",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned()),
+        );
         args.push("--dir".into());
         args.push(self.dir.0.display().to_string());
         if self.flavor.without_lua() {
@@ -791,6 +816,13 @@ impl RedisServer {
 
     fn spawn(&mut self) -> Result<(), SpawnFailure> {
         let failure = |foreign, message| SpawnFailure { foreign, message };
+        if let Some(conf) = &self.sentinel_conf {
+            let path = self.dir.0.join("sentinel.conf");
+            if !path.exists() {
+                std::fs::write(&path, conf)
+                    .map_err(|e| failure(false, format!("write {}: {e}", path.display())))?;
+            }
+        }
         let running =
             Running::start(&self.bin, &self.args(), &self.dir.0).map_err(|e| failure(false, e))?;
         let pid = running.pid;

@@ -638,6 +638,31 @@ fn a_lease_held_across_a_suspend_is_reported_lost() {
     assert_eq!(sim.block_on(signal), LossReason::Suspended);
 }
 
+/// Suspend, seen by the loss signal alone: a waiting signal that is woken after a resume (the default timer
+/// wakes every sleeper then) reports the suspend without anyone calling `state()`.
+#[test]
+fn a_waiting_loss_signal_woken_after_a_suspend_reports_it() {
+    let mut sim = Sim::new(4);
+    let clock = SuspendableClock::new(sim.clock());
+    let node = MemoryNode::with_timer(sim.clock());
+    let manager = LockManager::single(node, config())
+        .unwrap()
+        .with_timer(clock.clone());
+    let lock = manager.lock("job").expiry(secs(30));
+    let lease = sim
+        .block_on(async move { lock.try_acquire().await })
+        .unwrap();
+    let mut signal = std::pin::pin!(lease.lost());
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    assert!(signal.as_mut().poll(&mut cx).is_pending());
+    clock.suspend(secs(60));
+    assert_eq!(
+        signal.as_mut().poll(&mut cx),
+        std::task::Poll::Ready(LossReason::Suspended)
+    );
+}
+
 /// Suspend during a round: an acquisition whose round spanned a suspend is not handed out.
 #[test]
 fn an_acquisition_whose_round_spans_a_suspend_is_not_granted() {
