@@ -93,11 +93,13 @@ use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
-use fred::interfaces::{ClientLike, EventInterface, TransactionInterface};
+use fred::interfaces::{ClientLike, EventInterface, PubsubInterface, TransactionInterface};
 use fred::types::config::{Options, Server, ServerConfig};
 use fred::types::{ClientState, ClusterHash, CustomCommand, Value};
+use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Config, KeyState, LockManager, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait,
+    Claim, Config, KeyState, LockManager, NodeError, NodeErrorKind, RedisNode, Token, Ttl,
+    async_trait,
 };
 
 use crate::ops::{self, Probe, Transport, Verb};
@@ -228,6 +230,8 @@ pub struct FredNode<C> {
     /// One per member client, in [`KeyRouted::members`] order.
     health: Arc<Vec<Health>>,
     probe: Probe,
+    /// Release notifications over a subscriber client of the node's own.
+    notifier: Option<Notifier>,
 }
 
 /// A node over one fred [`Client`].
@@ -286,9 +290,21 @@ impl<C: KeyRouted> FredNode<C> {
     /// credentials).
     pub fn new(client: C) -> Self {
         let config = client.client_config();
+        let cluster = config.server.is_clustered();
+        let notifier = client.members().first().map(|member| {
+            Notifier::new(
+                FredSubscriber {
+                    template: member.clone_new(),
+                    cluster,
+                    current: Arc::default(),
+                },
+                notify::DEFAULT_MAX_CHANNELS,
+            )
+        });
         Self {
+            notifier,
             endpoint: config_endpoint(&config),
-            cluster: config.server.is_clustered(),
+            cluster,
             timeout: None,
             fail_fast: true,
             connect_started: None,
@@ -321,6 +337,21 @@ impl<C: KeyRouted> FredNode<C> {
     /// (re)established.
     pub fn capabilities(&self) -> Option<Capabilities> {
         self.probe.get()
+    }
+
+    /// Sets the most channels the node (and its clones) subscribes at once for waiting acquisitions (default
+    /// [`notify::DEFAULT_MAX_CHANNELS`]); waiters beyond that poll.
+    pub fn with_channel_budget(self, max_channels: usize) -> Self {
+        if let Some(n) = &self.notifier {
+            n.set_max_channels(max_channels);
+        }
+        self
+    }
+
+    /// Turns release notifications off: waiting acquisitions poll this node. (Its releases still publish.)
+    pub fn without_notifications(mut self) -> Self {
+        self.notifier = None;
+        self
     }
 
     /// Runs the capability check now (it otherwise runs before the first acquisition), with `example_key`
@@ -739,6 +770,34 @@ impl<C: KeyRouted> FredNode<C> {
                 .map(to_reply)
                 .map_err(|e| classify(Some(what), &e))
             }
+            Request::Publishing(cmds) => {
+                // A plain pipeline (not a transaction, which fred would replay after a reconnection): each
+                // command carries the options, so neither is written twice.
+                let pipeline = client.pipeline();
+                let mut queued = Ok(());
+                for (cmd, values) in cmds {
+                    if let Err(e) = pipeline
+                        .with_options(&options)
+                        .custom::<(), Value>(cmd, values)
+                        .await
+                    {
+                        queued = Err(e);
+                        break;
+                    }
+                }
+                match queued {
+                    Ok(()) => match pipeline.try_all::<Value>().await.into_iter().next() {
+                        Some(first) => first,
+                        None => Err(FredError::new(
+                            ErrorKind::Protocol,
+                            "an empty pipeline reply",
+                        )),
+                    },
+                    Err(e) => Err(e),
+                }
+                .map(to_reply)
+                .map_err(|e| classify(Some(what), &e))
+            }
         };
         match result {
             Err(e) if is_second_write(&e) && self.cluster => {
@@ -803,10 +862,12 @@ impl<C: KeyRouted> FredNode<C> {
     }
 }
 
-/// One command, or a `MULTI … EXEC` transaction of several.
+/// One command, a `MULTI … EXEC` transaction of several, or a command with a `PUBLISH` pipelined behind it
+/// (the command's reply is the answer).
 enum Request {
     One(CustomCommand, Vec<Value>),
     Multi(Vec<(CustomCommand, Vec<Value>)>),
+    Publishing([(CustomCommand, Vec<Value>); 2]),
 }
 
 #[async_trait]
@@ -845,6 +906,31 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         let cmd = CustomCommand::new(name.to_string(), hash, false);
         let values = rest.iter().map(|a| Value::from(*a)).collect();
         self.send(Request::One(cmd, values), key, what).await
+    }
+
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError> {
+        let hash = slot::hash_slot(key.as_bytes());
+        let build = |args: &[&str]| {
+            let (name, rest) = args.split_first()?;
+            Some((
+                CustomCommand::new(name.to_string(), ClusterHash::Custom(hash), false),
+                rest.iter().map(|a| Value::from(*a)).collect::<Vec<_>>(),
+            ))
+        };
+        let (Some(cmd), Some(publish)) = (build(args), build(publish)) else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "an empty command (not sent)",
+            ));
+        };
+        self.send(Request::Publishing([cmd, publish]), key, what)
+            .await
     }
 
     async fn transaction(
@@ -917,6 +1003,22 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::inspect(self, key).await
     }
 
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        ops::acquire_or_ttl(self, key, token, ttl, fresh).await
+    }
+
+    /// A subscriber client of the node's own (`clone_new` of the first member: one connection, or one per
+    /// primary on a cluster, where channels are subscribed with `SSUBSCRIBE` in their key's slot).
+    fn notifier(&self) -> Option<&Notifier> {
+        self.notifier.as_ref()
+    }
+
     fn endpoint(&self) -> Option<String> {
         self.endpoint.clone()
     }
@@ -953,6 +1055,168 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
 
 mod sentinel;
 pub use sentinel::sentinel_builder;
+
+/// Not a script: names `SUBSCRIBE`/`SSUBSCRIBE` and their opposites in messages.
+const SUBSCRIBE: Script = Script {
+    name: "SUBSCRIBE",
+    source: "",
+    sha1: "",
+};
+
+/// A fred subscriber client of one inbox generation, and the runtime that can end it.
+type Current = Arc<Mutex<Option<(Client, u64, tokio::runtime::Handle)>>>;
+
+/// The subscriber connection of a fred node (see [`redlease::notify`]): a client of its own (`clone_new` of
+/// the node's), connected for one inbox generation. fred reconnects by itself, but a new connection has no
+/// subscriptions: an error on the client's error channel reports the connection lost, and the next subscribe
+/// starts a new client. fred runs on tokio: a client is ended (`QUIT`) as a task on the runtime it was
+/// started on.
+struct FredSubscriber {
+    template: Client,
+    cluster: bool,
+    current: Current,
+}
+
+fn lock_current(
+    current: &Current,
+) -> std::sync::MutexGuard<'_, Option<(Client, u64, tokio::runtime::Handle)>> {
+    current.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Ends a subscriber client in the background (its connections close, the server drops its subscriptions).
+fn quit_later(old: Option<(Client, u64, tokio::runtime::Handle)>) {
+    if let Some((client, _, handle)) = old {
+        handle.spawn(async move {
+            let _ = client.quit().await;
+        });
+    }
+}
+
+fn payload_bytes(value: &Value) -> Option<Vec<u8>> {
+    match value {
+        Value::String(s) => Some(s.as_bytes().to_vec()),
+        Value::Bytes(b) => Some(b.to_vec()),
+        _ => None,
+    }
+}
+
+impl FredSubscriber {
+    async fn client(
+        template: &Client,
+        current: &Current,
+        inbox: &Inbox,
+    ) -> Result<Client, NodeError> {
+        if let Some((client, generation, _)) = &*lock_current(current)
+            && *generation == inbox.generation()
+        {
+            return Ok(client.clone());
+        }
+        let old = lock_current(current).take();
+        quit_later(old);
+        // fred runs on tokio: outside a tokio runtime there is nothing to run the listeners on (the waiters
+        // then poll).
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                "SUBSCRIBE: fred needs a tokio runtime to receive messages; none is current (not sent)",
+            ));
+        };
+        let client = template.clone_new();
+        // Not `on_message`: its listener ends at the first overflow of fred's bounded message queue (32 by
+        // default), after which every message would be lost. This one survives it and reports the gap.
+        let (sink, mut messages) = (inbox.clone(), client.message_rx());
+        handle.spawn(async move {
+            loop {
+                match messages.recv().await {
+                    Ok(msg) => {
+                        if let Some(payload) = payload_bytes(&msg.value) {
+                            sink.deliver(msg.channel.as_bytes(), &payload);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => sink.missed(),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        // A connection error (or errors missed in an overflow) means the subscriptions may be gone: the
+        // client is ended and the notifier subscribes again on a new one.
+        let (sink, slot, mut errors) = (inbox.clone(), Arc::clone(current), client.error_rx());
+        handle.spawn(async move {
+            loop {
+                match errors.recv().await {
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+                let mine = {
+                    let mut slot = lock_current(&slot);
+                    if slot
+                        .as_ref()
+                        .is_some_and(|(_, g, _)| *g == sink.generation())
+                    {
+                        slot.take()
+                    } else {
+                        None
+                    }
+                };
+                if mine.is_some() {
+                    quit_later(mine);
+                    sink.lost();
+                    return;
+                }
+            }
+        });
+        let connected = client.init().await;
+        if let Err(e) = connected {
+            let _ = client.quit().await;
+            return Err(classify(Some(&SUBSCRIBE), &e));
+        }
+        *lock_current(current) = Some((client.clone(), inbox.generation(), handle));
+        Ok(client)
+    }
+}
+
+impl Subscriber for FredSubscriber {
+    fn subscribe(&self, inbox: Inbox, channel: &str) -> SubscribeFuture {
+        let (template, current, cluster, channel) = (
+            self.template.clone(),
+            Arc::clone(&self.current),
+            self.cluster,
+            channel.to_owned(),
+        );
+        Box::pin(async move {
+            let client = Self::client(&template, &current, &inbox).await?;
+            let result = if cluster {
+                client.ssubscribe(channel).await
+            } else {
+                client.subscribe(channel).await
+            };
+            result.map_err(|e| classify(Some(&SUBSCRIBE), &e))
+        })
+    }
+
+    fn unsubscribe(&self, channel: &str) -> SubscribeFuture {
+        let client = lock_current(&self.current)
+            .as_ref()
+            .map(|(c, _, _)| c.clone());
+        let (cluster, channel) = (self.cluster, channel.to_owned());
+        Box::pin(async move {
+            let Some(client) = client else {
+                return Ok(());
+            };
+            let result = if cluster {
+                client.sunsubscribe(channel).await
+            } else {
+                client.unsubscribe(channel).await
+            };
+            result.map_err(|e| classify(Some(&SUBSCRIBE), &e))
+        })
+    }
+
+    fn close(&self) {
+        let old = lock_current(&self.current).take();
+        quit_later(old);
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -29,7 +29,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use redlease::{KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, async_trait};
+use redlease::{
+    Claim, KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, async_trait, notify,
+};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
@@ -185,6 +187,17 @@ pub(crate) trait Transport: Send + Sync {
             .await
             .map(|_| ())
     }
+
+    /// Sends the plain command `args` and, pipelined right behind it on the same connection (one write, one
+    /// round trip, not a transaction), `publish`; routed by `key` (the channel shares its slot). The reply of
+    /// `args`; whatever happens to `publish` (refused by a channel ACL, say) is ignored. Neither is re-sent.
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError>;
 
     /// Whether the keys of one call must share a Redis Cluster slot (checked before anything is sent).
     fn clustered(&self) -> bool;
@@ -921,14 +934,33 @@ async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, Nod
     }
 }
 
-/// `DELIFEQ key token`: 1 deleted, 0 not (another value, absent, or another type: never touched).
+/// The notification channel of `key` and the command that publishes on it: `SPUBLISH` (a sharded channel in
+/// the key's slot) on a cluster, `PUBLISH` otherwise.
+fn publish_args(t: &impl Transport, key: &str) -> (String, &'static str) {
+    let command = if t.clustered() { "SPUBLISH" } else { "PUBLISH" };
+    (notify::channel(key), command)
+}
+
+/// Native release: `DELIFEQ key token`, with `PUBLISH channel payload` pipelined behind it (one round trip,
+/// two commands). Not a transaction: a transaction cannot make the publish conditional either, and fred
+/// re-sends a whole `MULTI … EXEC` once after reconnecting (its transaction retry allows one more attempt
+/// than `max_attempts`), which would report a release whose reply was lost as "not held". A plain pipeline is
+/// written once; a refused `PUBLISH` (a channel ACL) does not affect the `DELIFEQ` before it. So a release
+/// that deleted nothing publishes too (a waiter then spends one attempt), and if the connection drops between
+/// the two, the notification is lost (waiters wait for the TTL bound). 1 deleted, 0 not (another value,
+/// absent, or another type: never touched).
 async fn release_native(t: &impl Transport, key: &str, token: &Token) -> Result<bool, NodeError> {
+    let (channel, command) = publish_args(t, key);
     let what = &scripts::DELIFEQ;
-    match note(
-        t,
-        t.command(what, key, &["DELIFEQ", key, token.as_str()])
-            .await,
-    ) {
+    let sent = t
+        .command_and_publish(
+            what,
+            key,
+            &["DELIFEQ", key, token.as_str()],
+            &[command, &channel, notify::payload(token)],
+        )
+        .await;
+    match note(t, sent) {
         Ok(reply) => scripts::parse_flag(what, reply),
         Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
         Err(e) => Err(e),
@@ -944,8 +976,53 @@ pub(crate) async fn release(
     if path(t, key).await?.is_some_and(|c| c.native_release()) {
         return release_native(t, key, token).await;
     }
-    let reply = eval(t, &scripts::RELEASE, &[key], &[token.as_str()]).await?;
+    let (channel, command) = publish_args(t, key);
+    let reply = eval(
+        t,
+        &scripts::RELEASE,
+        &[key],
+        &[token.as_str(), &channel, command],
+    )
+    .await?;
     scripts::parse_flag(&scripts::RELEASE, reply)
+}
+
+/// An acquisition that reports the holder's TTL on contention. A fresh one is the usual fresh acquisition
+/// (`SET … NX GET`, one command when it wins) followed, only when the lock is held, by `PTTL` (a waiter pays
+/// one more command and round trip before it waits; a winner pays nothing). A retry is the
+/// [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL) script (one command either way), or without Lua the native
+/// acquisition followed, on contention, by `PTTL`.
+pub(crate) async fn acquire_or_ttl(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+    fresh: bool,
+) -> Result<Claim, NodeError> {
+    let taken = if fresh {
+        acquire_fresh(t, key, token, ttl).await?
+    } else {
+        let caps = checked(t, key, None).await?;
+        if !caps.native_acquire() {
+            let millis = ttl.as_millis().to_string();
+            let reply = eval(t, &scripts::ACQUIRE_TTL, &[key], &[token.as_str(), &millis]).await?;
+            return scripts::parse_claim(reply);
+        }
+        acquire_native(t, key, token, &ttl.as_millis().to_string()).await?
+    };
+    if taken {
+        return Ok(Claim::Taken);
+    }
+    let what = &scripts::COMMAND;
+    let pttl = note(t, t.command(what, key, &["PTTL", key]).await)?;
+    let remaining = match scripts::parse_integer(what, &pttl)? {
+        // No expiry.
+        -1 => None,
+        // Gone since the attempt: free now.
+        ms if ms < 0 => Some(std::time::Duration::ZERO),
+        ms => Some(std::time::Duration::from_millis(ms.unsigned_abs())),
+    };
+    Ok(Claim::Held { remaining })
 }
 
 pub(crate) async fn extend(
@@ -1293,6 +1370,7 @@ mod tests {
         replies: Mutex<VecDeque<Result<Reply, NodeError>>>,
         txs: Mutex<VecDeque<Result<Vec<Reply>, NodeError>>>,
         sent: Mutex<Vec<String>>,
+        tx_args: Mutex<Vec<Vec<Vec<String>>>>,
     }
 
     #[async_trait]
@@ -1317,6 +1395,11 @@ mod tests {
             cmds: &[&[&str]],
         ) -> Result<Vec<Reply>, NodeError> {
             let names: Vec<&str> = cmds.iter().map(|c| c[0]).collect();
+            self.tx_args.lock().unwrap().push(
+                cmds.iter()
+                    .map(|c| c.iter().map(|a| (*a).to_owned()).collect())
+                    .collect(),
+            );
             self.sent
                 .lock()
                 .unwrap()
@@ -1326,6 +1409,23 @@ mod tests {
                 .unwrap()
                 .pop_front()
                 .expect("a transaction reply")
+        }
+        async fn command_and_publish(
+            &self,
+            _: &Script,
+            _: &str,
+            args: &[&str],
+            publish: &[&str],
+        ) -> Result<Reply, NodeError> {
+            self.sent
+                .lock()
+                .unwrap()
+                .push(format!("{}+{}", args[0], publish[0]));
+            self.tx_args.lock().unwrap().push(vec![
+                args.iter().map(|a| (*a).to_owned()).collect(),
+                publish.iter().map(|a| (*a).to_owned()).collect(),
+            ]);
+            self.replies.lock().unwrap().pop_front().expect("a reply")
         }
         fn clustered(&self) -> bool {
             false
@@ -1388,7 +1488,12 @@ mod tests {
         assert!(!err.is_ambiguous(), "{err}");
         assert_eq!(
             *t.sent.lock().unwrap(),
-            ["MULTI GET PTTL", "SET", "MULTI INCR GET PTTL", "DELIFEQ"]
+            [
+                "MULTI GET PTTL",
+                "SET",
+                "MULTI INCR GET PTTL",
+                "DELIFEQ+PUBLISH"
+            ]
         );
         // Nothing remembered: a later call starts afresh.
         assert_eq!(t.probe.fence("l", &token), None);
@@ -1441,6 +1546,30 @@ mod tests {
         let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
         assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
         assert!(err.message().contains("TTL"), "{err}");
-        assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ");
+        assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ+PUBLISH");
+    }
+
+    #[test]
+    fn a_native_release_publishes_the_token_prefix_on_the_keys_channel_in_the_same_write() {
+        let t = native();
+        let token = Token::random().unwrap();
+        t.replies.lock().unwrap().extend([Ok(Reply::Int(1))]);
+        assert!(block_on(release(&t, "jobs:{7}:lock", &token)).unwrap());
+        let args = t.tx_args.lock().unwrap().clone();
+        assert_eq!(
+            args,
+            [vec![
+                vec![
+                    "DELIFEQ".to_owned(),
+                    "jobs:{7}:lock".into(),
+                    token.as_str().into()
+                ],
+                vec![
+                    "PUBLISH".to_owned(),
+                    "redlease:released:jobs:{7}:lock".into(),
+                    token.as_str()[..8].into()
+                ],
+            ]]
+        );
     }
 }

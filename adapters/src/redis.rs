@@ -85,9 +85,11 @@ use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Value};
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, PushInfo, PushKind, RedisError, Value};
+use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Config, KeyState, LockManager, NodeError, NodeErrorKind, RedisNode, Token, Ttl, async_trait,
+    Claim, Config, KeyState, LockManager, NodeError, NodeErrorKind, RedisNode, Token, Ttl,
+    async_trait,
 };
 
 use crate::ops::{self, Probe, Transport, Verb};
@@ -131,6 +133,8 @@ pub struct RedisRsNode<C> {
     /// Set once a non-reconnecting connection was seen to drop: nothing is sent on it any more.
     dead: Arc<AtomicBool>,
     probe: Probe,
+    /// Release notifications over a subscriber connection of the node's own, if it has a client to open one.
+    notifier: Option<Notifier>,
 }
 
 /// A node over one [`MultiplexedConnection`] (no reconnection; see [`MultiplexedNode::lazy`]).
@@ -169,7 +173,34 @@ impl<C> RedisRsNode<C> {
             reconnects,
             dead: Arc::new(AtomicBool::new(false)),
             probe: Probe::default(),
+            notifier: None,
         }
+    }
+
+    /// Enables release notifications for waiting acquisitions (see [`redlease::notify`]): a subscriber
+    /// connection of its own, opened from `client` (with RESP3) when the first acquisition waits and closed
+    /// when the last waiter is gone, subscribing at most [`notify::DEFAULT_MAX_CHANNELS`] channels (see
+    /// [`with_channel_budget`](Self::with_channel_budget)). The `connect` constructors do this with their
+    /// client; use it for a node built with [`new`](RedisRsNode::new). Not for a Redis Cluster (see
+    /// [`ClusterNode::connect_with_subscriber`]).
+    pub fn with_subscriber(mut self, client: &redis::Client) -> Self {
+        self.notifier = Some(standalone_notifier(client, notify::DEFAULT_MAX_CHANNELS));
+        self
+    }
+
+    /// Sets the most channels the node (and its clones) subscribes at once; waiters beyond that poll. No
+    /// effect on a node without notifications.
+    pub fn with_channel_budget(self, max_channels: usize) -> Self {
+        if let Some(n) = &self.notifier {
+            n.set_max_channels(max_channels);
+        }
+        self
+    }
+
+    /// Turns release notifications off: waiting acquisitions poll this node. (Its releases still publish.)
+    pub fn without_notifications(mut self) -> Self {
+        self.notifier = None;
+        self
     }
 
     /// Sets the identity reported by [`RedisNode::endpoint`], used to reject a Redlock topology that names one
@@ -327,7 +358,9 @@ impl MultiplexedNode {
         let conn = client
             .get_multiplexed_async_connection_with_config(config)
             .await?;
-        Ok(Self::new(conn).with_endpoint(client_endpoint(client)))
+        Ok(Self::new(conn)
+            .with_endpoint(client_endpoint(client))
+            .with_subscriber(client))
     }
 
     /// A node that opens its multiplexed connection on first use and again after it dropped; see
@@ -378,7 +411,9 @@ impl ManagedNode {
         config: ConnectionManagerConfig,
     ) -> Result<Self, RedisError> {
         let conn = client.get_connection_manager_with_config(config).await?;
-        Ok(Self::new(conn).with_endpoint(client_endpoint(client)))
+        Ok(Self::new(conn)
+            .with_endpoint(client_endpoint(client))
+            .with_subscriber(client))
     }
 }
 
@@ -393,6 +428,29 @@ impl ClusterNode {
         let client = builder.retries(0).build()?;
         let conn = client.get_async_connection().await?;
         Ok(Self::build(conn, true, true))
+    }
+
+    /// Like [`connect`](Self::connect), with release notifications for waiting acquisitions: `subscriber`
+    /// (a builder for the same cluster; it is switched to RESP3) opens the subscriber connections, one per
+    /// primary, on which each waiter's channel is subscribed with `SSUBSCRIBE` in its key's slot (releases
+    /// publish with `SPUBLISH` there). A builder cannot be cloned, so it is a second one.
+    pub async fn connect_with_subscriber(
+        builder: redis::cluster::ClusterClientBuilder,
+        subscriber: redis::cluster::ClusterClientBuilder,
+    ) -> Result<Self, RedisError> {
+        let node = Self::connect(builder).await?;
+        let client = subscriber
+            .retries(0)
+            .use_protocol(redis::ProtocolVersion::RESP3)
+            .build()?;
+        let link = RedisSubscriber {
+            target: Target::Cluster(Box::new(client)),
+            current: Arc::default(),
+        };
+        Ok(Self {
+            notifier: Some(Notifier::new(link, notify::DEFAULT_MAX_CHANNELS)),
+            ..node
+        })
     }
 }
 
@@ -564,6 +622,31 @@ fn classify_aborted(what: &Script, err: &RedisError) -> NodeError {
     }
 }
 
+/// Sends `cmd` and, pipelined behind it, `publish` once on `conn`: the reply of `cmd` (that of `publish` is
+/// ignored).
+async fn send_publishing(
+    conn: &mut (impl ConnectionLike + Send),
+    cmd: Cmd,
+    publish: Cmd,
+    what: &Script,
+) -> Result<Reply, NodeError> {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.add_command(cmd);
+    pipe.add_command(publish);
+    let mut results = pipe
+        .query_async::<Vec<redis::RedisResult<Value>>>(conn)
+        .await
+        .map_err(|e| classify(Some(what), &e))?;
+    if results.is_empty() {
+        return Err(scripts::unexpected_reply(what, &Reply::Array(Vec::new())));
+    }
+    results
+        .swap_remove(0)
+        .map(to_reply)
+        .map_err(|e| classify(Some(what), &e))
+}
+
 /// Sends `cmd` once on `conn`, classifying its error.
 async fn send(
     conn: &mut (impl ConnectionLike + Send),
@@ -593,6 +676,27 @@ where
         }
         let mut conn = self.conn.clone();
         let result = send(&mut conn, &cmd, what).await;
+        self.after(&result);
+        result
+    }
+
+    async fn run_publishing(
+        &self,
+        cmd: Cmd,
+        publish: Cmd,
+        what: &Script,
+    ) -> Result<Reply, NodeError> {
+        if self.dead.load(Ordering::Acquire) {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Connection,
+                format!(
+                    "{}: the multiplexed connection dropped earlier and never reconnects (not sent)",
+                    what.name
+                ),
+            ));
+        }
+        let mut conn = self.conn.clone();
+        let result = send_publishing(&mut conn, cmd, publish, what).await;
         self.after(&result);
         result
     }
@@ -654,6 +758,17 @@ where
         self.run(plain_cmd(args), what).await
     }
 
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        _key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError> {
+        self.run_publishing(plain_cmd(args), plain_cmd(publish), what)
+            .await
+    }
+
     async fn transaction(
         &self,
         what: &Script,
@@ -678,8 +793,8 @@ where
     }
 }
 
-/// Implements [`RedisNode`] for a node type through [`ops`] (the type implements [`Transport`] and has an
-/// `endpoint` field).
+/// Implements [`RedisNode`] for a node type through [`ops`] (the type implements [`Transport`] and has
+/// `endpoint` and `notifier` fields).
 macro_rules! impl_node {
     ([$($generics:tt)*] $ty:ty $(where $($bounds:tt)*)?) => {
         #[async_trait]
@@ -722,6 +837,20 @@ macro_rules! impl_node {
 
             async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
                 ops::inspect(self, key).await
+            }
+
+            async fn acquire_or_ttl(
+                &self,
+                key: &str,
+                token: &Token,
+                ttl: Ttl,
+                fresh: bool,
+            ) -> Result<Claim, NodeError> {
+                ops::acquire_or_ttl(self, key, token, ttl, fresh).await
+            }
+
+            fn notifier(&self) -> Option<&Notifier> {
+                self.notifier.as_ref()
             }
 
             fn endpoint(&self) -> Option<String> {
@@ -777,6 +906,7 @@ pub struct LazyNode {
     endpoint: Option<String>,
     /// The capability state of the current connection (forgotten with each new connection).
     probe: Probe,
+    notifier: Option<Notifier>,
 }
 
 /// The current connection of a [`LazyNode`] and a count of the connections opened so far.
@@ -813,11 +943,26 @@ impl LazyNode {
     pub fn with_config(client: redis::Client, config: AsyncConnectionConfig) -> Self {
         Self {
             endpoint: Some(client_endpoint(&client)),
+            notifier: Some(standalone_notifier(&client, notify::DEFAULT_MAX_CHANNELS)),
             client,
             config,
             current: Arc::new(Mutex::new(Slot::default())),
             probe: Probe::default(),
         }
+    }
+
+    /// Sets the channel budget of the node's release notifications; see [`RedisRsNode::with_channel_budget`].
+    pub fn with_channel_budget(self, max_channels: usize) -> Self {
+        if let Some(n) = &self.notifier {
+            n.set_max_channels(max_channels);
+        }
+        self
+    }
+
+    /// Turns release notifications off; see [`RedisRsNode::without_notifications`].
+    pub fn without_notifications(mut self) -> Self {
+        self.notifier = None;
+        self
     }
 
     /// Replaces the identity reported by [`RedisNode::endpoint`]. Do not put credentials in it.
@@ -932,6 +1077,19 @@ impl Transport for LazyNode {
         self.run(plain_cmd(args), what).await
     }
 
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        _key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError> {
+        let (mut conn, generation) = self.connection(what).await?;
+        let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
+        self.dropped(&result, generation);
+        result
+    }
+
     async fn transaction(
         &self,
         what: &Script,
@@ -965,6 +1123,178 @@ impl_node!([] LazyNode);
 // After `impl_node!` and with access to this module's private helpers.
 mod sentinel;
 pub use sentinel::SentinelNode;
+
+/// The servers a redis-rs subscriber connection talks to.
+#[derive(Clone)]
+enum Target {
+    /// One server: a RESP3 multiplexed connection, `SUBSCRIBE`.
+    Standalone(Box<redis::Client>),
+    /// A Redis Cluster: a RESP3 cluster connection, `SSUBSCRIBE` routed by the channel's slot.
+    Cluster(Box<redis::cluster::ClusterClient>),
+}
+
+#[derive(Clone)]
+enum SubConnection {
+    Standalone(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// The subscriber connection of a redis-rs node (see [`redlease::notify`]): opened for one inbox generation,
+/// delivering pushed messages to that inbox, dropped on [`close`](Subscriber::close) or when it reports a
+/// disconnection.
+struct RedisSubscriber {
+    target: Target,
+    current: Arc<Mutex<Option<(SubConnection, u64)>>>,
+}
+
+/// Not a script: names `SUBSCRIBE`/`SSUBSCRIBE` and `UNSUBSCRIBE`/`SUNSUBSCRIBE` in messages.
+const SUBSCRIBE: Script = Script {
+    name: "SUBSCRIBE",
+    source: "",
+    sha1: "",
+};
+
+fn standalone_notifier(client: &redis::Client, max_channels: usize) -> Notifier {
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    let target = match redis::Client::open(info.set_redis_settings(settings)) {
+        Ok(client) => Target::Standalone(Box::new(client)),
+        // Cannot happen for the settings of a client that exists; then the plain client (whose subscribe
+        // fails, so waiters poll).
+        Err(_) => Target::Standalone(Box::new(client.clone())),
+    };
+    Notifier::new(
+        RedisSubscriber {
+            target,
+            current: Arc::default(),
+        },
+        max_channels,
+    )
+}
+
+fn lock_sub(
+    m: &Mutex<Option<(SubConnection, u64)>>,
+) -> std::sync::MutexGuard<'_, Option<(SubConnection, u64)>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What a subscriber connection's push sender does with one push.
+fn on_push(inbox: &Inbox, current: &Mutex<Option<(SubConnection, u64)>>, info: PushInfo) {
+    match info.kind {
+        PushKind::Message | PushKind::SMessage => {
+            let bytes = |v: &Value| match v {
+                Value::BulkString(b) => Some(b.clone()),
+                Value::SimpleString(s) => Some(s.clone().into_bytes()),
+                _ => None,
+            };
+            // `[channel, payload]`.
+            if let [channel, payload, ..] = info.data.as_slice()
+                && let (Some(channel), Some(payload)) = (bytes(channel), bytes(payload))
+            {
+                inbox.deliver(&channel, &payload);
+            }
+        }
+        PushKind::Disconnection => {
+            {
+                let mut slot = lock_sub(current);
+                if slot.as_ref().is_some_and(|(_, g)| *g == inbox.generation()) {
+                    *slot = None;
+                }
+            }
+            inbox.lost();
+        }
+        _ => {}
+    }
+}
+
+impl RedisSubscriber {
+    /// The connection of `inbox`'s generation, opened if needed.
+    async fn connection(
+        target: &Target,
+        current: &Arc<Mutex<Option<(SubConnection, u64)>>>,
+        inbox: &Inbox,
+    ) -> Result<SubConnection, NodeError> {
+        if let Some((conn, generation)) = &*lock_sub(current)
+            && *generation == inbox.generation()
+        {
+            return Ok(conn.clone());
+        }
+        let (sink, slot) = (inbox.clone(), Arc::clone(current));
+        let push = move |info: PushInfo| {
+            on_push(&sink, &slot, info);
+            Ok::<(), std::convert::Infallible>(())
+        };
+        let conn = match target {
+            Target::Standalone(client) => {
+                let config = AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(std::time::Duration::from_secs(2)))
+                    .set_push_sender(push);
+                SubConnection::Standalone(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await
+                        .map_err(|e| connect_error(&SUBSCRIBE, &e))?,
+                )
+            }
+            Target::Cluster(client) => {
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(std::time::Duration::from_secs(2))
+                    .set_push_sender(push);
+                SubConnection::Cluster(
+                    client
+                        .get_async_connection_with_config(config)
+                        .await
+                        .map_err(|e| connect_error(&SUBSCRIBE, &e))?,
+                )
+            }
+        };
+        let mut slot = lock_sub(current);
+        // A concurrent subscribe cannot happen (the notifier runs one command at a time); replace anything
+        // older.
+        *slot = Some((conn.clone(), inbox.generation()));
+        Ok(conn)
+    }
+}
+
+impl Subscriber for RedisSubscriber {
+    fn subscribe(&self, inbox: Inbox, channel: &str) -> SubscribeFuture {
+        let (target, current, channel) = (
+            self.target.clone(),
+            Arc::clone(&self.current),
+            channel.to_owned(),
+        );
+        Box::pin(async move {
+            let conn = Self::connection(&target, &current, &inbox).await?;
+            let result = match conn {
+                SubConnection::Standalone(mut c) => c.subscribe(&channel).await,
+                SubConnection::Cluster(mut c) => c.ssubscribe(&channel).await,
+            };
+            result.map_err(|e| classify(Some(&SUBSCRIBE), &e))
+        })
+    }
+
+    fn unsubscribe(&self, channel: &str) -> SubscribeFuture {
+        let conn = lock_sub(&self.current).as_ref().map(|(c, _)| c.clone());
+        let channel = channel.to_owned();
+        Box::pin(async move {
+            let result = match conn {
+                None => return Ok(()),
+                Some(SubConnection::Standalone(mut c)) => c.unsubscribe(&channel).await,
+                Some(SubConnection::Cluster(mut c)) => c.sunsubscribe(&channel).await,
+            };
+            result.map_err(|e| classify(Some(&SUBSCRIBE), &e))
+        })
+    }
+
+    fn close(&self) {
+        // The last handle: the connection's driver ends and the server drops its subscriptions.
+        let old = lock_sub(&self.current).take();
+        drop(old);
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -172,10 +172,44 @@ return false
     sha1: "49411690fd1d9be63b1dc236e0a8d6bb381b762b",
 };
 
-/// Compare-and-delete. `KEYS[1]` lock, `ARGV[1]` token. Returns 1 if deleted, 0 otherwise (absent, another
+/// Compare-and-delete that announces the release. `KEYS[1]` lock, `ARGV[1]` token, optionally `ARGV[2]` the
+/// notification channel ([`redlease::notify::channel`] of the key) and `ARGV[3]` `PUBLISH` or `SPUBLISH` (on
+/// Redis Cluster, a sharded channel in the key's slot). Returns 1 if deleted, 0 otherwise (absent, another
 /// value, or a key of another type: never touched). Any other error of the read (for example a missing ACL
 /// permission for `GET`) is returned as the script's error, never as "not held".
+///
+/// Only a deletion publishes, and the message is [`redlease::notify::payload`] of the token (its first 8
+/// characters). The publish runs with `redis.pcall`, after the `DEL`: a user without permission for the
+/// channel still releases (its waiters then wait for the TTL bound instead of a notification). Without
+/// `ARGV[2]` nothing is published (what releases did before notifications).
 pub const RELEASE: Script = Script {
+    name: "release",
+    source: r#"local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return 0
+  end
+  return cur
+end
+if cur == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if ARGV[2] then
+    if ARGV[3] == 'SPUBLISH' then
+      redis.pcall('SPUBLISH', ARGV[2], string.sub(ARGV[1], 1, 8))
+    else
+      redis.pcall('PUBLISH', ARGV[2], string.sub(ARGV[1], 1, 8))
+    end
+  end
+  return 1
+end
+return 0
+"#,
+    sha1: "ec91ea5ff95aa5ebe13fc512b6df7a6f38d719ed",
+};
+
+/// The release script before release notifications (it publishes nothing), kept to test that waiters
+/// still notice a release by a client of that version (within the holder's TTL).
+pub const RELEASE_SILENT: Script = Script {
     name: "release",
     source: r#"local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then
@@ -190,6 +224,45 @@ end
 return 0
 "#,
     sha1: "cfafde34fd9088f63a89b56880844671e40972c5",
+};
+
+/// [`ACQUIRE`] that also reports the holder's remaining TTL when the lock is held, for retried acquisitions
+/// that wait ([`RedisNode::acquire_or_ttl`](redlease::RedisNode::acquire_or_ttl)). `KEYS[1]` lock, `ARGV[1]`
+/// token, `ARGV[2]` TTL in ms.
+///
+/// Returns 1 when the lock is (now) ours (absent, or holding our token: its TTL is reset); when held by
+/// another value 0 if the key has no expiry, else `-1 - pttl` (so -1 means 0 ms left, -1001 means 1000 ms).
+/// Argument and refusal errors as for [`ACQUIRE`], all before any write.
+pub const ACQUIRE_TTL: Script = Script {
+    name: "acquire_ttl",
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'table' then
+  if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+    return redis.error_reply('WRONGTYPE the lock key ' .. KEYS[1] .. ' holds a value of another type')
+  end
+  return cur
+end
+if cur == false then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+local left = redis.call('PTTL', KEYS[1])
+if left < 0 then
+  return 0
+end
+return -1 - left
+"#,
+    sha1: "aacf34c8c4c0ea21233d08c3ee6def3f8b9f8aad",
 };
 
 /// Compare-and-pexpire. `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 if the TTL was set, 0
@@ -446,11 +519,13 @@ pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 9] = [
+pub const ALL: [Script; 11] = [
     ACQUIRE,
     ACQUIRE_FRESH,
+    ACQUIRE_TTL,
     ACQUIRE_FENCED,
     RELEASE,
+    RELEASE_SILENT,
     EXTEND,
     EXTEND_MANY,
     INSPECT,
@@ -615,6 +690,19 @@ pub(crate) const COMMAND: Script = Script {
     source: "",
     sha1: "",
 };
+
+/// The reply of [`ACQUIRE_TTL`]: taken, or held with the holder's remaining TTL (`None`: no expiry).
+pub fn parse_claim(reply: Reply) -> Result<redlease::Claim, NodeError> {
+    let script = &ACQUIRE_TTL;
+    match parse_int(script, &reply)? {
+        1 => Ok(redlease::Claim::Taken),
+        0 => Ok(redlease::Claim::Held { remaining: None }),
+        n if n < 0 => Ok(redlease::Claim::Held {
+            remaining: Some(Duration::from_millis((-1 - n).unsigned_abs())),
+        }),
+        _ => Err(unexpected(script, &reply)),
+    }
+}
 
 /// The reply of [`ACQUIRE_FENCED`]: the fence as a string (exact above 2^53) or nil when contended.
 pub fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {

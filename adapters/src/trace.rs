@@ -27,7 +27,7 @@
 
 use std::fmt;
 
-use redlease::{KeyState, NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait};
+use redlease::{Claim, KeyState, NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -199,6 +199,23 @@ impl<N: RedisNode> NodeWrapper for Traced<N> {
         let span = self.span("inspect", key);
         let r = self.inner.inspect(key).instrument(span.clone()).await;
         finish(&span, &r, Option::is_some);
+        r
+    }
+
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        let span = self.span("acquire_or_ttl", key);
+        let r = self
+            .inner
+            .acquire_or_ttl(key, token, ttl, fresh)
+            .instrument(span.clone())
+            .await;
+        finish(&span, &r, |claim| *claim == Claim::Taken);
         r
     }
 }

@@ -61,6 +61,13 @@ pub(crate) enum Impl {
     ValkeyFredNative,
     /// `RedleaseFred` on Valkey 9.1 (`--valkey`), pinned to scripts.
     ValkeyFredScripts,
+    /// `RedleaseRedis` with release notifications off: waiting polls (S5 and S8 only).
+    RedleaseRedisPoll,
+    /// `RedleaseFred` with release notifications off (S5 and S8 only).
+    RedleaseFredPoll,
+    /// `RedleaseRedis` with `max_retry_delay` 10 s (S8 only): what the insurance against lost notifications
+    /// costs.
+    RedleaseRedisCap10,
 }
 
 impl Impl {
@@ -100,6 +107,17 @@ impl Impl {
         }
     }
 
+    /// redlease waiting by polling, next to the default (notified) one in S5 and S8.
+    pub(crate) const POLLING: [Impl; 2] = [Impl::RedleaseRedisPoll, Impl::RedleaseFredPoll];
+
+    /// redlease with a longer `max_retry_delay`, in S8 only.
+    pub(crate) const LONG_CAP: [Impl; 1] = [Impl::RedleaseRedisCap10];
+
+    /// Whether it is redlease (which can count its node calls).
+    pub(crate) fn redlease(self) -> bool {
+        !matches!(self, Impl::Raw | Impl::Rslock | Impl::Dlr | Impl::Arl)
+    }
+
     /// The observer this implementation's manager gets.
     pub(crate) fn observer(self) -> Observed {
         match self {
@@ -135,6 +153,9 @@ impl Impl {
             Impl::ValkeyRedisScripts => "redlease/redis@valkey-9.1:scripts",
             Impl::ValkeyFredNative => "redlease/fred@valkey-9.1:native",
             Impl::ValkeyFredScripts => "redlease/fred@valkey-9.1:scripts",
+            Impl::RedleaseRedisPoll => "redlease/redis+poll",
+            Impl::RedleaseFredPoll => "redlease/fred+poll",
+            Impl::RedleaseRedisCap10 => "redlease/redis, 10 s cap",
         }
     }
 
@@ -464,6 +485,91 @@ fn redlease_config(setup: Setup) -> Config {
         .with_retry_delay(setup.retry_delay)
 }
 
+/// Node calls made by redlease nodes built while [`COUNTING`] is on (S5, S8), through [`Counted`].
+pub(crate) static NODE_CALLS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether redlease nodes are wrapped in [`Counted`] (set by S5 and S8 around their connects).
+pub(crate) static COUNTING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// A node that counts the calls made on it: one request to the server each on Redis 7.0, except a fresh
+/// waiting attempt that finds the lock held (`SET NX GET`, then `PTTL`).
+pub(crate) struct Counted<N>(N);
+
+#[redlease::async_trait]
+impl<N: redlease::RedisNode> redlease::NodeWrapper for Counted<N> {
+    type Inner = N;
+
+    fn inner(&self) -> &N {
+        &self.0
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> Result<bool, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.acquire(key, token, ttl).await
+    }
+
+    async fn acquire_fresh(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> Result<bool, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.acquire_fresh(key, token, ttl).await
+    }
+
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+        fresh: bool,
+    ) -> Result<redlease::Claim, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.acquire_or_ttl(key, token, ttl, fresh).await
+    }
+
+    async fn release(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+    ) -> Result<bool, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.release(key, token).await
+    }
+
+    async fn extend(
+        &self,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> Result<bool, redlease::NodeError> {
+        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
+        self.0.extend(key, token, ttl).await
+    }
+}
+
+/// A redlease manager over `nodes`, counting node calls when [`COUNTING`] is on, with notifications unless
+/// `poll`.
+fn redlease_client<N: redlease::RedisNode + 'static>(
+    nodes: Vec<N>,
+    setup: Setup,
+    poll: bool,
+    cap: Option<Duration>,
+) -> Res<LockManager> {
+    if COUNTING.load(Ordering::Relaxed) {
+        redlease_manager_with(nodes.into_iter().map(Counted).collect(), setup, !poll, cap)
+    } else {
+        redlease_manager_with(nodes, setup, !poll, cap)
+    }
+}
+
 /// A [`redlease::Timer`] on tokio's timer wheel, to compare with the default [`redlease::SystemTimer`]
 /// (redlease's own shared timer thread).
 #[derive(Debug, Clone, Copy)]
@@ -501,10 +607,22 @@ fn with_tokio_spawner(manager: LockManager) -> LockManager {
 }
 
 fn redlease_manager<N: redlease::RedisNode + 'static>(
-    mut nodes: Vec<N>,
+    nodes: Vec<N>,
     setup: Setup,
 ) -> Res<LockManager> {
-    let config = redlease_config(setup);
+    redlease_manager_with(nodes, setup, true, None)
+}
+
+fn redlease_manager_with<N: redlease::RedisNode + 'static>(
+    mut nodes: Vec<N>,
+    setup: Setup,
+    notifications: bool,
+    cap: Option<Duration>,
+) -> Res<LockManager> {
+    let mut config = redlease_config(setup).with_notifications(notifications);
+    if let Some(cap) = cap {
+        config = config.with_max_retry_delay(cap);
+    }
     let manager = if nodes.len() == 1 {
         let node = nodes.pop().ok_or("no node")?;
         LockManager::single(node, config)
@@ -535,7 +653,9 @@ impl Client {
             | Impl::RedleaseRedisNoop
             | Impl::RedleaseRedisMetrics
             | Impl::ValkeyRedisNative
-            | Impl::ValkeyRedisScripts => {
+            | Impl::ValkeyRedisScripts
+            | Impl::RedleaseRedisPoll
+            | Impl::RedleaseRedisCap10 => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let client = redis::Client::open(url.as_str()).map_err(ctx("redis: open"))?;
@@ -546,12 +666,17 @@ impl Client {
                             .with_commands(imp.commands().unwrap_or_default()),
                     );
                 }
+                let poll = imp == Impl::RedleaseRedisPoll;
+                let cap = (imp == Impl::RedleaseRedisCap10).then_some(Duration::from_secs(10));
                 Ok(Client::Redlease(observe(
-                    redlease_manager(nodes, setup)?,
+                    redlease_client(nodes, setup, poll, cap)?,
                     imp.observer(),
                 )))
             }
-            Impl::RedleaseFred | Impl::ValkeyFredNative | Impl::ValkeyFredScripts => {
+            Impl::RedleaseFred
+            | Impl::ValkeyFredNative
+            | Impl::ValkeyFredScripts
+            | Impl::RedleaseFredPoll => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let config = redlease_adapters::fred::fred::prelude::Config::from_url(url)
@@ -564,7 +689,8 @@ impl Client {
                         ClientNode::new(client).with_commands(imp.commands().unwrap_or_default()),
                     );
                 }
-                Ok(Client::Redlease(redlease_manager(nodes, setup)?))
+                let poll = imp == Impl::RedleaseFredPoll;
+                Ok(Client::Redlease(redlease_client(nodes, setup, poll, None)?))
             }
             Impl::RedleaseMemory | Impl::RedleaseMemoryNoop | Impl::RedleaseMemoryMetrics => {
                 Ok(Client::Redlease(observe(

@@ -24,7 +24,11 @@
 //! - S2 the same on Redlock over 3 and 5 nodes;
 //! - S3 64 tasks on distinct keys through one client (pairs per second);
 //! - S4 three nodes, one blackholed by a fault proxy (acquisition p50/p99 against the operation timeout);
-//! - S5 8 tasks contending for one key (handoffs per second, release-to-acquisition gap);
+//! - S5 8 tasks contending for one key (handoffs per second, release-to-acquisition gap, server commands per
+//!   handoff), redlease with and without release notifications;
+//! - S5p the same with a 1 ms pause after each release (every handoff goes to a waiting task);
+//! - S8 1,000 waiters on 100 held keys (server commands per second while they wait), redlease with and
+//!   without notifications;
 //! - S6 10,000 self-renewing leases (CPU µs per renewal, heap bytes per lease);
 //! - S7 heap allocations per acquire + release on the in-memory node.
 //!
@@ -250,9 +254,35 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
             step(scenarios::hung_node(&env, &plan, imp));
         }
     }
+    // S5 and S8 also measure redlease with notifications off (waiting by polling).
+    let waiting: Vec<Impl> = impls
+        .iter()
+        .copied()
+        .chain(Impl::POLLING.into_iter().filter(named))
+        .collect();
     if wanted("S5") {
-        for &imp in &impls {
-            step(scenarios::contention(&env, &plan, imp));
+        for &imp in &waiting {
+            step(scenarios::contention(&env, &plan, imp, None));
+        }
+    }
+    if wanted("S5p") {
+        let pause = Some(std::time::Duration::from_millis(1));
+        for &imp in waiting
+            .iter()
+            .filter(|i| i.redlease() || matches!(i, Impl::Raw))
+        {
+            step(scenarios::contention(&env, &plan, imp, pause));
+        }
+    }
+    if wanted("S8") {
+        let s8: Vec<Impl> = waiting
+            .iter()
+            .copied()
+            .filter(|i| i.redlease())
+            .chain(Impl::LONG_CAP.into_iter().filter(named))
+            .collect();
+        for imp in s8 {
+            step(scenarios::waiting(&env, &plan, imp));
         }
     }
     if wanted("S6") {
@@ -310,6 +340,8 @@ fn main() -> ExitCode {
     println!();
     println!("targets (issue 5):");
     print!("{}", report::targets(&rows));
+    println!("targets (issue 14, waiting):");
+    print!("{}", report::push_targets(&rows));
     if args.observers {
         println!("lease event hook (--observers):");
         print!("{}", report::observer_costs(&rows));

@@ -35,6 +35,16 @@ pub(crate) struct Row {
     /// The server's time (`usec` of those commands but `EVAL`, the once-per-connection check) per operation:
     /// per pair (S1, S3) or per renewal (S6).
     pub(crate) server_us_per_op: Option<f64>,
+    /// S5: mean time a lease was held, in µs (acquisition returned to release returned).
+    pub(crate) hold_us: Option<f64>,
+    /// S5: commands the server executed per handoff (script-inner commands included).
+    pub(crate) cmds_per_op: Option<f64>,
+    /// S5 (redlease): node calls per handoff.
+    pub(crate) calls_per_op: Option<f64>,
+    /// S8: commands the server executed per second while the waiters waited.
+    pub(crate) cmds_per_s: Option<f64>,
+    /// S8 (redlease): node calls per second while the waiters waited.
+    pub(crate) calls_per_s: Option<f64>,
     /// How the figure was obtained, what bounds it, or why there is none.
     pub(crate) note: String,
 }
@@ -108,7 +118,8 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             "  {{\"scenario\": {}, \"impl\": {}, \"nodes\": {nodes}, \"p50_us\": {}, \"p99_us\": {}, \
              \"ops_per_s\": {}, \"bound_us\": {}, \"bytes_per_lease\": {}, \"cpu_us_per_renewal\": {}, \
              \"allocs_per_op\": {}, \"server\": {server}, \"server_us_per_op\": {}, \
-             \"server_usec_per_call\": {}, \"server_calls\": {}, \"note\": {}}}",
+             \"server_usec_per_call\": {}, \"server_calls\": {}, \"hold_us\": {}, \"cmds_per_op\": {}, \
+             \"calls_per_op\": {}, \"cmds_per_s\": {}, \"calls_per_s\": {}, \"note\": {}}}",
             string(r.scenario),
             string(r.imp),
             num(r.p50_us),
@@ -121,6 +132,11 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             num(r.server_us_per_op),
             per_command(r, |c| num(Some(c.2))),
             per_command(r, |c| c.1.to_string()),
+            num(r.hold_us),
+            num(r.cmds_per_op),
+            num(r.calls_per_op),
+            num(r.cmds_per_s),
+            num(r.calls_per_s),
             string(&r.note),
         );
         out.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
@@ -139,7 +155,7 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<3} {:<33} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9}  note",
+        "{:<3} {:<33} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>10}  note",
         "",
         "impl",
         "nodes",
@@ -150,12 +166,15 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
         "B/lease",
         "CPU µs/r",
         "allocs",
-        "srv µs/op"
+        "srv µs/op",
+        "hold µs",
+        "cmds/op",
+        "cmds/s"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<3} {:<33} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9}  {}{}",
+            "{:<3} {:<33} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>10}  {}{}",
             r.scenario,
             r.imp,
             r.nodes.map_or("-".to_owned(), |n| n.to_string()),
@@ -167,6 +186,9 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
             cell(r.cpu_us_per_renewal, 2),
             cell(r.allocs_per_op, 1),
             cell(r.server_us_per_op, 2),
+            cell(r.hold_us, 0),
+            cell(r.cmds_per_op, 2),
+            cell(r.cmds_per_s, 0),
             r.note,
             server_line(r)
         );
@@ -287,6 +309,99 @@ pub(crate) fn observer_costs(rows: &[Row]) -> String {
     out
 }
 
+/// Issue 14's targets for waiting with notifications: S5 against the polling variant and the round trip, S8.
+pub(crate) fn push_targets(rows: &[Row]) -> String {
+    let mut out = String::new();
+    // One round trip: half the raw floor's S1 pair (SET NX PX, then the release script).
+    let rtt = find(rows, "S1", "raw", Some(1))
+        .and_then(|r| r.p50_us)
+        .map(|p| p / 2.0);
+    for (push, poll) in [
+        ("redlease/redis", "redlease/redis+poll"),
+        ("redlease/fred", "redlease/fred+poll"),
+    ] {
+        let s5 = find(rows, "S5", push, Some(1));
+        let s5p = find(rows, "S5", poll, Some(1));
+        let gap = s5.and_then(|r| r.p50_us);
+        let in_rtt = ratio(gap, rtt);
+        let _ = writeln!(
+            out,
+            "{push}: S5 gap p50 {} µs = {} round trips (raw S1 p50 / 2 = {} µs; target ≤ 3): {}",
+            cell(gap, 1),
+            in_rtt.map_or("-".into(), |r| format!("{r:.2}")),
+            cell(rtt, 1),
+            verdict(in_rtt.map(|r| r <= 3.0))
+        );
+        let ideal = s5
+            .and_then(|r| r.hold_us.zip(r.p50_us))
+            .map(|(h, g)| 1e6 / (h + g));
+        let r = ratio(s5.and_then(|r| r.ops_per_s), ideal);
+        let _ = writeln!(
+            out,
+            "{push}: S5 {} handoffs/s = {} of the ideal 1 / (mean hold + gap p50) = {}/s (target ≥ 0.8×): {}",
+            cell(s5.and_then(|r| r.ops_per_s), 0),
+            fmt_ratio(r),
+            cell(ideal, 0),
+            verdict(r.map(|r| r >= 0.8))
+        );
+        let r = ratio(
+            s5.and_then(|r| r.cmds_per_op),
+            s5p.and_then(|r| r.cmds_per_op),
+        );
+        let _ = writeln!(
+            out,
+            "{push}: S5 server commands per handoff {} vs {poll} {} = {} (target ≤ 0.5×): {}; node calls per \
+             handoff {} vs {}; gap p50 vs polling {}",
+            cell(s5.and_then(|r| r.cmds_per_op), 2),
+            cell(s5p.and_then(|r| r.cmds_per_op), 2),
+            fmt_ratio(r),
+            verdict(r.map(|r| r <= 0.5)),
+            cell(s5.and_then(|r| r.calls_per_op), 2),
+            cell(s5p.and_then(|r| r.calls_per_op), 2),
+            fmt_ratio(ratio(gap, s5p.and_then(|r| r.p50_us))),
+        );
+        let p = find(rows, "S5p", push, Some(1));
+        let pp = find(rows, "S5p", poll, Some(1));
+        let _ = writeln!(
+            out,
+            "{push}: S5p (releaser pauses 1 ms) gap p50 {} µs vs {poll} {} µs = {}; p99 {} vs {} µs; handoffs/s {} \
+             vs {}; server commands per handoff {} vs {} = {}",
+            cell(p.and_then(|r| r.p50_us), 1),
+            cell(pp.and_then(|r| r.p50_us), 1),
+            fmt_ratio(ratio(p.and_then(|r| r.p50_us), pp.and_then(|r| r.p50_us))),
+            cell(p.and_then(|r| r.p99_us), 1),
+            cell(pp.and_then(|r| r.p99_us), 1),
+            cell(p.and_then(|r| r.ops_per_s), 0),
+            cell(pp.and_then(|r| r.ops_per_s), 0),
+            cell(p.and_then(|r| r.cmds_per_op), 2),
+            cell(pp.and_then(|r| r.cmds_per_op), 2),
+            fmt_ratio(ratio(
+                p.and_then(|r| r.cmds_per_op),
+                pp.and_then(|r| r.cmds_per_op)
+            )),
+        );
+        let s8 = find(rows, "S8", push, Some(1)).and_then(|r| r.cmds_per_s);
+        let s8p = find(rows, "S8", poll, Some(1)).and_then(|r| r.cmds_per_s);
+        let _ = writeln!(
+            out,
+            "{push}: S8 server commands/s while 1,000 wait {} vs {poll} {} = {}",
+            cell(s8, 0),
+            cell(s8p, 0),
+            fmt_ratio(ratio(s8, s8p))
+        );
+    }
+    let cap = find(rows, "S8", "redlease/redis, 10 s cap", Some(1)).and_then(|r| r.cmds_per_s);
+    let poll = find(rows, "S8", "redlease/redis+poll", Some(1)).and_then(|r| r.cmds_per_s);
+    let _ = writeln!(
+        out,
+        "redlease/redis with max_retry_delay 10 s: S8 server commands/s {} vs polling {} = {}",
+        cell(cap, 0),
+        cell(poll, 0),
+        fmt_ratio(ratio(cap, poll))
+    );
+    out
+}
+
 pub(crate) fn targets(rows: &[Row]) -> String {
     let mut out = String::new();
     for imp in ["redlease/redis", "redlease/fred"] {
@@ -365,6 +480,11 @@ mod tests {
             "server_us_per_op",
             "server_usec_per_call",
             "server_calls",
+            "hold_us",
+            "cmds_per_op",
+            "calls_per_op",
+            "cmds_per_s",
+            "calls_per_s",
             "note",
         ] {
             assert_eq!(json.matches(&format!("\"{key}\":")).count(), 2, "{key}");

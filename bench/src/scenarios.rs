@@ -12,7 +12,7 @@ use redlease_testkit::MemoryNode;
 use redlease_testkit::proxy::{FaultProxy, ProxyMode};
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-use crate::clients::{Client, Held, Impl, Res, Setup, ctx};
+use crate::clients::{self, Client, Held, Impl, Res, Setup, ctx};
 use crate::measure::{self, CpuClock, Samples};
 use crate::report::Row;
 
@@ -33,6 +33,8 @@ pub(crate) struct Plan {
     pub(crate) s4_budget: Duration,
     /// S5 measuring time.
     pub(crate) s5_time: Duration,
+    /// S8 window in which the waiting load is measured.
+    pub(crate) s8_window: Duration,
     /// S6 held leases.
     pub(crate) s6_leases: usize,
     /// S6 CPU measuring window.
@@ -53,6 +55,7 @@ impl Plan {
         s4_iters: 2_000,
         s4_budget: Duration::from_secs(10),
         s5_time: Duration::from_secs(5),
+        s8_window: Duration::from_secs(4),
         s6_leases: 10_000,
         s6_window: Duration::from_secs(6),
         s7_iters: 20_000,
@@ -68,6 +71,7 @@ impl Plan {
         s4_iters: 300,
         s4_budget: Duration::from_secs(3),
         s5_time: Duration::from_secs(2),
+        s8_window: Duration::from_secs(2),
         s6_leases: 10_000,
         // Longer than rslock's renewal cadence (~2.5 s), so its leases renew inside the window.
         s6_window: Duration::from_secs(3),
@@ -492,28 +496,84 @@ pub(crate) fn hung_node(env: &Env, plan: &Plan, imp: Impl) -> Row {
     row
 }
 
-/// S5: 8 tasks contend for one key, holding it 1 ms each time; handoffs per second and the gap from one
-/// holder's release (returned) to the next holder's acquisition (returned).
-pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
-    let mut row = Row::new("S5", imp.name(), Some(1));
+/// Commands the server has executed so far (`INFO stats total_commands_processed`; commands a script runs
+/// count too), and the `INFO` itself.
+fn server_commands(env: &Env) -> Res<u64> {
+    let info = env.servers[0]
+        .try_cmd(&["INFO", "stats"])
+        .map_err(ctx("INFO stats"))?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| "INFO stats: no total_commands_processed".to_owned())
+}
+
+/// How waiting works for `imp` in S5 and S8 (the note's wording), with the retry delay `delay`.
+fn waiting_kind(imp: Impl, delay: &str) -> String {
+    let how = match imp {
+        Impl::RedleaseRedis
+        | Impl::RedleaseFred
+        | Impl::RedleaseMemory
+        | Impl::RedleaseRedisNoop
+        | Impl::RedleaseRedisMetrics
+        | Impl::RedleaseMemoryNoop
+        | Impl::RedleaseMemoryMetrics
+        | Impl::ValkeyRedisNative
+        | Impl::ValkeyRedisScripts
+        | Impl::ValkeyFredNative
+        | Impl::ValkeyFredScripts => {
+            "acquire_within, woken by release notifications (at most max_retry_delay 1 s apart; polling at \
+             the retry delay DELAY until subscribed)"
+        }
+        Impl::RedleaseRedisCap10 => {
+            "acquire_within, woken by release notifications, max_retry_delay 10 s (polling at the retry \
+             delay DELAY until subscribed)"
+        }
+        Impl::RedleaseRedisPoll | Impl::RedleaseFredPoll => {
+            "acquire_within with notifications off: retry delay DELAY + 0–50 % jitter"
+        }
+        Impl::Rslock => "lock() with set_retry(∞, DELAY): pauses U[0, DELAY)",
+        Impl::Arl => "its own retry loop, DELAY apart",
+        Impl::Raw | Impl::Dlr => "harness loop: try, then DELAY + 0–50 % jitter",
+    };
+    how.replace("DELAY", delay)
+}
+
+/// S5: 8 tasks contend for one key, holding it 1 ms each time; handoffs per second, the gap from one
+/// holder's release (returned) to the next holder's acquisition (returned), the time each lease was held,
+/// and what the server executed per handoff.
+///
+/// With `pause` (S5p), a task pauses that long after its release before it waits again, so every handoff
+/// goes to a waiting task: the gap is then how long a released lock waits for its next holder.
+pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl, pause: Option<Duration>) -> Row {
+    let scenario = if pause.is_some() { "S5p" } else { "S5" };
+    let mut row = Row::new(scenario, imp.name(), Some(1));
     if !imp.networked() {
         row.note = "not measured: the in-memory node is for S6 (memory) and S7".into();
         return row;
     }
     let urls = env.urls(1);
     let result = on_runtime(|| async {
-        let client = Arc::new(Client::connect(imp, &urls, STEADY).await?);
+        clients::COUNTING.store(true, Ordering::SeqCst);
+        let client = Client::connect(imp, &urls, STEADY).await;
+        clients::COUNTING.store(false, Ordering::SeqCst);
+        let client = Arc::new(client?);
         let key = format!("bench:S5:{}", imp.name());
         pairs(&client, &key, plan.warmup.min(100), 0).await?;
         let seq = Arc::new(AtomicU64::new(0));
         let holding = Arc::new(AtomicBool::new(false));
         let overlaps = Arc::new(AtomicU64::new(0));
-        // Per handoff index: when the acquisition returned, and when its release returned.
-        let acquired: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+        // Per handoff index: when the acquisition returned (and by which task), and when its release
+        // returned.
+        let acquired: Arc<Mutex<Vec<(u64, Instant, usize)>>> = Arc::default();
         let released: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+        let (commands, calls) = (
+            server_commands(env)?,
+            clients::NODE_CALLS.load(Ordering::SeqCst),
+        );
         let end = Instant::now() + plan.s5_time;
         let mut tasks = Vec::with_capacity(S5_TASKS);
-        for _ in 0..S5_TASKS {
+        for task in 0..S5_TASKS {
             let (client, key, seq, holding, overlaps, acquired, released) = (
                 Arc::clone(&client),
                 key.clone(),
@@ -536,11 +596,14 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
                     if holding.swap(true, Ordering::SeqCst) {
                         overlaps.fetch_add(1, Ordering::SeqCst);
                     }
-                    lock(&acquired).push((n, at));
+                    lock(&acquired).push((n, at, task));
                     tokio::time::sleep(S5_CRITICAL).await;
                     holding.store(false, Ordering::SeqCst);
                     client.release(held).await?;
                     lock(&released).push((n, Instant::now()));
+                    if let Some(pause) = pause {
+                        tokio::time::sleep(pause).await;
+                    }
                 }
                 Ok::<_, String>(())
             }));
@@ -550,51 +613,200 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl) -> Row {
             task.await.map_err(ctx("S5 task"))??;
         }
         let elapsed = t0.elapsed();
+        // The harness's own INFO (the first one) is counted in the second reading.
+        let commands = server_commands(env)?.saturating_sub(commands + 1);
+        let calls = clients::NODE_CALLS.load(Ordering::SeqCst) - calls;
         let mut acquired = std::mem::take(&mut *lock(&acquired));
         let mut released = std::mem::take(&mut *lock(&released));
-        acquired.sort_unstable_by_key(|(n, _)| *n);
+        acquired.sort_unstable_by_key(|(n, _, _)| *n);
         released.sort_unstable_by_key(|(n, _)| *n);
         let mut gaps = Samples::with_capacity(acquired.len());
         for (r, a) in released.iter().zip(acquired.iter().skip(1)) {
             gaps.push(a.1.saturating_duration_since(r.1));
         }
+        // Handoffs to another task (not the releaser taking the lock again), and wins per task.
+        let switches = acquired.windows(2).filter(|w| w[0].2 != w[1].2).count();
+        let mut wins = [0usize; S5_TASKS];
+        for a in &acquired {
+            wins[a.2] += 1;
+        }
+        // How long each lease was held: acquisition returned to release returned (1 ms asked for; the
+        // tokio timer and the release's round trip add to it).
+        let held: Vec<Duration> = acquired
+            .iter()
+            .zip(released.iter())
+            .map(|(a, r)| r.1.saturating_duration_since(a.1))
+            .collect();
+        let hold_mean =
+            held.iter().sum::<Duration>() / u32::try_from(held.len().max(1)).unwrap_or(1);
         Ok((
             acquired.len(),
             elapsed,
             gaps,
             overlaps.load(Ordering::SeqCst),
+            hold_mean,
+            (commands, calls),
+            (switches, wins),
         ))
     });
     match result {
-        Ok((handoffs, elapsed, mut gaps, overlaps)) => {
+        Ok((handoffs, elapsed, mut gaps, overlaps, hold, (commands, calls), (switches, wins))) => {
+            let per = |n: u64| n as f64 / handoffs.max(1) as f64;
             row.ops_per_s = Some(handoffs as f64 / elapsed.as_secs_f64());
             row.p50_us = gaps.quantile_us(0.5);
             row.p99_us = gaps.quantile_us(0.99);
-            let retry = match imp {
-                Impl::RedleaseRedis
-                | Impl::RedleaseFred
-                | Impl::RedleaseMemory
-                | Impl::RedleaseRedisNoop
-                | Impl::RedleaseRedisMetrics
-                | Impl::RedleaseMemoryNoop
-                | Impl::RedleaseMemoryMetrics
-                | Impl::ValkeyRedisNative
-                | Impl::ValkeyRedisScripts
-                | Impl::ValkeyFredNative
-                | Impl::ValkeyFredScripts => "acquire_within, retry 5 ms + 0–50 % jitter",
-                Impl::Rslock => "lock() with set_retry(∞, 5 ms): pauses U[0, 5 ms)",
-                Impl::Arl => "its own retry loop, 5 ms apart",
-                Impl::Raw | Impl::Dlr => "harness loop: try, then 5 ms + 0–50 % jitter",
-            };
+            row.hold_us = Some(us(hold));
+            row.cmds_per_op = Some(per(commands));
+            if imp.redlease() {
+                row.calls_per_op = Some(per(calls));
+            }
+            let (min, max) = (
+                wins.iter().min().copied().unwrap_or(0),
+                wins.iter().max().copied().unwrap_or(0),
+            );
             row.note = format!(
-                "{handoffs} handoffs among {S5_TASKS} tasks holding 1 ms each in {:.2} s; p50/p99 = gap from a \
-                 release returning to the next acquisition returning; waiting: {retry}{}",
+                "{handoffs} handoffs among {S5_TASKS} tasks holding 1 ms each{} in {:.2} s (mean hold {:.0} µs: \
+                 acquisition returned to release returned; {:.1} % to another task than the releaser, wins per \
+                 task {min}–{max}); p50/p99 = gap from a release returning to the next acquisition returning; \
+                 {commands} server commands (INFO total_commands_processed, script-inner commands included){}; \
+                 waiting: {}{}",
+                if pause.is_some() {
+                    " and pausing 1 ms after each release"
+                } else {
+                    ""
+                },
                 elapsed.as_secs_f64(),
+                us(hold),
+                100.0 * switches as f64 / handoffs.saturating_sub(1).max(1) as f64,
+                if imp.redlease() {
+                    format!(", {calls} node calls")
+                } else {
+                    String::new()
+                },
+                waiting_kind(imp, "5 ms"),
                 if overlaps > 0 {
                     format!("; {overlaps} OVERLAPPING holds observed")
                 } else {
                     String::new()
                 }
+            );
+        }
+        Err(e) => row.note = format!("failed: {e}"),
+    }
+    row
+}
+
+/// S8's waiters and keys.
+const S8_WAITERS: usize = 1000;
+const S8_KEYS: usize = 100;
+
+/// S8 settings: the default retry delay (200 ms) and a TTL far longer than the run.
+const WAITING: Setup = Setup {
+    ttl: Duration::from_secs(30),
+    op_timeout: Duration::from_millis(500),
+    retry_delay: Duration::from_millis(200),
+    renew_every: Duration::from_secs(10),
+};
+
+/// S8: 1,000 waiters on 100 held keys through one client: server commands per second while they wait; then
+/// the keys are released and every waiter takes its key once.
+pub(crate) fn waiting(env: &Env, plan: &Plan, imp: Impl) -> Row {
+    let mut row = Row::new("S8", imp.name(), Some(1));
+    if !imp.networked() {
+        row.note = "not measured: the in-memory node".into();
+        return row;
+    }
+    let urls = env.urls(1);
+    let result = on_runtime(|| async {
+        clients::COUNTING.store(true, Ordering::SeqCst);
+        let client = Client::connect(imp, &urls, WAITING).await;
+        clients::COUNTING.store(false, Ordering::SeqCst);
+        let client = Arc::new(client?);
+        let holder = Client::connect(imp, &urls, WAITING).await?;
+        let keys: Vec<String> = (0..S8_KEYS)
+            .map(|i| format!("bench:S8:{}:{i}", imp.name()))
+            .collect();
+        let mut held = Vec::with_capacity(S8_KEYS);
+        for k in &keys {
+            held.push(
+                holder
+                    .try_acquire(k)
+                    .await?
+                    .ok_or_else(|| format!("{k} unexpectedly held"))?,
+            );
+        }
+        let done = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::with_capacity(S8_WAITERS);
+        for j in 0..S8_WAITERS {
+            let (client, key, done) = (
+                Arc::clone(&client),
+                keys[j % S8_KEYS].clone(),
+                Arc::clone(&done),
+            );
+            tasks.push(tokio::spawn(async move {
+                let got = client
+                    .acquire_waiting(&key, Duration::from_secs(120), WAITING.retry_delay)
+                    .await?;
+                if let Some(h) = got {
+                    client.release(h).await?;
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok::<_, String>(())
+            }));
+        }
+        // Settle (first attempts, subscriptions), then measure while everyone waits.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (commands, calls) = (
+            server_commands(env)?,
+            clients::NODE_CALLS.load(Ordering::SeqCst),
+        );
+        let t0 = Instant::now();
+        // A longer max_retry_delay needs a window that spans it.
+        let window = if imp == Impl::RedleaseRedisCap10 {
+            plan.s8_window.max(Duration::from_secs(11))
+        } else {
+            plan.s8_window
+        };
+        tokio::time::sleep(window).await;
+        let window = t0.elapsed();
+        let commands = server_commands(env)?.saturating_sub(commands + 1);
+        let calls = clients::NODE_CALLS.load(Ordering::SeqCst) - calls;
+        // Release every key: the waiters take them in turn.
+        let released = Instant::now();
+        for h in held {
+            holder.release(h).await?;
+        }
+        for task in tasks {
+            tokio::time::timeout(Duration::from_secs(120), task)
+                .await
+                .map_err(|_| "S8: a waiter did not finish".to_owned())?
+                .map_err(ctx("S8 task"))??;
+        }
+        Ok((
+            window,
+            commands,
+            calls,
+            released.elapsed(),
+            done.load(Ordering::SeqCst),
+        ))
+    });
+    match result {
+        Ok((window, commands, calls, drained, done)) => {
+            let secs = window.as_secs_f64();
+            row.cmds_per_s = Some(commands as f64 / secs);
+            if imp.redlease() {
+                row.calls_per_s = Some(calls as f64 / secs);
+            }
+            row.note = format!(
+                "{S8_WAITERS} waiters on {S8_KEYS} held keys, one client: {commands} server commands in a {secs:.2} \
+                 s window while all waited{}; then every key released: {done} acquisitions in {:.2} s; waiting: {}",
+                if imp.redlease() {
+                    format!(" ({calls} node calls)")
+                } else {
+                    String::new()
+                },
+                drained.as_secs_f64(),
+                waiting_kind(imp, "200 ms"),
             );
         }
         Err(e) => row.note = format!("failed: {e}"),

@@ -65,6 +65,8 @@ enum Quarantine {
 /// | [`drift_factor`](Self::with_drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
 /// | [`operation_timeout`](Self::with_operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
 /// | [`jitter_seed`](Self::with_jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
+/// | [`notifications`](Self::with_notifications) | on | waiting acquisitions are woken by releases where nodes can notify |
+/// | [`max_retry_delay`](Self::with_max_retry_delay) | 1 s | longest wait between attempts of a notified acquisition |
 /// | [`durability`](Self::with_durability) | off | single mode: wait for replicas after each write |
 /// | [`restart_quarantine`](Self::with_restart_quarantine) | the expiry | Redlock: a restarted node is not counted for this long |
 ///
@@ -94,6 +96,8 @@ pub struct Config {
     drift_factor: f64,
     operation_timeout: Option<Duration>,
     jitter_seed: Option<u64>,
+    notifications: bool,
+    max_retry_delay: Duration,
     durability: Durability,
     quarantine: Quarantine,
     renewal_batching: Option<(Duration, usize)>,
@@ -109,6 +113,8 @@ impl Default for Config {
             drift_factor: 0.01,
             operation_timeout: None,
             jitter_seed: None,
+            notifications: true,
+            max_retry_delay: Duration::from_secs(1),
             durability: Durability::Off,
             quarantine: Quarantine::Expiry,
             renewal_batching: None,
@@ -171,6 +177,36 @@ impl Config {
     pub fn with_jitter_seed(mut self, seed: u64) -> Self {
         self.jitter_seed = Some(seed);
         self
+    }
+
+    /// Whether [`acquire_until`](crate::Lock::acquire_until) and [`acquire_within`](crate::Lock::acquire_within)
+    /// wait for release notifications on nodes that offer them ([`RedisNode::notifier`](crate::RedisNode::notifier))
+    /// instead of polling every [`retry_delay`](Self::with_retry_delay) (default `true`). See [`crate::notify`].
+    #[must_use]
+    pub fn with_notifications(mut self, on: bool) -> Self {
+        self.notifications = on;
+        self
+    }
+
+    /// Sets the longest a waiting acquisition goes without an attempt while it can be notified (default 1 s).
+    ///
+    /// It waits for a notification, the holder's remaining TTL or its deadline, whichever comes first, and
+    /// never longer than this: what a lost notification (a dropped subscription, a release by a client that
+    /// does not publish, a key that expired) costs at most.
+    #[must_use]
+    pub fn with_max_retry_delay(mut self, delay: Duration) -> Self {
+        self.max_retry_delay = delay;
+        self
+    }
+
+    /// Whether waiting acquisitions use release notifications.
+    pub fn notifications(&self) -> bool {
+        self.notifications
+    }
+
+    /// The longest wait between attempts of a notified acquisition.
+    pub fn max_retry_delay(&self) -> Duration {
+        self.max_retry_delay
     }
 
     /// Waits for replicas after every acquisition and extension of a single-mode lease (`WAIT`, or
@@ -302,6 +338,7 @@ impl Config {
             return Err(ConfigError::ZeroAttempts);
         }
         nonzero("retry_delay", self.retry_delay)?;
+        nonzero("max_retry_delay", self.max_retry_delay)?;
         if !(0.0..=1.0).contains(&self.retry_jitter) {
             return Err(ConfigError::RetryJitter(self.retry_jitter));
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::config::Config;
 use crate::machine::slots::Slots;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
-use crate::node::{NodeError, NodeErrorKind, RedisNode, RunId, Ttl};
+use crate::node::{Claim, NodeError, NodeErrorKind, RedisNode, RunId, Ttl};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::SharedTimer;
 use crate::token::Token;
@@ -209,6 +209,47 @@ impl<T> RoundResult<T> {
     }
 }
 
+/// The shortest remaining TTL that contended nodes reported in one acquisition round (see
+/// [`Engine::acquire_round`]).
+#[derive(Debug)]
+pub(crate) struct TtlHint {
+    /// The shortest reported TTL in nanoseconds (`u64::MAX`: none yet).
+    min_nanos: std::sync::atomic::AtomicU64,
+}
+
+impl TtlHint {
+    pub(crate) fn new() -> Self {
+        Self {
+            min_nanos: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
+
+    fn note(&self, remaining: Option<Duration>) {
+        use std::sync::atomic::Ordering::Relaxed;
+        if let Some(d) = remaining {
+            let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX - 1);
+            self.min_nanos.fetch_min(nanos, Relaxed);
+        }
+    }
+
+    /// The time after which the lock may be free without a notification: the shortest TTL a contended node
+    /// reported, `None` when none reported one.
+    pub(crate) fn remaining(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering::Relaxed;
+        // A node that reported no TTL may hold the lock until it is released: the others' TTLs still bound
+        // the wait (once they expire a majority may be free).
+        match self.min_nanos.load(Relaxed) {
+            u64::MAX => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+
+    pub(crate) fn reset(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.min_nanos.store(u64::MAX, Relaxed);
+    }
+}
+
 /// The least time a won script round waits for its stragglers: a second request after `NOSCRIPT` is one
 /// more round trip, which a loaded machine can delay by tens of milliseconds.
 pub(crate) const GRACE_FLOOR: Duration = Duration::from_millis(50);
@@ -222,6 +263,23 @@ pub(crate) fn grace_floor(timeout: Duration) -> Duration {
 impl Engine {
     pub(crate) fn quorum(&self) -> usize {
         crate::machine::quorum(self.nodes.len())
+    }
+
+    /// A [`Watch`](crate::notify::Watch) for `key` on every node that offers notifications (one per
+    /// notifier, if nodes share one).
+    pub(crate) fn watches(&self, key: &str) -> Vec<crate::notify::Watch> {
+        let mut seen: Vec<&crate::notify::Notifier> = Vec::new();
+        let mut watches = Vec::new();
+        for node in &self.nodes {
+            if let Some(notifier) = node.notifier() {
+                if seen.iter().any(|n| n.same(notifier)) {
+                    continue;
+                }
+                seen.push(notifier);
+                watches.push(notifier.watch(key));
+            }
+        }
+        watches
     }
 
     pub(crate) fn next_seed(&self) -> u64 {
@@ -331,7 +389,9 @@ impl Engine {
     }
 
     /// One acquisition round. `Some(fence)` values only come from fenced single-node acquisition. `fresh`
-    /// says the token has never been sent (the first attempt), so a plain `SET NX` suffices. `timeout`
+    /// says the token has never been sent (the first attempt), so a plain `SET NX` suffices. With `hint`
+    /// (an unfenced acquisition that may wait for a notification), nodes are asked for the holder's remaining
+    /// TTL on contention ([`RedisNode::acquire_or_ttl`]), collected there. `timeout`
     /// includes the [`wait_allowance`](Self::wait_allowance). Events the nodes gave reason for (a restart, a fence regression, a write not replicated) are emitted for `id`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn acquire_round(
@@ -342,6 +402,7 @@ impl Engine {
         ttl: Ttl,
         timeout: Duration,
         fresh: bool,
+        hint: Option<&TtlHint>,
         id: LeaseId,
     ) -> RoundResult<Option<u64>> {
         let notes = Notes::default();
@@ -380,12 +441,25 @@ impl Engine {
                     timeout,
                     |i, node| {
                         Box::pin(async move {
-                            let taken = if fresh {
-                                node.acquire_fresh(key, token, ttl).await
-                            } else {
-                                node.acquire(key, token, ttl).await
+                            let taken = match hint {
+                                // An acquisition that may wait: the holder's TTL too, on contention.
+                                Some(hint) => node
+                                    .acquire_or_ttl(key, token, ttl, fresh)
+                                    .await
+                                    .map(|claim| match claim {
+                                        Claim::Taken => Some(0),
+                                        Claim::Held { remaining } => {
+                                            hint.note(remaining);
+                                            None
+                                        }
+                                    }),
+                                None => if fresh {
+                                    node.acquire_fresh(key, token, ttl).await
+                                } else {
+                                    node.acquire(key, token, ttl).await
+                                }
+                                .map(|ok| ok.then_some(0)),
                             };
-                            let taken = taken.map(|ok| ok.then_some(0));
                             self.after_acquire(i, node, key, None, token, ttl, taken, notes_ref)
                                 .await
                         })

@@ -69,6 +69,7 @@ mod lease;
 pub mod machine;
 mod manager;
 mod node;
+pub mod notify;
 mod observe;
 mod time;
 mod token;
@@ -85,8 +86,8 @@ pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{Lock, LockManager};
 pub use node::{
-    Applied, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper, RedisNode,
-    ReplicaWait, RunId, Ttl,
+    Applied, Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper,
+    RedisNode, ReplicaWait, RunId, Ttl,
 };
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,

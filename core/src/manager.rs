@@ -3,15 +3,17 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigError};
-use crate::driver::{Engine, Mode, Spawn};
+use crate::driver::{Engine, Mode, Spawn, TtlHint};
 use crate::error::{Error, NotAcquiredReason, Operation, QuorumError};
 use crate::lease::{Grant, Lease, Shared};
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{Backoff, Jitter, Verdict};
 use crate::node::{RedisNode, Ttl};
+use crate::notify::{Outcome, Watch};
 use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
 use crate::time::{SharedTimer, SystemTimer, Timer};
 use crate::token::Token;
@@ -425,6 +427,46 @@ impl Drop for Tokens<'_> {
     }
 }
 
+/// Added to a holder's reported TTL before a waiter tries again: the key expires on the server's clock.
+const TTL_MARGIN: Duration = Duration::from_millis(1);
+
+/// Waits until a watch holds a notification, or until `pushed` while some watch's subscription is confirmed
+/// and the lock was `held` (else until `polling`), driving the notifiers' subscription commands meanwhile.
+async fn wait_for_release(
+    timer: &SharedTimer,
+    watches: &mut [Watch],
+    held: bool,
+    polling: Instant,
+    pushed: Instant,
+) {
+    let mut sleep: Option<(Instant, crate::time::Sleep)> = None;
+    std::future::poll_fn(|cx| {
+        let now = timer.now();
+        // Every watch is polled (each drives its notifier): notifications that arrive together, such as the
+        // confirmed subscriptions of several Redlock nodes, are used by one attempt.
+        let mut notified = false;
+        for w in watches.iter_mut() {
+            notified |= w.poll_notified(cx, now).is_ready();
+        }
+        if notified {
+            return Poll::Ready(());
+        }
+        let target = if held && watches.iter().any(Watch::is_active) {
+            pushed
+        } else {
+            polling
+        };
+        if sleep.as_ref().is_none_or(|(at, _)| *at != target) {
+            sleep = Some((target, timer.sleep_until(target)));
+        }
+        match &mut sleep {
+            Some((_, timer_sleep)) => timer_sleep.as_mut().poll(cx),
+            None => Poll::Pending,
+        }
+    })
+    .await
+}
+
 /// What the winning round of an acquisition established.
 struct Won {
     fence: Option<u64>,
@@ -621,6 +663,16 @@ impl Lock {
             Jitter::from_seed(engine.next_seed()),
         );
         let mut tokens = Tokens::new(engine, &self.key, id, plan.op_timeout)?;
+        // Waiting with release notifications: a watch per notifying node, registered before the first
+        // attempt (nothing is sent until an attempt finds the lock held; see `crate::notify`).
+        let mut watches = match limit {
+            Limit::Until(_) if config.notifications() => engine.watches(&self.key),
+            _ => Vec::new(),
+        };
+        for w in &mut watches {
+            w.own(&tokens.current);
+        }
+        let hint = (!watches.is_empty() && self.fence_key.is_none()).then(TtlHint::new);
         let mut attempt = 0u32;
         // Whether an attempt found the lock held by another owner (for the event hook).
         let mut contended = false;
@@ -637,6 +689,12 @@ impl Lock {
             if let Limit::Until(deadline) = limit {
                 timeout = timeout.min(deadline.saturating_duration_since(engine.timer.now()));
             }
+            for w in &mut watches {
+                w.begin_attempt();
+            }
+            if let Some(hint) = &hint {
+                hint.reset();
+            }
             let r = engine
                 .acquire_round(
                     &self.key,
@@ -645,9 +703,11 @@ impl Lock {
                     plan.ttl,
                     timeout,
                     fresh,
+                    hint.as_ref(),
                     id,
                 )
                 .await;
+
             // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
             // change a key that exists, ours included; only an own-token branch resets the TTL when it lands.
             let nx = fresh && self.fence_key.is_none();
@@ -669,6 +729,9 @@ impl Lock {
                         Some(_) => r.values.first().copied().flatten().flatten(),
                         None => None,
                     };
+                    for w in &mut watches {
+                        w.end_attempt(Outcome::Won);
+                    }
                     if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
                         match engine.watch.lock() {
                             Ok(mut w) => w.issued(fence_key, fence),
@@ -741,6 +804,14 @@ impl Lock {
             } else {
                 NotAcquiredReason::TooFewNodes
             };
+            let outcome = if reason == NotAcquiredReason::Contended {
+                Outcome::Held
+            } else {
+                Outcome::Failed
+            };
+            for w in &mut watches {
+                w.end_attempt(outcome);
+            }
             contended |= reason == NotAcquiredReason::Contended;
             if engine.hook.active() {
                 engine.hook.emit(
@@ -797,19 +868,61 @@ impl Lock {
             // it where the earlier write landed.
             if stale_cleanup {
                 tokens.rotate()?;
+                for w in &mut watches {
+                    w.own(&tokens.current);
+                }
                 dirty.iter_mut().for_each(|d| *d = false);
                 unsettled.clear();
                 fresh = true;
             }
 
             let pause = backoff.next_pause();
-            let now = engine.timer.now();
+            let mut now = engine.timer.now();
+            let notified = !watches.is_empty();
             let more = reason != NotAcquiredReason::Refused
                 && match limit {
                     Limit::Attempts(max) => attempt < max,
+                    // A notification may end the wait early: wait up to the deadline itself.
+                    Limit::Until(deadline) if notified => now < deadline,
                     Limit::Until(deadline) => crate::time::add(now, pause) < deadline,
                 };
-            if !more {
+            if more {
+                let Limit::Until(deadline) = limit else {
+                    engine.timer.sleep_until(crate::time::add(now, pause)).await;
+                    continue;
+                };
+                if !notified {
+                    engine.timer.sleep_until(crate::time::add(now, pause)).await;
+                    continue;
+                }
+                let held = reason == NotAcquiredReason::Contended;
+                if held {
+                    for w in &mut watches {
+                        w.subscribe(now);
+                    }
+                }
+                // Until a subscription is confirmed: the polling pause. Once it is: the holder's remaining TTL
+                // (plus the pause's jitter, so that waiters of one expiring lock spread out), at most
+                // `max_retry_delay`.
+                let extra = pause.saturating_sub(config.retry_delay());
+                let cap = config.max_retry_delay();
+                let bound = hint
+                    .as_ref()
+                    .and_then(TtlHint::remaining)
+                    .map_or(cap, |ttl| {
+                        ttl.saturating_add(TTL_MARGIN)
+                            .saturating_add(extra)
+                            .min(cap)
+                    });
+                let polling = crate::time::add(now, pause).min(deadline);
+                let pushed = crate::time::add(now, bound).min(deadline);
+                wait_for_release(&engine.timer, &mut watches, held, polling, pushed).await;
+                now = engine.timer.now();
+                if now < deadline {
+                    continue;
+                }
+            }
+            {
                 tokens.failed();
                 engine.hook.emit(
                     &self.key,
@@ -839,7 +952,6 @@ impl Lock {
                     last_error,
                 });
             }
-            engine.timer.sleep_until(crate::time::add(now, pause)).await;
         }
     }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::notify::Notifier;
 use crate::token::Token;
 
 /// A time-to-live in whole milliseconds, as sent to Redis (`PX`, `PEXPIRE`).
@@ -92,6 +93,20 @@ impl fmt::Debug for KeyState {
             .field("ttl", &self.ttl)
             .finish()
     }
+}
+
+/// What [`RedisNode::acquire_or_ttl`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The lock is (now) held by this acquisition's token.
+    Taken,
+    /// Another owner holds the lock; nothing changed.
+    Held {
+        /// The holder's remaining TTL, when the node learned it in the same atomic step (`None`: unknown, or
+        /// the key has no expiry).
+        remaining: Option<Duration>,
+    },
 }
 
 /// The identity of one run of a server process: Redis' `run_id` (`INFO server`), a new random value every
@@ -345,6 +360,44 @@ pub trait RedisNode: Send + Sync {
 
     /// Reads the value and remaining TTL of `key` (for tools and tests; the lease algorithms never call it).
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError>;
+
+    /// [`acquire_fresh`](Self::acquire_fresh) (`fresh`) or [`acquire`](Self::acquire), and when another owner
+    /// holds the lock, its remaining TTL, learned in the same atomic step (a waiting acquisition waits for a
+    /// notification at most that long; see [`notifier`](Self::notifier)).
+    ///
+    /// Same contract as the method it stands for; with `fresh` it must not change an existing key when
+    /// [`acquire_fresh_is_nx`](Self::acquire_fresh_is_nx) says so. The default calls that method and reports
+    /// `Held { remaining: None }` on contention, which costs no extra command (the waiter then waits at most
+    /// [`Config::max_retry_delay`](crate::Config::max_retry_delay)).
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        let taken = if fresh {
+            self.acquire_fresh(key, token, ttl).await?
+        } else {
+            self.acquire(key, token, ttl).await?
+        };
+        Ok(if taken {
+            Claim::Taken
+        } else {
+            Claim::Held { remaining: None }
+        })
+    }
+
+    /// The node's release notifications, if it can subscribe: a [`Notifier`] owning one subscriber
+    /// connection, shared by every waiter (see [`crate::notify`]). Every release this node performs must
+    /// then publish on [`notify::channel(key)`](crate::notify::channel) once the key is deleted.
+    ///
+    /// The default, `None`, means unsupported: waiting acquisitions poll this node
+    /// ([`Config::retry_delay`](crate::Config::retry_delay)), as they always did. A wrapper node forwards
+    /// its inner node's notifier.
+    fn notifier(&self) -> Option<&Notifier> {
+        None
+    }
 
     /// A stable identity of the server behind this node (e.g. `redis://10.0.0.5:6379/0`), used to reject a
     /// Redlock topology that names one server twice. `None` (the default) when unknown.
@@ -653,6 +706,29 @@ pub trait NodeWrapper: Send + Sync {
         self.inner().extend_many(items)
     }
 
+    /// See [`RedisNode::acquire_or_ttl`]; forwards by default.
+    fn acquire_or_ttl<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> NodeFuture<'f, Claim>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().acquire_or_ttl(key, token, ttl, fresh)
+    }
+
+    /// See [`RedisNode::notifier`]; forwards by default (the wrapper's waiters share the inner node's
+    /// subscriber connection).
+    fn notifier(&self) -> Option<&Notifier> {
+        self.inner().notifier()
+    }
+
     /// See [`RedisNode::extend_many_limit`]; forwards by default.
     fn extend_many_limit(&self) -> usize {
         self.inner().extend_many_limit()
@@ -787,6 +863,26 @@ impl<W: NodeWrapper> RedisNode for W {
         Self: 'f,
     {
         NodeWrapper::extend_many(self, items)
+    }
+
+    fn acquire_or_ttl<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> NodeFuture<'f, Claim>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::acquire_or_ttl(self, key, token, ttl, fresh)
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        NodeWrapper::notifier(self)
     }
 
     fn extend_many_limit(&self) -> usize {

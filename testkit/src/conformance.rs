@@ -19,12 +19,20 @@
 //!
 //! Expiry is observed by sleeping on `timer` for about 150 ms in total (instant under virtual time). All keys
 //! share one `{hash tag}`, so a Redis Cluster node passes too.
+//!
+//! Capabilities are checked where a node claims them: release notifications for a node with a
+//! [`notifier`](RedisNode::notifier) (a release that deletes publishes [`notify::payload`] on the key's
+//! channel, the subscription is confirmed and nothing stays subscribed after the watch is dropped), and the
+//! holder's TTL for a node whose [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports one (it must be the
+//! key's TTL, and the call must keep `acquire`'s and `acquire_fresh`'s contracts either way).
 
 use std::fmt;
 use std::time::Duration;
 
+use redlease::notify::{self, Subscription, Watch};
 use redlease::{
-    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, Timer, Token, Ttl, async_trait,
+    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, Timer, Token, Ttl,
+    async_trait,
 };
 
 /// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
@@ -79,7 +87,12 @@ pub const CASES: &[&str] = &[
     "run_id_is_stable_between_calls",
     "wait_replicas_for_none_answers_at_once",
     "extend_many_answers_each_item_as_extend_would",
+    "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
+    "a_node_that_notifies_publishes_each_release_and_unsubscribes",
 ];
+
+/// How long a notification case waits for a subscription or a message (real time on a live server).
+const NOTIFY_WAIT: Duration = Duration::from_secs(3);
 
 struct Ctx<'a> {
     node: &'a dyn RedisNode,
@@ -135,6 +148,18 @@ impl Ctx<'_> {
             format!("inspect of {key} answered {inspected:?}, an independent read {read:?}")
         })?;
         Ok(read)
+    }
+
+    /// Waits (up to [`NOTIFY_WAIT`] on the timer) until `watch` holds a notification; whether it did.
+    async fn notified(&self, watch: &mut Watch) -> bool {
+        let mut sleep = self.timer.sleep_until(self.timer.now() + NOTIFY_WAIT);
+        std::future::poll_fn(|cx| {
+            if watch.poll_notified(cx, self.timer.now()).is_ready() {
+                return std::task::Poll::Ready(true);
+            }
+            sleep.as_mut().poll(cx).map(|()| false)
+        })
+        .await
     }
 
     async fn sleep(&self, d: Duration) {
@@ -227,8 +252,10 @@ pub async fn run_with_reader(
 }
 
 /// Checks a wrapper node (a decorator around `inner`): that it reports the inner node's capabilities — the
-/// [`endpoint`](RedisNode::endpoint) and whether [`acquire_fresh`](RedisNode::acquire_fresh) is a plain
-/// `SET NX` — and that every case of [`run`] passes through it, with each state read from `inner` directly.
+/// [`endpoint`](RedisNode::endpoint), whether [`acquire_fresh`](RedisNode::acquire_fresh) is a plain
+/// `SET NX`, the inner node's [`notifier`](RedisNode::notifier), and the holder's TTL where the inner node's
+/// [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports it — and that every case of [`run`] passes through
+/// it, with each state read from `inner` directly.
 ///
 /// A wrapper written with [`redlease::NodeWrapper`] forwards everything by default; one that implements
 /// [`RedisNode`] and writes only the required methods fails here (case `wrapper_forwards_capabilities`).
@@ -299,6 +326,59 @@ pub async fn run_wrapper(
             case,
             message: format!("wait_replicas() is {w:?}, the inner node's is {i:?}"),
         });
+    }
+    let same_notifier = match (wrapper.notifier(), inner.notifier()) {
+        (None, None) => true,
+        (Some(w), Some(i)) => w.same(i),
+        _ => false,
+    };
+    if !same_notifier {
+        return Err(Failure {
+            case,
+            message: format!(
+                "notifier() is {}, the inner node's is {} (a wrapper forwards the inner node's notifier)",
+                if wrapper.notifier().is_some() {
+                    "Some"
+                } else {
+                    "None"
+                },
+                if inner.notifier().is_some() {
+                    "Some"
+                } else {
+                    "None"
+                },
+            ),
+        });
+    }
+    // The holder's TTL that the inner node reports must come through (the default reports none).
+    let fail = |message: String| Failure { case, message };
+    let key = format!(
+        "redlease:conformance:{{{}}}:wrapper",
+        &token()?.as_str()[..12]
+    );
+    let (owner, other) = (token()?, token()?);
+    inner
+        .acquire(&key, &owner, ttl(LONG))
+        .await
+        .map_err(|e| fail(format!("acquire through the inner node failed: {e}")))?;
+    let claims = (
+        inner.acquire_or_ttl(&key, &other, ttl(LONG), true).await,
+        wrapper.acquire_or_ttl(&key, &other, ttl(LONG), true).await,
+    );
+    let _ = inner.release(&key, &owner).await;
+    match claims {
+        (Ok(Claim::Held { remaining: Some(_) }), Ok(Claim::Held { remaining: None })) => {
+            return Err(fail(
+                "acquire_or_ttl reports no TTL where the inner node reports the holder's: not forwarded"
+                    .into(),
+            ));
+        }
+        (_, Err(e)) => {
+            return Err(fail(format!(
+                "acquire_or_ttl through the wrapper failed: {e}"
+            )));
+        }
+        _ => {}
     }
     run_with_reader(wrapper, &InnerReader(inner), timer).await
 }
@@ -682,6 +762,107 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 c.ensure(released, || format!("release of key {k:?} returned false"))?;
             }
             Ok(())
+        }
+        "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl" => {
+            let (k, owner, other) = (c.key("lock"), token()?, token()?);
+            let free = c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &owner, ttl(LONG), true).await,
+            )?;
+            c.ensure(free == Claim::Taken, || {
+                format!("acquire_or_ttl of a free key answered {free:?}")
+            })?;
+            c.expect_held(&k, &owner, long, SLACK).await?;
+            let held = c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &other, ttl(LONG * 2), true).await,
+            )?;
+            match held {
+                Claim::Held { remaining: None } => {}
+                Claim::Held {
+                    remaining: Some(left),
+                } => c.ensure(left <= long && left + SLACK > long, || {
+                    format!("acquire_or_ttl reported the holder's TTL as {left:?}, the key's is ~{long:?}")
+                })?,
+                other => return Err(c.fail(format!("acquire_or_ttl took a held key: {other:?}"))),
+            }
+            c.expect_held(&k, &owner, long, SLACK).await?;
+            // A retry of the holder (not fresh) recognises its token and resets the TTL.
+            let again = c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &owner, ttl(LONG * 3), false).await,
+            )?;
+            c.ensure(again == Claim::Taken, || {
+                format!("a retry with the holder's token answered {again:?}")
+            })?;
+            c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            if node.acquire_fresh_is_nx() {
+                // Fresh on a node whose fresh path is SET NX: the key is not touched, even holding the token.
+                let fresh = c.ok(
+                    "acquire_or_ttl",
+                    node.acquire_or_ttl(&k, &owner, ttl(LONG), true).await,
+                )?;
+                c.ensure(matches!(fresh, Claim::Held { .. }), || {
+                    format!("a fresh acquire_or_ttl of an existing key answered {fresh:?}")
+                })?;
+                c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            }
+            Ok(())
+        }
+        "a_node_that_notifies_publishes_each_release_and_unsubscribes" => {
+            let Some(notifier) = node.notifier() else {
+                return Ok(());
+            };
+            let before = notifier.stats();
+            let k = c.key("lock");
+            let mut watch = notifier.watch(&k);
+            match watch.subscribe(c.timer.now()) {
+                Subscription::Active | Subscription::Pending => {}
+                other => return Err(c.fail(format!("subscribing answered {other:?}"))),
+            }
+            // The confirmed subscription is itself a notification.
+            c.ensure(c.notified(&mut watch).await && watch.is_active(), || {
+                format!("the subscription was not confirmed within {NOTIFY_WAIT:?}")
+            })?;
+            watch.begin_attempt();
+            watch.end_attempt(notify::Outcome::Held);
+            // A release of another token wakes the watch, with the token's payload.
+            let t = token()?;
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            let released = c.ok("release", node.release(&k, &t).await)?;
+            c.ensure(released, || {
+                "release with the owner's token returned false".into()
+            })?;
+            c.ensure(c.notified(&mut watch).await, || {
+                format!("no notification within {NOTIFY_WAIT:?} of a release")
+            })?;
+            watch.begin_attempt();
+            watch.end_attempt(notify::Outcome::Held);
+            // A release of the watch's own token is recognised by its payload and wakes nobody.
+            let own = token()?;
+            watch.own(&own);
+            c.ok("acquire", node.acquire(&k, &own, ttl(LONG)).await)?;
+            c.ok("release", node.release(&k, &own).await)?;
+            let marker = token()?;
+            c.ok("acquire", node.acquire(&k, &marker, ttl(LONG)).await)?;
+            c.ok("release", node.release(&k, &marker).await)?;
+            c.ensure(c.notified(&mut watch).await, || {
+                "no notification of a second release".into()
+            })?;
+            let stats = notifier.stats();
+            c.ensure(stats.own > before.own, || {
+                format!(
+                    "the release of the watch's own token was not recognised (payload other than {:?}?): {stats:?}",
+                    notify::payload(&own)
+                )
+            })?;
+            drop(watch);
+            c.ensure(notifier.stats().channels == before.channels, || {
+                format!(
+                    "still subscribed after the last watch was dropped: {:?}",
+                    notifier.stats()
+                )
+            })
         }
         other => Err(c.fail(format!("unknown case {other}"))),
     }

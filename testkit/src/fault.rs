@@ -15,9 +15,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use redlease::machine::Jitter;
+use redlease::notify::Notifier;
 use redlease::{
-    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, Spawn, Timer,
-    Token, Ttl, async_trait,
+    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, Spawn,
+    Timer, Token, Ttl, async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -131,6 +132,8 @@ pub struct RandomFaults {
     pub max_late: Duration,
     /// How the node orders requests when some are late.
     pub delivery: Delivery,
+    /// Probability that a release notification is lost (see [`Faults::drop_notifications`]).
+    pub notification_lost: f64,
 }
 
 impl RandomFaults {
@@ -148,13 +151,14 @@ impl RandomFaults {
             late_after_error: 0.0,
             max_late: Duration::ZERO,
             delivery: Delivery::Fifo,
+            notification_lost: 0.0,
         }
     }
 
     /// Every fault mode at once, for seeded random runs: failures 3 %, hangs 2 %, lost replies 3 %, slow
     /// replies 2 %, late requests 5 % and late requests after an error 3 % (applied up to 1.5 s later),
-    /// latency up to 30 ms, and by `seed % 3`: [`Delivery::Pool`] (0), [`Delivery::Fifo`] (1) or
-    /// [`Delivery::Reconnecting`] (2).
+    /// latency up to 30 ms, lost release notifications 10 %, and by `seed % 3`: [`Delivery::Pool`] (0),
+    /// [`Delivery::Fifo`] (1) or [`Delivery::Reconnecting`] (2).
     ///
     /// Late requests need a node built with [`FaultyNode::with_spawner`]. The other hostile conditions of
     /// the simulator are set elsewhere: node clocks with [`SkewedClock::random`](crate::SkewedClock::random),
@@ -171,6 +175,7 @@ impl RandomFaults {
             .slow_reply(0.02)
             .late(0.05, Duration::from_millis(1500))
             .late_after_error(0.03)
+            .notification_lost(0.1)
             .delivery(match seed % 3 {
                 0 => Delivery::Pool,
                 1 => Delivery::Fifo,
@@ -200,6 +205,13 @@ impl RandomFaults {
         self
     }
 
+    /// Sets the probability that a release notification is lost.
+    #[must_use]
+    pub fn notification_lost(mut self, p: f64) -> Self {
+        self.notification_lost = p;
+        self
+    }
+
     /// Sets how the node orders requests (FIFO connection or pool).
     #[must_use]
     pub fn delivery(mut self, delivery: Delivery) -> Self {
@@ -223,6 +235,12 @@ struct Plan {
     next_seq: u64,
     highest_applied_seq: Option<u64>,
     reordered: u64,
+    /// Release notifications still to drop (scripted), and how many were dropped / let through.
+    drop_notifications: u64,
+    notifications_dropped: u64,
+    notifications_passed: u64,
+    /// The inner node's notifier, for [`Faults::cut_subscriptions`].
+    notifier: Option<Notifier>,
 }
 
 /// The shared control panel of a [`FaultyNode`]: change faults while a test runs, count calls.
@@ -342,6 +360,55 @@ impl Faults {
         plan.random = None;
         plan.partitioned = false;
         self
+    }
+
+    /// Drops the next `n` release notifications the node's subscriber connection receives (they never
+    /// reach a waiter), after which they pass again (unless random faults drop them).
+    pub fn drop_notifications(&self, n: u64) -> &Self {
+        self.lock().drop_notifications += n;
+        self
+    }
+
+    /// Release notifications dropped so far (scripted or random).
+    pub fn dropped_notifications(&self) -> u64 {
+        self.lock().notifications_dropped
+    }
+
+    /// Release notifications let through so far.
+    pub fn passed_notifications(&self) -> u64 {
+        self.lock().notifications_passed
+    }
+
+    /// Cuts the node's subscriber connection as if it had failed: every subscription is lost (waiters poll
+    /// until they are subscribed again). Does nothing for a node without notifications.
+    pub fn cut_subscriptions(&self) -> &Self {
+        let notifier = self.lock().notifier.clone();
+        if let Some(n) = notifier {
+            n.disconnect();
+        }
+        self
+    }
+
+    /// Whether the next notification passes (scripted drops first, then random ones).
+    fn pass_notification(&self) -> bool {
+        let mut plan = self.lock();
+        let drop = if plan.drop_notifications > 0 {
+            plan.drop_notifications -= 1;
+            true
+        } else if plan.partitioned {
+            true
+        } else if let Some((random, rng)) = &mut plan.random {
+            let p = random.notification_lost;
+            p > 0.0 && rng.next_unit() < p
+        } else {
+            false
+        };
+        if drop {
+            plan.notifications_dropped += 1;
+        } else {
+            plan.notifications_passed += 1;
+        }
+        !drop
     }
 
     /// Calls of `op` so far (whatever happened to them).
@@ -546,6 +613,13 @@ struct Wire {
 /// Late requests run detached from the caller, on the spawner given to [`with_spawner`](Self::with_spawner)
 /// (in a simulation, [`Sim::spawner`](crate::Sim::spawner): the network is not paused with a client).
 ///
+/// Release notifications: the inner node's [`notifier`](RedisNode::notifier) is forwarded, with a
+/// [filter](Notifier::set_filter) that drops notifications as the [`Faults`] say
+/// ([`drop_notifications`](Faults::drop_notifications), [`RandomFaults::notification_lost`], and all of them
+/// while partitioned); [`Faults::cut_subscriptions`] drops the subscriber connection. The filter is installed
+/// on the inner node's notifier, so it applies to every user of that node (and the last `FaultyNode` built
+/// over it decides).
+///
 /// ```
 /// use std::time::Duration;
 /// use redlease::{RedisNode, Token, Ttl};
@@ -638,6 +712,14 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
 
     fn build(inner: N, timer: Arc<dyn Timer>, spawner: Option<Arc<dyn Spawn>>) -> (Self, Faults) {
         let faults = Faults::default();
+        if let Some(notifier) = inner.notifier() {
+            // The inner node's notifier is forwarded as it is; its deliveries pass this node's faults.
+            let panel = faults.clone();
+            notifier.set_filter(Some(Arc::new(move |_channel: &str| {
+                panel.pass_notification()
+            })));
+            faults.lock().notifier = Some(notifier.clone());
+        }
         (
             Self {
                 inner: Arc::new(inner),
@@ -890,8 +972,32 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
         self.run(Op::Inspect, self.inner.inspect(key), detach).await
     }
 
+    /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own implementation.
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<Claim>> {
+            let (key, token) = (key.to_owned(), token.clone());
+            Box::pin(async move { n.acquire_or_ttl(&key, &token, ttl, fresh).await })
+        };
+        self.run(
+            Op::Acquire,
+            self.inner.acquire_or_ttl(key, token, ttl, fresh),
+            detach,
+        )
+        .await
+    }
+
     fn acquire_fresh_is_nx(&self) -> bool {
         self.inner.acquire_fresh_is_nx()
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier()
     }
 
     fn endpoint(&self) -> Option<String> {

@@ -6,12 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, SystemTimer,
-    Timer, Token, Ttl, async_trait,
+    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId,
+    SystemTimer, Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(1);
 
 #[derive(Debug, Clone)]
 struct Entry {
@@ -22,6 +24,10 @@ struct Entry {
 #[derive(Default)]
 struct Store {
     keys: HashMap<String, Entry>,
+    /// Subscribed channels: the subscriber connections (by id) and where each delivers.
+    subs: HashMap<String, Vec<(u64, Inbox)>>,
+    /// Messages published so far.
+    published: u64,
     /// Restarts so far: part of the run id.
     runs: u64,
     /// What `wait_replicas` answers (see [`MemoryNode::set_replicas`]).
@@ -76,11 +82,96 @@ impl Store {
 /// assert_eq!(node.keys(), Vec::<String>::new());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// # Release notifications
+///
+/// A release that deletes the key publishes [`notify::payload`] on [`notify::channel`] of the key, like the
+/// adapters' release scripts, to every subscriber connection of the store; [`del`](Self::del) and expiry
+/// publish nothing (a release by a client that does not publish). The node's [`Notifier`] is shared by its
+/// clones (one subscriber connection, as a client's); [`client`](Self::client) gives another client of the
+/// same store, with its own. [`numsub`](Self::numsub) and
+/// [`subscriber_connections`](Self::subscriber_connections) show what the "server" holds.
+///
+/// ```
+/// use redlease::{Config, LockManager};
+/// use redlease_testkit::MemoryNode;
+/// let node = MemoryNode::new();
+/// let manager = LockManager::single(node.clone(), Config::default()).unwrap();
+/// # let _ = manager;
+/// assert_eq!(node.subscriber_connections(), 0, "nothing subscribed while nobody waits");
+/// ```
 #[derive(Clone)]
 pub struct MemoryNode {
     store: Arc<Mutex<Store>>,
     timer: Arc<dyn Timer>,
     id: u64,
+    notifier: Option<Notifier>,
+}
+
+/// The subscriber connection of one [`MemoryNode`] client.
+struct MemorySubscriber {
+    store: Arc<Mutex<Store>>,
+    /// The open connection's id (0: none).
+    connection: Arc<AtomicU64>,
+}
+
+impl MemorySubscriber {
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Subscriber for MemorySubscriber {
+    fn subscribe(&self, inbox: Inbox, channel: &str) -> SubscribeFuture {
+        let (store, connection, channel) = (
+            Arc::clone(&self.store),
+            Arc::clone(&self.connection),
+            channel.to_owned(),
+        );
+        Box::pin(async move {
+            let mut id = connection.load(Ordering::SeqCst);
+            if id == 0 {
+                id = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
+                connection.store(id, Ordering::SeqCst);
+            }
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            let subs = store.subs.entry(channel).or_default();
+            subs.retain(|(c, _)| *c != id);
+            subs.push((id, inbox));
+            Ok(())
+        })
+    }
+
+    fn unsubscribe(&self, channel: &str) -> SubscribeFuture {
+        let (store, connection, channel) = (
+            Arc::clone(&self.store),
+            Arc::clone(&self.connection),
+            channel.to_owned(),
+        );
+        Box::pin(async move {
+            let id = connection.load(Ordering::SeqCst);
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(subs) = store.subs.get_mut(&channel) {
+                subs.retain(|(c, _)| *c != id);
+                if subs.is_empty() {
+                    store.subs.remove(&channel);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn close(&self) {
+        let id = self.connection.swap(0, Ordering::SeqCst);
+        if id == 0 {
+            return;
+        }
+        let mut store = self.lock();
+        store.subs.retain(|_, subs| {
+            subs.retain(|(c, _)| *c != id);
+            !subs.is_empty()
+        });
+    }
 }
 
 impl fmt::Debug for MemoryNode {
@@ -104,10 +195,95 @@ impl MemoryNode {
     /// A node whose keys expire by `timer`'s clock (e.g. a [`VirtualClock`](crate::VirtualClock), or a
     /// [`SkewedClock`](crate::SkewedClock) for a node whose clock runs fast or slow).
     pub fn with_timer(timer: impl Timer) -> Self {
+        let store: Arc<Mutex<Store>> = Arc::default();
         Self {
-            store: Arc::default(),
+            notifier: Some(Self::notifier_for(&store)),
+            store,
             timer: Arc::new(timer),
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    fn notifier_for(store: &Arc<Mutex<Store>>) -> Notifier {
+        Notifier::new(
+            MemorySubscriber {
+                store: Arc::clone(store),
+                connection: Arc::default(),
+            },
+            notify::DEFAULT_MAX_CHANNELS,
+        )
+    }
+
+    /// Another client of the same store (same keys, same endpoint) with a subscriber connection of its own.
+    pub fn client(&self) -> Self {
+        Self {
+            notifier: Some(Self::notifier_for(&self.store)),
+            ..self.clone()
+        }
+    }
+
+    /// This node with a channel budget of `max_channels` for its notifier (a new subscriber connection).
+    pub fn with_max_channels(self, max_channels: usize) -> Self {
+        Self {
+            notifier: Some(Notifier::new(
+                MemorySubscriber {
+                    store: Arc::clone(&self.store),
+                    connection: Arc::default(),
+                },
+                max_channels,
+            )),
+            ..self
+        }
+    }
+
+    /// This node without release notifications (as a custom node that does not implement them): its
+    /// [`notifier`](RedisNode::notifier) is `None`, so waiting acquisitions poll it. Releases still publish.
+    pub fn without_notifications(self) -> Self {
+        Self {
+            notifier: None,
+            ..self
+        }
+    }
+
+    /// Subscriber connections subscribed to `channel` now (`PUBSUB NUMSUB`).
+    pub fn numsub(&self, channel: &str) -> usize {
+        self.lock().subs.get(channel).map_or(0, Vec::len)
+    }
+
+    /// Channels with at least one subscriber now (`PUBSUB CHANNELS`).
+    pub fn subscribed_channels(&self) -> usize {
+        self.lock().subs.len()
+    }
+
+    /// Distinct subscriber connections with at least one subscription now (`CLIENT LIST` with `sub>0`).
+    pub fn subscriber_connections(&self) -> usize {
+        let store = self.lock();
+        let mut ids: Vec<u64> = store.subs.values().flatten().map(|(c, _)| *c).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    }
+
+    /// Messages published so far (by releases that deleted their key).
+    pub fn published(&self) -> u64 {
+        self.lock().published
+    }
+
+    /// Publishes a release of `key` by `token` to every subscriber (what a release that deleted does).
+    fn publish(&self, key: &str, token: &Token) {
+        let channel = notify::channel(key);
+        let inboxes: Vec<Inbox> = {
+            let mut store = self.lock();
+            store.published += 1;
+            store
+                .subs
+                .get(&channel)
+                .map(|subs| subs.iter().map(|(_, inbox)| inbox.clone()).collect())
+                .unwrap_or_default()
+        };
+        let payload = notify::payload(token);
+        for inbox in inboxes {
+            inbox.deliver(channel.as_bytes(), payload.as_bytes());
         }
     }
 
@@ -183,11 +359,23 @@ impl MemoryNode {
         self.lock().keys.clear();
     }
 
-    /// A restart without persistence: every key is forgotten and the [`run_id`](RedisNode::run_id) changes.
+    /// A restart without persistence: every key is forgotten, every subscriber connection is dropped (its
+    /// notifier subscribes again) and the [`run_id`](RedisNode::run_id) changes.
     pub fn restart(&self) {
-        let mut store = self.lock();
-        store.keys.clear();
-        store.runs += 1;
+        let lost: Vec<Inbox> = {
+            let mut store = self.lock();
+            store.keys.clear();
+            store.runs += 1;
+            // Every connection is gone, subscriber connections too.
+            std::mem::take(&mut store.subs)
+                .into_values()
+                .flatten()
+                .map(|(_, inbox)| inbox)
+                .collect()
+        };
+        for inbox in lost {
+            inbox.lost();
+        }
     }
 
     /// How many replicas acknowledge every write from now on: [`wait_replicas`](RedisNode::wait_replicas)
@@ -318,17 +506,59 @@ impl RedisNode for MemoryNode {
         }
     }
 
+    /// Compare-and-delete; a deletion publishes the release (see the type's docs).
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
         let now = self.now();
-        let mut store = self.lock();
-        if store
-            .live(key, now)
-            .is_some_and(|e| token.matches(&e.value))
-        {
-            store.keys.remove(key);
-            return Ok(true);
+        let deleted = {
+            let mut store = self.lock();
+            let ours = store
+                .live(key, now)
+                .is_some_and(|e| token.matches(&e.value));
+            if ours {
+                store.keys.remove(key);
+            }
+            ours
+        };
+        if deleted {
+            self.publish(key, token);
         }
-        Ok(false)
+        Ok(deleted)
+    }
+
+    /// The acquisition, reporting the holder's remaining TTL on contention in the same step (as the adapters'
+    /// script does).
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        let now = self.now();
+        let mut store = self.lock();
+        match store.live(key, now) {
+            Some(entry) if !fresh && token.matches(&entry.value) => {
+                entry.expires_at = expiry(now, ttl);
+                Ok(Claim::Taken)
+            }
+            Some(entry) => Ok(Claim::Held {
+                remaining: entry.expires_at.map(|at| at.saturating_duration_since(now)),
+            }),
+            None => {
+                store.keys.insert(
+                    key.to_owned(),
+                    Entry {
+                        value: token.as_str().as_bytes().to_vec(),
+                        expires_at: expiry(now, ttl),
+                    },
+                );
+                Ok(Claim::Taken)
+            }
+        }
+    }
+
+    fn notifier(&self) -> Option<&Notifier> {
+        self.notifier.as_ref()
     }
 
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {

@@ -3,8 +3,10 @@
 //!
 //! Modes ([`ProxyMode`]) switch instantly for every open and future connection: forward normally, add
 //! latency, blackhole (accept and never answer), or forward requests but drop the replies (the command runs,
-//! the client never learns it). [`FaultProxy::reset`] closes every open connection. Loopback only; plain
-//! std threads, so it works under any test runtime.
+//! the client never learns it). [`FaultProxy::reset`] closes every open connection.
+//! [`FaultProxy::drop_next_messages`] loses pub/sub messages (a release notification) on their way to a
+//! subscriber while everything else passes. Loopback only; plain std threads, so it works under any test
+//! runtime.
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -50,6 +52,9 @@ struct Shared {
     streams: Mutex<Vec<TcpStream>>,
     stop: AtomicBool,
     accepted: AtomicU64,
+    /// Pub/sub messages still to drop, and how many were dropped.
+    drop_messages: AtomicU64,
+    dropped_messages: AtomicU64,
 }
 
 impl Shared {
@@ -109,6 +114,8 @@ impl FaultProxy {
             streams: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             accepted: AtomicU64::new(0),
+            drop_messages: AtomicU64::new(0),
+            dropped_messages: AtomicU64::new(0),
         });
         let acceptor = {
             let shared = Arc::clone(&shared);
@@ -186,6 +193,19 @@ impl FaultProxy {
         }
     }
 
+    /// Drops the next `n` pub/sub messages (RESP3 `>` pushes and RESP2 arrays whose kind is `message`,
+    /// `smessage` or `pmessage`) that any server sends to a client through the proxy, in whatever mode;
+    /// every other reply passes. A subscriber connection that loses them stays up (what a lost
+    /// notification looks like to a client).
+    pub fn drop_next_messages(&self, n: u64) {
+        self.shared.drop_messages.fetch_add(n, Ordering::SeqCst);
+    }
+
+    /// Pub/sub messages dropped so far by [`drop_next_messages`](Self::drop_next_messages).
+    pub fn dropped_messages(&self) -> u64 {
+        self.shared.dropped_messages.load(Ordering::SeqCst)
+    }
+
     /// Connections accepted so far.
     pub fn accepted(&self) -> u64 {
         self.shared.accepted.load(Ordering::Relaxed)
@@ -249,8 +269,100 @@ enum Direction {
     Reply,
 }
 
+/// The length of the first complete RESP2/RESP3 frame in `buf`, `None` while it is incomplete.
+fn frame_len(buf: &[u8]) -> Option<usize> {
+    let line_end = |from: usize| {
+        buf.get(from..)?
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map(|p| from + p)
+    };
+    let end = line_end(0)?;
+    let header = std::str::from_utf8(buf.get(1..end)?).ok()?;
+    let after = end + 2;
+    match *buf.first()? {
+        b'+' | b'-' | b':' | b'_' | b'#' | b',' | b'(' => Some(after),
+        b'$' | b'!' | b'=' => {
+            let n: i64 = header.parse().ok()?;
+            if n < 0 {
+                return Some(after);
+            }
+            let total = after + usize::try_from(n).ok()? + 2;
+            (buf.len() >= total).then_some(total)
+        }
+        kind @ (b'*' | b'~' | b'>' | b'%' | b'|') => {
+            let n: i64 = header.parse().ok()?;
+            if n < 0 {
+                return Some(after);
+            }
+            let items = usize::try_from(n).ok()? * if matches!(kind, b'%' | b'|') { 2 } else { 1 };
+            let mut at = after;
+            for _ in 0..items {
+                at += frame_len(buf.get(at..)?)?;
+            }
+            Some(at)
+        }
+        // Not RESP (an inline reply, or a test's raw bytes): pass everything as one frame.
+        _ => Some(buf.len()),
+    }
+}
+
+/// Whether a complete frame is a pub/sub message (push or RESP2 array of kind `message`/`smessage`/`pmessage`).
+fn is_message(frame: &[u8]) -> bool {
+    if !matches!(frame.first(), Some(b'>' | b'*')) {
+        return false;
+    }
+    let Some(first) = frame.windows(2).position(|w| w == b"\r\n") else {
+        return false;
+    };
+    let rest = &frame[first + 2..];
+    [
+        &b"$7\r\nmessage\r\n"[..],
+        b"$8\r\nsmessage\r\n",
+        b"$8\r\npmessage\r\n",
+    ]
+    .iter()
+    .any(|kind| rest.starts_with(kind))
+}
+
+/// Passes `chunk` on, minus the pub/sub messages still to be dropped; `held` keeps an incomplete frame
+/// while dropping is on.
+fn filter_messages(shared: &Shared, held: &mut Vec<u8>, chunk: &[u8]) -> Vec<u8> {
+    if shared.drop_messages.load(Ordering::SeqCst) == 0 && held.is_empty() {
+        return chunk.to_vec();
+    }
+    held.extend_from_slice(chunk);
+    let mut out = Vec::with_capacity(held.len());
+    let mut at = 0;
+    while at < held.len() {
+        if shared.drop_messages.load(Ordering::SeqCst) == 0 {
+            out.extend_from_slice(&held[at..]);
+            at = held.len();
+            break;
+        }
+        let Some(len) = frame_len(&held[at..]) else {
+            break;
+        };
+        let frame = &held[at..at + len];
+        let claimed = is_message(frame)
+            && shared
+                .drop_messages
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if claimed {
+            shared.dropped_messages.fetch_add(1, Ordering::SeqCst);
+        } else {
+            out.extend_from_slice(frame);
+        }
+        at += len;
+    }
+    held.drain(..at);
+    out
+}
+
 fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, direction: Direction) {
     let mut buf = vec![0u8; 16 * 1024];
+    let mut held = Vec::new();
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) => break,
@@ -289,7 +401,13 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, direction: Dire
                 }
             }
         }
-        if to.write_all(&buf[..n]).is_err() {
+        let sent = if direction == Direction::Reply {
+            let out = filter_messages(shared, &mut held, &buf[..n]);
+            to.write_all(&out)
+        } else {
+            to.write_all(&buf[..n])
+        };
+        if sent.is_err() {
             break;
         }
     }
@@ -423,6 +541,43 @@ mod tests {
         e.set_read_timeout(Some(Duration::from_millis(500)))
             .unwrap();
         assert_eq!(roundtrip(&mut e, b"back").unwrap(), b"back");
+    }
+
+    #[test]
+    fn resp_frames_are_measured_and_messages_recognised() {
+        let push = b">3\r\n$7\r\nmessage\r\n$2\r\nch\r\n$3\r\nabc\r\n";
+        assert_eq!(frame_len(push), Some(push.len()));
+        assert!(is_message(push));
+        assert_eq!(frame_len(&push[..push.len() - 1]), None, "incomplete");
+        let reply = b"*2\r\n$3\r\nabc\r\n:5\r\n";
+        assert_eq!(frame_len(reply), Some(reply.len()));
+        assert!(!is_message(reply));
+        assert_eq!(frame_len(b"%1\r\n+a\r\n:1\r\n"), Some(12));
+        assert_eq!(frame_len(b"$-1\r\n+OK\r\n"), Some(5));
+        let shared = Shared {
+            mode: Mutex::new(ProxyMode::Forward),
+            after_lost_reply: Mutex::new(ProxyMode::Forward),
+            swallowed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            streams: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            accepted: AtomicU64::new(0),
+            drop_messages: AtomicU64::new(1),
+            dropped_messages: AtomicU64::new(0),
+        };
+        // A message split over two reads, between two replies: only the message goes, once.
+        let mut stream = b"+OK\r\n".to_vec();
+        stream.extend_from_slice(push);
+        stream.extend_from_slice(b":1\r\n");
+        stream.extend_from_slice(push);
+        let mut held = Vec::new();
+        let mut out = filter_messages(&shared, &mut held, &stream[..9]);
+        out.extend(filter_messages(&shared, &mut held, &stream[9..]));
+        let mut expected = b"+OK\r\n:1\r\n".to_vec();
+        expected.extend_from_slice(push);
+        assert_eq!(out, expected);
+        assert_eq!(shared.dropped_messages.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! a node that breaks a contract.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use redlease::{KeyState, NodeError, RedisNode, SystemTimer, Token, Ttl, async_trait};
+use redlease::notify::Notifier;
+use redlease::{Claim, KeyState, NodeError, RedisNode, SystemTimer, Token, Ttl, async_trait};
 use redlease_testkit::{MemoryNode, Sim, block_on, conformance};
 
 #[test]
@@ -50,7 +51,32 @@ impl RedisNode for Broken {
         if self.bug == "release without compare" {
             return Ok(self.inner.del(key));
         }
+        if self.bug == "release publishes nothing" {
+            // Compare-and-delete done right, but silently (a plain DEL publishes nothing).
+            let ours = self.inner.get(key).as_deref() == Some(token.as_str().as_bytes());
+            return Ok(ours && self.inner.del(key));
+        }
         self.inner.release(key, token).await
+    }
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        let claim = self.inner.acquire_or_ttl(key, token, ttl, fresh).await?;
+        if self.bug == "acquire_or_ttl reports the TTL asked for" {
+            if let Claim::Held { .. } = claim {
+                return Ok(Claim::Held {
+                    remaining: Some(ttl.as_duration()),
+                });
+            }
+        }
+        Ok(claim)
+    }
+    fn notifier(&self) -> Option<&Notifier> {
+        self.inner.notifier()
     }
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         if self.bug == "extend re-creates" {
@@ -75,6 +101,14 @@ fn suite_catches_broken_nodes() {
         (
             "extend re-creates",
             "extend_only_own_token_and_never_creates",
+        ),
+        (
+            "release publishes nothing",
+            "a_node_that_notifies_publishes_each_release_and_unsubscribes",
+        ),
+        (
+            "acquire_or_ttl reports the TTL asked for",
+            "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
         ),
     ] {
         let mut sim = Sim::new(2);
@@ -173,4 +207,85 @@ fn node_wrapper_forwards_everything_it_does_not_override() {
     .unwrap();
     let boxed: Box<dyn RedisNode> = Box::new(inner.clone());
     block_on(conformance::run_wrapper(&boxed, &inner, &SystemTimer)).unwrap();
+}
+
+/// A hand-written wrapper that forwards the older capabilities and, with `notifier`, the notifier too, but
+/// not `acquire_or_ttl` (or, without, neither).
+struct ForgetsNotifications {
+    inner: MemoryNode,
+    notifier: bool,
+}
+
+#[async_trait]
+impl RedisNode for ForgetsNotifications {
+    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.inner.acquire(key, token, ttl).await
+    }
+    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.inner.acquire_fresh(key, token, ttl).await
+    }
+    fn acquire_fresh_is_nx(&self) -> bool {
+        self.inner.acquire_fresh_is_nx()
+    }
+    async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<u64>, NodeError> {
+        self.inner.acquire_fenced(key, fence_key, token, ttl).await
+    }
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+        self.inner.release(key, token).await
+    }
+    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.inner.extend(key, token, ttl).await
+    }
+    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
+        self.inner.inspect(key).await
+    }
+    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
+        self.inner.raise_fence(fence_key, at_least).await
+    }
+    async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
+        self.inner.run_id(key).await
+    }
+    async fn wait_replicas(
+        &self,
+        key: &str,
+        wait: redlease::ReplicaWait,
+    ) -> Result<u32, NodeError> {
+        self.inner.wait_replicas(key, wait).await
+    }
+    async fn extend_many(
+        &self,
+        items: &[redlease::ExtendItem<'_>],
+    ) -> Result<Vec<bool>, NodeError> {
+        self.inner.extend_many(items).await
+    }
+    fn extend_many_limit(&self) -> usize {
+        self.inner.extend_many_limit()
+    }
+    fn notifier(&self) -> Option<&Notifier> {
+        self.notifier.then(|| self.inner.notifier()).flatten()
+    }
+    fn endpoint(&self) -> Option<String> {
+        self.inner.endpoint()
+    }
+}
+
+#[test]
+fn a_wrapper_that_drops_the_notifier_or_the_holders_ttl_is_caught() {
+    for (notifier, missing) in [(false, "notifier"), (true, "acquire_or_ttl")] {
+        let inner = MemoryNode::new();
+        let wrapper = ForgetsNotifications {
+            inner: inner.clone(),
+            notifier,
+        };
+        let failure =
+            block_on(conformance::run_wrapper(&wrapper, &inner, &SystemTimer)).unwrap_err();
+        assert_eq!(failure.case, "wrapper_forwards_capabilities", "{failure}");
+        assert!(failure.message.contains(missing), "{missing}: {failure}");
+    }
 }

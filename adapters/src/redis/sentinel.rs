@@ -16,7 +16,8 @@ use redlease::{
 use redis::RedisError;
 
 use super::{
-    connect_error, is_dropped, plain_cmd, script_cmd, send, send_transaction, transaction_pipe,
+    connect_error, is_dropped, plain_cmd, script_cmd, send, send_publishing, send_transaction,
+    transaction_pipe,
 };
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{Reply, Script};
@@ -360,6 +361,20 @@ impl Transport for SentinelNode {
         self.run(plain_cmd(args), what, write.then_some(key)).await
     }
 
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError> {
+        // A release (its publish rides along): a write on the primary.
+        let (mut conn, generation) = self.connection(what).await?;
+        let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
+        self.after(&result, generation, Some(key));
+        result
+    }
+
     async fn transaction(
         &self,
         what: &Script,
@@ -406,6 +421,19 @@ impl Transport for Pinned<'_> {
     async fn command(&self, what: &Script, _key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         let mut conn = self.conn.clone();
         let result = send(&mut conn, &plain_cmd(args), what).await;
+        self.node.after(&result, self.generation, None);
+        result
+    }
+
+    async fn command_and_publish(
+        &self,
+        what: &Script,
+        _key: &str,
+        args: &[&str],
+        publish: &[&str],
+    ) -> Result<Reply, NodeError> {
+        let mut conn = self.conn.clone();
+        let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
         self.node.after(&result, self.generation, None);
         result
     }

@@ -32,11 +32,16 @@ fn scripts_and_redirections(cluster: &RedisCluster) -> (u64, u64) {
     out
 }
 
+/// A redis-rs cluster node with release notifications (its own subscriber connections).
 pub(crate) async fn redis_rs_node(cluster: &RedisCluster) -> ClusterNode {
-    let builder = redis::cluster::ClusterClientBuilder::new(cluster.urls())
-        .connection_timeout(Duration::from_millis(500))
-        .response_timeout(Duration::from_millis(500));
-    ClusterNode::connect(builder).await.unwrap()
+    let builder = || {
+        redis::cluster::ClusterClientBuilder::new(cluster.urls())
+            .connection_timeout(Duration::from_millis(500))
+            .response_timeout(Duration::from_millis(500))
+    };
+    ClusterNode::connect_with_subscriber(builder(), builder())
+        .await
+        .unwrap()
 }
 
 pub(crate) async fn fred_node(

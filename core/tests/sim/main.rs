@@ -10,6 +10,7 @@ mod defects;
 mod durable;
 mod history;
 mod observe;
+mod push;
 mod renewal;
 mod restart;
 mod support;

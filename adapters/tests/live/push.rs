@@ -1,0 +1,675 @@
+//! Push handoff on real servers: waiting acquisitions are woken by the release's notification (`PUBLISH`, or
+//! `SPUBLISH` on a cluster), one subscriber connection per node serves every waiter of a client, and nothing
+//! stays subscribed once the waiters are gone.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redlease::notify::channel;
+use redlease::{Config, EventKind, LeaseEvent, LockManager, Observer, RedisNode};
+use redlease_adapters::redis::{ClusterNode, redis};
+use redlease_adapters::scripts;
+use redlease_testkit::proxy::FaultProxy;
+use redlease_testkit::server::{Flavor, RedisCluster, RedisServer};
+
+use crate::common::{self, Backend};
+
+/// The backends of both adapters that the push tests run on.
+const BACKENDS: [Backend; 3] = [
+    Backend::RedisMultiplexed,
+    Backend::FredClient,
+    Backend::FredPool,
+];
+
+/// Polling so slow that nothing in these tests could be explained by it: progress within a test's few
+/// seconds comes from notifications.
+fn no_polling() -> Config {
+    Config::default()
+        .with_expiry(Duration::from_secs(10))
+        .with_retry_delay(Duration::from_secs(30))
+        .with_retry_jitter(0.0)
+        .with_max_retry_delay(Duration::from_secs(30))
+}
+
+/// Subscriber connections of a server: `CLIENT LIST` entries subscribed to a channel (plain or sharded).
+pub(crate) fn subscriber_connections(server: &RedisServer) -> usize {
+    server
+        .cmd(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|line| {
+            line.split_whitespace().any(|field| {
+                ["sub=", "ssub="].iter().any(|p| {
+                    field
+                        .strip_prefix(p)
+                        .and_then(|n| n.parse::<u64>().ok())
+                        .is_some_and(|n| n > 0)
+                })
+            })
+        })
+        .count()
+}
+
+/// `PUBSUB NUMSUB channel` (or `SHARDNUMSUB`).
+pub(crate) fn numsub(server: &RedisServer, sharded: bool, channel: &str) -> u64 {
+    let sub = if sharded { "SHARDNUMSUB" } else { "NUMSUB" };
+    let reply = server.cmd(&["PUBSUB", sub, channel]);
+    reply
+        .lines()
+        .nth(1)
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits (up to `limit`) until `done` holds; false if it never did.
+pub(crate) async fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    done()
+}
+
+/// Records each acquisition's attempt count.
+#[derive(Default)]
+struct Attempts(Mutex<Vec<u32>>);
+
+impl Observer for Attempts {
+    fn event(&self, event: &LeaseEvent<'_>) {
+        if let EventKind::Acquired { attempts, .. } = event.kind {
+            self.0.lock().unwrap().push(attempts);
+        }
+    }
+}
+
+/// 8 tasks share one key through one client: each waits for it, holds it 1 ms, releases it and pauses 1 ms.
+async fn eight_waiters_on_one_key(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    for backend in BACKENDS {
+        let node = common::node(backend, &server.url()).await;
+        let notifier = node.notifier().expect("the node notifies").clone();
+        let attempts = Arc::new(Attempts::default());
+        let manager = LockManager::single(Arc::clone(&node), no_polling())
+            .unwrap()
+            .with_observer(Arc::clone(&attempts));
+        let key = format!("push:{{eight:{backend:?}}}:lock");
+        let lock = manager.lock(&key);
+        let holding = Arc::new(AtomicBool::new(false));
+        let overlaps = Arc::new(AtomicU64::new(0));
+        let wins: Arc<Vec<AtomicU64>> = Arc::new((0..8).map(|_| AtomicU64::new(0)).collect());
+        let end = Instant::now() + Duration::from_millis(1500);
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let (lock, holding, overlaps, wins) = (
+                lock.clone(),
+                Arc::clone(&holding),
+                Arc::clone(&overlaps),
+                Arc::clone(&wins),
+            );
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let lease = lock.acquire_within(Duration::from_secs(5)).await.unwrap();
+                    if holding.swap(true, Ordering::SeqCst) {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    wins[i].fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    holding.store(false, Ordering::SeqCst);
+                    lease.release().await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let attempts = attempts.0.lock().unwrap().clone();
+        let stats = notifier.stats();
+        // Acquisitions that needed more than one attempt waited: with 30 s between polls, only a
+        // notification (or the confirmation of the subscription, once per subscription) could wake them.
+        let woken = attempts.iter().filter(|&&a| a > 1).count() as u64;
+        let distribution: Vec<u64> = wins.iter().map(|w| w.load(Ordering::SeqCst)).collect();
+        eprintln!(
+            "push: {flavor} {backend:?}: {} acquisitions, {woken} after waiting; wins per task \
+             {distribution:?} (fairness is not promised); notifier {stats:?}",
+            attempts.len()
+        );
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0, "{flavor} {backend:?}");
+        assert!(
+            woken >= 50,
+            "{flavor} {backend:?}: only {woken} acquisitions after waiting"
+        );
+        assert!(
+            stats.wakeups >= woken,
+            "{flavor} {backend:?}: {woken} waiting acquisitions but {} wake-ups",
+            stats.wakeups
+        );
+        assert!(
+            stats.notifications + stats.subscribes >= woken,
+            "{flavor} {backend:?}: {woken} waiting acquisitions, {} notifications, {} subscriptions",
+            stats.notifications,
+            stats.subscribes
+        );
+        assert!(
+            eventually(Duration::from_secs(3), || numsub(
+                &server,
+                false,
+                &channel(&key)
+            ) == 0
+                && subscriber_connections(&server) == 0)
+            .await,
+            "{flavor} {backend:?}: still subscribed after every waiter finished"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_waiters_on_one_key_are_each_woken_by_a_release_on_redis_7_0() {
+    eight_waiters_on_one_key(
+        Flavor::Redis,
+        "eight_waiters_on_one_key_are_each_woken_by_a_release_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_waiters_on_one_key_are_each_woken_by_a_release_on_valkey_9_1() {
+    eight_waiters_on_one_key(
+        Flavor::Valkey91,
+        "eight_waiters_on_one_key_are_each_woken_by_a_release_on_valkey_9_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_waiters_on_one_key_are_each_woken_by_a_release_on_valkey_9_1_without_lua() {
+    eight_waiters_on_one_key(
+        Flavor::Valkey91NoLua,
+        "eight_waiters_on_one_key_are_each_woken_by_a_release_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
+
+/// 1,000 waiters on 100 keys through one client: one subscriber connection, one subscription per channel;
+/// then half the keys are released (their waiters take turns) and the other half's waiters are dropped where
+/// they wait. Nothing stays subscribed.
+async fn thousand_waiters_on_a_hundred_keys(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        let node = common::node(backend, &server.url()).await;
+        let notifier = node.notifier().expect("the node notifies").clone();
+        // Errors under load (a timed-out attempt) fall back to a 500 ms retry: this test is about what is
+        // subscribed, not how fast.
+        let config = no_polling().with_retry_delay(Duration::from_millis(500));
+        let waiters = LockManager::single(Arc::clone(&node), config.clone()).unwrap();
+        let holders =
+            LockManager::single(common::node(backend, &server.url()).await, config).unwrap();
+        let keys: Vec<String> = (0..100)
+            .map(|i| format!("push:{{thousand:{backend:?}:{i}}}:lock"))
+            .collect();
+        let mut held = Vec::new();
+        for k in &keys {
+            held.push(holders.lock(k).try_acquire().await.unwrap());
+        }
+        let done = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for j in 0..1000 {
+            let (lock, done) = (waiters.lock(&keys[j % 100]), Arc::clone(&done));
+            let notifier = notifier.clone();
+            let key = keys[j % 100].clone();
+            tasks.push(tokio::spawn(async move {
+                let lease = match lock.acquire_within(Duration::from_secs(20)).await {
+                    Ok(lease) => lease,
+                    Err(e) => panic!("{e} ({key}); notifier {:?}", notifier.stats()),
+                };
+                lease.release().await.unwrap();
+                done.fetch_add(1, Ordering::SeqCst);
+            }));
+        }
+        let all_waiting = eventually(Duration::from_secs(10), || {
+            let s = notifier.stats();
+            s.waiters == 1000 && s.channels == 100 && s.subscribes >= 100
+        })
+        .await;
+        assert!(all_waiting, "{flavor} {backend:?}: {:?}", notifier.stats());
+        assert_eq!(
+            subscriber_connections(&server),
+            1,
+            "{flavor} {backend:?}: one subscriber connection for 1,000 waiters"
+        );
+        for k in keys.iter().step_by(17) {
+            assert_eq!(
+                numsub(&server, false, &channel(k)),
+                1,
+                "{flavor} {backend:?} {k}"
+            );
+        }
+        // Keys 0-49 are released: their ten waiters each take them in turn, woken one by one.
+        let kept = held.split_off(50);
+        for lease in held {
+            lease.release().await.unwrap();
+        }
+        // The waiters of keys 50-99 are dropped where they wait.
+        let mut finishing = Vec::new();
+        for (j, task) in tasks.into_iter().enumerate() {
+            if j % 100 >= 50 {
+                task.abort();
+            } else {
+                finishing.push(task);
+            }
+        }
+        for task in finishing {
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("a waiter of a released key finished")
+                .unwrap();
+        }
+        assert_eq!(done.load(Ordering::SeqCst), 500, "{flavor} {backend:?}");
+        let clean = eventually(Duration::from_secs(5), || {
+            let s = notifier.stats();
+            s.waiters == 0
+                && s.channels == 0
+                && subscriber_connections(&server) == 0
+                && keys
+                    .iter()
+                    .all(|k| numsub(&server, false, &channel(k)) == 0)
+        })
+        .await;
+        assert!(
+            clean,
+            "{flavor} {backend:?}: still subscribed after the waiters finished or were dropped: {:?}, {} \
+             subscriber connections",
+            notifier.stats(),
+            subscriber_connections(&server)
+        );
+        eprintln!(
+            "push: {flavor} {backend:?}: 1,000 waiters on 100 keys: {:?}",
+            notifier.stats()
+        );
+        for lease in kept {
+            lease.release().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber_connection_and_leave_nothing_subscribed_on_redis_7_0()
+ {
+    thousand_waiters_on_a_hundred_keys(
+        Flavor::Redis,
+        "a_thousand_waiters_on_a_hundred_keys_share_one_subscriber_connection_and_leave_nothing_subscribed_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber_connection_and_leave_nothing_subscribed_on_valkey_9_1()
+ {
+    thousand_waiters_on_a_hundred_keys(
+        Flavor::Valkey91,
+        "a_thousand_waiters_on_a_hundred_keys_share_one_subscriber_connection_and_leave_nothing_subscribed_on_valkey_9_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_beyond_the_channel_budget_poll_and_still_acquire() {
+    let test = "waiters_beyond_the_channel_budget_poll_and_still_acquire";
+    let Some(server) = RedisServer::start_flavor_or_skip(test, Flavor::Redis, &[]) else {
+        return;
+    };
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        let node = common::node(backend, &server.url()).await;
+        let notifier = node.notifier().expect("the node notifies").clone();
+        notifier.set_max_channels(5);
+        let polling = Duration::from_millis(100);
+        let waiters =
+            LockManager::single(Arc::clone(&node), no_polling().with_retry_delay(polling)).unwrap();
+        let holders =
+            LockManager::single(common::node(backend, &server.url()).await, no_polling()).unwrap();
+        let keys: Vec<String> = (0..10)
+            .map(|i| format!("push:{{budget:{backend:?}:{i}}}:lock"))
+            .collect();
+        let mut held = Vec::new();
+        for k in &keys {
+            held.push(holders.lock(k).try_acquire().await.unwrap());
+        }
+        let mut tasks = Vec::new();
+        for k in &keys {
+            let lock = waiters.lock(k);
+            tasks.push(tokio::spawn(async move {
+                let lease = lock.acquire_within(Duration::from_secs(10)).await.unwrap();
+                lease.release().await.unwrap();
+            }));
+        }
+        assert!(
+            eventually(Duration::from_secs(5), || notifier.stats().over_budget >= 5).await,
+            "{backend:?}: {:?}",
+            notifier.stats()
+        );
+        let subscribed = || {
+            keys.iter()
+                .filter(|k| numsub(&server, false, &channel(k)) > 0)
+                .count()
+        };
+        assert!(
+            eventually(Duration::from_secs(5), || subscribed() == 5).await,
+            "{backend:?}: {} channels subscribed, the budget is 5",
+            subscribed()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(subscribed(), 5, "{backend:?}: never more than the budget");
+        for lease in held {
+            lease.release().await.unwrap();
+        }
+        for task in tasks {
+            // Those beyond the budget poll every 100 ms: all are done well within a second.
+            tokio::time::timeout(Duration::from_secs(3), task)
+                .await
+                .expect("a waiter beyond the budget acquired by polling")
+                .unwrap();
+        }
+        assert!(
+            eventually(Duration::from_secs(3), || subscriber_connections(&server)
+                == 0)
+            .await,
+            "{backend:?}"
+        );
+    }
+}
+
+/// A waiter whose notification does not arrive still acquires once the holder's TTL (as reported to its last
+/// attempt) has run out: first a notification the fault proxy drops, then a release by a client that does
+/// not publish (the release script of earlier versions).
+async fn lost_notifications(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    let ttl = Duration::from_millis(800);
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        let proxy = FaultProxy::start(server.addr().parse().unwrap()).unwrap();
+        let node = common::node(backend, &format!("{}/0", proxy.url())).await;
+        let notifier = node.notifier().expect("the node notifies").clone();
+        let waiters = LockManager::single(Arc::clone(&node), no_polling()).unwrap();
+        let holders =
+            LockManager::single(common::node(backend, &server.url()).await, no_polling()).unwrap();
+        for silent in [false, true] {
+            let key = format!("push:{{lost:{backend:?}:{silent}}}:lock");
+            let held = holders.lock(&key).expiry(ttl).try_acquire().await.unwrap();
+            let taken = Instant::now();
+            let lock = waiters.lock(&key);
+            let waiter = tokio::spawn(async move {
+                let lease = lock.acquire_within(Duration::from_secs(10)).await.unwrap();
+                let at = Instant::now();
+                lease.release().await.unwrap();
+                at
+            });
+            assert!(
+                eventually(Duration::from_secs(2), || numsub(
+                    &server,
+                    false,
+                    &channel(&key)
+                ) == 1)
+                .await,
+                "{flavor} {backend:?}: the waiter subscribed"
+            );
+            // Let the attempt the confirmed subscription triggers learn the holder's TTL.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let before = notifier.stats().notifications;
+            if silent {
+                let args = [
+                    "EVAL",
+                    scripts::RELEASE_SILENT.source,
+                    "1",
+                    &key,
+                    held.token().as_str(),
+                ];
+                assert_eq!(server.cmd(&args), "1", "{flavor} {backend:?}");
+                std::mem::forget(held);
+            } else {
+                proxy.drop_next_messages(1);
+                held.release().await.unwrap();
+            }
+            let released = Instant::now();
+            let at = tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("the waiter acquired")
+                .unwrap();
+            let waited = at - released;
+            assert_eq!(
+                notifier.stats().notifications,
+                before,
+                "{flavor} {backend:?} silent {silent}: no notification arrived"
+            );
+            if !silent {
+                assert_eq!(proxy.dropped_messages(), 1, "{flavor} {backend:?}");
+            }
+            eprintln!(
+                "push: {flavor} {backend:?} silent {silent}: acquired {:?} after the release, {:?} after the \
+                 holder took the lock (TTL {ttl:?})",
+                waited,
+                at - taken
+            );
+            assert!(
+                waited >= Duration::from_millis(300),
+                "{flavor} {backend:?} silent {silent}: woken {waited:?} after the release, as if notified"
+            );
+            assert!(
+                at - taken <= ttl + Duration::from_millis(400),
+                "{flavor} {backend:?} silent {silent}: acquired {:?} after the holder took a {ttl:?} lock",
+                at - taken
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_or_unpublished_notification_costs_at_most_the_holders_ttl_on_redis_7_0() {
+    lost_notifications(
+        Flavor::Redis,
+        "a_lost_or_unpublished_notification_costs_at_most_the_holders_ttl_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_or_unpublished_notification_costs_at_most_the_holders_ttl_on_valkey_9_1() {
+    lost_notifications(
+        Flavor::Valkey91,
+        "a_lost_or_unpublished_notification_costs_at_most_the_holders_ttl_on_valkey_9_1",
+    )
+    .await;
+}
+
+/// A key whose slot another node than the first (the one the clients are pointed at first) serves.
+fn key_on_another_node(cluster: &RedisCluster) -> String {
+    (0..)
+        .map(|i| format!("push:{{cluster:{i}}}:lock"))
+        .find(|k| {
+            cluster.nodes()[0]
+                .try_cmd(&["GET", k])
+                .is_err_and(|e| e.starts_with("MOVED"))
+        })
+        .expect("a key of another node")
+}
+
+async fn cluster_waiter(flavor: Flavor, test: &str) {
+    let Some(cluster) = RedisCluster::start_flavor_or_skip(test, flavor) else {
+        return;
+    };
+    let key = key_on_another_node(&cluster);
+    let shardnumsub = |n: &RedisServer| numsub(n, true, &channel(&key));
+    for fred in [false, true] {
+        let make = || {
+            redis::cluster::ClusterClientBuilder::new(cluster.urls())
+                .connection_timeout(Duration::from_millis(500))
+                .response_timeout(Duration::from_millis(500))
+        };
+        let (waiting, holding): (Arc<dyn RedisNode>, Arc<dyn RedisNode>) = if fred {
+            (
+                Arc::new(crate::cluster::fred_node(&cluster).await),
+                Arc::new(crate::cluster::fred_node(&cluster).await),
+            )
+        } else {
+            (
+                Arc::new(
+                    ClusterNode::connect_with_subscriber(make(), make())
+                        .await
+                        .unwrap(),
+                ),
+                Arc::new(ClusterNode::connect(make()).await.unwrap()),
+            )
+        };
+        let notifier = waiting.notifier().expect("the node notifies").clone();
+        let waiters = LockManager::single(waiting, no_polling()).unwrap();
+        let holders = LockManager::single(holding, no_polling()).unwrap();
+        let held = holders.lock(&key).try_acquire().await.unwrap();
+        let lock = waiters.lock(&key);
+        let waiter = tokio::spawn(async move {
+            let lease = lock.acquire_within(Duration::from_secs(10)).await.unwrap();
+            let at = Instant::now();
+            lease.release().await.unwrap();
+            at
+        });
+        assert!(
+            eventually(Duration::from_secs(3), || cluster
+                .nodes()
+                .iter()
+                .map(shardnumsub)
+                .sum::<u64>()
+                == 1)
+            .await,
+            "{flavor} fred {fred}: subscribed"
+        );
+        // The sharded subscription lives on the slot's owner, not on the node the client started from.
+        assert_eq!(shardnumsub(&cluster.nodes()[0]), 0, "{flavor} fred {fred}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let at = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter acquired")
+            .unwrap();
+        assert!(
+            at - released < Duration::from_secs(1),
+            "{flavor} fred {fred}: acquired {:?} after the release (polling is 30 s)",
+            at - released
+        );
+        assert!(notifier.stats().notifications >= 1, "{flavor} fred {fred}");
+        assert!(
+            eventually(Duration::from_secs(3), || cluster
+                .nodes()
+                .iter()
+                .all(|n| shardnumsub(n) == 0 && subscriber_connections(n) == 0))
+            .await,
+            "{flavor} fred {fred}: still subscribed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_waiter_on_a_key_of_another_node_is_woken_by_a_sharded_notification_on_redis_7_0()
+{
+    cluster_waiter(
+        Flavor::Redis,
+        "a_cluster_waiter_on_a_key_of_another_node_is_woken_by_a_sharded_notification_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_waiter_on_a_key_of_another_node_is_woken_by_a_sharded_notification_on_valkey_9_1()
+ {
+    cluster_waiter(
+        Flavor::Valkey91,
+        "a_cluster_waiter_on_a_key_of_another_node_is_woken_by_a_sharded_notification_on_valkey_9_1",
+    )
+    .await;
+}
+
+/// A user without permission for any channel: releases still work (the script's publish is a `pcall`, the
+/// native `PUBLISH` is pipelined behind the `DELIFEQ` and its refusal ignored). A waiter whose subscription
+/// is refused polls (redis-rs reports the refusal); fred reports a refused `SUBSCRIBE` as success, so its
+/// waiter is bounded by `max_retry_delay` instead.
+async fn without_channel_permission(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    let url = crate::permissions::acl_user(&server, "nochannels", &["resetchannels", "+@all"]);
+    let polling = Duration::from_millis(100);
+    let bound = Duration::from_secs(1);
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        let node = common::node(backend, &url).await;
+        let notifier = node.notifier().expect("the node notifies").clone();
+        let manager = LockManager::single(
+            Arc::clone(&node),
+            no_polling()
+                .with_retry_delay(polling)
+                .with_max_retry_delay(bound),
+        )
+        .unwrap();
+        let key = format!("push:{{nochannels:{backend:?}}}:lock");
+        let held = manager.lock(&key).try_acquire().await.unwrap();
+        let lock = manager.lock(&key);
+        let waiter = tokio::spawn(async move {
+            let lease = lock.acquire_within(Duration::from_secs(10)).await.unwrap();
+            let at = Instant::now();
+            lease.release().await.unwrap();
+            at
+        });
+        let refused_seen = backend != Backend::FredClient;
+        if refused_seen {
+            assert!(
+                eventually(Duration::from_secs(3), || notifier.stats().failures >= 1).await,
+                "{flavor} {backend:?}: the subscription was refused: {:?}",
+                notifier.stats()
+            );
+        } else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        let report = held.release().await.unwrap();
+        assert_eq!(report.deleted(), 1, "{flavor} {backend:?}: {report:?}");
+        let released = Instant::now();
+        let at = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiter acquired")
+            .unwrap();
+        let limit = if refused_seen {
+            polling * 5
+        } else {
+            bound + polling * 3
+        };
+        assert!(
+            at - released <= limit,
+            "{flavor} {backend:?}: acquired {:?} after the release (limit {limit:?})",
+            at - released
+        );
+        assert_eq!(notifier.stats().notifications, 0, "{flavor} {backend:?}");
+        assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_channel_permission_releases_and_waits_by_polling_on_redis_7_0() {
+    without_channel_permission(
+        Flavor::Redis,
+        "a_user_without_channel_permission_releases_and_waits_by_polling_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_channel_permission_releases_and_waits_by_polling_on_valkey_9_1() {
+    without_channel_permission(
+        Flavor::Valkey91,
+        "a_user_without_channel_permission_releases_and_waits_by_polling_on_valkey_9_1",
+    )
+    .await;
+}
