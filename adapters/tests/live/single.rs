@@ -279,8 +279,11 @@ fn stalled_server_bounds_acquire_by_the_operation_timeout_and_never_reports_cont
             let server = RedisServer::start_flavor(flavor, &[]);
             for backend in ALL_BACKENDS {
                 let node = common::node(backend, &server.url()).await;
-                let cfg = config(Duration::from_millis(500))
-                    .with_operation_timeout(Duration::from_millis(100));
+                // Four servers stall at once (one per flavor) on two cores: the bound is a multiple of the
+                // operation timeout, far below the TTL a stall would otherwise wait out (it has no end).
+                const OP: Duration = Duration::from_millis(250);
+                const EXPIRY: Duration = Duration::from_millis(1200);
+                let cfg = config(EXPIRY).with_operation_timeout(OP);
                 let manager = LockManager::single(node, cfg).unwrap();
                 let k = key("stall", backend);
                 server.pause();
@@ -293,17 +296,14 @@ fn stalled_server_bounds_acquire_by_the_operation_timeout_and_never_reports_cont
                     !err.is_contended(),
                     "{backend:?}: a stall is not contention: {err}"
                 );
-                assert!(
-                    elapsed < Duration::from_millis(400),
-                    "{backend:?}: took {elapsed:?}"
-                );
+                assert!(elapsed < OP * 4, "{backend:?}: took {elapsed:?}");
                 // After the resume the key holds our (unknown) token with a TTL, or nothing; it expires either way.
                 let ttl = pttl(&server, &k);
                 assert!(
-                    ttl == -2 || (0..=500).contains(&ttl),
+                    ttl == -2 || (0..=EXPIRY.as_millis() as i64).contains(&ttl),
                     "{backend:?}: PTTL {ttl}"
                 );
-                tokio::time::sleep(Duration::from_millis(550)).await;
+                tokio::time::sleep(EXPIRY + Duration::from_millis(50)).await;
                 assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{backend:?}");
                 // The node still answers correctly afterwards.
                 let lease = manager.lock(&k).try_acquire().await.unwrap();
