@@ -54,3 +54,8 @@ bench:
 # The short benchmark run (under two minutes); writes target/bench/quick.json.
 bench-quick:
     cargo run -p redlease-bench --release -- --quick --out target/bench/quick.json
+
+# Valkey 9.1 native commands against scripts (S1, S3, S6 and the server's time per operation); writes
+# target/bench/valkey.json.
+bench-valkey: valkey
+    cargo run -p redlease-bench --release -- --quick --only S1,S3,S6 --valkey --out target/bench/valkey.json

@@ -8,8 +8,13 @@
 /// | retried acquisition (own token) | script; without Lua `SET NX PX`, then `SET … IFEQ` | script | `SET NX PX`, then `SET … IFEQ` |
 /// | fenced acquisition | script; without Lua the native sequence | script | the native sequence (see the crate docs) |
 /// | release | `DELIFEQ` where offered, else script | script | `DELIFEQ` |
-/// | extend | `SET … IFEQ … PX` where offered, else script | script | `SET … IFEQ … PX` |
+/// | extend | `SET … IFEQ … PX` where offered (the script when a full server refuses the `SET`), else script | script | `SET … IFEQ … PX` |
 /// | inspect | script; without Lua `MULTI GET PTTL EXEC` | script | `MULTI GET PTTL EXEC` |
+///
+/// Without Lua (or without permission to run scripts) the capability check also makes sure that the user may
+/// run `MULTI`/`EXEC` with `GET`, `PTTL` and `INCR` (probed with transactions that write nothing); a refusal
+/// is a definite [`NodeErrorKind::Auth`](redlease::NodeErrorKind::Auth) error naming the refused command,
+/// before anything is written.
 ///
 /// A node pinned to one set fails with a definite
 /// [`NodeErrorKind::Unsupported`](redlease::NodeErrorKind::Unsupported) error before anything is written when
@@ -24,8 +29,8 @@ pub enum Commands {
     Automatic,
     /// Lua scripts only (what every release before native support did).
     Scripts,
-    /// Native commands only: needs `SET … IFEQ` and `DELIFEQ` (Valkey 9.0+) and `MULTI`/`EXEC`; works without
-    /// Lua.
+    /// Native commands only: needs `SET … IFEQ` and `DELIFEQ` (Valkey 9.0+), `MULTI`/`EXEC` and `INCR`; works
+    /// without Lua.
     Native,
 }
 

@@ -652,11 +652,17 @@ impl<C: KeyRouted> FredNode<C> {
         let Some(started) = &self.connect_started else {
             return;
         };
-        if started.swap(true, Ordering::AcqRel) {
+        let clients = self.client.members();
+        // Started before, but fred's connection task ended without a connection: with `fail_fast` it gives up
+        // after its first attempt, which can end after the wait below timed out (a handshake that is slow to
+        // fail). Nothing would start it again, and every call would be refused: start it again now.
+        let gave_up = clients
+            .iter()
+            .all(|c| c.state() == ClientState::Disconnected);
+        if started.swap(true, Ordering::AcqRel) && !gave_up {
             return;
         }
         let wait = self.client.connection_config().connection_timeout;
-        let clients = self.client.members();
         for client in clients {
             if client.state() == ClientState::Disconnected {
                 drop(client.connect());
@@ -756,7 +762,9 @@ impl<C: KeyRouted> FredNode<C> {
                     }
                 }
                 match queued {
-                    Ok(()) => tx.exec::<Value>(false).await,
+                    // `true`: the first refusal among the replies (of `MULTI`, or of a command while it was
+                    // queued) is the error, rather than `EXEC`'s bare `EXECABORT`, so that its cause is named.
+                    Ok(()) => tx.exec::<Value>(true).await,
                     Err(e) => Err(e),
                 }
                 .map(to_reply)
@@ -1044,6 +1052,9 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::EXTEND_MANY_LIMIT
     }
 }
+
+mod sentinel;
+pub use sentinel::sentinel_builder;
 
 /// Not a script: names `SUBSCRIBE`/`SSUBSCRIBE` and their opposites in messages.
 const SUBSCRIBE: Script = Script {

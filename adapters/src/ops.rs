@@ -23,7 +23,9 @@
 //! The same check learns which native conditional commands the connection offers and permits (`SET … IFEQ`,
 //! `DELIFEQ`: inside the probe script with `redis.pcall`, or, where scripts cannot run, with plain probe
 //! commands that write nothing), and each operation picks its path from the answer and the node's
-//! [`Commands`] mode (see there for the table).
+//! [`Commands`] mode (see there for the table). Where the lease would run without Lua, the check also
+//! proves `MULTI`/`EXEC` (with `GET`, `PTTL`) and `INCR` permitted, with transactions that write nothing
+//! ([`transactions_refused`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -174,6 +176,17 @@ pub(crate) trait Transport: Send + Sync {
         key: &str,
         cmds: &[&[&str]],
     ) -> Result<Vec<Reply>, NodeError>;
+
+    /// Sends `MULTI`, `GET key`, `PTTL key`, `EXEC` once, writing nothing, such that a refusal of `MULTI` or
+    /// `EXEC` themselves (by the ACL) comes back as the first error, classified, and leaves the connection as
+    /// it was. (redis-rs's transaction pipelines miscount the replies when `MULTI` itself is refused, and its
+    /// driver panics in debug builds, so its adapter sends these four as a plain pipeline; where `MULTI` is
+    /// refused, the reads run on their own.)
+    async fn probe_transaction(&self, what: &Script, key: &str) -> Result<(), NodeError> {
+        self.transaction(what, key, &[&["GET", key], &["PTTL", key]])
+            .await
+            .map(|_| ())
+    }
 
     /// Sends the plain command `args` and, pipelined right behind it on the same connection (one write, one
     /// round trip, not a transaction), `publish`; routed by `key` (the channel shares its slot). The reply of
@@ -328,6 +341,35 @@ async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 
     Ok([Some(nx_get), Some(ifeq), Some(delifeq)])
 }
 
+/// The ACL's refusal of what the Lua-less operations need besides `DELIFEQ` and `SET … IFEQ`, if any:
+/// `MULTI`/`EXEC` with `GET` and `PTTL` (inspection, fenced acquisition) and `INCR` (fenced acquisition).
+/// Both probes write nothing: the first is a read-only transaction sent so that a refused `MULTI` is
+/// harmless ([`Transport::probe_transaction`]); the second queues `INCR key` and then a malformed `INCR`,
+/// whose refusal aborts the transaction, so that `INCR key` never runs and only its own refusal names it.
+async fn transactions_refused(
+    t: &impl Transport,
+    key: &str,
+) -> Result<Option<NodeError>, NodeError> {
+    let what = &scripts::TRANSACTION;
+    match note(t, t.probe_transaction(what, key).await) {
+        Ok(()) => {}
+        Err(e) if denied(&e) => return Ok(Some(e)),
+        Err(e) => return Err(e),
+    }
+    match note(
+        t,
+        t.transaction(what, key, &[&["INCR", key], &["INCR"]]).await,
+    ) {
+        Err(e) if denied(&e) => Ok(Some(e)),
+        // The malformed INCR's refusal (arity): the transaction was discarded, INCR key is permitted.
+        Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+        Ok(replies) => Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
+    }
+}
+
 fn describe(found: [Option<Found>; 3]) -> String {
     let names = ["SET NX GET", "SET IFEQ", "DELIFEQ"];
     names
@@ -357,6 +399,21 @@ async fn without_lua(
     let found = probe_natives(t, key).await?;
     let [nx_get, ifeq, delifeq] = found;
     if ifeq == Some(Found::Present) && delifeq == Some(Found::Present) {
+        if let Some(refused) = transactions_refused(t, key).await? {
+            let scripts = match &why {
+                Some(e) => format!("scripts cannot run ({}), and ", e.message()),
+                None => String::new(),
+            };
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Auth,
+                format!(
+                    "capability check before the first write: {scripts}a lease without Lua needs MULTI/EXEC \
+                     with GET, PTTL and INCR besides DELIFEQ and SET IFEQ; {}",
+                    refused.message()
+                ),
+            )
+            .with_source(refused));
+        }
         return Ok(Capabilities {
             lua: false,
             set_nx_get: nx_get == Some(Found::Present),
@@ -975,11 +1032,15 @@ pub(crate) async fn extend(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
-    if path(t, key).await?.is_some_and(|c| c.native_extend()) {
-        return match set_ifeq(t, key, token, &ttl).await {
-            Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
-            other => other,
-        };
+    let caps = path(t, key).await?;
+    if let Some(caps) = caps.filter(Capabilities::native_extend) {
+        match set_ifeq(t, key, token, &ttl).await {
+            Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
+            // `SET` grows memory, so a server at `maxmemory` refuses it (not applied); the script's
+            // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script.
+            Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() && caps.lua => {}
+            other => return other,
+        }
     }
     let reply = eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await?;
     scripts::parse_flag(&scripts::EXTEND, reply)
@@ -994,15 +1055,21 @@ async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState
     scripts::parse_inspect_tx(replies)
 }
 
+/// [`inspect_native`] on a connection whose capability check has not run: the transaction is probed first
+/// ([`Transport::probe_transaction`]), so that a user who may not run `MULTI` gets that refusal, not a
+/// confused client.
+async fn inspect_unchecked(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
+    note(t, t.probe_transaction(&scripts::TRANSACTION, key).await)?;
+    inspect_native(t, key).await
+}
+
 /// A read: by the known path, else (an unchecked connection) by the script, falling back to the
 /// transaction where scripts cannot run. No capability check: inspection also works on a replica.
 pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
-    let native = match t.probe().get() {
-        Some(caps) => caps.native_acquire(),
-        None => t.probe().mode() == Commands::Native,
-    };
-    if native {
-        return inspect_native(t, key).await;
+    match t.probe().get() {
+        Some(caps) if caps.native_acquire() => return inspect_native(t, key).await,
+        None if t.probe().mode() == Commands::Native => return inspect_unchecked(t, key).await,
+        _ => {}
     }
     match eval(t, &scripts::INSPECT, &[key], &[]).await {
         Ok(reply) => scripts::parse_inspect(reply),
@@ -1011,7 +1078,7 @@ pub(crate) async fn inspect(t: &impl Transport, key: &str) -> Result<Option<KeyS
                 && t.probe().mode() == Commands::Automatic
                 && (lua_absent(&e) || scripts_denied(&e)) =>
         {
-            inspect_native(t, key).await
+            inspect_unchecked(t, key).await
         }
         Err(e) => Err(e),
     }

@@ -564,6 +564,20 @@ fn transaction_pipe(cmds: &[&[&str]]) -> redis::Pipeline {
     pipe
 }
 
+/// `MULTI`, `GET key`, `PTTL key`, `EXEC` as a plain pipeline: one reply per command, whatever the server refuses (see
+/// [`Transport::probe_transaction`]).
+fn probe_pipe(key: &str) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    pipe.cmd("MULTI")
+        .cmd("GET")
+        .arg(key)
+        .cmd("PTTL")
+        .arg(key)
+        .cmd("EXEC");
+    pipe
+}
+
 fn plain_cmd(args: &[&str]) -> Cmd {
     let mut cmd = redis::cmd(args.first().copied().unwrap_or(""));
     for arg in args.iter().skip(1) {
@@ -581,12 +595,31 @@ async fn send_transaction(
     let results = pipe
         .query_async::<Vec<redis::RedisResult<Value>>>(conn)
         .await
-        .map_err(|e| classify(Some(what), &e))?;
+        .map_err(|e| classify_aborted(what, &e))?;
     // The first command error (a server reply inside EXEC's array: definite, classified by its code).
     results
         .into_iter()
         .map(|r| r.map(to_reply).map_err(|e| classify(Some(what), &e)))
         .collect()
+}
+
+/// A transaction's error: one that `EXEC` aborted (a command refused while queueing, e.g. by the ACL or for
+/// want of memory) is classified by the first refused command's reply, so that its cause is named.
+fn classify_aborted(what: &Script, err: &RedisError) -> NodeError {
+    let first = err
+        .clone()
+        .into_server_errors()
+        .and_then(|errors| errors.first().map(|(_, e)| e.clone()));
+    match first {
+        Some(first) if err.kind() == ErrorKind::Server(redis::ServerErrorKind::ExecAbort) => {
+            let line = match first.details() {
+                Some(detail) => format!("{} {detail}", first.code()),
+                None => first.code().to_owned(),
+            };
+            scripts::server_error(what, &line).with_source(err.clone())
+        }
+        _ => classify(Some(what), err),
+    }
 }
 
 /// Sends `cmd` and, pipelined behind it, `publish` once on `conn`: the reply of `cmd` (that of `publish` is
@@ -743,6 +776,12 @@ where
         cmds: &[&[&str]],
     ) -> Result<Vec<Reply>, NodeError> {
         self.run_transaction(transaction_pipe(cmds), what).await
+    }
+
+    async fn probe_transaction(&self, what: &Script, key: &str) -> Result<(), NodeError> {
+        self.run_transaction(probe_pipe(key), what)
+            .await
+            .map(|_| ())
     }
 
     fn clustered(&self) -> bool {
@@ -1063,6 +1102,13 @@ impl Transport for LazyNode {
         result
     }
 
+    async fn probe_transaction(&self, what: &Script, key: &str) -> Result<(), NodeError> {
+        let (mut conn, generation) = self.connection(what).await?;
+        let result = send_transaction(&mut conn, &probe_pipe(key), what).await;
+        self.dropped(&result, generation);
+        result.map(|_| ())
+    }
+
     fn clustered(&self) -> bool {
         false
     }
@@ -1073,6 +1119,10 @@ impl Transport for LazyNode {
 }
 
 impl_node!([] LazyNode);
+
+// After `impl_node!` and with access to this module's private helpers.
+mod sentinel;
+pub use sentinel::SentinelNode;
 
 /// The servers a redis-rs subscriber connection talks to.
 #[derive(Clone)]

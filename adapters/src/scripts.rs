@@ -759,6 +759,10 @@ pub fn server_error_kind(line: &str) -> NodeErrorKind {
         "WRONGTYPE" => NodeErrorKind::WrongType,
         "FENCE" => NodeErrorKind::Fence,
         "ERR" if is_acl_refusal(line) => NodeErrorKind::Auth,
+        // `EXEC` refused itself (e.g. `… because of: NOPERM …`): the cause it names.
+        "EXECABORT" => line
+            .split_once("because of: ")
+            .map_or(NodeErrorKind::Other, |(_, cause)| server_error_kind(cause)),
         _ => NodeErrorKind::Other,
     }
 }
@@ -848,6 +852,15 @@ mod tests {
             (
                 "NOPERM User u has no permissions to run the 'get' command script: ab",
                 NodeErrorKind::Auth,
+            ),
+            (
+                "EXECABORT Transaction discarded because of: NOPERM User u has no permissions to run the \
+                 'exec' command",
+                NodeErrorKind::Auth,
+            ),
+            (
+                "EXECABORT Transaction discarded because of previous errors.",
+                NodeErrorKind::Other,
             ),
         ];
         for (line, kind) in cases {

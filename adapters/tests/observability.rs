@@ -1,5 +1,5 @@
-//! Runs the observability example (its own code, included below) against a password-protected redis-server
-//! started here, and checks what an operator would see: the log lines and the scraped `/metrics` text for one
+//! Runs the observability example (its own code, included below) against a password-protected server of each
+//! flavor started here, and checks what an operator would see: the log lines and the scraped `/metrics` text for one
 //! contended acquisition, one renewal failure that recovers, and one loss — and that neither shows a token
 //! or the password.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::{Arc, Mutex};
 
-use redlease_testkit::server::RedisServer;
+use redlease_testkit::server::{Flavor, RedisServer, on_each_flavor};
 use tracing_subscriber::fmt::MakeWriter;
 
 #[path = "../examples/observability.rs"]
@@ -62,15 +62,49 @@ fn lines<'a>(log: &'a str, level: &str, text: &str) -> Vec<&'a str> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn example_shows_contention_renewal_failure_and_loss_in_logs_and_metrics() {
-    const PASSWORD: &str = "obs-pw-7d3e91c4";
-    let Some(server) = RedisServer::start_with_or_skip(
-        "example_shows_contention_renewal_failure_and_loss_in_logs_and_metrics",
-        &["--requirepass", PASSWORD],
-    ) else {
+/// Set in the child processes of the test below: the flavor (`Flavor::name`) the child runs on.
+const FLAVOR_ENV: &str = "REDLEASE_OBSERVABILITY_FLAVOR";
+
+const TEST: &str = "example_shows_contention_renewal_failure_and_loss_in_logs_and_metrics";
+
+/// On every server. The logger and the metrics recorder are global to a process (installed once, counting
+/// from zero), so each server's run is a child process of this test binary running this test alone.
+#[test]
+fn example_shows_contention_renewal_failure_and_loss_in_logs_and_metrics() {
+    if let Ok(name) = std::env::var(FLAVOR_ENV) {
+        let flavor = Flavor::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .unwrap_or_else(|| panic!("{FLAVOR_ENV}={name:?} names no flavor"));
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(observe_on(flavor));
         return;
-    };
+    }
+    let exe = std::env::current_exe().unwrap();
+    on_each_flavor(TEST, &Flavor::ALL, |flavor| {
+        let out = std::process::Command::new(&exe)
+            .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+            .env(FLAVOR_ENV, flavor.name())
+            .output()
+            .unwrap();
+        let output = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "on {flavor}:\n{output}");
+        // The child ran the test (and did not filter it away).
+        assert!(output.contains("1 passed"), "on {flavor}:\n{output}");
+    });
+}
+
+async fn observe_on(flavor: Flavor) {
+    const PASSWORD: &str = "obs-pw-7d3e91c4";
+    let server = RedisServer::start_flavor(flavor, &["--requirepass", PASSWORD]);
     let log = Buf::default();
     let (_handle, addr) = observability::observe(log.clone(), "127.0.0.1:0").unwrap();
     let report = observability::run(&server.url_with_password(PASSWORD))

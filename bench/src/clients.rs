@@ -15,7 +15,7 @@ use redlease::{Config, Lease, LockManager, Task};
 use redlease_adapters::fred::ClientNode;
 use redlease_adapters::fred::fred::prelude::{Builder, ClientLike};
 use redlease_adapters::redis::MultiplexedNode;
-use redlease_adapters::scripts;
+use redlease_adapters::{Commands, scripts};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -53,6 +53,14 @@ pub(crate) enum Impl {
     Dlr,
     /// async-redis-lock 0.4 (redis-rs, one node).
     Arl,
+    /// `RedleaseRedis` on Valkey 9.1 (`--valkey`), automatic mode: release `DELIFEQ`, extend `SET … IFEQ`.
+    ValkeyRedisNative,
+    /// `RedleaseRedis` on Valkey 9.1 (`--valkey`), pinned to scripts (`Commands::Scripts`).
+    ValkeyRedisScripts,
+    /// `RedleaseFred` on Valkey 9.1 (`--valkey`), automatic mode.
+    ValkeyFredNative,
+    /// `RedleaseFred` on Valkey 9.1 (`--valkey`), pinned to scripts.
+    ValkeyFredScripts,
     /// `RedleaseRedis` with release notifications off: waiting polls (S5 and S8 only).
     RedleaseRedisPoll,
     /// `RedleaseFred` with release notifications off (S5 and S8 only).
@@ -81,6 +89,23 @@ impl Impl {
         Impl::RedleaseMemoryNoop,
         Impl::RedleaseMemoryMetrics,
     ];
+
+    /// The Valkey 9.1 variants, added to S1, S3 and S6 by `--valkey`, each on a Valkey server of its own.
+    pub(crate) const VALKEY: [Impl; 4] = [
+        Impl::ValkeyRedisNative,
+        Impl::ValkeyRedisScripts,
+        Impl::ValkeyFredNative,
+        Impl::ValkeyFredScripts,
+    ];
+
+    /// The command mode of a Valkey variant (`None` for the others, which run in the default mode).
+    pub(crate) fn commands(self) -> Option<Commands> {
+        match self {
+            Impl::ValkeyRedisNative | Impl::ValkeyFredNative => Some(Commands::Automatic),
+            Impl::ValkeyRedisScripts | Impl::ValkeyFredScripts => Some(Commands::Scripts),
+            _ => None,
+        }
+    }
 
     /// redlease waiting by polling, next to the default (notified) one in S5 and S8.
     pub(crate) const POLLING: [Impl; 2] = [Impl::RedleaseRedisPoll, Impl::RedleaseFredPoll];
@@ -124,6 +149,10 @@ impl Impl {
             Impl::Rslock => "rslock",
             Impl::Dlr => "distributed-lock-redis",
             Impl::Arl => "async-redis-lock",
+            Impl::ValkeyRedisNative => "redlease/redis@valkey-9.1:native",
+            Impl::ValkeyRedisScripts => "redlease/redis@valkey-9.1:scripts",
+            Impl::ValkeyFredNative => "redlease/fred@valkey-9.1:native",
+            Impl::ValkeyFredScripts => "redlease/fred@valkey-9.1:scripts",
             Impl::RedleaseRedisPoll => "redlease/redis+poll",
             Impl::RedleaseFredPoll => "redlease/fred+poll",
             Impl::RedleaseRedisCap10 => "redlease/redis, 10 s cap",
@@ -623,6 +652,8 @@ impl Client {
             Impl::RedleaseRedis
             | Impl::RedleaseRedisNoop
             | Impl::RedleaseRedisMetrics
+            | Impl::ValkeyRedisNative
+            | Impl::ValkeyRedisScripts
             | Impl::RedleaseRedisPoll
             | Impl::RedleaseRedisCap10 => {
                 let mut nodes = Vec::with_capacity(urls.len());
@@ -631,7 +662,8 @@ impl Client {
                     nodes.push(
                         MultiplexedNode::connect(&client)
                             .await
-                            .map_err(ctx("redis: connect"))?,
+                            .map_err(ctx("redis: connect"))?
+                            .with_commands(imp.commands().unwrap_or_default()),
                     );
                 }
                 let poll = imp == Impl::RedleaseRedisPoll;
@@ -641,7 +673,10 @@ impl Client {
                     imp.observer(),
                 )))
             }
-            Impl::RedleaseFred | Impl::RedleaseFredPoll => {
+            Impl::RedleaseFred
+            | Impl::ValkeyFredNative
+            | Impl::ValkeyFredScripts
+            | Impl::RedleaseFredPoll => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let config = redlease_adapters::fred::fred::prelude::Config::from_url(url)
@@ -650,7 +685,9 @@ impl Client {
                         .build()
                         .map_err(ctx("fred: build"))?;
                     client.init().await.map_err(ctx("fred: connect"))?;
-                    nodes.push(ClientNode::new(client));
+                    nodes.push(
+                        ClientNode::new(client).with_commands(imp.commands().unwrap_or_default()),
+                    );
                 }
                 let poll = imp == Impl::RedleaseFredPoll;
                 Ok(Client::Redlease(redlease_client(nodes, setup, poll, None)?))

@@ -6,8 +6,14 @@
 //!
 //! ```text
 //! redlease-bench [--quick] [--out PATH] [--only S1,S4] [--impl raw,redlease/redis] [--redlease-timer system|tokio]
-//!                [--observers]
+//!                [--observers] [--valkey]
 //! ```
+//!
+//! `--valkey` adds redlease on Valkey 9.1 (the testkit's `Flavor::Valkey91`; `scripts/fetch-valkey.sh`
+//! fetches it) to S1, S3 and S6, on each adapter in the automatic mode (native `DELIFEQ` release and
+//! `SET … IFEQ` extension) and pinned to scripts, each on a Valkey server of its own, with the server's own
+//! time per operation from `INFO commandstats` in the JSON (`server_us_per_op`, `server_usec_per_call`,
+//! `server_calls`), and prints the server's time per release, extension and fenced acquisition on each path.
 //!
 //! `--observers` adds four implementations to S1 and S7 only: redlease with a no-op observer and with
 //! `MetricsObserver` over the `metrics` no-op recorder (`redlease/redis+noop-observer`,
@@ -60,6 +66,7 @@ struct Args {
     impls: Option<Vec<String>>,
     tokio_timer: bool,
     observers: bool,
+    valkey: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -70,6 +77,7 @@ fn parse_args() -> Result<Args, String> {
         impls: None,
         tokio_timer: false,
         observers: false,
+        valkey: false,
     };
     let mut it = std::env::args().skip(1);
     let list = |v: Option<String>, flag: &str| -> Result<Vec<String>, String> {
@@ -80,6 +88,7 @@ fn parse_args() -> Result<Args, String> {
         match arg.as_str() {
             "--quick" => args.quick = true,
             "--observers" => args.observers = true,
+            "--valkey" => args.valkey = true,
             "--out" => args.out = Some(it.next().ok_or("--out needs a path")?.into()),
             "--only" => args.only = Some(list(it.next(), "--only")?),
             "--impl" => args.impls = Some(list(it.next(), "--impl")?),
@@ -90,7 +99,7 @@ fn parse_args() -> Result<Args, String> {
             },
             "-h" | "--help" => {
                 return Err(
-                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio] [--observers]"
+                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio] [--observers] [--valkey]"
                         .into(),
                 );
             }
@@ -147,9 +156,39 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
     if redlease_testkit::server::find_redis_server().is_none() {
         return Err("redis-server not found (set $REDIS_SERVER or PATH)".into());
     }
+    // `--valkey`: a Valkey 9.1 server of its own per variant (its commandstats count that variant alone).
+    let valkey: Vec<Impl> = if args.valkey {
+        if redlease_testkit::server::Flavor::Valkey91
+            .binary()
+            .is_none()
+        {
+            return Err(
+                "--valkey: valkey-server 9.1 not found (run scripts/fetch-valkey.sh, or set $REDLEASE_VALKEY_9_1)"
+                    .into(),
+            );
+        }
+        Impl::VALKEY.into_iter().filter(named).collect()
+    } else {
+        Vec::new()
+    };
     let env = Env {
         servers: redlease_testkit::server::RedisServers::start(5),
+        own: valkey
+            .iter()
+            .map(|&imp| {
+                (
+                    imp,
+                    redlease_testkit::server::RedisServer::start_flavor(
+                        redlease_testkit::server::Flavor::Valkey91,
+                        &[],
+                    ),
+                )
+            })
+            .collect(),
     };
+    // S1, S3 and S6 also measure the Valkey variants.
+    let with_valkey: Vec<Impl> = impls.iter().chain(&valkey).copied().collect();
+    let observed: Vec<Impl> = observed.into_iter().chain(valkey.iter().copied()).collect();
     let redis_version = env.servers[0]
         .try_cmd(&["INFO", "server"])
         .ok()
@@ -170,6 +209,13 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         "redis-server {redis_version} ×5 on ports {:?}",
         env.servers.iter().map(|s| s.port()).collect::<Vec<_>>()
     );
+    if !env.own.is_empty() {
+        println!(
+            "valkey-server 9.1.2 ×{} on ports {:?}",
+            env.own.len(),
+            env.own.iter().map(|(_, s)| s.port()).collect::<Vec<_>>()
+        );
+    }
     println!("versions: {VERSIONS}");
     println!("plan: {}", if args.quick { "quick" } else { "full" });
     println!(
@@ -199,7 +245,7 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         }
     }
     if wanted("S3") {
-        for &imp in &impls {
+        for &imp in &with_valkey {
             step(scenarios::throughput(&env, &plan, imp));
         }
     }
@@ -240,8 +286,21 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         }
     }
     if wanted("S6") {
-        for &imp in &impls {
+        for &imp in &with_valkey {
             step(scenarios::renewal(&env, &plan, imp, cpu));
+        }
+    }
+    if args.valkey {
+        match scenarios::valkey_costs(&plan) {
+            Ok(lines) => {
+                println!(
+                    "server cost per operation on Valkey 9.1 (one redis-rs node, sequential):"
+                );
+                for line in lines {
+                    println!("  {line}");
+                }
+            }
+            Err(e) => println!("valkey costs failed: {e}"),
         }
     }
     if wanted("S1") {
@@ -286,6 +345,10 @@ fn main() -> ExitCode {
     if args.observers {
         println!("lease event hook (--observers):");
         print!("{}", report::observer_costs(&rows));
+    }
+    if args.valkey {
+        println!("native against scripts on Valkey 9.1 (--valkey):");
+        print!("{}", report::valkey_comparison(&rows));
     }
     println!("total time: {:.1} s", started.elapsed().as_secs_f64());
     let json = report::to_json(&rows);

@@ -138,6 +138,17 @@ pub(crate) fn script_calls(info: &str) -> u64 {
         .sum()
 }
 
+/// Renewals a server ran in S6's window: extend scripts, or on Valkey `SET … IFEQ` (no other `SET` is sent in
+/// that window, and the scripts' inner commands count under their own names, not as `set`).
+pub(crate) fn renewal_calls(info: &str) -> u64 {
+    script_calls(info)
+        + info
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
+            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,6 +170,7 @@ mod tests {
         let info = "# Commandstats\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.5\r\n\
                     cmdstat_eval:calls=3,usec=9\r\ncmdstat_set:calls=99,usec=1\r\n";
         assert_eq!(script_calls(info), 15);
+        assert_eq!(renewal_calls(info), 114);
     }
 
     #[test]

@@ -25,6 +25,16 @@ pub(crate) struct Row {
     pub(crate) cpu_us_per_renewal: Option<f64>,
     /// S7: heap allocations per acquire + release.
     pub(crate) allocs_per_op: Option<f64>,
+    /// The server the row ran on when it had one of its own (`--valkey`: `"valkey-9.1.2"`); `None` for the
+    /// shared Redis servers.
+    pub(crate) server: Option<&'static str>,
+    /// On a server of its own: per lock command sent, its calls and the server's `usec_per_call`
+    /// (`INFO commandstats`), over the scenario (S1: every pair, warm-ups included; S3: the measured
+    /// window; S6: the renewal window).
+    pub(crate) server_commands: Vec<(&'static str, u64, f64)>,
+    /// The server's time (`usec` of those commands but `EVAL`, the once-per-connection check) per operation:
+    /// per pair (S1, S3) or per renewal (S6).
+    pub(crate) server_us_per_op: Option<f64>,
     /// S5: mean time a lease was held, in µs (acquisition returned to release returned).
     pub(crate) hold_us: Option<f64>,
     /// S5: commands the server executed per handoff (script-inner commands included).
@@ -84,17 +94,32 @@ fn string(s: &str) -> String {
     out
 }
 
+/// A JSON object of one number per lock command (`null` when the row has no server of its own).
+fn per_command(r: &Row, f: impl Fn(&(&'static str, u64, f64)) -> String) -> String {
+    if r.server.is_none() {
+        return "null".to_owned();
+    }
+    let fields: Vec<String> = r
+        .server_commands
+        .iter()
+        .map(|c| format!("{}: {}", string(c.0), f(c)))
+        .collect();
+    format!("{{{}}}", fields.join(", "))
+}
+
 /// The rows as a JSON array, one object per row, with the issue's keys.
 pub(crate) fn to_json(rows: &[Row]) -> String {
     let mut out = String::from("[\n");
     for (i, r) in rows.iter().enumerate() {
         let nodes = r.nodes.map_or("null".to_owned(), |n| n.to_string());
+        let server = r.server.map_or("null".to_owned(), string);
         let _ = write!(
             out,
             "  {{\"scenario\": {}, \"impl\": {}, \"nodes\": {nodes}, \"p50_us\": {}, \"p99_us\": {}, \
              \"ops_per_s\": {}, \"bound_us\": {}, \"bytes_per_lease\": {}, \"cpu_us_per_renewal\": {}, \
-             \"allocs_per_op\": {}, \"hold_us\": {}, \"cmds_per_op\": {}, \"calls_per_op\": {}, \
-             \"cmds_per_s\": {}, \"calls_per_s\": {}, \"note\": {}}}",
+             \"allocs_per_op\": {}, \"server\": {server}, \"server_us_per_op\": {}, \
+             \"server_usec_per_call\": {}, \"server_calls\": {}, \"hold_us\": {}, \"cmds_per_op\": {}, \
+             \"calls_per_op\": {}, \"cmds_per_s\": {}, \"calls_per_s\": {}, \"note\": {}}}",
             string(r.scenario),
             string(r.imp),
             num(r.p50_us),
@@ -104,6 +129,9 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             num(r.bytes_per_lease),
             num(r.cpu_us_per_renewal),
             num(r.allocs_per_op),
+            num(r.server_us_per_op),
+            per_command(r, |c| num(Some(c.2))),
+            per_command(r, |c| c.1.to_string()),
             num(r.hold_us),
             num(r.cmds_per_op),
             num(r.calls_per_op),
@@ -127,7 +155,7 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<3} {:<23} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10}  note",
+        "{:<3} {:<33} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>10}  note",
         "",
         "impl",
         "nodes",
@@ -138,6 +166,7 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
         "B/lease",
         "CPU µs/r",
         "allocs",
+        "srv µs/op",
         "hold µs",
         "cmds/op",
         "cmds/s"
@@ -145,7 +174,7 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<3} {:<23} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8} {:>10}  {}",
+            "{:<3} {:<33} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>10}  {}{}",
             r.scenario,
             r.imp,
             r.nodes.map_or("-".to_owned(), |n| n.to_string()),
@@ -156,11 +185,66 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
             cell(r.bytes_per_lease, 0),
             cell(r.cpu_us_per_renewal, 2),
             cell(r.allocs_per_op, 1),
+            cell(r.server_us_per_op, 2),
             cell(r.hold_us, 0),
             cell(r.cmds_per_op, 2),
             cell(r.cmds_per_s, 0),
-            r.note
+            r.note,
+            server_line(r)
         );
+    }
+    out
+}
+
+/// `; on valkey-9.1.2: set 2000 × 1.02 µs, delifeq …` for a row with a server of its own.
+fn server_line(r: &Row) -> String {
+    let Some(server) = r.server else {
+        return String::new();
+    };
+    let commands: Vec<String> = r
+        .server_commands
+        .iter()
+        .map(|(c, calls, per)| format!("{c} {calls} × {per:.2} µs"))
+        .collect();
+    format!("; on {server} (commandstats): {}", commands.join(", "))
+}
+
+/// Native against scripts on Valkey, per scenario and adapter: latency, throughput and the server's time
+/// per operation, as ratios within this run (`--valkey`).
+pub(crate) fn valkey_comparison(rows: &[Row]) -> String {
+    let mut out = String::new();
+    for adapter in ["redis", "fred"] {
+        let native = format!("redlease/{adapter}@valkey-9.1:native");
+        let scripts = format!("redlease/{adapter}@valkey-9.1:scripts");
+        for (scenario, what) in [
+            ("S1", "pair p50"),
+            ("S3", "ops/s"),
+            ("S6", "CPU µs per renewal"),
+        ] {
+            let (n, s) = (
+                find(rows, scenario, &native, Some(1)),
+                find(rows, scenario, &scripts, Some(1)),
+            );
+            let figure = |r: Option<&Row>| {
+                r.and_then(|r| match scenario {
+                    "S1" => r.p50_us,
+                    "S3" => r.ops_per_s,
+                    _ => r.cpu_us_per_renewal,
+                })
+            };
+            let server = |r: Option<&Row>| r.and_then(|r| r.server_us_per_op);
+            let _ = writeln!(
+                out,
+                "{scenario} redlease/{adapter} on Valkey 9.1: {what} native {} / scripts {} = {}; server µs per op \
+                 native {} / scripts {} = {}",
+                cell(figure(n), 2),
+                cell(figure(s), 2),
+                fmt_ratio(ratio(figure(n), figure(s))),
+                cell(server(n), 2),
+                cell(server(s), 2),
+                fmt_ratio(ratio(server(n), server(s)))
+            );
+        }
     }
     out
 }
@@ -392,6 +476,10 @@ mod tests {
             "bytes_per_lease",
             "cpu_us_per_renewal",
             "allocs_per_op",
+            "server",
+            "server_us_per_op",
+            "server_usec_per_call",
+            "server_calls",
             "hold_us",
             "cmds_per_op",
             "calls_per_op",
@@ -404,5 +492,25 @@ mod tests {
         assert!(json.contains("\"p50_us\": 12.500"));
         assert!(json.contains("\"nodes\": null"));
         assert!(json.contains("a \\\"quoted\\\" note"));
+        assert!(json.contains("\"server\": null"));
+    }
+
+    #[test]
+    fn json_has_the_server_cost_of_a_row_with_a_server_of_its_own() {
+        let mut row = Row::new("S1", "redlease/redis@valkey-9.1:native", Some(1));
+        row.server = Some("valkey-9.1.2");
+        row.server_commands = vec![("set", 10, 1.25), ("delifeq", 10, 0.5)];
+        row.server_us_per_op = Some(1.75);
+        let json = to_json(&[row]);
+        assert!(json.contains("\"server\": \"valkey-9.1.2\""), "{json}");
+        assert!(
+            json.contains("\"server_usec_per_call\": {\"set\": 1.250, \"delifeq\": 0.500}"),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"server_calls\": {\"set\": 10, \"delifeq\": 10}"),
+            "{json}"
+        );
+        assert!(json.contains("\"server_us_per_op\": 1.750"), "{json}");
     }
 }

@@ -10,7 +10,7 @@ use futures::StreamExt;
 use redlease::{Config, LockManager};
 use redlease_testkit::MemoryNode;
 use redlease_testkit::proxy::{FaultProxy, ProxyMode};
-use redlease_testkit::server::RedisServers;
+use redlease_testkit::server::{RedisServer, RedisServers};
 
 use crate::clients::{self, Client, Held, Impl, Res, Setup, ctx};
 use crate::measure::{self, CpuClock, Samples};
@@ -130,15 +130,92 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
-/// The Redis servers of a run: five independent ones on free loopback ports.
+/// The Redis servers of a run: five independent ones on free loopback ports, and servers of their own for
+/// the implementations that run elsewhere (`--valkey`: one Valkey 9.1 server per variant, so that its
+/// `INFO commandstats` counts that variant's commands alone).
 pub(crate) struct Env {
     /// The servers (S1, S3, S5, S6 use the first; S2 the first three or all five; S4 the first three).
     pub(crate) servers: RedisServers,
+    /// Implementations with a single server of their own.
+    pub(crate) own: Vec<(Impl, RedisServer)>,
 }
 
 impl Env {
     fn urls(&self, n: usize) -> Vec<String> {
         self.servers.urls().into_iter().take(n).collect()
+    }
+
+    fn own(&self, imp: Impl) -> Option<&RedisServer> {
+        self.own.iter().find(|(i, _)| *i == imp).map(|(_, s)| s)
+    }
+
+    /// The URLs `imp` uses: its own server, or the first `n` shared ones.
+    fn urls_for(&self, imp: Impl, n: usize) -> Vec<String> {
+        self.own(imp)
+            .map_or_else(|| self.urls(n), |s| vec![s.url()])
+    }
+
+    /// The single server `imp` uses.
+    fn server_for(&self, imp: Impl) -> &RedisServer {
+        self.own(imp).unwrap_or(&self.servers[0])
+    }
+}
+
+/// The lock commands whose server-side cost a row reports (scripts count their inner commands in their own
+/// time; `exec` covers a Lua-less transaction).
+const LOCK_COMMANDS: [&str; 5] = ["set", "delifeq", "evalsha", "eval", "exec"];
+
+/// Starts counting `imp`'s commands on its own server (`CONFIG RESETSTAT`); nothing for shared servers, whose
+/// counters mix implementations.
+fn reset_own_stats(env: &Env, imp: Impl) -> Res<()> {
+    if let Some(server) = env.own(imp) {
+        server.try_cmd(&["CONFIG", "RESETSTAT"])?;
+    }
+    Ok(())
+}
+
+/// `INFO commandstats` of `imp`'s own server, if it has one.
+fn own_stats(env: &Env, imp: Impl) -> Option<Res<String>> {
+    env.own(imp)
+        .map(|server| server.try_cmd(&["INFO", "commandstats"]))
+}
+
+/// What `imp`'s own server spent on the lock commands since [`reset_own_stats`]: the server's name, each
+/// command's calls and `usec_per_call`, and the `usec` per operation for `ops` operations, from `info` (read
+/// now when `None`). `EVAL` is listed but left out of the time per operation: it is each connection's
+/// capability check and a script's first use, once per connection, not the steady state (`EVALSHA`).
+fn record_own_stats(env: &Env, imp: Impl, row: &mut Row, ops: u64, info: Option<Res<String>>) {
+    let Some(server) = env.own(imp) else { return };
+    let Some(Ok(info)) = info.or_else(|| own_stats(env, imp)) else {
+        row.note.push_str("; INFO commandstats failed");
+        return;
+    };
+    row.server = Some(server.flavor().name());
+    let mut total_usec = 0.0;
+    for command in LOCK_COMMANDS {
+        let Some(line) = info
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:")))
+        else {
+            continue;
+        };
+        let field = |name: &str| {
+            line.split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        if let (Some(calls), Some(usec), Some(per_call)) =
+            (field("calls"), field("usec"), field("usec_per_call"))
+            && calls > 0.0
+        {
+            if command != "eval" {
+                total_usec += usec;
+            }
+            row.server_commands.push((command, calls as u64, per_call));
+        }
+    }
+    if ops > 0 {
+        row.server_us_per_op = Some(total_usec / ops as f64);
     }
 }
 
@@ -172,7 +249,11 @@ pub(crate) fn latency(env: &Env, plan: &Plan, impls: &[Impl], nodes: usize) -> V
         plan.s2_iters
     };
     let per_round = total.div_ceil(plan.rounds);
-    let urls = env.urls(nodes);
+    for &imp in impls {
+        if let Err(e) = reset_own_stats(env, imp) {
+            eprintln!("CONFIG RESETSTAT for {}: {e}", imp.name());
+        }
+    }
     let mut results: Vec<(Impl, Result<Samples, String>)> = impls
         .iter()
         .map(|&imp| (imp, Ok(Samples::with_capacity(per_round * plan.rounds))))
@@ -192,6 +273,7 @@ pub(crate) fn latency(env: &Env, plan: &Plan, impls: &[Impl], nodes: usize) -> V
             } else {
                 plan.warmup / 10
             };
+            let urls = env.urls_for(imp, nodes);
             match on_runtime(|| async {
                 let client = Client::connect(imp, &urls, STEADY).await?;
                 pairs(&client, &key, warmup, per_round).await
@@ -221,6 +303,9 @@ pub(crate) fn latency(env: &Env, plan: &Plan, impls: &[Impl], nodes: usize) -> V
                             plan.rounds,
                             plan.warmup
                         );
+                        // Every pair since the reset, warm-ups included.
+                        let warmups = plan.warmup + (plan.rounds - 1) * (plan.warmup / 10);
+                        record_own_stats(env, imp, &mut row, (s.len() + warmups) as u64, None);
                     }
                     Err(e) => row.note = format!("failed: {e}"),
                 }
@@ -237,19 +322,26 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
         row.note = "not measured: the in-memory node is for S6 (memory) and S7".into();
         return row;
     }
-    let urls = env.urls(1);
+    let urls = env.urls_for(imp, 1);
     let result = on_runtime(|| async {
         let client = Arc::new(Client::connect(imp, &urls, STEADY).await?);
         let warm_per_task = (plan.warmup / S3_TASKS).max(2);
         let mut tasks = Vec::with_capacity(S3_TASKS);
         let start = Arc::new(tokio::sync::Barrier::new(S3_TASKS + 1));
+        // Every task warmed up, before the server's counters are reset and the window starts.
+        let warmed = Arc::new(tokio::sync::Barrier::new(S3_TASKS + 1));
         let stop = Arc::new(AtomicBool::new(false));
         for t in 0..S3_TASKS {
-            let (client, start, stop) =
-                (Arc::clone(&client), Arc::clone(&start), Arc::clone(&stop));
+            let (client, start, stop, warmed) = (
+                Arc::clone(&client),
+                Arc::clone(&start),
+                Arc::clone(&stop),
+                Arc::clone(&warmed),
+            );
             let key = format!("bench:S3:{}:{t}", imp.name());
             tasks.push(tokio::spawn(async move {
                 pairs(&client, &key, warm_per_task, 0).await?;
+                warmed.wait().await;
                 start.wait().await;
                 let mut samples = Samples::with_capacity(1 << 14);
                 while !stop.load(Ordering::Relaxed) {
@@ -264,6 +356,8 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
                 Ok::<_, String>(samples)
             }));
         }
+        warmed.wait().await;
+        reset_own_stats(env, imp)?;
         start.wait().await;
         let t0 = Instant::now();
         tokio::time::sleep(plan.s3_time).await;
@@ -289,6 +383,7 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
                  p50/p99 = latency of one pair under this load",
                 elapsed.as_secs_f64()
             );
+            record_own_stats(env, imp, &mut row, ops as u64, None);
         }
         Err(e) => row.note = format!("failed: {e}"),
     }
@@ -422,7 +517,11 @@ fn waiting_kind(imp: Impl, delay: &str) -> String {
         | Impl::RedleaseRedisNoop
         | Impl::RedleaseRedisMetrics
         | Impl::RedleaseMemoryNoop
-        | Impl::RedleaseMemoryMetrics => {
+        | Impl::RedleaseMemoryMetrics
+        | Impl::ValkeyRedisNative
+        | Impl::ValkeyRedisScripts
+        | Impl::ValkeyFredNative
+        | Impl::ValkeyFredScripts => {
             "acquire_within, woken by release notifications (at most max_retry_delay 1 s apart; polling at \
              the retry delay DELAY until subscribed)"
         }
@@ -725,8 +824,8 @@ pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
         return renewal_memory(plan, imp);
     }
     let mut row = Row::new("S6", imp.name(), Some(1));
-    let urls = env.urls(1);
-    let server = &env.servers[0];
+    let urls = env.urls_for(imp, 1);
+    let server = env.server_for(imp);
     let n = plan.s6_leases;
     let result = on_runtime(|| async {
         let client = Arc::new(Client::connect(imp, &urls, RENEWING).await?);
@@ -740,13 +839,15 @@ pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
         let (bytes, rss, mut held) = hold_many(&client, n, imp, true).await?;
         let acquire_time = acquiring.elapsed();
 
-        let calls0 = measure::script_calls(&server.try_cmd(&["INFO", "commandstats"])?);
+        reset_own_stats(env, imp)?;
+        let calls0 = measure::renewal_calls(&server.try_cmd(&["INFO", "commandstats"])?);
         let cpu0 = cpu.now()?;
         let t0 = Instant::now();
         tokio::time::sleep(plan.s6_window).await;
         let cpu1 = cpu.now()?;
         let window = t0.elapsed();
-        let calls1 = measure::script_calls(&server.try_cmd(&["INFO", "commandstats"])?);
+        let info1 = server.try_cmd(&["INFO", "commandstats"])?;
+        let calls1 = measure::renewal_calls(&info1);
         let renewals = calls1.saturating_sub(calls0);
 
         let still = held.len();
@@ -760,14 +861,28 @@ pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
             acquire_time,
             still,
             release_errors,
+            info1,
         ))
     });
     match result {
-        Ok((bytes, rss, cpu_time, window, renewals, acquire_time, still, release_errors)) => {
+        Ok((
+            bytes,
+            rss,
+            cpu_time,
+            window,
+            renewals,
+            acquire_time,
+            still,
+            release_errors,
+            info1,
+        )) => {
             row.bytes_per_lease = Some(bytes);
             row.cpu_us_per_renewal = (renewals > 0).then(|| us(cpu_time) / renewals as f64);
+            // The renewal window alone (read before the releases).
+            record_own_stats(env, imp, &mut row, renewals, Some(Ok(info1)));
             row.note = format!(
-                "{still} leases (TTL 3 s) acquired in {:.2} s; {renewals} renewals (server-side script calls) in a \
+                "{still} leases (TTL 3 s) acquired in {:.2} s; {renewals} renewals (server-side script calls, or \
+                 SET … IFEQ) in a \
                  {:.2} s window, process CPU {:.0} ms (tick {} ms); heap delta per lease incl. the lease object; \
                  RSS delta {rss:.0} B/lease; {release_errors} release errors; cadence: {}",
                 acquire_time.as_secs_f64(),
@@ -1061,4 +1176,110 @@ pub(crate) fn attribution(env: &Env, plan: &Plan) -> Res<Vec<String>> {
         }
         Ok(lines)
     })
+}
+
+/// The server's own time per lease operation on Valkey 9.1 (`--valkey`), native against scripts: release,
+/// extension and fenced acquisition, each `plan.s1_iters / 4` times in a row on a fresh server through one
+/// redis-rs node (`Commands::Native`: `DELIFEQ`, `SET … IFEQ`, the three-step fenced acquisition;
+/// `Commands::Scripts`: the scripts), from `INFO commandstats` (`usec` of the lock commands per operation).
+pub(crate) fn valkey_costs(plan: &Plan) -> Res<Vec<String>> {
+    use redlease::{RedisNode, Token, Ttl};
+    use redlease_adapters::Commands;
+    use redlease_adapters::redis::MultiplexedNode;
+    let n = (plan.s1_iters / 4).max(100);
+    let mut lines = Vec::new();
+    for mode in [Commands::Native, Commands::Scripts] {
+        let server = RedisServer::start_flavor(redlease_testkit::server::Flavor::Valkey91, &[]);
+        let url = server.url();
+        let per_op = on_runtime(|| async {
+            let client = redis::Client::open(url.as_str()).map_err(ctx("open"))?;
+            let node = MultiplexedNode::connect(&client)
+                .await
+                .map_err(ctx("connect"))?
+                .with_commands(mode);
+            node.probe("bench:costs").await.map_err(ctx("probe"))?;
+            let ttl = Ttl::from_millis(60_000).ok_or("ttl")?;
+            let usec = || -> Res<f64> {
+                let info = server.try_cmd(&["INFO", "commandstats"])?;
+                Ok(LOCK_COMMANDS
+                    .iter()
+                    .filter_map(|c| {
+                        info.lines()
+                            .find_map(|l| l.strip_prefix(&format!("cmdstat_{c}:")))
+                            .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("usec=")))
+                            .and_then(|v| v.trim().parse::<f64>().ok())
+                    })
+                    .sum())
+            };
+            let reset = || server.try_cmd(&["CONFIG", "RESETSTAT"]).map(drop);
+            let mut costs = Vec::new();
+            // Release: n held keys, then n releases.
+            let tokens: Vec<Token> = (0..n)
+                .map(|_| Token::random().map_err(ctx("token")))
+                .collect::<Res<_>>()?;
+            for (i, t) in tokens.iter().enumerate() {
+                let k = format!("bench:costs:release:{i}");
+                if !node
+                    .acquire_fresh(&k, t, ttl)
+                    .await
+                    .map_err(ctx("acquire"))?
+                {
+                    return Err(format!("{k} held"));
+                }
+            }
+            reset()?;
+            for (i, t) in tokens.iter().enumerate() {
+                let k = format!("bench:costs:release:{i}");
+                if !node.release(&k, t).await.map_err(ctx("release"))? {
+                    return Err(format!("{k} not released"));
+                }
+            }
+            costs.push(("release", usec()? / n as f64));
+            // Extension: one held key, extended n times.
+            let t = &tokens[0];
+            if !node
+                .acquire_fresh("bench:costs:extend", t, ttl)
+                .await
+                .map_err(ctx("acquire"))?
+            {
+                return Err("bench:costs:extend held".into());
+            }
+            reset()?;
+            for _ in 0..n {
+                if !node
+                    .extend("bench:costs:extend", t, ttl)
+                    .await
+                    .map_err(ctx("extend"))?
+                {
+                    return Err("bench:costs:extend lost".into());
+                }
+            }
+            costs.push(("extend", usec()? / n as f64));
+            // Fenced acquisition: n free keys, each with a counter of its own (same hash tag).
+            reset()?;
+            for (i, t) in tokens.iter().enumerate() {
+                let k = format!("bench:costs:{{f{i}}}:lock");
+                let f = format!("bench:costs:{{f{i}}}:fence");
+                if node
+                    .acquire_fenced(&k, &f, t, ttl)
+                    .await
+                    .map_err(ctx("fenced"))?
+                    .is_none()
+                {
+                    return Err(format!("{k} held"));
+                }
+            }
+            costs.push(("fenced acquisition", usec()? / n as f64));
+            Ok(costs)
+        })?;
+        lines.push(format!(
+            "valkey-9.1.2 server µs per operation ({mode:?}, {n} each, commandstats usec / operations): {}",
+            per_op
+                .iter()
+                .map(|(op, us)| format!("{op} {us:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(lines)
 }

@@ -13,7 +13,7 @@ mod support;
 
 use std::time::Duration;
 
-use redlease_testkit::server::RedisServers;
+use redlease_testkit::server::{Flavor, RedisServers, on_each_flavor};
 use support::{Worker, field};
 
 #[derive(Debug, Clone)]
@@ -122,10 +122,23 @@ fn show(h: &Hold, origin: u128) -> String {
     )
 }
 
+/// [`contention_on`] on every server of the matrix (concurrently, see `on_each_flavor`).
 fn contention(test: &str, mode: &str, n_servers: usize, procs: usize, tasks: u64, rounds: u64) {
-    let Some(servers) = RedisServers::start_or_skip(test, n_servers) else {
-        return;
-    };
+    on_each_flavor(test, &Flavor::ALL, |flavor| {
+        contention_on(test, flavor, mode, n_servers, procs, tasks, rounds);
+    });
+}
+
+fn contention_on(
+    test: &str,
+    flavor: Flavor,
+    mode: &str,
+    n_servers: usize,
+    procs: usize,
+    tasks: u64,
+    rounds: u64,
+) {
+    let servers = RedisServers::start_flavor(flavor, n_servers);
     let t0 = std::time::Instant::now();
     let (mut holds, counter) = run_workers(&servers, mode, procs, tasks, rounds, false);
     let total = procs as i64 * tasks as i64 * rounds as i64;
@@ -188,7 +201,7 @@ fn contention(test: &str, mode: &str, n_servers: usize, procs: usize, tasks: u64
         );
     }
     eprintln!(
-        "{test}: {procs} processes x {tasks} tasks x {rounds} rounds, {handovers} handovers between \
+        "{test} on {flavor}: {procs} processes x {tasks} tasks x {rounds} rounds, {handovers} handovers between \
          processes, {:?}",
         t0.elapsed()
     );
@@ -246,15 +259,15 @@ fn a_hundred_redlock_acquirers_in_tasks_of_four_processes_hold_one_at_a_time_and
 fn without_the_lock_the_same_processes_lose_counter_updates() {
     // The control experiment: the checks above are able to fail.
     let test = "without_the_lock_the_same_processes_lose_counter_updates";
-    let Some(servers) = RedisServers::start_or_skip(test, 1) else {
-        return;
-    };
-    let (mut holds, counter) = run_workers(&servers, "single", 4, 1, 50, true);
-    holds.sort_by_key(|h| h.start);
-    let overlaps = holds.windows(2).filter(|p| p[1].start < p[0].end).count();
-    assert!(
-        counter < 200,
-        "4 unlocked processes x 50 read-modify-writes lost no update (counter {counter})"
-    );
-    assert!(overlaps > 0, "unlocked intervals never overlapped");
+    on_each_flavor(test, &Flavor::ALL, |flavor| {
+        let servers = RedisServers::start_flavor(flavor, 1);
+        let (mut holds, counter) = run_workers(&servers, "single", 4, 1, 50, true);
+        holds.sort_by_key(|h| h.start);
+        let overlaps = holds.windows(2).filter(|p| p[1].start < p[0].end).count();
+        assert!(
+            counter < 200,
+            "4 unlocked processes x 50 read-modify-writes lost no update (counter {counter})"
+        );
+        assert!(overlaps > 0, "unlocked intervals never overlapped");
+    });
 }

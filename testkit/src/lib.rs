@@ -14,6 +14,8 @@
 //! - [`History`]: records what lease holders believed and checks that no two overlapped, that fencing tokens
 //!   increase and that losses were signalled in time (also by the client's own clock).
 //! - [`proxy::FaultProxy`]: a TCP proxy that delays, blackholes, resets or drops replies, for live tests.
+//! - [`server`] and [`sentinel`]: real server processes on loopback (single, several, a cluster, a primary
+//!   with a replica and three Sentinels) that never outlive the test process.
 //! - [`conformance`]: the contract suite any [`RedisNode`](redlease::RedisNode) can run in one call.
 //! - `TokioTestTimer` (feature `tokio`): tokio's paused clock as a [`Timer`](redlease::Timer), for tests
 //!   written with `#[tokio::test(start_paused = true)]`.
@@ -28,6 +30,7 @@ mod history;
 mod memory;
 pub mod proxy;
 mod recorder;
+pub mod sentinel;
 pub mod server;
 mod sim;
 

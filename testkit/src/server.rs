@@ -16,8 +16,10 @@
 //! server.restart(); // kill -9, then start again on the same port
 //! ```
 //!
-//! The binaries are looked up in `$REDIS_SERVER` / `$REDIS_CLI` (full paths), then on `PATH`. Only std is
-//! used: processes through [`std::process`], admin commands as raw RESP over a [`TcpStream`].
+//! The binaries are looked up in `$REDIS_SERVER` / `$REDIS_CLI` (full paths), then on `PATH`; Valkey's as
+//! [`Flavor`] says. [`on_each_flavor`] runs a test's body once per server flavor, concurrently, naming the
+//! flavor that failed. Only std is used: processes through [`std::process`], admin commands as raw RESP over
+//! a [`TcpStream`].
 //!
 //! **Only our own server.** A port picked as free can be taken by another process before the server binds
 //! it, and a [`restart`](RedisServer::restart) leaves it free for a moment. A server is ready only when the
@@ -165,6 +167,141 @@ impl fmt::Display for Flavor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// The environment variable that bounds how many [`on_each_flavor`] bodies run at once in one process
+/// (default 4; `1` runs the flavors of a test one after the other).
+pub const PARALLEL_ENV: &str = "REDLEASE_MATRIX_PARALLEL";
+
+/// The environment variable that restricts [`on_each_flavor`] to some flavors: a comma-separated list of
+/// [`Flavor::name`]s (e.g. `redis,valkey-9.1.2`); the others are skipped with a line saying so.
+pub const FLAVORS_ENV: &str = "REDLEASE_FLAVORS";
+
+/// How many flavor bodies run at once by default: each is mostly waiting (on timeouts, sleeps, servers),
+/// and the limit keeps a test binary's load near that of two tests per core.
+const DEFAULT_PARALLEL: usize = 4;
+
+/// A counting semaphore shared by every [`on_each_flavor`] call of the process.
+struct Slots {
+    taken: std::sync::Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+static SLOTS: Slots = Slots {
+    taken: std::sync::Mutex::new(0),
+    freed: std::sync::Condvar::new(),
+};
+
+/// A slot of [`SLOTS`], given back on drop (also when the body panics).
+struct Slot;
+
+impl Slot {
+    fn take() -> Slot {
+        let limit = std::env::var(PARALLEL_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(DEFAULT_PARALLEL);
+        let mut taken = SLOTS.taken.lock().unwrap_or_else(|e| e.into_inner());
+        while *taken >= limit {
+            taken = SLOTS.freed.wait(taken).unwrap_or_else(|e| e.into_inner());
+        }
+        *taken += 1;
+        Slot
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        *SLOTS.taken.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        SLOTS.freed.notify_one();
+    }
+}
+
+/// Whether `$REDLEASE_FLAVORS` (when set) lists `flavor`.
+fn selected(flavor: Flavor) -> bool {
+    std::env::var(FLAVORS_ENV).map_or(true, |list| {
+        list.split(',').any(|name| name.trim() == flavor.name())
+    })
+}
+
+/// The text of a panic payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(a panic without a message)".to_owned())
+}
+
+/// Runs the live test `test`'s `body` once per flavor of `flavors`: each on a thread of its own named
+/// `<test> on <flavor>` (so a panic's first line names the server), concurrently with the others — at most
+/// four bodies of the process at a time (`$REDLEASE_MATRIX_PARALLEL`) — and, once all have ended, panics
+/// if any failed, listing each failed flavor with its panic message. A flavor whose binary is missing is
+/// skipped with a line saying so ([`Flavor::available`]; a failure under `REDLEASE_REQUIRE_REDIS=1`), as is
+/// one left out of `$REDLEASE_FLAVORS`.
+///
+/// Each body starts its own servers (e.g. [`RedisServer::start_flavor`]) and builds its own runtime if it
+/// needs one, so that a blocking admin command or a stalled server in one flavor's body never delays
+/// another's timers.
+///
+/// ```no_run
+/// use redlease_testkit::server::{Flavor, RedisServer, on_each_flavor};
+///
+/// on_each_flavor("set_and_get", &Flavor::ALL, |flavor| {
+///     let server = RedisServer::start_flavor(flavor, &[]);
+///     server.cmd(&["SET", "k", "v"]);
+///     assert_eq!(server.cmd(&["GET", "k"]), "v", "{flavor}");
+/// });
+/// ```
+pub fn on_each_flavor(test: &str, flavors: &[Flavor], body: impl Fn(Flavor) + Sync) {
+    let body = &body;
+    let failures: Vec<String> = thread::scope(|s| {
+        let handles: Vec<_> = flavors
+            .iter()
+            .copied()
+            .filter(|&flavor| {
+                if selected(flavor) {
+                    return flavor.available(test);
+                }
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "SKIP live test {test} on {flavor}: not in ${FLAVORS_ENV}"
+                );
+                false
+            })
+            .map(|flavor| {
+                let handle = thread::Builder::new()
+                    .name(format!("{test} on {flavor}"))
+                    .spawn_scoped(s, move || {
+                        let _slot = Slot::take();
+                        let started = Instant::now();
+                        body(flavor);
+                        // Captured with the test's output (shown on failure or with --nocapture).
+                        eprintln!(
+                            "live test {test} on {flavor}: passed in {:.1?}",
+                            started.elapsed()
+                        );
+                    })
+                    .unwrap_or_else(|e| panic!("spawn the thread of {test} on {flavor}: {e}"));
+                (flavor, handle)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|(flavor, handle)| {
+                handle
+                    .join()
+                    .err()
+                    .map(|payload| format!("on {flavor}: {}", panic_message(&*payload)))
+            })
+            .collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "live test {test} failed {}",
+        failures.join("\n  and ")
+    );
 }
 
 /// Whether missing Redis binaries must fail the test (`REDLEASE_REQUIRE_REDIS=1`).
@@ -484,6 +621,9 @@ pub struct RedisServer {
     /// Who answered the readiness check: every admin command checks that the same process still answers.
     identity: Option<Identity>,
     dir: TempDir,
+    /// For a Sentinel ([`crate::sentinel`]): the initial contents of its config file, `sentinel.conf` in its
+    /// directory (written before the first start; the Sentinel rewrites it, and a restart keeps its state).
+    sentinel_conf: Option<String>,
 }
 
 impl fmt::Debug for RedisServer {
@@ -551,6 +691,20 @@ impl RedisServer {
     fn start_on_ports(
         flavor: Flavor,
         args: &[&str],
+        next_port: impl FnMut() -> u16,
+    ) -> RedisServer {
+        Self::start_inner(flavor, args, None, next_port)
+    }
+
+    /// A Sentinel (`<server> sentinel.conf --sentinel …`) on a free port with the config file `conf`.
+    pub(crate) fn start_sentinel_process(flavor: Flavor, conf: &str) -> RedisServer {
+        Self::start_inner(flavor, &[], Some(conf), free_port)
+    }
+
+    fn start_inner(
+        flavor: Flavor,
+        args: &[&str],
+        sentinel_conf: Option<&str>,
         mut next_port: impl FnMut() -> u16,
     ) -> RedisServer {
         let bin = flavor.binary().unwrap_or_else(|| {
@@ -563,16 +717,26 @@ impl RedisServer {
             .and_then(|i| extra.get(i + 1).cloned());
         let mut failures = Vec::new();
         // A port picked by `free_port` can be taken by someone else before redis binds it: retry elsewhere.
-        for _ in 0..START_ATTEMPTS {
+        for attempt in 0..START_ATTEMPTS {
+            let mut extra = extra.clone();
+            if attempt > 0 {
+                // So can a cluster node's bus port (the start fails the same way): another one too.
+                if let Some(i) = extra.iter().position(|a| a == "--cluster-port") {
+                    if let Some(bus) = extra.get_mut(i + 1) {
+                        *bus = free_port().to_string();
+                    }
+                }
+            }
             let mut server = RedisServer {
                 bin: bin.clone(),
                 flavor,
                 port: next_port(),
-                extra: extra.clone(),
+                extra,
                 password: password.clone(),
                 running: None,
                 identity: None,
                 dir: TempDir::new("redis"),
+                sentinel_conf: sentinel_conf.map(str::to_owned),
             };
             match server.spawn() {
                 Ok(()) => return server,
@@ -598,25 +762,32 @@ impl RedisServer {
     }
 
     fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> = [
-            "--port",
-            &self.port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-            "--logfile",
-            "redis.log",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        let mut args: Vec<String> = Vec::new();
+        if self.sentinel_conf.is_some() {
+            // The config file comes first; a Sentinel needs one it can rewrite.
+            args.push(self.dir.0.join("sentinel.conf").display().to_string());
+            args.push("--sentinel".into());
+        }
+        args.extend(
+            [
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+                "--logfile",
+                "redis.log",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned()),
+        );
         args.push("--dir".into());
         args.push(self.dir.0.display().to_string());
         if self.flavor.without_lua() {
@@ -645,6 +816,13 @@ impl RedisServer {
 
     fn spawn(&mut self) -> Result<(), SpawnFailure> {
         let failure = |foreign, message| SpawnFailure { foreign, message };
+        if let Some(conf) = &self.sentinel_conf {
+            let path = self.dir.0.join("sentinel.conf");
+            if !path.exists() {
+                std::fs::write(&path, conf)
+                    .map_err(|e| failure(false, format!("write {}: {e}", path.display())))?;
+            }
+        }
         let running =
             Running::start(&self.bin, &self.args(), &self.dir.0).map_err(|e| failure(false, e))?;
         let pid = running.pid;
@@ -869,8 +1047,16 @@ impl Drop for RedisServer {
 
 impl RedisServer {
     /// Starts a replica of `self` (`--replicaof 127.0.0.1 <port>`, same flavor, extra `args` such as
-    /// `["--appendonly", "yes"]`) and waits until the primary counts it as a connected, caught-up replica
-    /// (`INFO replication`). Panics if it does not within 10 s.
+    /// `["--appendonly", "yes"]`) and waits until the primary counts it as a connected, caught-up replica,
+    /// the replica reports its link up (`INFO replication` on both),
+    ///
+    /// and `WAIT` counts it: a write on the primary is acknowledged by it. Panics if they do not within 10 s.
+    ///
+    /// (The primary's and the replica's views are not enough: after a diskless full sync Redis 7.0 starts
+    /// the replica's command stream only at its first acknowledgement, which the replica sends at its next
+    /// once-a-second tick, and a Valkey 9.1 replica loads the downloaded snapshot at that tick; for up to a
+    /// second both list the replica as online while it applies and acknowledges nothing, and a `WAIT` then
+    /// counts no replica.)
     pub fn start_replica(&self, args: &[&str]) -> RedisServer {
         // The primary would wait 5 s (the default delay) for more replicas before a diskless full sync.
         self.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
@@ -880,7 +1066,54 @@ impl RedisServer {
         let replica = RedisServer::start_flavor(self.flavor(), &all);
         self.wait_for_replicas(1, Duration::from_secs(10))
             .unwrap_or_else(|e| panic!("{e}\nreplica log:\n{}", replica.log_tail()));
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = replica
+                .try_cmd(&["INFO", "replication"])
+                .unwrap_or_default();
+            if info.contains("master_link_status:up") {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the replica on port {} never reported its link up: {info}\nreplica log:\n{}",
+                replica.port,
+                replica.log_tail()
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        if let Err(e) = self.replicas_acknowledge(1, until) {
+            panic!("{e}\nreplica log:\n{}", replica.log_tail());
+        }
         replica
+    }
+
+    /// Writes a marker key and `WAIT`s on the same connection until `n` replicas acknowledge it (or
+    /// `until`), then deletes it again the same way.
+    fn replicas_acknowledge(&self, n: usize, until: Instant) -> Result<(), String> {
+        let io = |e: std::io::Error| format!("port {}: {e}", self.port);
+        let mut conn = Conn::open(self.port, ADMIN_TIMEOUT).map_err(io)?;
+        if let Some(pw) = &self.password {
+            conn.send(&["AUTH", pw]).map_err(io)?;
+        }
+        let key = "redlease:testkit:replica-acknowledged";
+        let want = n.to_string();
+        for write in [["SET", key, "1"], ["DEL", key, key]] {
+            conn.send(&write).map_err(io)?;
+            loop {
+                match conn.send(&["WAIT", &want, "100"]).map_err(io)? {
+                    Resp::Int(acked) if acked >= n as i64 => break,
+                    reply if Instant::now() >= until => {
+                        return Err(format!(
+                            "port {}: a write was acknowledged by {reply} of {n} replicas in time",
+                            self.port
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Waits until at least `n` replicas are connected and online (`state=online` in `INFO replication`).
@@ -1145,6 +1378,40 @@ mod tests {
             Identity::parse(&Resp::Text(info)).map(|id| id.pid),
             ours.pid()
         );
+    }
+
+    #[test]
+    fn a_cluster_node_whose_bus_port_is_taken_starts_on_another_bus_port() {
+        if !live_tests_enabled("a_cluster_node_whose_bus_port_is_taken_starts_on_another_bus_port")
+        {
+            return;
+        }
+        // Someone else holds the bus port the start was given (as another test's server may, by the time
+        // the node binds it).
+        let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+        let bus = taken.local_addr().unwrap().port().to_string();
+        let node = RedisServer::start_flavor(
+            Flavor::Redis,
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-port",
+                &bus,
+            ],
+        );
+        assert!(
+            node.cmd(&["CLUSTER", "INFO"]).contains("cluster_state"),
+            "not a cluster node"
+        );
+        let i = node
+            .extra
+            .iter()
+            .position(|a| a == "--cluster-port")
+            .unwrap();
+        assert_ne!(node.extra[i + 1], bus, "started on the taken bus port?");
+        drop(taken);
     }
 
     #[test]

@@ -60,3 +60,36 @@ fn a_server_can_be_replaced_by_another_flavor_on_the_same_port() {
     server.try_restart_as(Flavor::Valkey91NoLua).unwrap();
     assert!(server.try_cmd(&["EVAL", "return 1", "0"]).is_err());
 }
+
+#[test]
+fn on_each_flavor_runs_every_flavor_and_names_the_one_that_failed() {
+    use std::sync::Mutex;
+    let test = "on_each_flavor_runs_every_flavor_and_names_the_one_that_failed";
+    if !Flavor::ALL.iter().all(|f| f.available(test)) {
+        return;
+    }
+    let ran = Mutex::new(Vec::new());
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        redlease_testkit::server::on_each_flavor(test, &Flavor::ALL, |flavor| {
+            ran.lock().unwrap().push(flavor);
+            assert_ne!(flavor, Flavor::Valkey81, "deliberate failure");
+        });
+    }));
+    let payload = outcome.expect_err("a body failed, so the test must fail");
+    let message = payload
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        message.contains("failed on valkey-8.1.8: assertion")
+            && message.contains("deliberate failure"),
+        "{message}"
+    );
+    assert!(!message.contains("on redis"), "{message}");
+    // Every body ran, the failing one did not stop the others.
+    let mut ran = ran.into_inner().unwrap();
+    ran.sort_by_key(|f| f.name());
+    let mut all = Flavor::ALL.to_vec();
+    all.sort_by_key(|f| f.name());
+    assert_eq!(ran, all);
+}

@@ -15,7 +15,7 @@ use std::time::Duration;
 use redlease::{Lease, LockManager, RedisNode};
 use redlease_testkit::server::{Flavor, RedisServers};
 
-use crate::common::{self, Backend, Rng, config, get, lock_calls};
+use crate::common::{self, Backend, Rng, config, get, lock_calls, on_every_server};
 
 /// Both adapters, and a fred pool (several connections per server).
 const BACKENDS: [Backend; 3] = [
@@ -25,7 +25,7 @@ const BACKENDS: [Backend; 3] = [
 ];
 
 const ITERATIONS_PER_BACKEND: u32 = 500;
-/// Fewer on the Valkey servers (two more servers' worth of run time; the seeds differ from run to run).
+/// Fewer on the three Valkey servers (they run concurrently with Redis's; the seeds differ from run to run).
 const ITERATIONS_OTHER_SERVERS: u32 = 200;
 /// Long enough that a key found gone within `CLEANED_WITHIN` was deleted, not expired.
 const TTL: Duration = Duration::from_millis(2000);
@@ -311,40 +311,22 @@ async fn iteration(setup: &Setup, backend: Backend, i: u32, rng: &mut Rng, seed:
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelling_at_random_await_points_leaves_working_connections_no_renewals_and_no_keys() {
-    cancellation_on(
-        Flavor::Redis,
+#[test]
+fn cancelling_at_random_await_points_leaves_working_connections_no_renewals_and_no_keys() {
+    on_every_server(
         "cancelling_at_random_await_points_leaves_working_connections_no_renewals_and_no_keys",
-        ITERATIONS_PER_BACKEND,
-    )
-    .await;
+        |flavor| {
+            let iterations = match flavor {
+                Flavor::Redis => ITERATIONS_PER_BACKEND,
+                _ => ITERATIONS_OTHER_SERVERS,
+            };
+            cancellation_on(flavor, iterations)
+        },
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelling_at_random_await_points_on_valkey_9_1_native_release_and_extend() {
-    cancellation_on(
-        Flavor::Valkey91,
-        "cancelling_at_random_await_points_on_valkey_9_1_native_release_and_extend",
-        ITERATIONS_OTHER_SERVERS,
-    )
-    .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelling_at_random_await_points_on_valkey_9_1_without_lua() {
-    cancellation_on(
-        Flavor::Valkey91NoLua,
-        "cancelling_at_random_await_points_on_valkey_9_1_without_lua",
-        ITERATIONS_OTHER_SERVERS,
-    )
-    .await;
-}
-
-async fn cancellation_on(flavor: Flavor, test: &str, iterations: u32) {
-    let Some(mut servers) = RedisServers::start_flavor_or_skip(test, flavor, 3) else {
-        return;
-    };
+async fn cancellation_on(flavor: Flavor, iterations: u32) {
+    let mut servers = RedisServers::start_flavor(flavor, 3);
     let seed = common::seed();
     println!("cancellation on {flavor}: seed {seed} (replay with REDLEASE_SEED={seed})");
     let mut rng = Rng::new(seed);

@@ -7,11 +7,15 @@ use std::time::{Duration, Instant};
 use redlease::{Config, Error, NotAcquiredReason, RedisNode};
 use redlease_adapters::scripts;
 use redlease_testkit::proxy::FaultProxy;
-use redlease_testkit::server::{RedisServer, RedisServers};
+use redlease_testkit::server::{Flavor, RedisServer, RedisServers};
 
 #[path = "../shared/backends.rs"]
 mod backends;
 pub(crate) use backends::{Backend, fred_builder, node};
+
+#[path = "../shared/flavors.rs"]
+mod flavors;
+pub(crate) use flavors::{has_lua, on_every_server};
 
 /// redis-rs multiplexed and fred client: the two adapters in their most common form.
 pub(crate) const BACKENDS: [Backend; 2] = [Backend::RedisMultiplexed, Backend::FredClient];
@@ -45,7 +49,7 @@ pub(crate) fn key(name: &str, backend: Backend) -> String {
 /// Loads every script, so that the first call is one `EVALSHA` (no `NOSCRIPT` round trip that a stalled or
 /// cut connection could leave half done) and script-call counts are exact.
 pub(crate) fn preload(server: &RedisServer) {
-    if server.flavor() == redlease_testkit::server::Flavor::Valkey91NoLua {
+    if !has_lua(server.flavor()) {
         // No Lua: nothing to load (the nodes use native commands).
         return;
     }
@@ -62,6 +66,16 @@ pub(crate) fn script_calls(server: &RedisServer) -> u64 {
         .filter(|l| l.starts_with("cmdstat_eval"))
         .filter_map(|l| l.split(['=', ',']).nth(1)?.parse::<u64>().ok())
         .sum()
+}
+
+/// Calls of `command` (lowercase) since the last `CONFIG RESETSTAT`.
+pub(crate) fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    server
+        .cmd(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Lock commands executed since the last `CONFIG RESETSTAT`: scripts, the plain `SET NX PX` that the
@@ -93,6 +107,15 @@ pub(crate) fn pttl(server: &RedisServer, key: &str) -> i64 {
         .parse()
         .expect("PTTL is an integer")
 }
+
+/// How long a test waits for a call beyond the quorum to land. A fresh Redlock acquisition returns at the
+/// quorum and abandons the remaining calls; redis-rs's multiplexed connection discards an abandoned request
+/// it had not yet written (`redis` 1.8, `multiplexed_connection.rs`: "nothing to receive our output"), so
+/// on a loaded machine such a node may never get the key. A scenario that needs it there acquires again.
+pub(crate) const LANDED_WITHIN: Duration = Duration::from_secs(2);
+
+/// How many acquisitions such a scenario tries before failing.
+pub(crate) const LANDING_TRIES: u32 = 5;
 
 /// Polls `check` every 10 ms until it holds or `within` passes; returns whether it held.
 pub(crate) async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
@@ -143,8 +166,8 @@ pub(crate) struct Proxied {
 }
 
 impl Proxied {
-    pub(crate) fn start_or_skip(test: &str, n: usize) -> Option<Self> {
-        let servers = RedisServers::start_or_skip(test, n)?;
+    pub(crate) fn start(flavor: Flavor, n: usize) -> Self {
+        let servers = RedisServers::start_flavor(flavor, n);
         let proxies = servers
             .iter()
             .map(|s| FaultProxy::start(s.addr().parse().expect("server address")).expect("proxy"))
@@ -152,7 +175,7 @@ impl Proxied {
         for server in servers.iter() {
             preload(server);
         }
-        Some(Self { servers, proxies })
+        Self { servers, proxies }
     }
 
     /// The proxies' URLs, in server order.

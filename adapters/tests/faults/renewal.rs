@@ -11,7 +11,7 @@ use redlease::{Lease, LeaseState, LockManager, LossReason};
 use redlease_testkit::proxy::ProxyMode;
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-use crate::common::{self, BACKENDS, Proxied, config, key};
+use crate::common::{self, BACKENDS, Proxied, config, key, on_every_server};
 
 const TTL: Duration = Duration::from_millis(1000);
 const INTERVAL: Duration = Duration::from_millis(150);
@@ -79,88 +79,89 @@ fn check_transient(what: &str, states: &[LeaseState], recovered: Option<Duration
     assert!(!lease.lost().has_ended(), "{what}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_again() {
-    let Some(server) = RedisServer::start_or_skip(
+#[test]
+fn a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_again() {
+    on_every_server(
         "a_stall_shorter_than_the_validity_makes_the_lease_at_risk_then_held_again",
-    ) else {
-        return;
-    };
-    common::preload(&server);
-    for backend in BACKENDS {
-        let node = common::node(backend, &server.url()).await;
-        let manager = LockManager::single(node, config(TTL, OP)).unwrap();
-        let k = key("transient", backend);
-        let lease = manager
-            .lock(&k)
-            .renew_every(INTERVAL)
-            .try_acquire()
-            .await
-            .unwrap();
-        let (states, recovered) = lease
-            .run(async {
-                // Let one renewal succeed first.
-                one_renewal_succeeded(&lease).await;
-                stall_and_watch(&lease, || server.pause(), || server.resume()).await
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
-        check_transient(&format!("{backend:?}"), &states, recovered, &lease);
-        assert_eq!(common::get(&server, &k), lease.token().as_str());
-        lease.release().await.unwrap();
-        assert_eq!(common::get(&server, &k), "");
-    }
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            common::preload(&server);
+            for backend in BACKENDS {
+                let node = common::node(backend, &server.url()).await;
+                let manager = LockManager::single(node, config(TTL, OP)).unwrap();
+                let k = key("transient", backend);
+                let lease = manager
+                    .lock(&k)
+                    .renew_every(INTERVAL)
+                    .try_acquire()
+                    .await
+                    .unwrap();
+                let (states, recovered) = lease
+                    .run(async {
+                        // Let one renewal succeed first.
+                        one_renewal_succeeded(&lease).await;
+                        stall_and_watch(&lease, || server.pause(), || server.resume()).await
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+                check_transient(&format!("{backend:?}"), &states, recovered, &lease);
+                assert_eq!(common::get(&server, &k), lease.token().as_str());
+                lease.release().await.unwrap();
+                assert_eq!(common::get(&server, &k), "");
+            }
+        },
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again() {
-    let Some(servers) = RedisServers::start_or_skip(
+#[test]
+fn redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again() {
+    on_every_server(
         "redlock_a_stalled_majority_makes_the_lease_at_risk_then_held_again",
-        3,
-    ) else {
-        return;
-    };
-    for s in servers.iter() {
-        common::preload(s);
-    }
-    for backend in BACKENDS {
-        let nodes = common::nodes(backend, &servers.urls()).await;
-        let manager = LockManager::redlock_dyn(nodes, config(TTL, OP)).unwrap();
-        let k = key("transient-redlock", backend);
-        let lease = manager
-            .lock(&k)
-            .renew_every(INTERVAL)
-            .try_acquire()
-            .await
-            .unwrap();
-        let (states, recovered) = lease
-            .run(async {
-                one_renewal_succeeded(&lease).await;
-                stall_and_watch(
-                    &lease,
-                    || {
-                        servers[0].pause();
-                        servers[1].pause();
-                    },
-                    || {
-                        servers[0].resume();
-                        servers[1].resume();
-                    },
-                )
-                .await
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
-        check_transient(&format!("{backend:?} redlock"), &states, recovered, &lease);
-        lease.release().await.unwrap();
-        assert_eq!(
-            servers
-                .iter()
-                .map(|s| common::get(s, &k))
-                .collect::<String>(),
-            ""
-        );
-    }
+        |flavor| async move {
+            let servers = RedisServers::start_flavor(flavor, 3);
+            for s in servers.iter() {
+                common::preload(s);
+            }
+            for backend in BACKENDS {
+                let nodes = common::nodes(backend, &servers.urls()).await;
+                let manager = LockManager::redlock_dyn(nodes, config(TTL, OP)).unwrap();
+                let k = key("transient-redlock", backend);
+                let lease = manager
+                    .lock(&k)
+                    .renew_every(INTERVAL)
+                    .try_acquire()
+                    .await
+                    .unwrap();
+                let (states, recovered) = lease
+                    .run(async {
+                        one_renewal_succeeded(&lease).await;
+                        stall_and_watch(
+                            &lease,
+                            || {
+                                servers[0].pause();
+                                servers[1].pause();
+                            },
+                            || {
+                                servers[0].resume();
+                                servers[1].resume();
+                            },
+                        )
+                        .await
+                    })
+                    .await
+                    .unwrap_or_else(|e| panic!("{backend:?}: {e}"));
+                check_transient(&format!("{backend:?} redlock"), &states, recovered, &lease);
+                lease.release().await.unwrap();
+                assert_eq!(
+                    servers
+                        .iter()
+                        .map(|s| common::get(s, &k))
+                        .collect::<String>(),
+                    ""
+                );
+            }
+        },
+    );
 }
 
 /// Holds the lease through its proxies while they are blackholed on `hung` nodes, with a competitor taking
@@ -249,54 +250,55 @@ async fn persistent_failure(
     (reason, lost_at, valid_until, competitor_at, at_risk)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_before_anyone_else_acquires()
- {
-    for backend in BACKENDS {
-        for (n, hung) in [(1, &[0][..]), (3, &[0, 1][..])] {
-            let Some(set) = Proxied::start_or_skip(
-                "a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_before_anyone_else_acquires",
-                n,
-            ) else {
-                return;
-            };
-            // A drift allowance of 5 % (52 ms) is the margin between our deadline and the servers' expiry.
-            let cfg = config(TTL, OP).with_drift_factor(0.05);
-            let through_proxies = common::nodes(backend, &set.urls()).await;
-            let direct =
-                common::nodes(common::Backend::RedisMultiplexed, &set.servers.urls()).await;
-            let (manager, competitor) = if n == 1 {
-                (
-                    LockManager::single(Arc::clone(&through_proxies[0]), cfg.clone()).unwrap(),
-                    LockManager::single(Arc::clone(&direct[0]), cfg).unwrap(),
-                )
-            } else {
-                (
-                    LockManager::redlock_dyn(through_proxies, cfg.clone()).unwrap(),
-                    LockManager::redlock_dyn(direct, cfg).unwrap(),
-                )
-            };
-            let what = format!("{backend:?} n={n} hung={hung:?}");
-            let k = key(&format!("persistent-{n}"), backend);
-            let (reason, lost_at, valid_until, competitor_at, at_risk) =
-                persistent_failure(&set, &manager, &competitor, &k, hung).await;
-            assert!(at_risk, "{what}: never at risk before the loss");
-            assert_eq!(reason, LossReason::Expired, "{what}");
-            // The signal fires at the deadline; this task learns of it after a wake-up, for which one
-            // operation timeout is left on a loaded machine...
-            assert!(
-                lost_at <= valid_until + OP,
-                "{what}: lost {:?} after the validity deadline",
-                lost_at - valid_until
-            );
-            // ...and, what matters, strictly before the competitor could take the lock.
-            assert!(
-                lost_at < competitor_at,
-                "{what}: competitor acquired {:?} before our loss signal",
-                lost_at - competitor_at
-            );
-        }
-    }
+#[test]
+fn a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_before_anyone_else_acquires()
+{
+    on_every_server(
+        "a_persistent_renewal_failure_fires_the_loss_signal_by_the_deadline_before_anyone_else_acquires",
+        |flavor| async move {
+            for backend in BACKENDS {
+                for (n, hung) in [(1, &[0][..]), (3, &[0, 1][..])] {
+                    let set = Proxied::start(flavor, n);
+                    // A drift allowance of 5 % (52 ms) is the margin between our deadline and the servers' expiry.
+                    let cfg = config(TTL, OP).with_drift_factor(0.05);
+                    let through_proxies = common::nodes(backend, &set.urls()).await;
+                    let direct =
+                        common::nodes(common::Backend::RedisMultiplexed, &set.servers.urls()).await;
+                    let (manager, competitor) = if n == 1 {
+                        (
+                            LockManager::single(Arc::clone(&through_proxies[0]), cfg.clone())
+                                .unwrap(),
+                            LockManager::single(Arc::clone(&direct[0]), cfg).unwrap(),
+                        )
+                    } else {
+                        (
+                            LockManager::redlock_dyn(through_proxies, cfg.clone()).unwrap(),
+                            LockManager::redlock_dyn(direct, cfg).unwrap(),
+                        )
+                    };
+                    let what = format!("{backend:?} n={n} hung={hung:?}");
+                    let k = key(&format!("persistent-{n}"), backend);
+                    let (reason, lost_at, valid_until, competitor_at, at_risk) =
+                        persistent_failure(&set, &manager, &competitor, &k, hung).await;
+                    assert!(at_risk, "{what}: never at risk before the loss");
+                    assert_eq!(reason, LossReason::Expired, "{what}");
+                    // The signal fires at the deadline; this task learns of it after a wake-up, for which one
+                    // operation timeout is left on a loaded machine...
+                    assert!(
+                        lost_at <= valid_until + OP,
+                        "{what}: lost {:?} after the validity deadline",
+                        lost_at - valid_until
+                    );
+                    // ...and, what matters, strictly before the competitor could take the lock.
+                    assert!(
+                        lost_at < competitor_at,
+                        "{what}: competitor acquired {:?} before our loss signal",
+                        lost_at - competitor_at
+                    );
+                }
+            }
+        },
+    );
 }
 
 /// Records when a future holding its guard stopped (completed or was dropped).

@@ -8,6 +8,10 @@ use redlease::{Config, NodeError};
 mod backends;
 pub(crate) use backends::{Backend, fred_builder, node, node_in, unprobed, unprobed_in};
 
+#[path = "../shared/flavors.rs"]
+mod flavors;
+pub(crate) use flavors::{CLUSTERS, EVERY_SERVER, WITH_LUA, has_lua, on_every_server, on_servers};
+
 pub(crate) const ALL_BACKENDS: [Backend; 4] = [
     Backend::RedisMultiplexed,
     Backend::RedisManager,
@@ -60,4 +64,19 @@ pub(crate) fn chain(err: &dyn std::error::Error) -> String {
         source = e.source();
     }
     out
+}
+
+/// Loads every script, so that one script call is one `EVALSHA` (no `NOSCRIPT` → `EVAL` pair to count);
+/// nothing on a server without Lua.
+pub(crate) fn preload(server: &redlease_testkit::server::RedisServer) {
+    if has_lua(server.flavor()) {
+        for script in redlease_adapters::scripts::ALL {
+            server.cmd(&["SCRIPT", "LOAD", script.source]);
+        }
+    }
+}
+
+/// The lock commands (scripts, `SET`, `DELIFEQ`, `EXEC`) sent to `server` since its last `CONFIG RESETSTAT`.
+pub(crate) fn lock_calls(server: &redlease_testkit::server::RedisServer) -> u64 {
+    crate::stats::Stats::of(server).lock_commands()
 }

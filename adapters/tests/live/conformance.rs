@@ -1,5 +1,6 @@
-//! The testkit's conformance suite against every single-server backend, with every state read by a second,
-//! independent connection (`GET` + `PTTL`), not through the node's own `inspect`.
+//! The independent reader of the testkit's conformance suite: every state read by a second connection
+//! (`GET` + `PTTL`), not through the node's own `inspect`. The suite itself runs with it on every server and
+//! backend in every command mode in `matrix.rs` (`conformance_on_*`).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,7 +11,7 @@ use redlease_adapters::redis::redis;
 use redlease_testkit::conformance::{self, StateReader};
 use redlease_testkit::server::RedisServer;
 
-use crate::common::{self, ALL_BACKENDS};
+use crate::common::{self, on_every_server};
 
 /// Reads a key with `GET` and `PTTL` on its own redis-rs connection (a cluster connection routes both).
 pub(crate) struct GetPttl<C>(pub(crate) C);
@@ -44,22 +45,6 @@ where
 pub(crate) async fn reader(url: &str) -> GetPttl<redis::aio::MultiplexedConnection> {
     let client = redis::Client::open(url).unwrap();
     GetPttl(client.get_multiplexed_async_connection().await.unwrap())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_backend_passes_the_conformance_suite_checked_by_an_independent_reader() {
-    let Some(server) = RedisServer::start_or_skip(
-        "every_backend_passes_the_conformance_suite_checked_by_an_independent_reader",
-    ) else {
-        return;
-    };
-    let reader = reader(&server.url()).await;
-    for backend in ALL_BACKENDS {
-        let node = common::node(backend, &server.url()).await;
-        if let Err(failure) = conformance::run_with_reader(&*node, &reader, &SystemTimer).await {
-            panic!("{backend:?}: {failure}");
-        }
-    }
 }
 
 /// A node that only pretends to extend: it answers `true` for its own key but never sends `PEXPIRE`, and its
@@ -109,28 +94,29 @@ impl RedisNode for PretendsToExtend {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_independent_reader_catches_a_node_whose_inspect_agrees_with_its_own_bug() {
-    let Some(server) = RedisServer::start_or_skip(
+#[test]
+fn the_independent_reader_catches_a_node_whose_inspect_agrees_with_its_own_bug() {
+    on_every_server(
         "the_independent_reader_catches_a_node_whose_inspect_agrees_with_its_own_bug",
-    ) else {
-        return;
-    };
-    let node = PretendsToExtend {
-        inner: common::node(common::Backend::RedisMultiplexed, &server.url()).await,
-        claimed: Mutex::new(HashMap::new()),
-    };
-    // Through its own inspect the broken node passes...
-    conformance::run(&node, &SystemTimer)
-        .await
-        .expect("the self-consistent node passes the inspect-based run");
-    // ...the independent reader sees that the TTL never changed.
-    let reader = reader(&server.url()).await;
-    let failure = conformance::run_with_reader(&node, &reader, &SystemTimer)
-        .await
-        .expect_err("a node that never extends passed with an independent reader");
-    assert_eq!(
-        failure.case, "extend_only_own_token_and_never_creates",
-        "{failure}"
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let node = PretendsToExtend {
+                inner: common::node(common::Backend::RedisMultiplexed, &server.url()).await,
+                claimed: Mutex::new(HashMap::new()),
+            };
+            // Through its own inspect the broken node passes...
+            conformance::run(&node, &SystemTimer)
+                .await
+                .expect("the self-consistent node passes the inspect-based run");
+            // ...the independent reader sees that the TTL never changed.
+            let reader = reader(&server.url()).await;
+            let failure = conformance::run_with_reader(&node, &reader, &SystemTimer)
+                .await
+                .expect_err("a node that never extends passed with an independent reader");
+            assert_eq!(
+                failure.case, "extend_only_own_token_and_never_creates",
+                "{failure}"
+            );
+        },
     );
 }

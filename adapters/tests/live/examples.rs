@@ -5,6 +5,8 @@
 
 use redlease_testkit::server::{RedisServer, RedisServers};
 
+use crate::common::{WITH_LUA, on_every_server, on_servers};
+
 #[allow(dead_code, clippy::duplicate_mod)]
 #[path = "../../examples/cron_singleton.rs"]
 mod cron_singleton;
@@ -15,69 +17,73 @@ mod fenced_write;
 #[path = "../../examples/redlock_three.rs"]
 mod redlock_three;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn example_cron_singleton_runs_each_tick_on_exactly_one_instance() {
-    let Some(server) =
-        RedisServer::start_or_skip("example_cron_singleton_runs_each_tick_on_exactly_one_instance")
-    else {
-        return;
-    };
-    let outcomes = cron_singleton::run(&server.url()).await.unwrap();
-    assert_eq!(outcomes.len(), 2);
-    for o in &outcomes {
-        assert_eq!(o.ran_on.len(), 1, "{o:?}");
-        assert_eq!(o.skipped, 2, "{o:?}");
-    }
-    // Every lease was released; one "done" marker per tick.
-    assert_eq!(server.cmd(&["EXISTS", "cron:{nightly-report}:lock"]), "0");
-    assert_eq!(
-        server
-            .cmd(&["KEYS", "cron:{nightly-report}:done:*"])
-            .lines()
-            .count(),
-        2
+#[test]
+fn example_cron_singleton_runs_each_tick_on_exactly_one_instance() {
+    on_every_server(
+        "example_cron_singleton_runs_each_tick_on_exactly_one_instance",
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let outcomes = cron_singleton::run(&server.url()).await.unwrap();
+            assert_eq!(outcomes.len(), 2);
+            for o in &outcomes {
+                assert_eq!(o.ran_on.len(), 1, "{o:?}");
+                assert_eq!(o.skipped, 2, "{o:?}");
+            }
+            // Every lease was released; one "done" marker per tick.
+            assert_eq!(server.cmd(&["EXISTS", "cron:{nightly-report}:lock"]), "0");
+            assert_eq!(
+                server
+                    .cmd(&["KEYS", "cron:{nightly-report}:done:*"])
+                    .lines()
+                    .count(),
+                2
+            );
+        },
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn example_fenced_write_rejects_the_stale_holders_late_write() {
-    let Some(server) =
-        RedisServer::start_or_skip("example_fenced_write_rejects_the_stale_holders_late_write")
-    else {
-        return;
-    };
-    let outcome = fenced_write::run(&server.url()).await.unwrap();
-    assert_eq!(
-        outcome,
-        fenced_write::FencedOutcome {
-            stale_fence: 1,
-            new_fence: 2,
-            stale_write_rejected: true,
-            stale_release_reported_lost: true,
-            final_value: "written by B".into(),
-        }
+#[test]
+fn example_fenced_write_rejects_the_stale_holders_late_write() {
+    // The example's fenced resource is a Lua script: every server with Lua.
+    on_servers(
+        "example_fenced_write_rejects_the_stale_holders_late_write",
+        &WITH_LUA,
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let outcome = fenced_write::run(&server.url()).await.unwrap();
+            assert_eq!(
+                outcome,
+                fenced_write::FencedOutcome {
+                    stale_fence: 1,
+                    new_fence: 2,
+                    stale_write_rejected: true,
+                    stale_release_reported_lost: true,
+                    final_value: "written by B".into(),
+                }
+            );
+            assert_eq!(server.cmd(&["GET", "report:{42}:data-fence"]), "2");
+        },
     );
-    assert_eq!(server.cmd(&["GET", "report:{42}:data-fence"]), "2");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn example_redlock_three_grants_on_a_majority_and_survives_one_killed_server() {
-    let Some(mut servers) = RedisServers::start_or_skip(
+#[test]
+fn example_redlock_three_grants_on_a_majority_and_survives_one_killed_server() {
+    on_every_server(
         "example_redlock_three_grants_on_a_majority_and_survives_one_killed_server",
-        3,
-    ) else {
-        return;
-    };
-    let urls = servers.urls();
-    let outcome = redlock_three::run(&urls, Some(&mut servers)).await.unwrap();
-    assert!(outcome.held_on >= 2, "{outcome:?}");
-    assert!(outcome.second_refused, "{outcome:?}");
-    assert!(outcome.second_acquired_after_release, "{outcome:?}");
-    assert_eq!(outcome.acquired_with_one_killed, Some(true), "{outcome:?}");
-    for i in 1..3 {
-        assert_eq!(
-            servers[i].cmd(&["EXISTS", "jobs:rebuild-search-index:lock"]),
-            "0"
-        );
-    }
+        |flavor| async move {
+            let mut servers = RedisServers::start_flavor(flavor, 3);
+            let urls = servers.urls();
+            let outcome = redlock_three::run(&urls, Some(&mut servers)).await.unwrap();
+            assert!(outcome.held_on >= 2, "{outcome:?}");
+            assert!(outcome.second_refused, "{outcome:?}");
+            assert!(outcome.second_acquired_after_release, "{outcome:?}");
+            assert_eq!(outcome.acquired_with_one_killed, Some(true), "{outcome:?}");
+            for i in 1..3 {
+                assert_eq!(
+                    servers[i].cmd(&["EXISTS", "jobs:rebuild-search-index:lock"]),
+                    "0"
+                );
+            }
+        },
+    );
 }

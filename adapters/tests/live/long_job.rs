@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use redlease::{Lease, LockManager, RedisNode};
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-use crate::common::{self, ALL_BACKENDS, Backend, config, key};
+use crate::common::{self, ALL_BACKENDS, Backend, config, key, on_every_server};
 
 const TTL: Duration = Duration::from_millis(500);
 const INTERVAL: Duration = Duration::from_millis(150);
@@ -113,48 +113,48 @@ async fn long_job(
     eprintln!("{what}: {renewals} renewals in {JOB:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_of_ten_ttls_keeps_the_key_outlasting_the_lease_after_every_renewal() {
-    let Some(server) = RedisServer::start_or_skip(
+#[test]
+fn a_job_of_ten_ttls_keeps_the_key_outlasting_the_lease_after_every_renewal() {
+    on_every_server(
         "a_job_of_ten_ttls_keeps_the_key_outlasting_the_lease_after_every_renewal",
-    ) else {
-        return;
-    };
-    let url = server.url();
-    let mut nodes = Vec::new();
-    for backend in ALL_BACKENDS {
-        nodes.push(common::node(backend, &url).await);
-    }
-    let s = [&server];
-    // The backends hold their jobs at the same time, each on its own key.
-    let [a, b, c, d] = ALL_BACKENDS;
-    let [na, nb, nc, nd] = <[_; 4]>::try_from(nodes).ok().unwrap();
-    tokio::join!(
-        long_job(a, vec![na], &s, true),
-        long_job(b, vec![nb], &s, false),
-        long_job(c, vec![nc], &s, true),
-        long_job(d, vec![nd], &s, false),
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let url = server.url();
+            let mut nodes = Vec::new();
+            for backend in ALL_BACKENDS {
+                nodes.push(common::node(backend, &url).await);
+            }
+            let s = [&server];
+            // The backends hold their jobs at the same time, each on its own key.
+            let [a, b, c, d] = ALL_BACKENDS;
+            let [na, nb, nc, nd] = <[_; 4]>::try_from(nodes).ok().unwrap();
+            tokio::join!(
+                long_job(a, vec![na], &s, true),
+                long_job(b, vec![nb], &s, false),
+                long_job(c, vec![nc], &s, true),
+                long_job(d, vec![nd], &s, false),
+            );
+        },
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redlock_job_of_ten_ttls_keeps_a_quorum_of_keys_outlasting_the_lease_after_every_renewal()
-{
-    let Some(servers) = RedisServers::start_or_skip(
+#[test]
+fn a_redlock_job_of_ten_ttls_keeps_a_quorum_of_keys_outlasting_the_lease_after_every_renewal() {
+    on_every_server(
         "a_redlock_job_of_ten_ttls_keeps_a_quorum_of_keys_outlasting_the_lease_after_every_renewal",
-        3,
-    ) else {
-        return;
-    };
-    let s: Vec<&RedisServer> = servers.iter().collect();
-    let mut per_backend = Vec::new();
-    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
-        let mut nodes = Vec::new();
-        for url in servers.urls() {
-            nodes.push(common::node(backend, &url).await);
-        }
-        per_backend.push((backend, nodes));
-    }
-    let [(a, na), (b, nb)] = <[_; 2]>::try_from(per_backend).ok().unwrap();
-    tokio::join!(long_job(a, na, &s, true), long_job(b, nb, &s, false));
+        |flavor| async move {
+            let servers = RedisServers::start_flavor(flavor, 3);
+            let s: Vec<&RedisServer> = servers.iter().collect();
+            let mut per_backend = Vec::new();
+            for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+                let mut nodes = Vec::new();
+                for url in servers.urls() {
+                    nodes.push(common::node(backend, &url).await);
+                }
+                per_backend.push((backend, nodes));
+            }
+            let [(a, na), (b, nb)] = <[_; 2]>::try_from(per_backend).ok().unwrap();
+            tokio::join!(long_job(a, na, &s, true), long_job(b, nb, &s, false));
+        },
+    );
 }

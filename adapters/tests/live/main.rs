@@ -23,6 +23,7 @@ mod redlock_stall;
 mod renewal_loss;
 mod replicas;
 mod scripts;
+mod sentinel;
 mod single;
 mod split_vote;
 #[path = "../shared/stats.rs"]

@@ -9,11 +9,11 @@ use redlease::{LockManager, NodeErrorKind, RedisNode, SystemTimer, Token, Ttl};
 use redlease_adapters::Commands;
 use redlease_adapters::fred::FredNode;
 use redlease_adapters::fred::fred::prelude::ClientLike;
-use redlease_adapters::redis::{ClusterNode, ManagedNode, redis};
+use redlease_adapters::redis::{ManagedNode, redis};
 use redlease_testkit::conformance;
-use redlease_testkit::server::{Flavor, RedisCluster, RedisServer};
+use redlease_testkit::server::{Flavor, RedisServer};
 
-use crate::common::{self, ALL_BACKENDS, Backend, first_node_error};
+use crate::common::{self, ALL_BACKENDS, Backend, first_node_error, on_servers};
 
 /// The modes a flavor supports (the others are checked to fail in
 /// `pinned_modes_fail_with_a_typed_error_before_any_write`).
@@ -85,40 +85,6 @@ async fn conformance_on_valkey_9_1_without_lua() {
         "conformance_on_valkey_9_1_without_lua",
     )
     .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conformance_on_a_valkey_9_1_cluster_in_every_mode() {
-    let test = "conformance_on_a_valkey_9_1_cluster_in_every_mode";
-    let Some(cluster) = RedisCluster::start_flavor_or_skip(test, Flavor::Valkey91) else {
-        return;
-    };
-    let client = redis::cluster::ClusterClientBuilder::new(cluster.urls())
-        .build()
-        .unwrap();
-    let reader = crate::conformance::GetPttl(client.get_async_connection().await.unwrap());
-    for mode in [Commands::Automatic, Commands::Scripts, Commands::Native] {
-        let node: ClusterNode = crate::cluster::redis_rs_node(&cluster)
-            .await
-            .with_commands(mode);
-        if let Err(failure) = conformance::run_with_reader(&node, &reader, &SystemTimer).await {
-            panic!("matrix: valkey 9.1 cluster redis-rs {mode:?}: {failure}");
-        }
-        eprintln!(
-            "matrix: valkey 9.1 cluster redis-rs {mode:?}: conformance passed ({:?})",
-            node.capabilities()
-        );
-        let node = crate::cluster::fred_node(&cluster)
-            .await
-            .with_commands(mode);
-        if let Err(failure) = conformance::run_with_reader(&node, &reader, &SystemTimer).await {
-            panic!("matrix: valkey 9.1 cluster fred {mode:?}: {failure}");
-        }
-        eprintln!(
-            "matrix: valkey 9.1 cluster fred {mode:?}: conformance passed ({:?})",
-            node.capabilities()
-        );
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -394,4 +360,87 @@ async fn native_fenced_acquisition_refuses_a_bad_counter_before_writing_the_lock
             "matrix: valkey 9.1 without Lua {backend:?}: bad fence counters refused before writing"
         );
     }
+}
+
+#[test]
+fn a_user_without_multi_exec_or_incr_gets_a_definite_auth_error_naming_it_before_any_write_without_lua()
+ {
+    let test = "a_user_without_multi_exec_or_incr_gets_a_definite_auth_error_naming_it_before_any_write_without_lua";
+    // The Lua-less path: Valkey 9.1 without Lua, and Valkey 9.1 for a user who may not run scripts.
+    on_servers(
+        test,
+        &[Flavor::Valkey91NoLua, Flavor::Valkey91],
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for (user, command) in [("nomulti", "multi"), ("noexec", "exec"), ("noincr", "incr")] {
+                let denied = format!("-{command}");
+                let url =
+                    crate::permissions::acl_user(&server, user, &["+@all", "-@scripting", &denied]);
+                for backend in ALL_BACKENDS {
+                    let what = format!("{flavor} {backend:?} as {user}");
+                    let node = common::unprobed(backend, &url).await;
+                    let k = common::key(&format!("tx-{user}"), backend);
+                    let f = common::fence_of(&k);
+                    let token = Token::random().unwrap();
+                    let ttl = Ttl::from_millis(10_000).unwrap();
+                    let refused = |op: &str, result: Result<String, redlease::NodeError>| {
+                        let err = result.expect_err(op);
+                        assert_eq!(err.kind(), NodeErrorKind::Auth, "{what} {op}: {err}");
+                        assert!(!err.is_ambiguous(), "{what} {op}: {err}");
+                        assert!(
+                            err.message().contains(&format!("'{command}'")),
+                            "{what} {op}: the message does not name {command}: {err}"
+                        );
+                    };
+                    let fmt = |r: Result<bool, redlease::NodeError>| r.map(|b| b.to_string());
+                    refused(
+                        "acquire_fresh",
+                        fmt(node.acquire_fresh(&k, &token, ttl).await),
+                    );
+                    refused("acquire", fmt(node.acquire(&k, &token, ttl).await));
+                    refused(
+                        "acquire_fenced",
+                        node.acquire_fenced(&k, &f, &token, ttl)
+                            .await
+                            .map(|v| format!("{v:?}")),
+                    );
+                    refused("extend", fmt(node.extend(&k, &token, ttl).await));
+                    refused("release", fmt(node.release(&k, &token).await));
+                    // Inspection needs the transaction, not INCR.
+                    let inspected = node.inspect(&k).await.map(|v| format!("{v:?}"));
+                    if command == "incr" {
+                        assert_eq!(inspected.unwrap(), "None", "{what}");
+                    } else {
+                        refused("inspect", inspected);
+                    }
+                    // Through a manager: the first attempt ends it, nothing written.
+                    let manager = LockManager::single(
+                        Arc::clone(&node),
+                        common::config(Duration::from_secs(10)).with_attempts(3),
+                    )
+                    .unwrap();
+                    let err = manager.lock(&k).fenced(&f).try_acquire().await.unwrap_err();
+                    assert!(!err.is_contended(), "{what}: {err}");
+                    assert!(
+                        matches!(err, redlease::Error::NotAcquired { attempts: 1, .. }),
+                        "{what}: {err}"
+                    );
+                    assert_eq!(
+                        server.cmd(&["DBSIZE"]),
+                        "0",
+                        "{what}: something was written"
+                    );
+                    // The connection is intact, and nothing was remembered: once the ACL allows it, the same
+                    // node holds a fenced lease.
+                    server.cmd(&["ACL", "SETUSER", user, &format!("+{command}")]);
+                    whole_life(&server, Arc::clone(&node), &k, &what).await;
+                    server.cmd(&["ACL", "SETUSER", user, &denied]);
+                    server.cmd(&["FLUSHALL"]);
+                    eprintln!(
+                        "matrix: {what}: refused by name before any write; works once allowed"
+                    );
+                }
+            }
+        },
+    );
 }

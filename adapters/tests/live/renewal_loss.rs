@@ -7,32 +7,10 @@ use std::time::{Duration, Instant};
 use redlease::{LeaseState, LockManager, LossReason};
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-use crate::common::{self, ALL_BACKENDS, Backend, config, key};
+use crate::common::{self, ALL_BACKENDS, Backend, config, key, on_every_server};
 
 const TTL: Duration = Duration::from_secs(2);
 const INTERVAL: Duration = Duration::from_millis(200);
-
-/// Calls of lock scripts and plain `SET`s the server has run (`INFO commandstats`); admin commands of the
-/// test are none of them.
-fn lock_calls(server: &RedisServer) -> u64 {
-    server
-        .cmd(&["INFO", "commandstats"])
-        .lines()
-        .filter(|l| {
-            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_set:"]
-                .iter()
-                .any(|p| l.starts_with(p))
-        })
-        .filter_map(|l| {
-            l.split_once("calls=")?
-                .1
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Cause {
@@ -40,22 +18,21 @@ enum Cause {
     ForeignSet,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_del_or_foreign_set_during_auto_renewal_is_reported_lost_at_the_next_renewal_and_stays_lost()
- {
-    let Some(servers) = RedisServers::start_or_skip(
+#[test]
+fn a_del_or_foreign_set_during_auto_renewal_is_reported_lost_at_the_next_renewal_and_stays_lost() {
+    on_every_server(
         "a_del_or_foreign_set_during_auto_renewal_is_reported_lost_at_the_next_renewal_and_stays_lost",
-        ALL_BACKENDS.len(),
-    ) else {
-        return;
-    };
-    // The backends run at the same time, each on a server of its own (the traffic check counts per server).
-    let [a, b, c, d] = ALL_BACKENDS;
-    tokio::join!(
-        loss_during_renewal(a, &servers[0]),
-        loss_during_renewal(b, &servers[1]),
-        loss_during_renewal(c, &servers[2]),
-        loss_during_renewal(d, &servers[3]),
+        |flavor| async move {
+            let servers = RedisServers::start_flavor(flavor, ALL_BACKENDS.len());
+            // The backends run at the same time, each on a server of its own (the traffic check counts per server).
+            let [a, b, c, d] = ALL_BACKENDS;
+            tokio::join!(
+                loss_during_renewal(a, &servers[0]),
+                loss_during_renewal(b, &servers[1]),
+                loss_during_renewal(c, &servers[2]),
+                loss_during_renewal(d, &servers[3]),
+            );
+        },
     );
 }
 
@@ -113,7 +90,7 @@ async fn loss_during_renewal(backend: Backend, server: &RedisServer) {
         // failed renewal, a compare-and-delete of our token, is one round bounded by the operation
         // timeout: the count starts after it.)
         tokio::time::sleep(op).await;
-        let calls = lock_calls(server);
+        let calls = common::lock_calls(server);
         tokio::time::sleep(3 * INTERVAL).await;
         assert!(lease.lost().has_ended(), "{what}");
         assert_eq!(
@@ -128,7 +105,7 @@ async fn loss_during_renewal(backend: Backend, server: &RedisServer) {
         );
         assert!(!lease.is_held(), "{what}");
         assert_eq!(
-            lock_calls(server),
+            common::lock_calls(server),
             calls,
             "{what}: renewal traffic after the loss"
         );

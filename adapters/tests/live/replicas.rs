@@ -11,7 +11,7 @@ use redlease::{
 };
 use redlease_testkit::server::{Flavor, RedisServer, RedisServers};
 
-use crate::common::{self, ALL_BACKENDS, Backend, config, key};
+use crate::common::{self, ALL_BACKENDS, Backend, config, key, on_every_server};
 
 #[derive(Default, Clone)]
 struct NotReplicated(Arc<Mutex<Vec<Option<u32>>>>);
@@ -30,96 +30,100 @@ fn wait() -> ReplicaWait {
     ReplicaWait::new(1, Duration::from_millis(200))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stopped() {
-    let test = "required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stopped";
-    let Some(primary) = RedisServer::start_flavor_or_skip(test, Flavor::Redis, &[]) else {
-        return;
-    };
-    let replica = primary.start_replica(&[]);
-    for backend in ALL_BACKENDS {
-        let node = common::node(backend, &primary.url()).await;
-        let seen = NotReplicated::default();
-        let manager = LockManager::single(
-            node,
-            config(TTL).with_durability(Durability::Required(wait())),
-        )
-        .unwrap()
-        .with_observer(seen.clone());
-        let k = key("durable", backend);
-        let f = common::fence_of(&k);
-        // With the replica up: acquired, and the replica has the lock and the fence when it returns.
-        let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
-        assert_eq!(
-            replica.cmd(&["GET", &k]),
-            lease.token().as_str(),
-            "{backend:?}"
-        );
-        assert_eq!(
-            replica.cmd(&["GET", &f]),
-            lease.fencing_token().unwrap().to_string(),
-            "{backend:?}"
-        );
-        lease.extend(TTL).await.unwrap();
-        lease.release().await.unwrap();
-        assert!(seen.0.lock().unwrap().is_empty(), "{backend:?}");
+#[test]
+fn required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stopped() {
+    on_every_server(
+        "required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stopped",
+        |flavor| async move {
+            let primary = RedisServer::start_flavor(flavor, &[]);
+            let replica = primary.start_replica(&[]);
+            for backend in ALL_BACKENDS {
+                let node = common::node(backend, &primary.url()).await;
+                let seen = NotReplicated::default();
+                let manager = LockManager::single(
+                    node,
+                    config(TTL).with_durability(Durability::Required(wait())),
+                )
+                .unwrap()
+                .with_observer(seen.clone());
+                let k = key("durable", backend);
+                let f = common::fence_of(&k);
+                // With the replica up: acquired, and the replica has the lock and the fence when it returns.
+                let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
+                assert_eq!(
+                    replica.cmd(&["GET", &k]),
+                    lease.token().as_str(),
+                    "{backend:?}"
+                );
+                assert_eq!(
+                    replica.cmd(&["GET", &f]),
+                    lease.fencing_token().unwrap().to_string(),
+                    "{backend:?}"
+                );
+                lease.extend(TTL).await.unwrap();
+                lease.release().await.unwrap();
+                assert!(seen.0.lock().unwrap().is_empty(), "{backend:?}");
 
-        // The replica stopped: the acquisition fails with the cause and leaves no key on the primary.
-        replica.pause();
-        let err = manager.lock(&k).fenced(&f).try_acquire().await.unwrap_err();
-        replica.resume();
-        assert!(
-            matches!(
-                &err,
-                redlease::Error::NotAcquired {
-                    reason: NotAcquiredReason::NotReplicated,
-                    ..
-                }
-            ),
-            "{backend:?}: {err:?}"
-        );
-        assert!(
-            err.to_string()
-                .contains("acknowledged by 0 of 1 required replica"),
-            "{backend:?}: {err}"
-        );
-        assert_eq!(primary.cmd(&["EXISTS", &k]), "0", "{backend:?}: released");
-        assert_eq!(seen.0.lock().unwrap().as_slice(), [Some(0)], "{backend:?}");
-        primary
-            .wait_for_replicas(1, Duration::from_secs(10))
-            .unwrap();
-    }
+                // The replica stopped: the acquisition fails with the cause and leaves no key on the primary.
+                replica.pause();
+                let err = manager.lock(&k).fenced(&f).try_acquire().await.unwrap_err();
+                replica.resume();
+                assert!(
+                    matches!(
+                        &err,
+                        redlease::Error::NotAcquired {
+                            reason: NotAcquiredReason::NotReplicated,
+                            ..
+                        }
+                    ),
+                    "{backend:?}: {err:?}"
+                );
+                assert!(
+                    err.to_string()
+                        .contains("acknowledged by 0 of 1 required replica"),
+                    "{backend:?}: {err}"
+                );
+                assert_eq!(primary.cmd(&["EXISTS", &k]), "0", "{backend:?}: released");
+                assert_eq!(seen.0.lock().unwrap().as_slice(), [Some(0)], "{backend:?}");
+                primary
+                    .wait_for_replicas(1, Duration::from_secs(10))
+                    .unwrap();
+            }
+        },
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn best_effort_durability_reports_a_stopped_replica_and_keeps_the_lease() {
-    let test = "best_effort_durability_reports_a_stopped_replica_and_keeps_the_lease";
-    let Some(primary) = RedisServer::start_flavor_or_skip(test, Flavor::Redis, &[]) else {
-        return;
-    };
-    let replica = primary.start_replica(&[]);
-    for backend in [Backend::RedisManager, Backend::FredPool] {
-        let node = common::node(backend, &primary.url()).await;
-        let seen = NotReplicated::default();
-        let manager = LockManager::single(
-            node,
-            config(TTL).with_durability(Durability::BestEffort(wait())),
-        )
-        .unwrap()
-        .with_observer(seen.clone());
-        let k = key("best-effort", backend);
-        replica.pause();
-        let lease = manager.lock(&k).try_acquire().await;
-        replica.resume();
-        let lease = lease.unwrap();
-        assert!(lease.is_held());
-        assert_eq!(primary.cmd(&["GET", &k]), lease.token().as_str());
-        assert_eq!(seen.0.lock().unwrap().as_slice(), [Some(0)], "{backend:?}");
-        lease.release().await.unwrap();
-        primary
-            .wait_for_replicas(1, Duration::from_secs(10))
-            .unwrap();
-    }
+#[test]
+fn best_effort_durability_reports_a_stopped_replica_and_keeps_the_lease() {
+    on_every_server(
+        "best_effort_durability_reports_a_stopped_replica_and_keeps_the_lease",
+        |flavor| async move {
+            let primary = RedisServer::start_flavor(flavor, &[]);
+            let replica = primary.start_replica(&[]);
+            for backend in [Backend::RedisManager, Backend::FredPool] {
+                let node = common::node(backend, &primary.url()).await;
+                let seen = NotReplicated::default();
+                let manager = LockManager::single(
+                    node,
+                    config(TTL).with_durability(Durability::BestEffort(wait())),
+                )
+                .unwrap()
+                .with_observer(seen.clone());
+                let k = key("best-effort", backend);
+                replica.pause();
+                let lease = manager.lock(&k).try_acquire().await;
+                replica.resume();
+                let lease = lease.unwrap();
+                assert!(lease.is_held());
+                assert_eq!(primary.cmd(&["GET", &k]), lease.token().as_str());
+                assert_eq!(seen.0.lock().unwrap().as_slice(), [Some(0)], "{backend:?}");
+                lease.release().await.unwrap();
+                primary
+                    .wait_for_replicas(1, Duration::from_secs(10))
+                    .unwrap();
+            }
+        },
+    );
 }
 
 /// `WAITAOF` is detected per server: Valkey 8.1 and 9.1 have it (and it counts a replica's AOF fsync),
@@ -166,91 +170,94 @@ async fn waitaof_is_detected_per_server() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_id_is_the_servers_and_changes_after_a_restart() {
-    let Some(mut server) =
-        RedisServer::start_or_skip("run_id_is_the_servers_and_changes_after_a_restart")
-    else {
-        return;
-    };
-    let nodes: Vec<_> = {
-        let mut v = Vec::new();
-        for backend in [
-            Backend::RedisManager,
-            Backend::FredClient,
-            Backend::FredPool,
-        ] {
-            v.push((backend, common::node(backend, &server.url()).await));
-        }
-        v
-    };
-    let before = server.run_id().unwrap().to_owned();
-    for (backend, node) in &nodes {
-        let id = node.run_id("k").await.unwrap();
-        assert_eq!(id.as_str(), before, "{backend:?}");
-    }
-    server.restart();
-    let after = server.run_id().unwrap().to_owned();
-    assert_ne!(before, after);
-    for (backend, node) in &nodes {
-        // The first call after the restart may fail (the old connection is gone); within a few calls the
-        // node reports the new server's id, never the old one once it has reconnected.
-        let mut seen = None;
-        for _ in 0..50 {
-            let _ = node.inspect("k").await;
-            if let Ok(id) = node.run_id("k").await
-                && id.as_str() == after
-            {
-                seen = Some(id);
-                break;
+#[test]
+fn run_id_is_the_servers_and_changes_after_a_restart() {
+    on_every_server(
+        "run_id_is_the_servers_and_changes_after_a_restart",
+        |flavor| async move {
+            let mut server = RedisServer::start_flavor(flavor, &[]);
+            let nodes: Vec<_> = {
+                let mut v = Vec::new();
+                for backend in [
+                    Backend::RedisManager,
+                    Backend::FredClient,
+                    Backend::FredPool,
+                ] {
+                    v.push((backend, common::node(backend, &server.url()).await));
+                }
+                v
+            };
+            let before = server.run_id().unwrap().to_owned();
+            for (backend, node) in &nodes {
+                let id = node.run_id("k").await.unwrap();
+                assert_eq!(id.as_str(), before, "{backend:?}");
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(seen.is_some(), "{backend:?}: never reported the new run_id");
-    }
+            server.restart();
+            let after = server.run_id().unwrap().to_owned();
+            assert_ne!(before, after);
+            for (backend, node) in &nodes {
+                // The first call after the restart may fail (the old connection is gone); within a few calls the
+                // node reports the new server's id, never the old one once it has reconnected.
+                let mut seen = None;
+                for _ in 0..50 {
+                    let _ = node.inspect("k").await;
+                    if let Ok(id) = node.run_id("k").await
+                        && id.as_str() == after
+                    {
+                        seen = Some(id);
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                assert!(seen.is_some(), "{backend:?}: never reported the new run_id");
+            }
+        },
+    );
 }
 
 /// The simulator's restart scenario on real processes: two of three Redlock servers are killed and
 /// restarted without persistence while client 1 holds the lock; client 2, which saw them before, does not
 /// count them (quarantine) and is refused; without quarantine it would get the lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restarted_redlock_servers_are_quarantined_on_real_processes() {
-    let test = "restarted_redlock_servers_are_quarantined_on_real_processes";
-    let Some(mut servers) = RedisServers::start_or_skip(test, 3) else {
-        return;
-    };
-    for quarantine in [true, false] {
-        let mut nodes = Vec::new();
-        for url in servers.urls() {
-            nodes.push(common::node(Backend::RedisManager, &url).await);
-        }
-        let cfg = config(TTL).with_attempts(3);
-        let cfg = if quarantine {
-            cfg
-        } else {
-            cfg.with_restart_quarantine(None)
-        };
-        let one = LockManager::redlock_dyn(nodes.clone(), cfg.clone()).unwrap();
-        let two = LockManager::redlock_dyn(nodes, cfg).unwrap();
-        let k = format!("live:restart:{quarantine}");
-        let held = one.lock(&k).try_acquire().await.unwrap();
-        assert!(two.lock(&k).try_acquire().await.unwrap_err().is_contended());
-        servers.get_mut(0).restart();
-        servers.get_mut(1).restart();
-        let second = two.lock(&k).acquire().await;
-        assert!(held.is_held(), "client 1 still believes it holds the lock");
-        match (quarantine, second) {
-            (true, Err(err)) => {
-                let restarted = common::first_node_error(&err).map(|e| e.kind());
-                assert_eq!(restarted, Some(NodeErrorKind::Restarted), "{err}");
+#[test]
+fn restarted_redlock_servers_are_quarantined_on_real_processes() {
+    on_every_server(
+        "restarted_redlock_servers_are_quarantined_on_real_processes",
+        |flavor| async move {
+            let mut servers = RedisServers::start_flavor(flavor, 3);
+            for quarantine in [true, false] {
+                let mut nodes = Vec::new();
+                for url in servers.urls() {
+                    nodes.push(common::node(Backend::RedisManager, &url).await);
+                }
+                let cfg = config(TTL).with_attempts(3);
+                let cfg = if quarantine {
+                    cfg
+                } else {
+                    cfg.with_restart_quarantine(None)
+                };
+                let one = LockManager::redlock_dyn(nodes.clone(), cfg.clone()).unwrap();
+                let two = LockManager::redlock_dyn(nodes, cfg).unwrap();
+                let k = format!("live:restart:{quarantine}");
+                let held = one.lock(&k).try_acquire().await.unwrap();
+                assert!(two.lock(&k).try_acquire().await.unwrap_err().is_contended());
+                servers.get_mut(0).restart();
+                servers.get_mut(1).restart();
+                let second = two.lock(&k).acquire().await;
+                assert!(held.is_held(), "client 1 still believes it holds the lock");
+                match (quarantine, second) {
+                    (true, Err(err)) => {
+                        let restarted = common::first_node_error(&err).map(|e| e.kind());
+                        assert_eq!(restarted, Some(NodeErrorKind::Restarted), "{err}");
+                    }
+                    (false, Ok(lease)) => {
+                        // The unsafe outcome the quarantine prevents: two holders at once.
+                        assert!(lease.is_held() && held.is_held());
+                        lease.release().await.unwrap();
+                    }
+                    (q, other) => panic!("quarantine {q}: unexpected {other:?}"),
+                }
+                let _ = held.release().await;
             }
-            (false, Ok(lease)) => {
-                // The unsafe outcome the quarantine prevents: two holders at once.
-                assert!(lease.is_held() && held.is_held());
-                lease.release().await.unwrap();
-            }
-            (q, other) => panic!("quarantine {q}: unexpected {other:?}"),
-        }
-        let _ = held.release().await;
-    }
+        },
+    );
 }

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redlease::LockManager;
-use redlease_testkit::server::RedisServers;
+use redlease_testkit::server::{Flavor, RedisServers};
 use tokio::sync::Barrier;
 
-use crate::common::{self, ALL_BACKENDS, config};
+use crate::common::{self, ALL_BACKENDS, config, on_every_server};
 
 const KEY: &str = "race:{split}:lock";
 
@@ -38,11 +38,8 @@ fn backoff(client: usize, attempt: u64) -> Duration {
     Duration::from_micros(300 + x % 2_700)
 }
 
-async fn race(n: usize, clients: usize, rounds: usize) {
-    let name = format!("redlock_split_vote_{n}_servers_{clients}_clients");
-    let Some(servers) = RedisServers::start_or_skip(&name, n) else {
-        return;
-    };
+async fn race(flavor: Flavor, n: usize, clients: usize, rounds: usize) {
+    let servers = RedisServers::start_flavor(flavor, n);
     let started = Instant::now();
     // Each client has its own connections to every server, of one of the four adapter kinds in turn.
     let mut managers = Vec::with_capacity(clients);
@@ -147,18 +144,24 @@ async fn race(n: usize, clients: usize, rounds: usize) {
         );
     }
     eprintln!(
-        "split vote, {n} servers, {clients} clients: {rounds} rounds, {wins} wins in {attempts} attempts \
-         (connect {connected:?}, total {:?})",
+        "split vote on {flavor}, {n} servers, {clients} clients: {rounds} rounds, {wins} wins in {attempts} \
+         attempts (connect {connected:?}, total {:?})",
         started.elapsed()
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_split_vote_on_three_servers_never_has_two_holders_and_every_round_has_a_winner() {
-    race(3, 20, 15).await;
+#[test]
+fn redlock_split_vote_on_three_servers_never_has_two_holders_and_every_round_has_a_winner() {
+    on_every_server(
+        "redlock_split_vote_on_three_servers_never_has_two_holders_and_every_round_has_a_winner",
+        |flavor| race(flavor, 3, 20, 15),
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_split_vote_on_five_servers_never_has_two_holders_and_every_round_has_a_winner() {
-    race(5, 30, 10).await;
+#[test]
+fn redlock_split_vote_on_five_servers_never_has_two_holders_and_every_round_has_a_winner() {
+    on_every_server(
+        "redlock_split_vote_on_five_servers_never_has_two_holders_and_every_round_has_a_winner",
+        |flavor| race(flavor, 5, 30, 10),
+    );
 }

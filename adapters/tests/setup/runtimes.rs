@@ -8,7 +8,7 @@ use std::time::Duration;
 #[cfg(any(all(feature = "redis", feature = "tokio"), feature = "fred"))]
 use redlease::Config;
 #[cfg(any(all(feature = "redis", feature = "tokio"), feature = "fred"))]
-use redlease_testkit::server::RedisServer;
+use redlease_testkit::server::{Flavor, RedisServer, on_each_flavor};
 
 /// A TTL several renewals fit into, with a margin of most of a TTL for a loaded machine.
 #[cfg(any(all(feature = "redis", feature = "tokio"), feature = "fred"))]
@@ -28,67 +28,71 @@ fn config() -> Config {
 #[test]
 fn redis_rs_on_tokio_holds_a_lease_renewed_by_the_tokio_timer_and_spawner() {
     use redlease_adapters::runtime::{TokioSpawner, TokioTimer};
-    let Some(server) = RedisServer::start_or_skip(
+    on_each_flavor(
         "redis_rs_on_tokio_holds_a_lease_renewed_by_the_tokio_timer_and_spawner",
-    ) else {
-        return;
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let manager = redlease_adapters::redis::single(&server.url(), config())
-            .unwrap()
-            .with_timer(TokioTimer)
-            .with_spawner(TokioSpawner::current().unwrap());
-        let lease = manager
-            .lock("rt:{tokio}:lock")
-            .auto_renew(RENEW)
-            .try_acquire()
-            .await
-            .unwrap();
-        tokio::time::sleep(HOLD).await;
-        assert!(lease.is_held());
-        assert_eq!(
-            server.cmd(&["GET", "rt:{tokio}:lock"]),
-            lease.token().as_str()
-        );
-        lease.release().await.unwrap();
-        assert_eq!(server.cmd(&["EXISTS", "rt:{tokio}:lock"]), "0");
-    });
+        &Flavor::ALL,
+        |flavor| {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let manager = redlease_adapters::redis::single(&server.url(), config())
+                    .unwrap()
+                    .with_timer(TokioTimer)
+                    .with_spawner(TokioSpawner::current().unwrap());
+                let lease = manager
+                    .lock("rt:{tokio}:lock")
+                    .auto_renew(RENEW)
+                    .try_acquire()
+                    .await
+                    .unwrap();
+                tokio::time::sleep(HOLD).await;
+                assert!(lease.is_held());
+                assert_eq!(
+                    server.cmd(&["GET", "rt:{tokio}:lock"]),
+                    lease.token().as_str()
+                );
+                lease.release().await.unwrap();
+                assert_eq!(server.cmd(&["EXISTS", "rt:{tokio}:lock"]), "0");
+            });
+        },
+    );
 }
 
 #[cfg(all(feature = "redis", feature = "smol"))]
 #[test]
 fn redis_rs_on_smol_holds_a_lease_renewed_by_the_smol_spawner() {
     use redlease_adapters::runtime::SmolSpawner;
-    let Some(server) =
-        RedisServer::start_or_skip("redis_rs_on_smol_holds_a_lease_renewed_by_the_smol_spawner")
-    else {
-        return;
-    };
-    smol::block_on(async {
-        // No tokio runtime here: with both runtime features compiled in, redis-rs must pick smol.
-        assert!(tokio::runtime::Handle::try_current().is_err());
-        let manager = redlease_adapters::redis::single(&server.url(), config())
-            .unwrap()
-            .with_spawner(SmolSpawner::global());
-        let lease = manager
-            .lock("rt:{smol}:lock")
-            .auto_renew(RENEW)
-            .try_acquire()
-            .await
-            .unwrap();
-        smol::Timer::after(HOLD).await;
-        assert!(lease.is_held());
-        assert_eq!(
-            server.cmd(&["GET", "rt:{smol}:lock"]),
-            lease.token().as_str()
-        );
-        lease.release().await.unwrap();
-        assert_eq!(server.cmd(&["EXISTS", "rt:{smol}:lock"]), "0");
-    });
+    on_each_flavor(
+        "redis_rs_on_smol_holds_a_lease_renewed_by_the_smol_spawner",
+        &Flavor::ALL,
+        |flavor| {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            smol::block_on(async {
+                // No tokio runtime here: with both runtime features compiled in, redis-rs must pick smol.
+                assert!(tokio::runtime::Handle::try_current().is_err());
+                let manager = redlease_adapters::redis::single(&server.url(), config())
+                    .unwrap()
+                    .with_spawner(SmolSpawner::global());
+                let lease = manager
+                    .lock("rt:{smol}:lock")
+                    .auto_renew(RENEW)
+                    .try_acquire()
+                    .await
+                    .unwrap();
+                smol::Timer::after(HOLD).await;
+                assert!(lease.is_held());
+                assert_eq!(
+                    server.cmd(&["GET", "rt:{smol}:lock"]),
+                    lease.token().as_str()
+                );
+                lease.release().await.unwrap();
+                assert_eq!(server.cmd(&["EXISTS", "rt:{smol}:lock"]), "0");
+            });
+        },
+    );
 }
 
 #[cfg(feature = "smol")]
@@ -119,65 +123,69 @@ fn the_smol_spawner_also_runs_tasks_on_an_executor_of_ones_own() {
 #[test]
 fn fred_on_tokio_holds_a_lease_renewed_by_the_tokio_timer_and_spawner() {
     use redlease_adapters::runtime::{TokioSpawner, TokioTimer};
-    let Some(server) = RedisServer::start_or_skip(
+    on_each_flavor(
         "fred_on_tokio_holds_a_lease_renewed_by_the_tokio_timer_and_spawner",
-    ) else {
-        return;
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let manager = redlease_adapters::fred::single(&server.url(), config())
-            .unwrap()
-            .with_timer(TokioTimer)
-            .with_spawner(TokioSpawner::current().unwrap());
-        let lease = manager
-            .lock("rt:{fred}:lock")
-            .auto_renew(RENEW)
-            .try_acquire()
-            .await
-            .unwrap();
-        tokio::time::sleep(HOLD).await;
-        assert!(lease.is_held());
-        assert_eq!(
-            server.cmd(&["GET", "rt:{fred}:lock"]),
-            lease.token().as_str()
-        );
-        lease.release().await.unwrap();
-        assert_eq!(server.cmd(&["EXISTS", "rt:{fred}:lock"]), "0");
-    });
+        &Flavor::ALL,
+        |flavor| {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let manager = redlease_adapters::fred::single(&server.url(), config())
+                    .unwrap()
+                    .with_timer(TokioTimer)
+                    .with_spawner(TokioSpawner::current().unwrap());
+                let lease = manager
+                    .lock("rt:{fred}:lock")
+                    .auto_renew(RENEW)
+                    .try_acquire()
+                    .await
+                    .unwrap();
+                tokio::time::sleep(HOLD).await;
+                assert!(lease.is_held());
+                assert_eq!(
+                    server.cmd(&["GET", "rt:{fred}:lock"]),
+                    lease.token().as_str()
+                );
+                lease.release().await.unwrap();
+                assert_eq!(server.cmd(&["EXISTS", "rt:{fred}:lock"]), "0");
+            });
+        },
+    );
 }
 
 #[cfg(feature = "fred")]
 #[test]
 fn fred_outside_tokio_is_a_typed_unsupported_error_at_once_not_a_panic() {
     use redlease::{Error, NotAcquiredReason};
-    let Some(server) = RedisServer::start_or_skip(
+    on_each_flavor(
         "fred_outside_tokio_is_a_typed_unsupported_error_at_once_not_a_panic",
-    ) else {
-        return;
-    };
-    let manager =
-        redlease_adapters::fred::single(&server.url(), config().with_attempts(3)).unwrap();
-    let err = smol::block_on(manager.lock("rt:{fred-smol}:lock").acquire()).unwrap_err();
-    // Permanent: the first attempt ends the acquisition.
-    assert!(
-        matches!(
-            err,
-            Error::NotAcquired {
-                reason: NotAcquiredReason::Refused,
-                attempts: 1,
-                ..
-            }
-        ),
-        "{err:?}"
+        &Flavor::ALL,
+        |flavor| {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let manager =
+                redlease_adapters::fred::single(&server.url(), config().with_attempts(3)).unwrap();
+            let err = smol::block_on(manager.lock("rt:{fred-smol}:lock").acquire()).unwrap_err();
+            // Permanent: the first attempt ends the acquisition.
+            assert!(
+                matches!(
+                    err,
+                    Error::NotAcquired {
+                        reason: NotAcquiredReason::Refused,
+                        attempts: 1,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+            let text = crate::chain(&err);
+            assert!(text.contains("tokio"), "{text}");
+            assert_eq!(server.cmd(&["EXISTS", "rt:{fred-smol}:lock"]), "0");
+        },
     );
-    let text = crate::chain(&err);
-    assert!(text.contains("tokio"), "{text}");
-    assert_eq!(server.cmd(&["EXISTS", "rt:{fred-smol}:lock"]), "0");
 }
 
 #[cfg(feature = "tokio")]

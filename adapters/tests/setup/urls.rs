@@ -8,7 +8,7 @@ mod with_a_client {
 
     use redlease::{Config, ConfigError, LockManager, NodeErrorKind, RedisNode};
     use redlease_adapters::{SetupError, Timeouts};
-    use redlease_testkit::server::{RedisServer, RedisServers};
+    use redlease_testkit::server::{Flavor, RedisServer, RedisServers, on_each_flavor};
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
@@ -68,135 +68,146 @@ mod with_a_client {
 
         #[test]
         fn the_timeout_constructors_keep_the_endpoint_so_redlock_refuses_one_server_twice() {
-            let Some(servers) = RedisServers::start_or_skip(
+            on_each_flavor(
                 "the_timeout_constructors_keep_the_endpoint_so_redlock_refuses_one_server_twice",
-                2,
-            ) else {
-                return;
-            };
-            let t = Timeouts::new(Duration::from_millis(500), Duration::from_millis(500)).unwrap();
-            let (a, b) = (servers.urls()[0].clone(), servers.urls()[1].clone());
-            let expected = a.clone();
-            rt().block_on(async move {
-                let ca = rs::Client::open(a.as_str()).unwrap();
-                let cb = rs::Client::open(b.as_str()).unwrap();
-                let multiplexed = MultiplexedNode::connect_with_timeouts(&ca, t)
-                    .await
-                    .unwrap();
-                let managed = ManagedNode::connect_with_timeouts(&ca, t).await.unwrap();
-                let lazy = LazyNode::with_timeouts(ca.clone(), t);
-                for endpoint in [multiplexed.endpoint(), managed.endpoint(), lazy.endpoint()] {
-                    assert_eq!(endpoint.as_deref(), Some(expected.as_str()));
-                }
-                let other = MultiplexedNode::connect_with_timeouts(&cb, t)
-                    .await
-                    .unwrap();
-                let err = LockManager::redlock_dyn(
-                    vec![
-                        std::sync::Arc::new(multiplexed),
-                        std::sync::Arc::new(other),
-                        std::sync::Arc::new(lazy),
-                    ],
-                    config(),
-                )
-                .unwrap_err();
-                assert!(matches!(err, ConfigError::Topology(_)), "{err}");
-            });
+                &Flavor::ALL,
+                |flavor| {
+                    let servers = RedisServers::start_flavor(flavor, 2);
+                    let t = Timeouts::new(Duration::from_millis(500), Duration::from_millis(500))
+                        .unwrap();
+                    let (a, b) = (servers.urls()[0].clone(), servers.urls()[1].clone());
+                    let expected = a.clone();
+                    rt().block_on(async move {
+                        let ca = rs::Client::open(a.as_str()).unwrap();
+                        let cb = rs::Client::open(b.as_str()).unwrap();
+                        let multiplexed = MultiplexedNode::connect_with_timeouts(&ca, t)
+                            .await
+                            .unwrap();
+                        let managed = ManagedNode::connect_with_timeouts(&ca, t).await.unwrap();
+                        let lazy = LazyNode::with_timeouts(ca.clone(), t);
+                        for endpoint in
+                            [multiplexed.endpoint(), managed.endpoint(), lazy.endpoint()]
+                        {
+                            assert_eq!(endpoint.as_deref(), Some(expected.as_str()));
+                        }
+                        let other = MultiplexedNode::connect_with_timeouts(&cb, t)
+                            .await
+                            .unwrap();
+                        let err = LockManager::redlock_dyn(
+                            vec![
+                                std::sync::Arc::new(multiplexed),
+                                std::sync::Arc::new(other),
+                                std::sync::Arc::new(lazy),
+                            ],
+                            config(),
+                        )
+                        .unwrap_err();
+                        assert!(matches!(err, ConfigError::Topology(_)), "{err}");
+                    });
+                },
+            );
         }
 
         #[test]
         fn the_response_timeout_given_is_the_clients_for_every_timeout_constructor() {
-            let Some(server) = RedisServer::start_or_skip(
+            on_each_flavor(
                 "the_response_timeout_given_is_the_clients_for_every_timeout_constructor",
-            ) else {
-                return;
-            };
-            // redis-rs's default response timeout is 500 ms: a reply 1.5 s late succeeds only with ours (5 s).
-            let t = Timeouts::new(Duration::from_secs(1), Duration::from_secs(5)).unwrap();
-            let client = rs::Client::open(server.url()).unwrap();
-            rt().block_on(async {
-                let nodes: Vec<Box<dyn RedisNode>> = vec![
-                    Box::new(
-                        MultiplexedNode::connect_with_timeouts(&client, t)
-                            .await
-                            .unwrap(),
-                    ),
-                    Box::new(
-                        ManagedNode::connect_with_timeouts(&client, t)
-                            .await
-                            .unwrap(),
-                    ),
-                    Box::new(LazyNode::with_timeouts(client.clone(), t)),
-                ];
-                for (i, node) in nodes.iter().enumerate() {
-                    node.inspect("urls:{late}").await.unwrap(); // connected
-                    let resume = pause_for(&server, Duration::from_millis(1_500));
-                    let started = Instant::now();
-                    let answer = node.inspect("urls:{late}").await;
-                    resume.join().unwrap();
-                    assert!(answer.is_ok(), "node {i}: {answer:?}");
-                    assert!(
-                        started.elapsed() >= Duration::from_millis(1_400),
-                        "node {i}"
-                    );
-                }
-            });
+                &Flavor::ALL,
+                |flavor| {
+                    let server = RedisServer::start_flavor(flavor, &[]);
+                    // redis-rs's default response timeout is 500 ms: a reply 1.5 s late succeeds only with ours (5 s).
+                    let t = Timeouts::new(Duration::from_secs(1), Duration::from_secs(5)).unwrap();
+                    let client = rs::Client::open(server.url()).unwrap();
+                    rt().block_on(async {
+                        let nodes: Vec<Box<dyn RedisNode>> = vec![
+                            Box::new(
+                                MultiplexedNode::connect_with_timeouts(&client, t)
+                                    .await
+                                    .unwrap(),
+                            ),
+                            Box::new(
+                                ManagedNode::connect_with_timeouts(&client, t)
+                                    .await
+                                    .unwrap(),
+                            ),
+                            Box::new(LazyNode::with_timeouts(client.clone(), t)),
+                        ];
+                        for (i, node) in nodes.iter().enumerate() {
+                            node.inspect("urls:{late}").await.unwrap(); // connected
+                            let resume = pause_for(&server, Duration::from_millis(1_500));
+                            let started = Instant::now();
+                            let answer = node.inspect("urls:{late}").await;
+                            resume.join().unwrap();
+                            assert!(answer.is_ok(), "node {i}: {answer:?}");
+                            assert!(
+                                started.elapsed() >= Duration::from_millis(1_400),
+                                "node {i}"
+                            );
+                        }
+                    });
+                },
+            );
         }
 
         #[test]
         fn a_single_url_manager_holds_a_lease_on_a_real_server() {
-            let Some(server) =
-                RedisServer::start_or_skip("a_single_url_manager_holds_a_lease_on_a_real_server")
-            else {
-                return;
-            };
-            let manager = redis::single(&server.url(), config()).unwrap();
-            rt().block_on(hold(&manager, &[&server], "urls:{single}"));
+            on_each_flavor(
+                "a_single_url_manager_holds_a_lease_on_a_real_server",
+                &Flavor::ALL,
+                |flavor| {
+                    let server = RedisServer::start_flavor(flavor, &[]);
+                    let manager = redis::single(&server.url(), config()).unwrap();
+                    rt().block_on(hold(&manager, &[&server], "urls:{single}"));
+                },
+            );
         }
 
         #[test]
         fn a_redlock_url_manager_holds_a_lease_on_three_servers() {
-            let Some(servers) = RedisServers::start_or_skip(
+            on_each_flavor(
                 "a_redlock_url_manager_holds_a_lease_on_three_servers",
-                3,
-            ) else {
-                return;
-            };
-            let manager = redis::redlock(servers.urls(), config()).unwrap();
-            assert_eq!(manager.quorum(), 2);
-            let all: Vec<&RedisServer> = servers.iter().collect();
-            rt().block_on(hold(&manager, &all, "urls:{redlock}"));
+                &Flavor::ALL,
+                |flavor| {
+                    let servers = RedisServers::start_flavor(flavor, 3);
+                    let manager = redis::redlock(servers.urls(), config()).unwrap();
+                    assert_eq!(manager.quorum(), 2);
+                    let all: Vec<&RedisServer> = servers.iter().collect();
+                    rt().block_on(hold(&manager, &all, "urls:{redlock}"));
+                },
+            );
         }
 
         #[test]
         fn url_managers_refuse_a_bad_url_before_connecting_by_index_without_credentials() {
-            let Some(server) = RedisServer::start_or_skip(
+            on_each_flavor(
                 "url_managers_refuse_a_bad_url_before_connecting_by_index_without_credentials",
-            ) else {
-                return;
-            };
-            let before = connections(&server);
-            let good = server.url();
-            for bad in [
-                "redis://user:s3cret@127.0.0.1:notaport/0",
-                "http://user:s3cret@127.0.0.1/",
-            ] {
-                let err =
-                    redis::redlock([good.as_str(), bad, good.as_str()], config()).unwrap_err();
-                assert!(matches!(err, SetupError::Url { index: 1, .. }), "{err:?}");
-                let text = format!("{err} {err:?}");
-                assert!(!text.contains("s3cret"), "{text}");
-                assert!(
-                    err.to_string().starts_with("node 1: invalid Redis URL"),
-                    "{err}"
-                );
-                assert!(matches!(
-                    redis::single(bad, config()),
-                    Err(SetupError::Url { index: 0, .. })
-                ));
-            }
-            // Nothing connected, neither for the good URLs before the bad one nor after.
-            assert_eq!(connections(&server), before + 1); // the INFO above is one
+                &Flavor::ALL,
+                |flavor| {
+                    let server = RedisServer::start_flavor(flavor, &[]);
+                    let before = connections(&server);
+                    let good = server.url();
+                    for bad in [
+                        "redis://user:s3cret@127.0.0.1:notaport/0",
+                        "http://user:s3cret@127.0.0.1/",
+                    ] {
+                        let err = redis::redlock([good.as_str(), bad, good.as_str()], config())
+                            .unwrap_err();
+                        assert!(matches!(err, SetupError::Url { index: 1, .. }), "{err:?}");
+                        let text = format!("{err} {err:?}");
+                        assert!(!text.contains("s3cret"), "{text}");
+                        assert!(
+                            err.to_string().starts_with("node 1: invalid Redis URL"),
+                            "{err}"
+                        );
+                        assert!(matches!(
+                            redis::single(bad, config()),
+                            Err(SetupError::Url { index: 0, .. })
+                        ));
+                    }
+                    // Nothing connected, neither for the good URLs before the bad one nor after.
+                    assert_eq!(connections(&server), before + 1); // the INFO above is one
+                },
+            );
         }
 
         #[test]
@@ -242,49 +253,55 @@ mod with_a_client {
 
         #[test]
         fn the_response_timeout_given_to_from_url_is_the_nodes_command_timeout() {
-            let Some(server) = RedisServer::start_or_skip(
+            on_each_flavor(
                 "the_response_timeout_given_to_from_url_is_the_nodes_command_timeout",
-            ) else {
-                return;
-            };
-            // fred has no command timeout by default: without ours the call would wait for the resume.
-            let t = Timeouts::new(Duration::from_secs(1), Duration::from_millis(300)).unwrap();
-            let node = ClientNode::from_url(&server.url(), t).unwrap();
-            rt().block_on(async {
-                node.inspect("urls:{late}").await.unwrap(); // connected
-                let resume = pause_for(&server, Duration::from_secs(3));
-                let started = Instant::now();
-                let err = node.inspect("urls:{late}").await.unwrap_err();
-                let waited = started.elapsed();
-                resume.join().unwrap();
-                assert_eq!(err.kind(), NodeErrorKind::Timeout, "{err}");
-                assert!(err.is_ambiguous());
-                assert!(waited < Duration::from_millis(2_500), "{waited:?}");
-            });
+                &Flavor::ALL,
+                |flavor| {
+                    let server = RedisServer::start_flavor(flavor, &[]);
+                    // fred has no command timeout by default: without ours the call would wait for the resume.
+                    let t =
+                        Timeouts::new(Duration::from_secs(1), Duration::from_millis(300)).unwrap();
+                    let node = ClientNode::from_url(&server.url(), t).unwrap();
+                    rt().block_on(async {
+                        node.inspect("urls:{late}").await.unwrap(); // connected
+                        let resume = pause_for(&server, Duration::from_secs(3));
+                        let started = Instant::now();
+                        let err = node.inspect("urls:{late}").await.unwrap_err();
+                        let waited = started.elapsed();
+                        resume.join().unwrap();
+                        assert_eq!(err.kind(), NodeErrorKind::Timeout, "{err}");
+                        assert!(err.is_ambiguous());
+                        assert!(waited < Duration::from_millis(2_500), "{waited:?}");
+                    });
+                },
+            );
         }
 
         #[test]
         fn a_single_url_manager_holds_a_lease_on_a_real_server() {
-            let Some(server) = RedisServer::start_or_skip(
-                "fred_a_single_url_manager_holds_a_lease_on_a_real_server",
-            ) else {
-                return;
-            };
-            let manager = fred::single(&server.url(), config()).unwrap();
-            rt().block_on(hold(&manager, &[&server], "urls:{fred-single}"));
+            on_each_flavor(
+                "a_single_url_manager_holds_a_lease_on_a_real_server",
+                &Flavor::ALL,
+                |flavor| {
+                    let server = RedisServer::start_flavor(flavor, &[]);
+                    let manager = fred::single(&server.url(), config()).unwrap();
+                    rt().block_on(hold(&manager, &[&server], "urls:{fred-single}"));
+                },
+            );
         }
 
         #[test]
         fn a_redlock_url_manager_holds_a_lease_on_three_servers() {
-            let Some(servers) = RedisServers::start_or_skip(
-                "fred_a_redlock_url_manager_holds_a_lease_on_three_servers",
-                3,
-            ) else {
-                return;
-            };
-            let manager = fred::redlock(servers.urls(), config()).unwrap();
-            let all: Vec<&RedisServer> = servers.iter().collect();
-            rt().block_on(hold(&manager, &all, "urls:{fred-redlock}"));
+            on_each_flavor(
+                "a_redlock_url_manager_holds_a_lease_on_three_servers",
+                &Flavor::ALL,
+                |flavor| {
+                    let servers = RedisServers::start_flavor(flavor, 3);
+                    let manager = fred::redlock(servers.urls(), config()).unwrap();
+                    let all: Vec<&RedisServer> = servers.iter().collect();
+                    rt().block_on(hold(&manager, &all, "urls:{fred-redlock}"));
+                },
+            );
         }
 
         #[test]

@@ -6,6 +6,9 @@ use std::collections::BTreeMap;
 
 use redlease_testkit::server::RedisServer;
 
+/// The commands a lock operation sends at top level, on any server of the matrix.
+const LOCK_COMMANDS: [&str; 5] = ["eval", "evalsha", "set", "delifeq", "exec"];
+
 /// One snapshot of a server's counters.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Stats {
@@ -52,10 +55,11 @@ impl Stats {
         self.commands.get(command).copied().unwrap_or(0)
     }
 
-    /// Top-level lock commands sent: `EVAL`, `EVALSHA` and `SET` (the fresh acquisition). (A `SET` inside a
-    /// script counts too; redlease's acquire scripts only run when the fresh path was not used.)
+    /// Top-level lock commands sent: `EVAL`, `EVALSHA`, `SET` (the fresh acquisition, and on Valkey
+    /// `SET … IFEQ`), `DELIFEQ` and `EXEC` (a Lua-less transaction). (A `SET` inside a script counts too;
+    /// redlease's acquire scripts only run when the fresh path was not used.)
     pub(crate) fn lock_commands(&self) -> u64 {
-        self.sent("eval") + self.sent("evalsha") + self.sent("set")
+        LOCK_COMMANDS.iter().map(|c| self.sent(c)).sum()
     }
 
     /// The change from `before` to `self`: connections accepted by others than the two snapshots, and
@@ -90,8 +94,8 @@ impl Delta {
         self.commands.get(command).copied().unwrap_or(0)
     }
 
-    /// `EVAL` + `EVALSHA` + `SET` sent in between.
+    /// The [lock commands](Stats::lock_commands) sent in between.
     pub(crate) fn lock_commands(&self) -> u64 {
-        self.sent("eval") + self.sent("evalsha") + self.sent("set")
+        LOCK_COMMANDS.iter().map(|c| self.sent(c)).sum()
     }
 }
