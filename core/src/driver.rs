@@ -44,6 +44,52 @@ pub enum Mode {
     Redlock,
 }
 
+/// Which nodes an acquisition attempt may ask with a plain `SET NX` ([`RedisNode::acquire_fresh`]): those
+/// that have never stored the attempt's token and never will from an earlier request. That holds for every
+/// node on the first attempt with a token, and stays true on a node for as long as every request carrying
+/// the token got a definite answer that it changed nothing there (the lock was held by another owner, or a
+/// definitely-not-applied error). A node that said yes, failed ambiguously or was abandoned (its request may
+/// still land) is asked through the own-token branch from then on. Copy and allocation-free: nodes from
+/// the 65th on are treated as not fresh after the first attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fresh {
+    all: bool,
+    bits: u64,
+}
+
+impl Fresh {
+    /// Every node: a token never sent.
+    pub(crate) const ALL: Fresh = Fresh {
+        all: true,
+        bits: u64::MAX,
+    };
+
+    /// Whether node `i` may be asked with a plain `SET NX`.
+    pub(crate) fn get(self, i: usize) -> bool {
+        self.all || (i < 64 && self.bits >> i & 1 == 1)
+    }
+
+    /// Whether every one of `n` nodes is fresh (then a round needs no grace for scripts).
+    pub(crate) fn all_of(self, n: usize) -> bool {
+        self.all || (0..n).all(|i| self.get(i))
+    }
+
+    /// Node `i` may have stored the token, or may still: it is no longer fresh.
+    pub(crate) fn spoil(&mut self, i: usize) {
+        if self.all {
+            self.all = false;
+        }
+        if i < 64 {
+            self.bits &= !(1u64 << i);
+        }
+    }
+
+    /// After the first attempt, nodes from the 65th on are no longer fresh.
+    pub(crate) fn settle(&mut self) {
+        self.all = false;
+    }
+}
+
 /// Everything a manager, its locks and its leases share.
 pub(crate) struct Engine {
     pub(crate) nodes: Vec<Arc<dyn RedisNode>>,
@@ -389,7 +435,8 @@ impl Engine {
     }
 
     /// One acquisition round. `Some(fence)` values only come from fenced single-node acquisition. `fresh`
-    /// says the token has never been sent (the first attempt), so a plain `SET NX` suffices. With `hint`
+    /// says on which nodes the token has never been stored and never will be by an earlier request (see
+    /// [`Fresh`]), so a plain `SET NX` suffices there. With `hint`
     /// (an unfenced acquisition that may wait for a notification), nodes are asked for the holder's remaining
     /// TTL on contention ([`RedisNode::acquire_or_ttl`]), collected there. `timeout`
     /// includes the [`wait_allowance`](Self::wait_allowance). Events the nodes gave reason for (a restart, a fence regression, a write not replicated) are emitted for `id`.
@@ -401,7 +448,7 @@ impl Engine {
         token: &Token,
         ttl: Ttl,
         timeout: Duration,
-        fresh: bool,
+        fresh: Fresh,
         hint: Option<&TtlHint>,
         id: LeaseId,
     ) -> RoundResult<Option<u64>> {
@@ -437,9 +484,10 @@ impl Engine {
                 // A fresh acquisition is one plain `SET NX` per node: no grace needed (see `round`).
                 self.round(
                     WaitFor::Decision,
-                    !fresh,
+                    !fresh.all_of(self.nodes.len()),
                     timeout,
                     |i, node| {
+                        let fresh = fresh.get(i);
                         Box::pin(async move {
                             let taken = match hint {
                                 // An acquisition that may wait: the holder's TTL too, on contention.

@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigError};
-use crate::driver::{Engine, Mode, Spawn, TtlHint};
+use crate::driver::{Engine, Fresh, Mode, Spawn, TtlHint};
 use crate::error::{Error, NotAcquiredReason, Operation, QuorumError};
 use crate::lease::{Grant, Lease, Shared};
 use crate::machine::validity::deadline_after_round;
@@ -676,8 +676,9 @@ impl Lock {
         let mut attempt = 0u32;
         // Whether an attempt found the lock held by another owner (for the event hook).
         let mut contended = false;
-        // Whether the current token has never been sent: then a plain `SET NX` suffices (no own-token branch).
-        let mut fresh = true;
+        // Where the current token has never been stored and never will be by an earlier request: a plain
+        // `SET NX` suffices there (no own-token branch). See `Fresh`.
+        let mut fresh = Fresh::ALL;
         // Allocated on the first failed attempt only: the common path never needs it.
         let mut dirty: Vec<bool> = Vec::new();
         // Nodes where an acquisition request with the current token may still land later (it failed
@@ -710,15 +711,20 @@ impl Lock {
 
             // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
             // change a key that exists, ours included; only an own-token branch resets the TTL when it lands.
-            let nx = fresh && self.fence_key.is_none();
+            let unfenced = self.fence_key.is_none();
             for i in r.tally.unsettled_indices() {
-                if nx && engine.nodes[i].acquire_fresh_is_nx() {
+                if unfenced && fresh.get(i) && engine.nodes[i].acquire_fresh_is_nx() {
                     continue;
                 }
                 unsettled.resize(n, false);
                 unsettled[i] = true;
             }
-            fresh = false;
+            // A node stays fresh only after a definite "changed nothing" (held by another owner, or an error
+            // that was not applied): a yes stored the token, and an ambiguous or abandoned request may still.
+            fresh.settle();
+            for i in r.tally.maybe_applied_indices() {
+                fresh.spoil(i);
+            }
             let drift = crate::machine::validity::drift(plan.ttl, config.drift_factor());
             let reason = if r.tally.verdict() == Verdict::Quorum {
                 if let Some(valid_until) =
@@ -873,7 +879,7 @@ impl Lock {
                 }
                 dirty.iter_mut().for_each(|d| *d = false);
                 unsettled.clear();
-                fresh = true;
+                fresh = Fresh::ALL;
             }
 
             let pause = backoff.next_pause();

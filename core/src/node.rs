@@ -312,12 +312,16 @@ pub trait RedisNode: Send + Sync {
     /// `true`; otherwise change nothing and return `false` (contended).
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError>;
 
-    /// Takes the lock if it is free, for a token that has never been written anywhere.
+    /// Takes the lock if it is free, for a token that this node has never stored and never will from an
+    /// earlier request.
     ///
     /// The first attempt of every acquisition uses a fresh random token, which no key can hold yet, so the
     /// own-token branch of [`acquire`](Self::acquire) cannot apply and a plain `SET key token NX PX ttl`
     /// (cheaper for the server than a script) has the same effect: `true` if set, `false` (nothing changed)
-    /// if the key exists. The default implementation calls [`acquire`](Self::acquire).
+    /// if the key exists. Later attempts with the same token use it too on a node whose every earlier
+    /// request got a definite answer that it changed nothing (the lock was held by another owner, or an error
+    /// that was not applied); a node that said yes, failed ambiguously or did not answer in time is asked
+    /// through [`acquire`](Self::acquire). The default implementation calls [`acquire`](Self::acquire).
     async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         self.acquire(key, token, ttl).await
     }

@@ -8,6 +8,7 @@ mod clock_jump;
 mod config;
 mod defects;
 mod durable;
+mod fresh;
 mod history;
 mod observe;
 mod push;
