@@ -803,7 +803,10 @@ async fn undo(t: &impl Transport, key: &str, token: &Token, err: NodeError) -> N
 ///
 /// Gaps in the sequence (numbers issued to no holder): an `INCR` whose lock had already expired (step 3
 /// finds another or no value: `None`), one followed by a refusal, one whose reply was lost (its retry takes a
-/// new number). Every number handed out is larger than every earlier one. An ambiguous error after step 2
+/// new number), and one whose transaction fred re-sent after reconnecting (it replays a whole `MULTI … EXEC`
+/// once, whatever `max_attempts` says: the replay issues a second number, and that one is returned, from the
+/// replay's own check that the lock is still ours). Every number handed out is larger than every earlier one
+/// (the lost-reply cases of the fault tier's `matrix` check it on both clients). An ambiguous error after step 2
 /// may leave the lock key (with its TTL) for the core's clean-up, as an ambiguous script reply does.
 async fn fenced_native(
     t: &impl Transport,
