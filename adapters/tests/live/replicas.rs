@@ -40,6 +40,18 @@ fn required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stoppe
             for backend in ALL_BACKENDS {
                 let node = common::node(backend, &primary.url()).await;
                 let seen = NotReplicated::default();
+                // With the replica up, its acknowledgement may take a while on a loaded machine: this
+                // manager waits up to 5 s for it (a healthy replica answers at once, so it costs nothing
+                // here). The one for the stopped replica waits 200 ms, and fails after that.
+                let patient = LockManager::single(
+                    Arc::clone(&node),
+                    config(TTL).with_durability(Durability::Required(ReplicaWait::new(
+                        1,
+                        Duration::from_secs(5),
+                    ))),
+                )
+                .unwrap()
+                .with_observer(seen.clone());
                 let manager = LockManager::single(
                     node,
                     config(TTL).with_durability(Durability::Required(wait())),
@@ -49,7 +61,7 @@ fn required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stoppe
                 let k = key("durable", backend);
                 let f = common::fence_of(&k);
                 // With the replica up: acquired, and the replica has the lock and the fence when it returns.
-                let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
+                let lease = patient.lock(&k).fenced(&f).try_acquire().await.unwrap();
                 assert_eq!(
                     replica.cmd(&["GET", &k]),
                     lease.token().as_str(),
