@@ -41,13 +41,13 @@ fn required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stoppe
                 let node = common::node(backend, &primary.url()).await;
                 let seen = NotReplicated::default();
                 // With the replica up, its acknowledgement may take a while on a loaded machine: this
-                // manager waits up to 5 s for it (a healthy replica answers at once, so it costs nothing
+                // manager waits up to 2 s for it (its TTL is 5 s) (a healthy replica answers at once, so it costs nothing
                 // here). The one for the stopped replica waits 200 ms, and fails after that.
                 let patient = LockManager::single(
                     Arc::clone(&node),
                     config(TTL).with_durability(Durability::Required(ReplicaWait::new(
                         1,
-                        Duration::from_secs(5),
+                        Duration::from_secs(2),
                     ))),
                 )
                 .unwrap()
