@@ -29,7 +29,9 @@ const FENCE_KEY: &str = "report:{42}:fence";
 /// The protected resource and the largest fencing token it has accepted.
 const DATA_KEY: &str = "report:{42}:data";
 const LAST_FENCE_KEY: &str = "report:{42}:data-fence";
-const TTL: Duration = Duration::from_millis(300);
+/// Short, so the example's stall is short; a lease's operation timeout is a fifth of it (200 ms a round),
+/// enough for a round on a loaded machine (at 300 ms, 60 ms rounds timed out under load).
+const TTL: Duration = Duration::from_millis(1000);
 
 /// KEYS[1]: the data, KEYS[2]: the largest accepted fence; ARGV[1]: the writer's fence, ARGV[2]: the value.
 /// Returns `{1, previous largest}` when the write is accepted, `{0, largest}` when it is refused.

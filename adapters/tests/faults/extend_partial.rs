@@ -105,6 +105,14 @@ fn redlock_extend_succeeds_with_a_slow_minority_and_fails_at_risk_and_retryable_
 
                 // The slow node recovers: the retry is decided by nodes 0 and 2, and the lease is held again.
                 set.proxies[0].set_mode(ProxyMode::Forward);
+                // The failed round's request and reply may still be in the slow proxy for up to SLOW each
+                // way, and node 0's connection delivers replies in order: give the backlog 2 × SLOW to drain
+                // (the lease is valid for about 5 s from the first extension; 1.5–3.5 s of it have passed).
+                tokio::time::sleep(2 * SLOW).await;
+                assert!(
+                    lease.valid_until() > Instant::now(),
+                    "{backend:?}: the lease ran out before the retry"
+                );
                 lease
                     .extend(Duration::from_secs(5))
                     .await

@@ -38,6 +38,26 @@ struct Counting {
     counts: Arc<Counts>,
 }
 
+impl Counting {
+    /// Counts `call` when it is sent (first polled), not when it is built: a fault wrapper may build a call
+    /// it never sends.
+    fn counted<'f, T: Send + 'f>(
+        &'f self,
+        fresh: bool,
+        call: NodeFuture<'f, T>,
+    ) -> NodeFuture<'f, T> {
+        Box::pin(async move {
+            let counter = if fresh {
+                &self.counts.fresh
+            } else {
+                &self.counts.own
+            };
+            counter.fetch_add(1, SeqCst);
+            call.await
+        })
+    }
+}
+
 impl NodeWrapper for Counting {
     type Inner = MemoryNode;
 
@@ -57,11 +77,10 @@ impl NodeWrapper for Counting {
         'c: 'f,
         Self: 'f,
     {
-        // Counted when sent (polled), not when built: a fault wrapper may build a call it never sends.
-        Box::pin(async move {
-            self.counts.own.fetch_add(1, SeqCst);
-            redlease::RedisNode::acquire(&self.inner, key, token, ttl).await
-        })
+        self.counted(
+            false,
+            redlease::RedisNode::acquire(&self.inner, key, token, ttl),
+        )
     }
 
     fn acquire_fresh<'a, 'b, 'c, 'f>(
@@ -76,10 +95,10 @@ impl NodeWrapper for Counting {
         'c: 'f,
         Self: 'f,
     {
-        Box::pin(async move {
-            self.counts.fresh.fetch_add(1, SeqCst);
-            redlease::RedisNode::acquire_fresh(&self.inner, key, token, ttl).await
-        })
+        self.counted(
+            true,
+            redlease::RedisNode::acquire_fresh(&self.inner, key, token, ttl),
+        )
     }
 
     fn acquire_or_ttl<'a, 'b, 'c, 'f>(
@@ -95,14 +114,10 @@ impl NodeWrapper for Counting {
         'c: 'f,
         Self: 'f,
     {
-        Box::pin(async move {
-            if fresh {
-                self.counts.fresh.fetch_add(1, SeqCst);
-            } else {
-                self.counts.own.fetch_add(1, SeqCst);
-            }
-            redlease::RedisNode::acquire_or_ttl(&self.inner, key, token, ttl, fresh).await
-        })
+        self.counted(
+            fresh,
+            redlease::RedisNode::acquire_or_ttl(&self.inner, key, token, ttl, fresh),
+        )
     }
 }
 
