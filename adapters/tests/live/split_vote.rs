@@ -27,6 +27,24 @@ struct Shared {
     wins: AtomicU64,
     /// Acquisition attempts, successful or not.
     attempts: AtomicU64,
+    /// Rounds (acquisitions or releases) whose every node error was the operation timeout.
+    stalls: AtomicU64,
+}
+
+/// Whether every node error of `err` is the operation timeout (a machine too loaded to answer in time).
+fn only_timeouts(err: &redlease::Error) -> bool {
+    let q = match err {
+        redlease::Error::NotAcquired {
+            last_error: Some(q),
+            ..
+        } => q,
+        redlease::Error::Quorum(q) => q,
+        _ => return false,
+    };
+    !q.errors.is_empty()
+        && q.errors
+            .iter()
+            .all(|(_, e)| e.kind() == redlease::NodeErrorKind::Timeout)
 }
 
 /// A small per-client pseudo-random pause, so that losers do not retry in lockstep.
@@ -92,14 +110,27 @@ async fn race(flavor: Flavor, n: usize, clients: usize, rounds: usize) {
                                 won[round].store(true, Ordering::SeqCst);
                                 // Stop believing before letting go in Redis.
                                 shared.holders.fetch_sub(1, Ordering::SeqCst);
-                                lease.release().await.unwrap_or_else(|e| {
-                                    panic!("client {c} round {round}: release failed: {e}")
-                                });
+                                if let Err(e) = lease.release().await {
+                                    // A release that timed out leaves the key to its 2 s TTL: the next
+                                    // round waits for it, well within its 5 s.
+                                    assert!(
+                                        only_timeouts(&e),
+                                        "client {c} round {round}: release failed: {e}"
+                                    );
+                                    shared.stalls.fetch_add(1, Ordering::Relaxed);
+                                }
                             }
                             Err(err) => {
-                                // Without faults, losing a race is plain contention and nothing else.
+                                // Without faults, losing a race is plain contention, or, on a machine so
+                                // loaded that a round's replies came back after its 400 ms timeout, a round
+                                // whose every node error is that timeout (a stall, not a failure; the
+                                // no-overlap and lost-update checks hold all the same).
+                                let stalled = only_timeouts(&err);
+                                if stalled {
+                                    shared.stalls.fetch_add(1, Ordering::Relaxed);
+                                }
                                 assert!(
-                                    err.is_contended(),
+                                    err.is_contended() || stalled,
                                     "client {c} round {round}: {}",
                                     common::chain(&err)
                                 );
@@ -135,7 +166,12 @@ async fn race(flavor: Flavor, n: usize, clients: usize, rounds: usize) {
         assert!(w.load(Ordering::SeqCst), "round {round} had no winner");
     }
     assert!(wins >= rounds as u64, "{wins} wins in {rounds} rounds");
-    // Every winner released: nothing is left on any server.
+    // Every winner released: nothing is left on any server (after a stalled round, its keys expire within
+    // the TTL).
+    let stalls = shared.stalls.load(Ordering::SeqCst);
+    if stalls > 0 {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     for (i, server) in servers.iter().enumerate() {
         assert_eq!(
             server.cmd(&["EXISTS", KEY]),
@@ -145,7 +181,7 @@ async fn race(flavor: Flavor, n: usize, clients: usize, rounds: usize) {
     }
     eprintln!(
         "split vote on {flavor}, {n} servers, {clients} clients: {rounds} rounds, {wins} wins in {attempts} \
-         attempts (connect {connected:?}, total {:?})",
+         attempts, {stalls} stalled rounds (connect {connected:?}, total {:?})",
         started.elapsed()
     );
 }
