@@ -1,11 +1,12 @@
 //! Single-node semantics through `LockManager::single`, for every backend.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlease::{LockManager, LossReason};
 use redlease_testkit::server::RedisServer;
 
-use crate::common::{self, ALL_BACKENDS, config, fence_of, key, on_every_server};
+use crate::common::{self, ALL_BACKENDS, Backend, config, fence_of, key, on_every_server};
 
 const TTL: Duration = Duration::from_millis(500);
 
@@ -91,6 +92,23 @@ fn acquire_held_key_is_contended_and_changes_nothing() {
     );
 }
 
+/// Takes the free `lock`. Its 50 ms rounds may time out on a loaded machine (and a timed-out request may
+/// still land, holding the key for its 60 ms): tried again then, up to ten times.
+async fn take(lock: &redlease::Lock, backend: Backend) -> redlease::Lease {
+    let mut last = None;
+    for _ in 0..10 {
+        match lock.try_acquire().await {
+            Ok(lease) => return lease,
+            Err(e @ redlease::Error::NotAcquired { .. }) => {
+                last = Some(e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{backend:?}: {e}"),
+        }
+    }
+    panic!("{backend:?}: a free key not acquired in ten tries: {last:?}")
+}
+
 #[test]
 fn release_after_expiry_or_takeover_reports_lost_and_keeps_the_new_owner() {
     on_every_server(
@@ -104,18 +122,20 @@ fn release_after_expiry_or_takeover_reports_lost_and_keeps_the_new_owner() {
             for backend in ALL_BACKENDS {
                 let node = common::node(backend, &server.url()).await;
                 let cfg = config(short).with_operation_timeout(short - Duration::from_millis(10));
-                let manager = LockManager::single(node, cfg).unwrap();
+                let manager = LockManager::single(Arc::clone(&node), cfg).unwrap();
+                // For the 5 s lease below: rounds of the default ttl / 5.
+                let patient = LockManager::single(node, config(Duration::from_secs(5))).unwrap();
                 let k = key("release", backend);
 
                 // Expired, nobody else: lost, and nothing is left.
-                let lease = manager.lock(&k).try_acquire().await.unwrap();
+                let lease = take(&manager.lock(&k), backend).await;
                 tokio::time::sleep(expired).await;
                 let err = lease.release().await.unwrap_err();
                 assert!(err.is_lost(), "{backend:?}: {err}");
                 assert_eq!(server.cmd(&["EXISTS", &k]), "0");
 
                 // Taken over by a new owner after expiry: lost, and the new owner's key is intact.
-                let lease = manager.lock(&k).try_acquire().await.unwrap();
+                let lease = take(&manager.lock(&k), backend).await;
                 tokio::time::sleep(expired).await;
                 server.cmd(&["SET", &k, "new-owner", "PX", "5000"]);
                 let err = lease.release().await.unwrap_err();
@@ -124,12 +144,7 @@ fn release_after_expiry_or_takeover_reports_lost_and_keeps_the_new_owner() {
                 server.cmd(&["DEL", &k]);
 
                 // Taken over while still valid on our side (a foreign SET): the node refuses to delete it.
-                let lease = manager
-                    .lock(&k)
-                    .expiry(Duration::from_secs(5))
-                    .try_acquire()
-                    .await
-                    .unwrap();
+                let lease = take(&patient.lock(&k), backend).await;
                 server.cmd(&["SET", &k, "intruder", "PX", "5000"]);
                 let err = lease.release().await.unwrap_err();
                 assert!(err.is_lost(), "{backend:?}: {err}");
