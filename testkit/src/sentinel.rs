@@ -64,16 +64,21 @@ impl SentinelSet {
     /// `down-after-milliseconds`: how long the primary must not answer before a Sentinel calls it down. Long
     /// enough that a loaded machine does not fail over by mistake.
     pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
-    /// `failover-timeout`: also how soon a Sentinel retries a failover whose election failed (twice this).
-    pub const FAILOVER_TIMEOUT: Duration = Duration::from_millis(2000);
+    /// `failover-timeout`. Long, because it is also how long a Sentinel waits before it "fixes" a replica
+    /// that replicates from another address than the primary's (the replica here replicates through the
+    /// [`replication_link`](Self::replication_link)): after that the replica would bypass the proxy, and a
+    /// test that drops its replication stream would drop nothing. The price: a failed election is retried
+    /// only after twice this, so [`wait_for_failover`](Self::wait_for_failover) forces one instead.
+    pub const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
     /// How long a Sentinel stays in TILT mode (`SENTINEL DEBUG tilt-period`; the default is 30 s). A Sentinel
     /// whose timer ran more than 2 s late (a starved machine) enters TILT and neither calls the primary down
     /// nor fails over meanwhile; it still pings, so after a short TILT its view of the servers is fresh.
     pub const TILT_PERIOD: Duration = Duration::from_millis(1000);
-    /// When [`wait_for_failover`](Self::wait_for_failover) forces a failover (`SENTINEL FAILOVER`) if none has
-    /// started since the kill: after the primary was called down ([`DOWN_AFTER`](Self::DOWN_AFTER)), one failed
-    /// election and its retry (twice [`FAILOVER_TIMEOUT`](Self::FAILOVER_TIMEOUT)) and a second of margin.
-    pub const FORCE_AFTER: Duration = Duration::from_millis(1000 + 2 * 2000 + 1000);
+    /// When [`wait_for_failover`](Self::wait_for_failover) forces a failover (`SENTINEL FAILOVER`) if none is
+    /// in progress: [`DOWN_AFTER`](Self::DOWN_AFTER) after the kill the primary is called down, and an
+    /// election normally ends within a second; five more seconds of margin. (A failover in progress is left
+    /// alone: a stuck election ends after 10 s, and then one is forced.)
+    pub const FORCE_AFTER: Duration = Duration::from_secs(6);
 
     /// Starts the primary (`flavor`), the replica (through the proxy) and, once the replica is online, the
     /// three Sentinels; returns when every Sentinel knows the replica and the two other Sentinels. Panics
@@ -119,12 +124,17 @@ impl SentinelSet {
                 .collect()
         });
         for sentinel in &sentinels {
-            // Redis 7.0+ and Valkey have `SENTINEL DEBUG`; without it the default 30 s TILT applies.
+            // Redis 7.0+ and Valkey have `SENTINEL DEBUG`; without it the default 30 s TILT applies. `INFO`
+            // every second (the default is 10 s until the primary is agreed down) keeps the replica's state
+            // fresh enough for a forced failover (see `wait_for_failover`), which refuses a replica whose last
+            // `INFO` is older than 5 s.
             let _ = sentinel.try_cmd(&[
                 "SENTINEL",
                 "DEBUG",
                 "tilt-period",
                 &Self::TILT_PERIOD.as_millis().to_string(),
+                "info-period",
+                "1000",
             ]);
         }
         let set = SentinelSet {
@@ -329,14 +339,17 @@ impl SentinelSet {
                 && !self.failover_in_progress()
             {
                 forced = true;
-                let answers: Vec<String> = self
-                    .sentinels
-                    .iter()
-                    .map(|s| {
-                        s.try_cmd(&["SENTINEL", "FAILOVER", Self::MASTER_NAME])
-                            .unwrap_or_else(|e| e)
-                    })
-                    .collect();
+                // One Sentinel fails over (the first that accepts); the others follow its new epoch.
+                let mut answers = Vec::new();
+                for sentinel in &self.sentinels {
+                    match sentinel.try_cmd(&["SENTINEL", "FAILOVER", Self::MASTER_NAME]) {
+                        Ok(ok) => {
+                            answers.push(format!("{}: {ok}", sentinel.port()));
+                            break;
+                        }
+                        Err(e) => answers.push(format!("{}: {e}", sentinel.port())),
+                    }
+                }
                 eprintln!(
                     "sentinel: no failover {since_kill:?} after the kill; forced one ({answers:?}; TILT: {:?})",
                     self.tilt_states()
@@ -382,6 +395,12 @@ mod tests {
             assert!(debug.contains(&format!("TILT-PERIOD\n{period}")), "{debug}");
         }
         assert_eq!(set.reported_primary(), Some(set.primary().port()));
+        // The Sentinels leave the replica on the link (they "fix" a replica of another address after the
+        // failover timeout; with a 2 s one and INFO every second it bypassed the proxy within 3 s).
+        thread::sleep(Duration::from_secs(3));
+        let link_port = format!("master_port:{}", set.replication_link().addr().port());
+        let info = set.replica().cmd(&["INFO", "replication"]);
+        assert!(info.lines().any(|l| l.trim() == link_port), "{info}");
         set.primary().cmd(&["SET", "replicated", "1"]);
         set.wait_replicated(Duration::from_secs(5)).unwrap();
         set.replication_link().set_mode(ProxyMode::DropReplies);
@@ -392,6 +411,23 @@ mod tests {
         assert!(took >= SentinelSet::DOWN_AFTER, "{took:?}");
         assert_eq!(set.replica().cmd(&["GET", "replicated"]), "1");
         assert_eq!(set.replica().cmd(&["GET", "lost"]), "");
+        assert_eq!(set.replica().cmd(&["SET", "after", "1"]), "OK");
+    }
+
+    /// Sentinels that can never agree the primary is down (a quorum of 4 of 3): `wait_for_failover` forces
+    /// the failover `FORCE_AFTER` the kill.
+    #[test]
+    fn a_failover_that_does_not_start_by_itself_is_forced() {
+        let test = "a_failover_that_does_not_start_by_itself_is_forced";
+        let Some(mut set) = SentinelSet::start_or_skip(test, Flavor::Redis) else {
+            return;
+        };
+        for sentinel in set.sentinels() {
+            sentinel.cmd(&["SENTINEL", "SET", SentinelSet::MASTER_NAME, "quorum", "4"]);
+        }
+        set.kill_primary();
+        let took = set.wait_for_failover(Duration::from_secs(30)).unwrap();
+        assert!(took >= SentinelSet::FORCE_AFTER, "{took:?}");
         assert_eq!(set.replica().cmd(&["SET", "after", "1"]), "OK");
     }
 
