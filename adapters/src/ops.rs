@@ -1528,6 +1528,35 @@ mod tests {
         }
     }
 
+    fn info(run_id: &str) -> Result<Reply, NodeError> {
+        Ok(Reply::Bytes(
+            format!("# Server\r\nredis_version:7.0.15\r\nrun_id:{run_id}\r\n").into_bytes(),
+        ))
+    }
+
+    /// Capabilities checked on one server process and a `run_id` that then comes from another (the
+    /// connection was replaced between the two, unnoticed): the capabilities are checked again.
+    #[test]
+    fn a_new_run_id_forgets_the_capabilities_learned_before_it() {
+        let t = native();
+        t.replies.lock().unwrap().push_back(info("aaaa"));
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
+        assert!(t.probe.get().is_some(), "the same server: kept");
+        // A reconnect forgets everything; the next acquisition checks (on server A) …
+        t.probe.forget();
+        t.probe.set(native().probe.get().unwrap());
+        // … and the run_id asked after it comes from server B.
+        t.replies.lock().unwrap().push_back(info("bbbb"));
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
+        assert!(
+            t.probe.get().is_none(),
+            "checked again before the next call"
+        );
+        // Answered from memory afterwards.
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
+        assert_eq!(*t.sent.lock().unwrap(), ["INFO", "INFO"]);
+    }
+
     #[test]
     fn a_refused_incr_after_the_lock_was_written_removes_the_lock_before_the_error_returns() {
         let t = native();
