@@ -2,9 +2,11 @@
 //! Sentinels (`<server> sentinel.conf --sentinel`), each a [`RedisServer`] of its own — free ports, checked
 //! by process id before use, killed with the test process however it ends (see [`crate::server`]).
 //!
-//! The Sentinels watch the primary with a quorum of 2, [`SentinelSet::DOWN_AFTER`] and
-//! [`SentinelSet::FAILOVER_TIMEOUT`], so that after [`SentinelSet::kill_primary`] the replica is promoted
-//! within a few seconds. The replica replicates through a [`FaultProxy`]
+//! The Sentinels watch the primary with a quorum of 2 and [`SentinelSet::DOWN_AFTER`], so that after
+//! [`SentinelSet::kill_primary`] the replica is promoted within a few seconds (a short
+//! [`TILT_PERIOD`](SentinelSet::TILT_PERIOD) for a starved machine, and a forced failover after
+//! [`FORCE_AFTER`](SentinelSet::FORCE_AFTER) if none started). Redis 7.0 or Valkey (whose `valkey-server`
+//! runs as a Sentinel with `--sentinel` too). The replica replicates through a [`FaultProxy`]
 //! ([`replication_link`](SentinelSet::replication_link)), so a test decides which writes reach it:
 //! [`ProxyMode::DropReplies`](crate::proxy::ProxyMode::DropReplies) throws the replication stream away
 //! while the replica's acknowledgements still reach the primary (whose `WAIT` then counts 0), without the
