@@ -143,6 +143,8 @@ struct Health {
     /// cleared by fred's next reconnection.
     broken: Mutex<Option<Instant>>,
     reconnects: Mutex<broadcast::Receiver<Server>>,
+    /// fred announced a reconnection that no call has acted on yet.
+    unacted: AtomicBool,
     errors: Mutex<broadcast::Receiver<(FredError, Option<Server>)>>,
     /// The last connection error fred reported (kept: a later check may drain the channel first).
     last_error: Mutex<Option<FredError>>,
@@ -153,6 +155,7 @@ impl Health {
         Self {
             broken: Mutex::new(None),
             reconnects: Mutex::new(client.reconnect_rx()),
+            unacted: AtomicBool::new(false),
             errors: Mutex::new(client.error_rx()),
             last_error: Mutex::new(None),
         }
@@ -170,16 +173,25 @@ impl Health {
         *self.broken.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether fred reconnected since the last call (also after missed notifications).
-    fn reconnected(&self) -> bool {
+    /// Whether fred reconnected since a call last acted on it (also after missed notifications), without
+    /// acting on it.
+    fn reconnect_pending(&self) -> bool {
         let mut rx = self.reconnects.lock().unwrap_or_else(|e| e.into_inner());
-        let mut seen = false;
         loop {
             match rx.try_recv() {
-                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => seen = true,
-                Err(_) => return seen,
+                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    self.unacted.store(true, Ordering::Release);
+                }
+                Err(_) => return self.unacted.load(Ordering::Acquire),
             }
         }
+    }
+
+    /// Whether fred reconnected since a call last acted on it (also after missed notifications); the caller
+    /// acts on it.
+    fn reconnected(&self) -> bool {
+        self.reconnect_pending();
+        self.unacted.swap(false, Ordering::AcqRel)
     }
 
     /// Whether fred reported connection errors since the last call; keeps the last one.
@@ -717,6 +729,13 @@ impl<C: KeyRouted> FredNode<C> {
                 format!("{}: the fred pool has no client (not sent)", what.name),
             ));
         };
+        // fred reconnects by itself: whatever this connection offers (it may be another server now: a restart,
+        // a failover behind one address) is checked again, and its run_id asked again, with or without
+        // `fail_fast`.
+        let reconnected = health.reconnected();
+        if reconnected {
+            self.probe.forget();
+        }
         // fred announces a dropped connection on its error channel at once, while its state may still say
         // "connected" and a command sent now would wait for the reconnection.
         if health.saw_errors() && self.fail_fast {
@@ -731,7 +750,7 @@ impl<C: KeyRouted> FredNode<C> {
                 .connection_timeout
                 .max(PROBATION);
             let probation = client.state() == ClientState::Connected && since.elapsed() >= quiet;
-            if health.reconnected() || probation {
+            if reconnected || health.reconnected() || probation {
                 health.heal();
                 health.clear_last_error();
                 self.probe.forget();
@@ -806,6 +825,7 @@ impl<C: KeyRouted> FredNode<C> {
                 // is announced on the error or reconnect channel; without either, it was the redirection.
                 let reconnected = health.saw_errors() | health.reconnected();
                 if reconnected {
+                    self.probe.forget();
                     health.mark_broken();
                     Err(e)
                 } else {
@@ -963,6 +983,13 @@ impl<C: KeyRouted> Transport for FredNode<C> {
 
     fn probe(&self) -> &Probe {
         &self.probe
+    }
+
+    fn notice_reconnections(&self) {
+        // Acted on here by forgetting; the next command still heals a broken member by it.
+        if self.health.iter().any(Health::reconnect_pending) {
+            self.probe.forget();
+        }
     }
 }
 

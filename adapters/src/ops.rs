@@ -6,7 +6,11 @@
 //! Every operation but a fresh acquisition is a script, so a user who may not run `EVAL` (or a command inside
 //! the scripts, such as `DEL`) could take a lock with a plain `SET` and then neither extend nor release it.
 //! So the first acquisition on a connection, and the first after the connection failed (a reconnecting client
-//! may then be talking to another server, or under a changed ACL), checks first: a fresh acquisition runs
+//! may then be talking to another server, or under a changed ACL), and the first after any sign that the
+//! server behind the connection changed without a failed call (the client reconnected in the background, the
+//! server's `run_id` differs from the one seen before, or it refused a command the check had found as unknown
+//! or a syntax error — then that release or extension goes again by the new check's path), checks first: a
+//! fresh acquisition runs
 //! [`PROBE_ACQUIRE`](scripts::PROBE_ACQUIRE) as `EVAL` (the check and the acquisition in one command, so the
 //! first acquisition costs no extra round trip), a script acquisition runs [`PROBE`](scripts::PROBE) before
 //! its script. The check reports the commands the scripts need that the ACL denies (on servers with
@@ -72,6 +76,9 @@ struct ProbeState {
     run_id: Option<RunId>,
     /// Whether the server lacks `WAITAOF` (an unknown command), once seen.
     no_waitaof: bool,
+    /// The last run id learned on any connection (kept when the probe is forgotten): a new one means another
+    /// server process, whose capabilities are checked again.
+    seen_run_id: Option<RunId>,
 }
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
@@ -204,12 +211,40 @@ pub(crate) trait Transport: Send + Sync {
 
     /// The capability state of the connection(s) this transport sends on.
     fn probe(&self) -> &Probe;
+
+    /// Acts on reconnections the client announced since the last call (forgets the probe), before an answer
+    /// is given from the probe's memory without sending anything ([`run_id`]). A transport that learns of
+    /// reconnections only when it sends, or forgets at once when they happen, keeps the default (nothing).
+    fn notice_reconnections(&self) {}
 }
 
 /// After a failed connection the next acquisition checks again: the client may reconnect to another server.
 fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
     if let Err(e) = &result
         && matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io)
+    {
+        t.probe().forget();
+    }
+    result
+}
+
+/// Whether `err` is a definite "unknown command" or "syntax error" reply: a server that lacks a command or
+/// an option (`DELIFEQ`, `SET … IFEQ`, `SET … NX GET`, `EVAL` without Lua).
+fn refused_command(err: &NodeError) -> bool {
+    if err.is_ambiguous() {
+        return false;
+    }
+    let text = err.to_string().to_ascii_lowercase();
+    text.contains("unknown command") || text.contains("syntax error")
+}
+
+/// A command the connection's check chose was refused as unknown: the server behind the connection is not
+/// the one that was checked (another binary or version behind a proxy or one address, reached without a
+/// failed call in between). What was learned is forgotten, so the next call checks again and asks the
+/// run_id again.
+fn note_refused<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
+    if let Err(e) = &result
+        && refused_command(e)
     {
         t.probe().forget();
     }
@@ -235,7 +270,7 @@ pub(crate) async fn eval(
         }
         other => other,
     };
-    note(t, result)
+    note_refused(t, note(t, result))
 }
 
 /// A refusal of the probe, reworded so that its message says why a lease cannot be taken.
@@ -556,7 +591,7 @@ async fn set_if(
     let mut args = vec!["SET", key, token.as_str()];
     args.extend_from_slice(cond);
     args.extend_from_slice(&["PX", ttl]);
-    let reply = note(t, t.command(what, key, &args).await)?;
+    let reply = note_refused(t, note(t, t.command(what, key, &args).await))?;
     scripts::parse_set_ok(what, reply)
 }
 
@@ -671,7 +706,7 @@ pub(crate) async fn acquire_fresh(
             &["SET", key, token.as_str(), "NX", "GET", "PX", &ttl],
         )
         .await;
-    match note(t, reply) {
+    match note_refused(t, note(t, reply)) {
         Ok(reply) => scripts::parse_set_nx_get(reply),
         // Word it as the acquire script does: the lock key is the problem.
         Err(e) if e.kind() == NodeErrorKind::WrongType => {
@@ -963,7 +998,7 @@ async fn release_native(t: &impl Transport, key: &str, token: &Token) -> Result<
             &[command, &channel, notify::payload(token)],
         )
         .await;
-    match note(t, sent) {
+    match note_refused(t, note(t, sent)) {
         Ok(reply) => scripts::parse_flag(what, reply),
         Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
         Err(e) => Err(e),
@@ -977,7 +1012,16 @@ pub(crate) async fn release(
 ) -> Result<bool, NodeError> {
     t.probe().forget_fence(key, token);
     if path(t, key).await?.is_some_and(|c| c.native_release()) {
-        return release_native(t, key, token).await;
+        match release_native(t, key, token).await {
+            // The server lacks `DELIFEQ` after all (it changed behind the connection; the check is forgotten):
+            // nothing was deleted, so the release goes again by the path a new check finds.
+            Err(e) if refused_command(&e) => {
+                if path(t, key).await?.is_some_and(|c| c.native_release()) {
+                    return Err(e);
+                }
+            }
+            other => return other,
+        }
     }
     let (channel, command) = publish_args(t, key);
     let reply = eval(
@@ -1042,6 +1086,16 @@ pub(crate) async fn extend(
             // `SET` grows memory, so a server at `maxmemory` refuses it (not applied); the script's
             // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script.
             Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() && caps.lua => {}
+            // The server lacks `SET … IFEQ` after all (it changed behind the connection; the check is
+            // forgotten): nothing was changed, so the extension goes again by the path a new check finds.
+            Err(e) if refused_command(&e) => {
+                if path(t, key)
+                    .await?
+                    .is_some_and(|c| c.native_extend() || !c.lua)
+                {
+                    return Err(e);
+                }
+            }
             other => return other,
         }
     }
@@ -1264,6 +1318,7 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
     if t.clustered() {
         return Err(not_on_a_cluster("run_id"));
     }
+    t.notice_reconnections();
     if let Some(id) = t.probe().lock().run_id.clone() {
         return Ok(id);
     }
@@ -1294,7 +1349,15 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
             NodeError::not_applied(NodeErrorKind::Protocol, "INFO server has no run_id line")
         })?;
     let id = RunId::new(id);
-    t.probe().lock().run_id = Some(id.clone());
+    let mut state = t.probe().lock();
+    if state.seen_run_id.as_ref().is_some_and(|seen| *seen != id) {
+        // Another server process than the one seen before: what was learned may be about the old one (a
+        // connection replaced without a failed call in between), so the next call checks again.
+        state.caps = None;
+        state.no_waitaof = false;
+    }
+    state.seen_run_id = Some(id.clone());
+    state.run_id = Some(id.clone());
     Ok(id)
 }
 
@@ -1466,6 +1529,35 @@ mod tests {
                 return v;
             }
         }
+    }
+
+    fn info(run_id: &str) -> Result<Reply, NodeError> {
+        Ok(Reply::Bytes(
+            format!("# Server\r\nredis_version:7.0.15\r\nrun_id:{run_id}\r\n").into_bytes(),
+        ))
+    }
+
+    /// Capabilities checked on one server process and a `run_id` that then comes from another (the
+    /// connection was replaced between the two, unnoticed): the capabilities are checked again.
+    #[test]
+    fn a_new_run_id_forgets_the_capabilities_learned_before_it() {
+        let t = native();
+        t.replies.lock().unwrap().push_back(info("aaaa"));
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
+        assert!(t.probe.get().is_some(), "the same server: kept");
+        // A reconnect forgets everything; the next acquisition checks (on server A) …
+        t.probe.forget();
+        t.probe.set(native().probe.get().unwrap());
+        // … and the run_id asked after it comes from server B.
+        t.replies.lock().unwrap().push_back(info("bbbb"));
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
+        assert!(
+            t.probe.get().is_none(),
+            "checked again before the next call"
+        );
+        // Answered from memory afterwards.
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
+        assert_eq!(*t.sent.lock().unwrap(), ["INFO", "INFO"]);
     }
 
     #[test]

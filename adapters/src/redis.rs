@@ -406,14 +406,43 @@ impl ManagedNode {
     /// Creates a [`ConnectionManager`] with `config` as given (timeouts, delays, retries); the endpoint is
     /// taken from the client. Add `set_number_of_retries(0)` for prompt, definite authentication errors (see
     /// [`connect`](Self::connect)).
+    ///
+    /// Over RESP3 (`?protocol=resp3`) a `ConnectionManager` reconnects in the background as soon as its
+    /// connection closes, so the next command may go to a new server process (a restart, or a failover behind
+    /// one address) without any error in between. So that the node still checks the new connection's
+    /// capabilities and asks its [`run_id`](RedisNode::run_id) again, the `connect*` constructors give a
+    /// RESP3 manager a push sender that watches for the disconnection; **a push sender set in `config` is
+    /// replaced** (the node's release notifications use a connection of their own, not this one). A RESP3
+    /// manager given to [`RedisRsNode::new`] has no such watch: it notices a new server only after a failed
+    /// call or a refused command.
     pub async fn connect_with_config(
         client: &redis::Client,
         config: ConnectionManagerConfig,
     ) -> Result<Self, RedisError> {
+        let probe = Probe::default();
+        let config = if client
+            .get_connection_info()
+            .redis_settings()
+            .protocol()
+            .supports_resp3()
+        {
+            let watched = probe.clone();
+            config.set_push_sender(move |info: PushInfo| {
+                if info.kind == PushKind::Disconnection {
+                    watched.forget();
+                }
+                Ok::<(), std::convert::Infallible>(())
+            })
+        } else {
+            config
+        };
         let conn = client.get_connection_manager_with_config(config).await?;
-        Ok(Self::new(conn)
-            .with_endpoint(client_endpoint(client))
-            .with_subscriber(client))
+        Ok(Self {
+            probe,
+            ..Self::new(conn)
+        }
+        .with_endpoint(client_endpoint(client))
+        .with_subscriber(client))
     }
 }
 

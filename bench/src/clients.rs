@@ -68,6 +68,14 @@ pub(crate) enum Impl {
     /// `RedleaseRedis` with `max_retry_delay` 10 s (S8 only): what the insurance against lost notifications
     /// costs.
     RedleaseRedisCap10,
+    /// `RedleaseRedis` on a primary with one replica (`--replication`, S1 only), no durability policy: the
+    /// baseline of the two below, on the same server.
+    ReplicatedRedis,
+    /// `ReplicatedRedis` with `Durability::Required(ReplicaWait::new(1, 1 s))`: `WAIT 1` after each
+    /// acquisition.
+    ReplicatedRedisWait1,
+    /// `ReplicatedRedis` with the restart quarantine off (no `run_id` lookup after the acquisition).
+    ReplicatedRedisNoQuarantine,
 }
 
 impl Impl {
@@ -113,6 +121,18 @@ impl Impl {
     /// redlease with a longer `max_retry_delay`, in S8 only.
     pub(crate) const LONG_CAP: [Impl; 1] = [Impl::RedleaseRedisCap10];
 
+    /// The replication variants, added to S1 by `--replication`, on one primary with one replica.
+    pub(crate) const REPLICATION: [Impl; 3] = [
+        Impl::ReplicatedRedis,
+        Impl::ReplicatedRedisWait1,
+        Impl::ReplicatedRedisNoQuarantine,
+    ];
+
+    /// Whether it runs on the primary with a replica (`--replication`).
+    pub(crate) fn replicated(self) -> bool {
+        Self::REPLICATION.contains(&self)
+    }
+
     /// Whether it is redlease (which can count its node calls).
     pub(crate) fn redlease(self) -> bool {
         !matches!(self, Impl::Raw | Impl::Rslock | Impl::Dlr | Impl::Arl)
@@ -156,6 +176,9 @@ impl Impl {
             Impl::RedleaseRedisPoll => "redlease/redis+poll",
             Impl::RedleaseFredPoll => "redlease/fred+poll",
             Impl::RedleaseRedisCap10 => "redlease/redis, 10 s cap",
+            Impl::ReplicatedRedis => "redlease/redis@replicated",
+            Impl::ReplicatedRedisWait1 => "redlease/redis@replicated+wait1",
+            Impl::ReplicatedRedisNoQuarantine => "redlease/redis@replicated-no-quarantine",
         }
     }
 
@@ -672,6 +695,29 @@ impl Client {
                     redlease_client(nodes, setup, poll, cap)?,
                     imp.observer(),
                 )))
+            }
+            Impl::ReplicatedRedis
+            | Impl::ReplicatedRedisWait1
+            | Impl::ReplicatedRedisNoQuarantine => {
+                let [url] = urls else {
+                    return Err("the replication variants lock on their one primary".into());
+                };
+                let client = redis::Client::open(url.as_str()).map_err(ctx("redis: open"))?;
+                let node = MultiplexedNode::connect(&client)
+                    .await
+                    .map_err(ctx("redis: connect"))?;
+                let mut config = redlease_config(setup);
+                if imp == Impl::ReplicatedRedisWait1 {
+                    config = config.with_durability(redlease::Durability::Required(
+                        redlease::ReplicaWait::new(1, Duration::from_secs(1)),
+                    ));
+                }
+                if imp == Impl::ReplicatedRedisNoQuarantine {
+                    config = config.with_restart_quarantine(None);
+                }
+                let manager =
+                    LockManager::single(node, config).map_err(ctx("redlease: manager"))?;
+                Ok(Client::Redlease(with_tokio_spawner(manager)))
             }
             Impl::RedleaseFred
             | Impl::ValkeyFredNative

@@ -6,8 +6,13 @@
 //!
 //! ```text
 //! redlease-bench [--quick] [--out PATH] [--only S1,S4] [--impl raw,redlease/redis] [--redlease-timer system|tokio]
-//!                [--observers] [--valkey]
+//!                [--observers] [--valkey] [--replication]
 //! ```
+//!
+//! `--replication` adds to S1 redlease/redis on a Redis 7.0 primary with one replica, without a durability
+//! policy (`redlease/redis@replicated`), with `Durability::Required` of one replica (`…+wait1`: `WAIT 1`
+//! after each acquisition) and with the restart quarantine off (`…-no-quarantine`: no `run_id` lookup), and
+//! prints the server commands each sends per acquire + release pair.
 //!
 //! `--valkey` adds redlease on Valkey 9.1 (the testkit's `Flavor::Valkey91`; `scripts/fetch-valkey.sh`
 //! fetches it) to S1, S3 and S6, on each adapter in the automatic mode (native `DELIFEQ` release and
@@ -67,6 +72,7 @@ struct Args {
     tokio_timer: bool,
     observers: bool,
     valkey: bool,
+    replication: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -78,6 +84,7 @@ fn parse_args() -> Result<Args, String> {
         tokio_timer: false,
         observers: false,
         valkey: false,
+        replication: false,
     };
     let mut it = std::env::args().skip(1);
     let list = |v: Option<String>, flag: &str| -> Result<Vec<String>, String> {
@@ -89,6 +96,7 @@ fn parse_args() -> Result<Args, String> {
             "--quick" => args.quick = true,
             "--observers" => args.observers = true,
             "--valkey" => args.valkey = true,
+            "--replication" => args.replication = true,
             "--out" => args.out = Some(it.next().ok_or("--out needs a path")?.into()),
             "--only" => args.only = Some(list(it.next(), "--only")?),
             "--impl" => args.impls = Some(list(it.next(), "--impl")?),
@@ -99,7 +107,7 @@ fn parse_args() -> Result<Args, String> {
             },
             "-h" | "--help" => {
                 return Err(
-                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio] [--observers] [--valkey]"
+                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio] [--observers] [--valkey] [--replication]"
                         .into(),
                 );
             }
@@ -171,7 +179,13 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
     } else {
         Vec::new()
     };
+    let replicated = args.replication.then(|| {
+        let primary = redlease_testkit::server::RedisServer::start();
+        let replica = primary.start_replica(&[]);
+        (primary, replica)
+    });
     let env = Env {
+        replicated,
         servers: redlease_testkit::server::RedisServers::start(5),
         own: valkey
             .iter()
@@ -189,6 +203,15 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
     // S1, S3 and S6 also measure the Valkey variants.
     let with_valkey: Vec<Impl> = impls.iter().chain(&valkey).copied().collect();
     let observed: Vec<Impl> = observed.into_iter().chain(valkey.iter().copied()).collect();
+    // S1 also measures the replication variants with `--replication`.
+    let observed: Vec<Impl> = if args.replication {
+        observed
+            .into_iter()
+            .chain(Impl::REPLICATION.into_iter().filter(named))
+            .collect()
+    } else {
+        observed
+    };
     let redis_version = env.servers[0]
         .try_cmd(&["INFO", "server"])
         .ok()
@@ -301,6 +324,17 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
                 }
             }
             Err(e) => println!("valkey costs failed: {e}"),
+        }
+    }
+    if args.replication && wanted("S1") {
+        match scenarios::replication_costs(&env, &plan) {
+            Ok(lines) => {
+                println!("server commands per pair on the replicated primary (--replication):");
+                for line in lines {
+                    println!("  {line}");
+                }
+            }
+            Err(e) => println!("replication costs failed: {e}"),
         }
     }
     if wanted("S1") {

@@ -138,6 +138,8 @@ pub(crate) struct Env {
     pub(crate) servers: RedisServers,
     /// Implementations with a single server of their own.
     pub(crate) own: Vec<(Impl, RedisServer)>,
+    /// `--replication`: a primary and its replica, shared by [`Impl::REPLICATION`].
+    pub(crate) replicated: Option<(RedisServer, RedisServer)>,
 }
 
 impl Env {
@@ -149,8 +151,11 @@ impl Env {
         self.own.iter().find(|(i, _)| *i == imp).map(|(_, s)| s)
     }
 
-    /// The URLs `imp` uses: its own server, or the first `n` shared ones.
+    /// The URLs `imp` uses: its own server (or the replicated primary), or the first `n` shared ones.
     fn urls_for(&self, imp: Impl, n: usize) -> Vec<String> {
+        if let Some((primary, _)) = self.replicated.as_ref().filter(|_| imp.replicated()) {
+            return vec![primary.url()];
+        }
         self.own(imp)
             .map_or_else(|| self.urls(n), |s| vec![s.url()])
     }
@@ -521,7 +526,10 @@ fn waiting_kind(imp: Impl, delay: &str) -> String {
         | Impl::ValkeyRedisNative
         | Impl::ValkeyRedisScripts
         | Impl::ValkeyFredNative
-        | Impl::ValkeyFredScripts => {
+        | Impl::ValkeyFredScripts
+        | Impl::ReplicatedRedis
+        | Impl::ReplicatedRedisWait1
+        | Impl::ReplicatedRedisNoQuarantine => {
             "acquire_within, woken by release notifications (at most max_retry_delay 1 s apart; polling at \
              the retry delay DELAY until subscribed)"
         }
@@ -1279,6 +1287,57 @@ pub(crate) fn valkey_costs(plan: &Plan) -> Res<Vec<String>> {
                 .map(|(op, us)| format!("{op} {us:.2}"))
                 .collect::<Vec<_>>()
                 .join(", ")
+        ));
+    }
+    Ok(lines)
+}
+
+/// `--replication`: what each replication variant sends per acquire + release pair, from the primary's
+/// `INFO commandstats` around `n` pairs on one fresh client (so its once-per-connection commands, the
+/// capability check's `EVAL` and the `run_id` lookup's `INFO`, appear once in `n`), less what the
+/// measurement itself sends (the same reset and read with no client in between: the test harness checks a
+/// server's identity with `INFO server` before each command).
+pub(crate) fn replication_costs(env: &Env, plan: &Plan) -> Res<Vec<String>> {
+    fn counts(info: &str) -> Vec<(String, u64)> {
+        info.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                // The replica's `REPLCONF ACK`s are not the client's.
+                if name.starts_with("config") || name == "replconf" {
+                    return None;
+                }
+                let calls = rest.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
+                Some((name.to_owned(), calls.trim().parse().ok()?))
+            })
+            .collect()
+    }
+    let (primary, _) = env.replicated.as_ref().ok_or("no replicated primary")?;
+    let n = plan.s1_iters.max(100);
+    let url = primary.url();
+    primary.try_cmd(&["CONFIG", "RESETSTAT"])?;
+    let baseline = counts(&primary.try_cmd(&["INFO", "commandstats"])?);
+    let mut lines = vec![format!(
+        "the measurement's own, subtracted below: {baseline:?}"
+    )];
+    for imp in Impl::REPLICATION {
+        primary.try_cmd(&["CONFIG", "RESETSTAT"])?;
+        on_runtime(|| async {
+            let client = Client::connect(imp, std::slice::from_ref(&url), STEADY).await?;
+            pairs(&client, &format!("bench:replication:{}", imp.name()), 0, n).await
+        })?;
+        let mut per_pair: Vec<String> = counts(&primary.try_cmd(&["INFO", "commandstats"])?)
+            .into_iter()
+            .filter_map(|(name, calls)| {
+                let own = baseline.iter().find(|(b, _)| *b == name).map_or(0, |b| b.1);
+                let calls = calls.saturating_sub(own);
+                (calls > 0).then(|| format!("{name} {calls} ({:.4}/pair)", calls as f64 / n as f64))
+            })
+            .collect();
+        per_pair.sort();
+        lines.push(format!(
+            "{}: {n} pairs: {}",
+            imp.name(),
+            per_pair.join(", ")
         ));
     }
     Ok(lines)

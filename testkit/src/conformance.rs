@@ -24,7 +24,10 @@
 //! [`notifier`](RedisNode::notifier) (a release that deletes publishes [`notify::payload`] on the key's
 //! channel, the subscription is confirmed and nothing stays subscribed after the watch is dropped), and the
 //! holder's TTL for a node whose [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports one (it must be the
-//! key's TTL, and the call must keep `acquire`'s and `acquire_fresh`'s contracts either way).
+//! key's TTL, and the call must keep `acquire`'s and `acquire_fresh`'s contracts either way), a
+//! [`run_id`](RedisNode::run_id) (non-empty, the same between calls, after a write and for another key) and
+//! [`wait_replicas`](RedisNode::wait_replicas) (a count, at once for none, fewer than asked and within about
+//! its timeout for a thousand) for a node that does not answer them [`NodeErrorKind::Unsupported`].
 
 use std::fmt;
 use std::time::Duration;
@@ -86,6 +89,7 @@ pub const CASES: &[&str] = &[
     "raise_fence_refuses_a_non_integer_counter",
     "run_id_is_stable_between_calls",
     "wait_replicas_for_none_answers_at_once",
+    "wait_replicas_for_more_than_exist_answers_a_shortfall_within_its_timeout",
     "extend_many_answers_each_item_as_extend_would",
     "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
     "a_node_that_notifies_publishes_each_release_and_unsubscribes",
@@ -658,6 +662,33 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             let again = c.ok("run_id", node.run_id(&k).await)?;
             c.ensure(again == first, || {
                 format!("run_id changed between two calls: {first} then {again}")
+            })?;
+            // A write in between and another key of the same server change nothing.
+            let t = token()?;
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            let other = c.ok("run_id", node.run_id(&c.key("other")).await)?;
+            c.ensure(other == first, || {
+                format!("run_id after a write, for another key, is {other}; before it was {first}")
+            })?;
+            c.ok("release", node.release(&k, &t).await).map(|_| ())
+        }
+        "wait_replicas_for_more_than_exist_answers_a_shortfall_within_its_timeout" => {
+            // No server has a thousand replicas: a node that claims the capability answers how many
+            // acknowledged (fewer), not an error, and within about the wait's timeout.
+            let (k, t) = (c.key("lock"), token()?);
+            c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            let wait = redlease::ReplicaWait::new(1000, Duration::from_millis(100));
+            let started = c.timer.now();
+            let acknowledged = match node.wait_replicas(&k, wait).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => c.ok("wait_replicas", other)?,
+            };
+            let took = c.timer.now().saturating_duration_since(started);
+            c.ensure(acknowledged < wait.replicas, || {
+                format!("{acknowledged} of 1000 replicas acknowledged")
+            })?;
+            c.ensure(took < Duration::from_secs(4), || {
+                format!("a 100 ms wait for replicas took {took:?}")
             })
         }
         "wait_replicas_for_none_answers_at_once" => {

@@ -35,7 +35,19 @@ pub enum Op {
     Extend,
     /// [`RedisNode::inspect`].
     Inspect,
+    /// [`RedisNode::run_id`], which the core asks after each acquisition reply when the restart quarantine
+    /// is on. Only scripted and [`always`](Faults::always) faults touch it: a real node answers it from
+    /// memory, so neither a [partition](Faults::partition) nor [random faults](Faults::random) do.
+    RunId,
+    /// [`RedisNode::wait_replicas`], which the core calls after a won acquisition and after each extension
+    /// under a [`Durability`](redlease::Durability) policy. Scripted and [`always`](Faults::always) faults
+    /// and a [partition](Faults::partition) touch it; [random faults](Faults::random) do not (seeded runs
+    /// stay as they were).
+    WaitReplicas,
 }
+
+/// How many operations [`Op`] has (the per-operation tables).
+const OPS: usize = 7;
 
 impl Op {
     /// The operation's slot in per-operation tables.
@@ -46,10 +58,16 @@ impl Op {
             Op::Release => 2,
             Op::Extend => 3,
             Op::Inspect => 4,
+            Op::RunId => 5,
+            Op::WaitReplicas => 6,
         }
     }
 
-    /// Every operation.
+    /// The optional capabilities (see [`RunId`](Self::RunId) and [`WaitReplicas`](Self::WaitReplicas)), which
+    /// [`Faults::always_all`], [`Faults::total_calls`] and [`Faults::total_applied`] leave out.
+    pub const CAPABILITIES: [Op; 2] = [Op::RunId, Op::WaitReplicas];
+
+    /// Every lease operation (not the [capabilities](Self::CAPABILITIES)).
     pub const ALL: [Op; 5] = [
         Op::Acquire,
         Op::AcquireFenced,
@@ -86,6 +104,20 @@ pub enum Fault {
     /// The caller at once gets an ambiguous I/O error (a connection reset after the request was written),
     /// but the request is still applied after this long, as with [`Late`](Self::Late).
     LateAfterError(Duration),
+    /// [`Op::RunId`] only: answer this run id instead of the inner node's (a server restarted, or a failover
+    /// to another process, as the client sees it). The inner node is not asked.
+    RunId(RunId),
+    /// [`Op::WaitReplicas`] only: answer that this many replicas acknowledged (capped at the number asked),
+    /// without asking the inner node; with fewer than asked, after the wait's timeout has passed on the
+    /// node's timer, as a server's `WAIT` does.
+    Acknowledged(u32),
+}
+
+impl Fault {
+    /// Whether this fault is an answer of its own ([`RunId`](Self::RunId), [`Acknowledged`](Self::Acknowledged)).
+    fn is_answer(&self) -> bool {
+        matches!(self, Fault::RunId(_) | Fault::Acknowledged(_))
+    }
 }
 
 /// How the requests to one node are ordered when some of them are applied [late](Fault::Late).
@@ -222,15 +254,15 @@ impl RandomFaults {
 
 #[derive(Default)]
 struct Plan {
-    scripted: [VecDeque<Fault>; 5],
-    always: [Option<Fault>; 5],
+    scripted: [VecDeque<Fault>; OPS],
+    always: [Option<Fault>; OPS],
     partitioned: bool,
     random: Option<(RandomFaults, Jitter)>,
     delivery: Delivery,
     // Per operation, by `Op::index` (arrays: a simulation counts millions of calls).
-    calls: [u64; 5],
-    applied: [u64; 5],
-    applied_after_caller_left: [u64; 5],
+    calls: [u64; OPS],
+    applied: [u64; OPS],
+    applied_after_caller_left: [u64; OPS],
     in_flight: u64,
     next_seq: u64,
     highest_applied_seq: Option<u64>,
@@ -314,7 +346,7 @@ impl Faults {
         self
     }
 
-    /// Applies `fault` to every operation.
+    /// Applies `fault` to every lease operation ([`Op::ALL`]; not the [capabilities](Op::CAPABILITIES)).
     pub fn always_all(&self, fault: Fault) -> &Self {
         for op in Op::ALL {
             self.always(op, fault.clone());
@@ -416,9 +448,11 @@ impl Faults {
         self.lock().calls[op.index()]
     }
 
-    /// Calls of every operation so far.
+    /// Calls of every lease operation so far ([`Op::ALL`]; count the [capabilities](Op::CAPABILITIES) with
+    /// [`calls`](Self::calls)).
     pub fn total_calls(&self) -> u64 {
-        self.lock().calls.iter().sum()
+        let plan = self.lock();
+        Op::ALL.iter().map(|op| plan.calls[op.index()]).sum()
     }
 
     /// Calls of `op` that reached the inner node.
@@ -426,9 +460,10 @@ impl Faults {
         self.lock().applied[op.index()]
     }
 
-    /// Calls of every operation that reached the inner node.
+    /// Calls of every lease operation that reached the inner node ([`Op::ALL`]).
     pub fn total_applied(&self) -> u64 {
-        self.lock().applied.iter().sum()
+        let plan = self.lock();
+        Op::ALL.iter().map(|op| plan.applied[op.index()]).sum()
     }
 
     /// Calls of `op` that reached the inner node after their caller had stopped waiting (it dropped the
@@ -449,6 +484,24 @@ impl Faults {
         self.lock().reordered
     }
 
+    /// The next fault of `op` if it is an [answer](Fault::is_answer) (scripted first, then `always`), taken
+    /// and the call counted; `None` (nothing taken) otherwise, or while a partition refuses `op`.
+    fn take_answer(&self, op: Op) -> Option<Fault> {
+        let mut plan = self.lock();
+        if plan.partitioned && op != Op::RunId {
+            return None;
+        }
+        let i = op.index();
+        let fault = match plan.scripted[i].front() {
+            Some(f) if f.is_answer() => plan.scripted[i].pop_front(),
+            Some(_) => None,
+            None => plan.always[i].clone().filter(Fault::is_answer),
+        }?;
+        plan.calls[i] += 1;
+        plan.next_seq += 1;
+        Some(fault)
+    }
+
     /// The fault for the next call of `op`, its pre-send latency, the delivery and the call's sequence number.
     fn next(&self, op: Op) -> (Option<Fault>, Duration, Delivery, u64) {
         let mut plan = self.lock();
@@ -456,7 +509,7 @@ impl Faults {
         plan.next_seq += 1;
         let seq = plan.next_seq;
         let delivery = plan.delivery;
-        if plan.partitioned {
+        if plan.partitioned && op != Op::RunId {
             return (
                 Some(Fault::Fail(NodeErrorKind::Connection)),
                 Duration::ZERO,
@@ -470,7 +523,11 @@ impl Faults {
         if let Some(fault) = &plan.always[op.index()] {
             return (Some(fault.clone()), Duration::ZERO, delivery, seq);
         }
-        if let Some((random, rng)) = &mut plan.random {
+        if let Some((random, rng)) = plan
+            .random
+            .as_mut()
+            .filter(|_| !Op::CAPABILITIES.contains(&op))
+        {
             let latency = random.max_latency.mul_f64(rng.next_unit());
             let roll = rng.next_unit();
             let late = random.max_late.mul_f64(rng.next_unit());
@@ -854,6 +911,14 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
                 result
             }
             Some(Fault::Late(d)) => self.deliver(call, d, inline, detach).await,
+            Some(answer @ (Fault::RunId(_) | Fault::Acknowledged(_))) => {
+                Err(NodeError::not_applied(
+                    NodeErrorKind::Other,
+                    format!(
+                        "FaultyNode: {answer:?} is an answer of Op::RunId or Op::WaitReplicas, scripted for {op:?}"
+                    ),
+                ))
+            }
             Some(Fault::LateAfterError(d)) => {
                 // The receiver is dropped at once: the caller has left before the request lands.
                 drop(self.route(call, d.max(Duration::from_nanos(1)), detach)?);
@@ -1009,16 +1074,39 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
         self.inner.raise_fence(fence_key, at_least).await
     }
 
-    /// Forwarded without faults: a node answers it from memory (see [`RedisNode::run_id`]), and only after
-    /// an acquisition reply arrived.
+    /// Faulted as [`Op::RunId`]: scripted and `always` faults only (a real node answers from memory, so no
+    /// partition or random fault), [`Fault::RunId`] to report a changed server.
     async fn run_id(&self, key: &str) -> Result<RunId, NodeError> {
-        self.inner.run_id(key).await
+        if let Some(Fault::RunId(id)) = self.faults.take_answer(Op::RunId) {
+            return Ok(id);
+        }
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<RunId>> {
+            let key = key.to_owned();
+            Box::pin(async move { n.run_id(&key).await })
+        };
+        self.run(Op::RunId, self.inner.run_id(key), detach).await
     }
 
-    /// Forwarded without faults (test replica failures against real servers, or with
-    /// [`MemoryNode::set_replicas`](crate::MemoryNode::set_replicas)).
+    /// Faulted as [`Op::WaitReplicas`]: scripted and `always` faults and a partition (no random faults),
+    /// [`Fault::Acknowledged`] for a shortfall. Without one it is the inner node's answer (for a
+    /// [`MemoryNode`](crate::MemoryNode), see [`set_replicas`](crate::MemoryNode::set_replicas)).
     async fn wait_replicas(&self, key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
-        self.inner.wait_replicas(key, wait).await
+        if let Some(Fault::Acknowledged(n)) = self.faults.take_answer(Op::WaitReplicas) {
+            if n < wait.replicas {
+                sleep_on(&*self.timer, wait.timeout).await;
+            }
+            return Ok(n.min(wait.replicas));
+        }
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<u32>> {
+            let key = key.to_owned();
+            Box::pin(async move { n.wait_replicas(&key, wait).await })
+        };
+        self.run(
+            Op::WaitReplicas,
+            self.inner.wait_replicas(key, wait),
+            detach,
+        )
+        .await
     }
 }
 
@@ -1026,6 +1114,48 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn capability_faults_answer_for_their_operation_only_and_random_faults_leave_them_alone() {
+        use crate::{MemoryNode, block_on};
+        let memory = MemoryNode::new();
+        memory.set_replicas(Some(1));
+        let (node, faults) = FaultyNode::new(memory, redlease::SystemTimer);
+        let real = block_on(node.run_id("k")).unwrap();
+        faults.script(Op::RunId, [Fault::RunId(RunId::new("other"))]);
+        assert_eq!(block_on(node.run_id("k")).unwrap().as_str(), "other");
+        assert_eq!(
+            block_on(node.run_id("k")).unwrap(),
+            real,
+            "the script ran out"
+        );
+        // A partition refuses the wait (a network call), not the run id (answered from memory).
+        faults.partition();
+        assert_eq!(block_on(node.run_id("k")).unwrap(), real);
+        let wait = ReplicaWait::new(1, Duration::from_millis(1));
+        let err = block_on(node.wait_replicas("k", wait)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Connection);
+        faults.heal();
+        faults.always(Op::WaitReplicas, Fault::Acknowledged(0));
+        assert_eq!(block_on(node.wait_replicas("k", wait)).unwrap(), 0);
+        faults.clear();
+        assert_eq!(block_on(node.wait_replicas("k", wait)).unwrap(), 1);
+        // An answer scripted for another operation is a clear error, not a silent pass.
+        faults.script(Op::Release, [Fault::Acknowledged(1)]);
+        let token = Token::random().unwrap();
+        let err = block_on(node.release("k", &token)).unwrap_err();
+        assert!(err.message().contains("scripted for Release"), "{err}");
+        // Random faults never touch the capabilities (and draw nothing for them).
+        faults.random(RandomFaults::new(1, 1.0, 0.0, 0.0, Duration::ZERO));
+        assert_eq!(block_on(node.run_id("k")).unwrap(), real);
+        assert_eq!(block_on(node.wait_replicas("k", wait)).unwrap(), 1);
+        assert_eq!(faults.calls(Op::RunId), 5);
+        assert_eq!(
+            faults.total_calls(),
+            1,
+            "the capabilities are not lease calls"
+        );
+    }
 
     #[test]
     fn hostile_faults_draw_every_kind_at_about_its_probability() {

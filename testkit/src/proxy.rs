@@ -41,6 +41,8 @@ pub enum ProxyMode {
 
 struct Shared {
     mode: Mutex<ProxyMode>,
+    /// Where new connections go.
+    upstream: Mutex<SocketAddr>,
     /// The mode after [`ProxyMode::LoseNextReply`] lost its reply.
     after_lost_reply: Mutex<ProxyMode>,
     /// Request chunks swallowed by [`ProxyMode::Blackhole`].
@@ -60,6 +62,9 @@ struct Shared {
 impl Shared {
     fn mode(&self) -> ProxyMode {
         *self.mode.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn upstream(&self) -> SocketAddr {
+        *self.upstream.lock().unwrap_or_else(|p| p.into_inner())
     }
     fn streams(&self) -> MutexGuard<'_, Vec<TcpStream>> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
@@ -82,7 +87,6 @@ impl Shared {
 /// A running proxy from a free loopback port to `upstream`. Stops (closing every connection) on drop.
 pub struct FaultProxy {
     addr: SocketAddr,
-    upstream: SocketAddr,
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
 }
@@ -91,7 +95,7 @@ impl std::fmt::Debug for FaultProxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultProxy")
             .field("addr", &self.addr)
-            .field("upstream", &self.upstream)
+            .field("upstream", &self.shared.upstream())
             .field("mode", &self.shared.mode())
             .finish()
     }
@@ -107,6 +111,7 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             mode: Mutex::new(ProxyMode::Forward),
+            upstream: Mutex::new(upstream),
             after_lost_reply: Mutex::new(ProxyMode::Forward),
             swallowed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
@@ -121,11 +126,10 @@ impl FaultProxy {
             let shared = Arc::clone(&shared);
             std::thread::Builder::new()
                 .name("redlease-proxy-accept".into())
-                .spawn(move || accept_loop(listener, upstream, shared))?
+                .spawn(move || accept_loop(listener, shared))?
         };
         Ok(Self {
             addr,
-            upstream,
             shared,
             acceptor: Some(acceptor),
         })
@@ -186,6 +190,23 @@ impl FaultProxy {
         self.shared.mode()
     }
 
+    /// Sends new connections to `upstream` from now on and closes the open ones: what a load balancer or a
+    /// floating address in front of a failover (or of a server replaced by another) does. The client sees
+    /// its connection close, and whatever it reconnects to through the proxy is the new server.
+    pub fn retarget(&self, upstream: SocketAddr) {
+        *self
+            .shared
+            .upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = upstream;
+        self.reset();
+    }
+
+    /// The server new connections go to.
+    pub fn upstream(&self) -> SocketAddr {
+        self.shared.upstream()
+    }
+
     /// Closes every open connection (client and server side). New connections are still accepted.
     pub fn reset(&self) {
         for s in self.shared.streams().drain(..) {
@@ -224,7 +245,7 @@ impl Drop for FaultProxy {
     }
 }
 
-fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>) {
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     for client in listener.incoming() {
         if shared.stop.load(Ordering::SeqCst) {
             return;
@@ -236,7 +257,8 @@ fn accept_loop(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>)
             let _ = client.shutdown(Shutdown::Both);
             continue;
         }
-        let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(2)) else {
+        let Ok(server) = TcpStream::connect_timeout(&shared.upstream(), Duration::from_secs(2))
+        else {
             let _ = client.shutdown(Shutdown::Both);
             continue;
         };
@@ -480,6 +502,47 @@ mod tests {
         assert_eq!(proxy.accepted(), 2);
     }
 
+    /// A server that answers every read with `tag`.
+    fn tagged(tag: &'static [u8]) -> SocketAddr {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let addr = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n) = stream.read(&mut buf) {
+                        if n == 0 || stream.write_all(tag).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn retarget_closes_open_connections_and_sends_new_ones_to_the_new_server() {
+        let (a, b) = (tagged(b"A"), tagged(b"B"));
+        let proxy = FaultProxy::start(a).unwrap();
+        let mut c = TcpStream::connect(proxy.addr()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert_eq!(roundtrip(&mut c, b"x").unwrap(), b"A");
+        proxy.retarget(b);
+        assert_eq!(proxy.upstream(), b);
+        let mut buf = [0u8; 1];
+        assert!(
+            matches!(c.read(&mut buf), Ok(0) | Err(_)),
+            "the open connection is closed"
+        );
+        let mut fresh = TcpStream::connect(proxy.addr()).unwrap();
+        fresh
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        assert_eq!(roundtrip(&mut fresh, b"x").unwrap(), b"B");
+    }
+
     #[test]
     fn lose_next_reply_loses_exactly_one_reply_then_switches_mode() {
         let proxy = FaultProxy::start(echo()).unwrap();
@@ -556,6 +619,7 @@ mod tests {
         assert_eq!(frame_len(b"$-1\r\n+OK\r\n"), Some(5));
         let shared = Shared {
             mode: Mutex::new(ProxyMode::Forward),
+            upstream: Mutex::new(SocketAddr::from(([127, 0, 0, 1], 1))),
             after_lost_reply: Mutex::new(ProxyMode::Forward),
             swallowed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),

@@ -2,9 +2,11 @@
 //! Sentinels (`<server> sentinel.conf --sentinel`), each a [`RedisServer`] of its own — free ports, checked
 //! by process id before use, killed with the test process however it ends (see [`crate::server`]).
 //!
-//! The Sentinels watch the primary with a quorum of 2, [`SentinelSet::DOWN_AFTER`] and
-//! [`SentinelSet::FAILOVER_TIMEOUT`], so that after [`SentinelSet::kill_primary`] the replica is promoted
-//! within a few seconds. The replica replicates through a [`FaultProxy`]
+//! The Sentinels watch the primary with a quorum of 2 and [`SentinelSet::DOWN_AFTER`], so that after
+//! [`SentinelSet::kill_primary`] the replica is promoted within a few seconds (a short
+//! [`TILT_PERIOD`](SentinelSet::TILT_PERIOD) for a starved machine, and a forced failover after
+//! [`FORCE_AFTER`](SentinelSet::FORCE_AFTER) if none started). Redis 7.0 or Valkey (whose `valkey-server`
+//! runs as a Sentinel with `--sentinel` too). The replica replicates through a [`FaultProxy`]
 //! ([`replication_link`](SentinelSet::replication_link)), so a test decides which writes reach it:
 //! [`ProxyMode::DropReplies`](crate::proxy::ProxyMode::DropReplies) throws the replication stream away
 //! while the replica's acknowledgements still reach the primary (whose `WAIT` then counts 0), without the
@@ -40,6 +42,8 @@ pub struct SentinelSet {
     replica: RedisServer,
     link: FaultProxy,
     sentinels: Vec<RedisServer>,
+    /// When [`kill_primary`](Self::kill_primary) killed the primary.
+    killed_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for SentinelSet {
@@ -62,8 +66,21 @@ impl SentinelSet {
     /// `down-after-milliseconds`: how long the primary must not answer before a Sentinel calls it down. Long
     /// enough that a loaded machine does not fail over by mistake.
     pub const DOWN_AFTER: Duration = Duration::from_millis(1000);
-    /// `failover-timeout`: also how soon a Sentinel retries a failover whose election failed (twice this).
-    pub const FAILOVER_TIMEOUT: Duration = Duration::from_millis(2000);
+    /// `failover-timeout`. Long, because it is also how long a Sentinel waits before it "fixes" a replica
+    /// that replicates from another address than the primary's (the replica here replicates through the
+    /// [`replication_link`](Self::replication_link)): after that the replica would bypass the proxy, and a
+    /// test that drops its replication stream would drop nothing. The price: a failed election is retried
+    /// only after twice this, so [`wait_for_failover`](Self::wait_for_failover) forces one instead.
+    pub const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
+    /// How long a Sentinel stays in TILT mode (`SENTINEL DEBUG tilt-period`; the default is 30 s). A Sentinel
+    /// whose timer ran more than 2 s late (a starved machine) enters TILT and neither calls the primary down
+    /// nor fails over meanwhile; it still pings, so after a short TILT its view of the servers is fresh.
+    pub const TILT_PERIOD: Duration = Duration::from_millis(1000);
+    /// When [`wait_for_failover`](Self::wait_for_failover) forces a failover (`SENTINEL FAILOVER`) if none is
+    /// in progress: [`DOWN_AFTER`](Self::DOWN_AFTER) after the kill the primary is called down, and an
+    /// election normally ends within a second; five more seconds of margin. (A failover in progress is left
+    /// alone: a stuck election ends after 10 s, and then one is forced.)
+    pub const FORCE_AFTER: Duration = Duration::from_secs(6);
 
     /// Starts the primary (`flavor`), the replica (through the proxy) and, once the replica is online, the
     /// three Sentinels; returns when every Sentinel knows the replica and the two other Sentinels. Panics
@@ -96,7 +113,7 @@ impl SentinelSet {
             down = Self::DOWN_AFTER.as_millis(),
             failover = Self::FAILOVER_TIMEOUT.as_millis(),
         );
-        let sentinels = thread::scope(|s| {
+        let sentinels: Vec<RedisServer> = thread::scope(|s| {
             let handles: Vec<_> = (0..Self::SENTINELS)
                 .map(|_| s.spawn(|| RedisServer::start_sentinel_process(sentinel_flavor, &conf)))
                 .collect();
@@ -108,11 +125,26 @@ impl SentinelSet {
                 })
                 .collect()
         });
+        for sentinel in &sentinels {
+            // Redis 7.0+ and Valkey have `SENTINEL DEBUG`; without it the default 30 s TILT applies. `INFO`
+            // every second (the default is 10 s until the primary is agreed down) keeps the replica's state
+            // fresh enough for a forced failover (see `wait_for_failover`), which refuses a replica whose last
+            // `INFO` is older than 5 s.
+            let _ = sentinel.try_cmd(&[
+                "SENTINEL",
+                "DEBUG",
+                "tilt-period",
+                &Self::TILT_PERIOD.as_millis().to_string(),
+                "info-period",
+                "1000",
+            ]);
+        }
         let set = SentinelSet {
             primary,
             replica,
             link,
             sentinels,
+            killed_at: None,
         };
         set.wait_ready(Duration::from_secs(20));
         set
@@ -219,15 +251,35 @@ impl SentinelSet {
         ports.all(|p| p == Some(first)).then_some(first)
     }
 
-    /// Waits until the primary has acknowledged replication of everything written so far (`WAIT 1`).
+    /// Waits until the replica has applied everything written to the primary so far: its replication offset
+    /// (`slave_repl_offset`) reaches the primary's (`master_repl_offset`, read first).
+    ///
+    /// Not `WAIT 1` from a connection of its own: `WAIT` counts its own connection's writes, and where a
+    /// connection that wrote nothing waits for nothing (Valkey; Redis 7.2+) it would answer 1 at once.
     ///
     /// # Errors
-    /// When the replica did not acknowledge within `timeout`.
+    /// When the replica had not caught up within `timeout` (both offsets in the message).
     pub fn wait_replicated(&self, timeout: Duration) -> Result<(), String> {
-        let millis = timeout.as_millis().max(1).to_string();
-        match self.primary.try_cmd(&["WAIT", "1", &millis])?.as_str() {
-            "1" => Ok(()),
-            n => Err(format!("WAIT 1 {millis}: {n} replicas acknowledged")),
+        fn offset(server: &RedisServer, field: &str) -> Result<u64, String> {
+            let info = server.try_cmd(&["INFO", "replication"])?;
+            info.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.trim().parse().ok())
+                .ok_or_else(|| format!("no {field} in INFO replication on port {}", server.port()))
+        }
+        let target = offset(&self.primary, "master_repl_offset")?;
+        let until = Instant::now() + timeout;
+        loop {
+            let reached = offset(&self.replica, "slave_repl_offset")?;
+            if reached >= target {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(format!(
+                    "the replica reached offset {reached} of the primary's {target} within {timeout:?}"
+                ));
+            }
+            thread::sleep(Duration::from_millis(10));
         }
     }
 
@@ -235,21 +287,75 @@ impl SentinelSet {
     /// and an election.
     pub fn kill_primary(&mut self) {
         self.primary.kill();
+        self.killed_at = Some(Instant::now());
+    }
+
+    /// Whether any Sentinel is failing over now (`failover_in_progress` in its flags).
+    fn failover_in_progress(&self) -> bool {
+        self.sentinels.iter().any(|s| {
+            Self::field(&Self::master_state(s), "flags")
+                .is_some_and(|f| f.contains("failover_in_progress"))
+        })
+    }
+
+    /// Each Sentinel's TILT state (`INFO sentinel`), for messages.
+    fn tilt_states(&self) -> Vec<String> {
+        self.sentinels
+            .iter()
+            .map(|s| {
+                let info = s.try_cmd(&["INFO", "sentinel"]).unwrap_or_default();
+                let tilt = info
+                    .lines()
+                    .filter(|l| l.starts_with("sentinel_tilt"))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                format!("{}: {tilt}", s.port())
+            })
+            .collect()
     }
 
     /// Waits until every Sentinel names the replica as the primary and the replica says it is one (`ROLE`);
-    /// returns how long that took. (A Sentinel whose timer ran more than 2 s late — a starved machine — stays
-    /// in TILT mode for 30 s and does not fail over meanwhile: give `timeout` room for that.)
+    /// returns how long that took.
+    ///
+    /// If no Sentinel has started a failover [`FORCE_AFTER`](Self::FORCE_AFTER) after
+    /// [`kill_primary`](Self::kill_primary) (on a loaded machine elections can fail in a row, or a starved
+    /// Sentinel sits in TILT for [`TILT_PERIOD`](Self::TILT_PERIOD)), it forces one with `SENTINEL FAILOVER`
+    /// (no agreement needed; the others follow the new configuration) and says so on stderr. What the
+    /// clients see is the same: the replica is promoted while the old primary is dead.
     ///
     /// # Errors
-    /// What the Sentinels and the replica said last, after `timeout`.
+    /// What the Sentinels (their TILT state and logs) and the replica said last, after `timeout`.
     pub fn wait_for_failover(&self, timeout: Duration) -> Result<Duration, String> {
         let started = Instant::now();
+        let mut forced = false;
         loop {
             let reported = self.reported_primary();
             let role = self.replica.try_cmd(&["ROLE"]).unwrap_or_default();
             if reported == Some(self.replica.port()) && role.starts_with("master") {
                 return Ok(started.elapsed());
+            }
+            let since_kill = self.killed_at.map(|at| at.elapsed());
+            if !forced
+                && since_kill.is_some_and(|d| d >= Self::FORCE_AFTER)
+                && !role.starts_with("master")
+                && !self.failover_in_progress()
+            {
+                forced = true;
+                // One Sentinel fails over (the first that accepts); the others follow its new epoch.
+                let mut answers = Vec::new();
+                for sentinel in &self.sentinels {
+                    match sentinel.try_cmd(&["SENTINEL", "FAILOVER", Self::MASTER_NAME]) {
+                        Ok(ok) => {
+                            answers.push(format!("{}: {ok}", sentinel.port()));
+                            break;
+                        }
+                        Err(e) => answers.push(format!("{}: {e}", sentinel.port())),
+                    }
+                }
+                eprintln!(
+                    "sentinel: no failover {since_kill:?} after the kill; forced one ({answers:?}; TILT: {:?})",
+                    self.tilt_states()
+                );
             }
             if started.elapsed() >= timeout {
                 let logs: Vec<String> = self
@@ -259,8 +365,9 @@ impl SentinelSet {
                     .collect();
                 return Err(format!(
                     "no failover within {timeout:?}: the sentinels report {reported:?} (replica {}), its ROLE \
-                     {role:?}\n{}",
+                     {role:?}, TILT {:?}\n{}",
                     self.replica.port(),
+                    self.tilt_states(),
                     logs.join("\n")
                 ));
             }
@@ -276,14 +383,26 @@ mod tests {
     use super::*;
     use crate::proxy::ProxyMode;
 
-    /// The set fails over, and the replication link decides what the promoted replica has.
-    #[test]
-    fn a_killed_primary_is_replaced_by_the_replica_with_what_reached_it() {
-        let test = "a_killed_primary_is_replaced_by_the_replica_with_what_reached_it";
-        let Some(mut set) = SentinelSet::start_or_skip(test, Flavor::Redis) else {
+    /// The set fails over, and the replication link decides what the promoted replica has; its Sentinels
+    /// leave TILT after [`SentinelSet::TILT_PERIOD`].
+    fn a_killed_primary_is_replaced_by_the_replica_with_what_reached_it(flavor: Flavor) {
+        let test =
+            format!("a_killed_primary_is_replaced_by_the_replica_with_what_reached_it ({flavor})");
+        let Some(mut set) = SentinelSet::start_or_skip(&test, flavor) else {
             return;
         };
+        for sentinel in set.sentinels() {
+            let debug = sentinel.cmd(&["SENTINEL", "DEBUG"]);
+            let period = SentinelSet::TILT_PERIOD.as_millis().to_string();
+            assert!(debug.contains(&format!("TILT-PERIOD\n{period}")), "{debug}");
+        }
         assert_eq!(set.reported_primary(), Some(set.primary().port()));
+        // The Sentinels leave the replica on the link (they "fix" a replica of another address after the
+        // failover timeout; with a 2 s one and INFO every second it bypassed the proxy within 3 s).
+        thread::sleep(Duration::from_secs(3));
+        let link_port = format!("master_port:{}", set.replication_link().addr().port());
+        let info = set.replica().cmd(&["INFO", "replication"]);
+        assert!(info.lines().any(|l| l.trim() == link_port), "{info}");
         set.primary().cmd(&["SET", "replicated", "1"]);
         set.wait_replicated(Duration::from_secs(5)).unwrap();
         set.replication_link().set_mode(ProxyMode::DropReplies);
@@ -295,5 +414,32 @@ mod tests {
         assert_eq!(set.replica().cmd(&["GET", "replicated"]), "1");
         assert_eq!(set.replica().cmd(&["GET", "lost"]), "");
         assert_eq!(set.replica().cmd(&["SET", "after", "1"]), "OK");
+    }
+
+    /// Sentinels that can never agree the primary is down (a quorum of 4 of 3): `wait_for_failover` forces
+    /// the failover `FORCE_AFTER` the kill.
+    #[test]
+    fn a_failover_that_does_not_start_by_itself_is_forced() {
+        let test = "a_failover_that_does_not_start_by_itself_is_forced";
+        let Some(mut set) = SentinelSet::start_or_skip(test, Flavor::Redis) else {
+            return;
+        };
+        for sentinel in set.sentinels() {
+            sentinel.cmd(&["SENTINEL", "SET", SentinelSet::MASTER_NAME, "quorum", "4"]);
+        }
+        set.kill_primary();
+        let took = set.wait_for_failover(Duration::from_secs(30)).unwrap();
+        assert!(took >= SentinelSet::FORCE_AFTER, "{took:?}");
+        assert_eq!(set.replica().cmd(&["SET", "after", "1"]), "OK");
+    }
+
+    #[test]
+    fn a_killed_redis_7_0_primary_is_replaced_by_the_replica_with_what_reached_it() {
+        a_killed_primary_is_replaced_by_the_replica_with_what_reached_it(Flavor::Redis);
+    }
+
+    #[test]
+    fn a_killed_valkey_9_1_primary_is_replaced_by_the_replica_with_what_reached_it() {
+        a_killed_primary_is_replaced_by_the_replica_with_what_reached_it(Flavor::Valkey91);
     }
 }

@@ -3,8 +3,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use redlease::notify::Notifier;
-use redlease::{Claim, KeyState, NodeError, RedisNode, SystemTimer, Token, Ttl, async_trait};
-use redlease_testkit::{MemoryNode, Sim, block_on, conformance};
+use redlease::{
+    Claim, KeyState, NodeError, RedisNode, ReplicaWait, RunId, SystemTimer, Token, Ttl, async_trait,
+};
+use redlease_testkit::{FaultyNode, MemoryNode, Op, Sim, block_on, conformance};
 
 #[test]
 fn memory_node_passes_on_virtual_time() {
@@ -17,6 +19,22 @@ fn memory_node_passes_on_virtual_time() {
     for key in node.keys_without_ttl() {
         assert!(key.ends_with(":fence"), "{key}");
     }
+}
+
+/// The capability cases run where a node claims them: a memory node with replicas, also behind a fault
+/// wrapper that forwards `run_id` and `wait_replicas`.
+#[test]
+fn memory_node_with_replicas_passes_also_behind_a_fault_wrapper() {
+    let mut sim = Sim::new(3);
+    let clock = sim.clock();
+    let node = MemoryNode::with_timer(clock.clone());
+    node.set_replicas(Some(2));
+    sim.block_on(async { conformance::run(&node, &clock).await })
+        .unwrap();
+    let (faulty, faults) = FaultyNode::new(node, clock.clone());
+    sim.block_on(async { conformance::run(&faulty, &clock).await })
+        .unwrap();
+    assert!(faults.calls(Op::RunId) >= 3 && faults.calls(Op::WaitReplicas) >= 2);
 }
 
 #[test]
@@ -88,6 +106,18 @@ impl RedisNode for Broken {
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
         self.inner.inspect(key).await
     }
+    async fn run_id(&self, key: &str) -> Result<RunId, NodeError> {
+        if self.bug == "run_id depends on the key" {
+            return Ok(RunId::new(key));
+        }
+        self.inner.run_id(key).await
+    }
+    async fn wait_replicas(&self, key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
+        if self.bug == "wait_replicas answers the number asked" {
+            return Ok(wait.replicas);
+        }
+        self.inner.wait_replicas(key, wait).await
+    }
 }
 
 #[test]
@@ -110,6 +140,14 @@ fn suite_catches_broken_nodes() {
             "acquire_or_ttl reports the TTL asked for",
             "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
         ),
+        (
+            "run_id depends on the key",
+            "run_id_is_stable_between_calls",
+        ),
+        (
+            "wait_replicas answers the number asked",
+            "wait_replicas_for_more_than_exist_answers_a_shortfall_within_its_timeout",
+        ),
     ] {
         let mut sim = Sim::new(2);
         let clock = sim.clock();
@@ -117,6 +155,7 @@ fn suite_catches_broken_nodes() {
             inner: MemoryNode::with_timer(clock.clone()),
             bug,
         };
+        node.inner.set_replicas(Some(2));
         let failure = sim
             .block_on(async { conformance::run(&node, &clock).await })
             .unwrap_err();

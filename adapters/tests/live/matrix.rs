@@ -8,9 +8,10 @@ use std::time::Duration;
 use redlease::{LockManager, NodeErrorKind, RedisNode, SystemTimer, Token, Ttl};
 use redlease_adapters::Commands;
 use redlease_adapters::fred::FredNode;
-use redlease_adapters::fred::fred::prelude::ClientLike;
+use redlease_adapters::fred::fred::prelude::{ClientLike, EventInterface};
 use redlease_adapters::redis::{ManagedNode, redis};
 use redlease_testkit::conformance;
+use redlease_testkit::proxy::FaultProxy;
 use redlease_testkit::server::{Flavor, RedisServer};
 
 use crate::common::{self, ALL_BACKENDS, Backend, first_node_error, on_servers};
@@ -314,6 +315,122 @@ async fn the_path_is_chosen_again_after_the_server_is_replaced_by_another_binary
             );
             eprintln!("matrix: {what}: paths chosen anew after the restart ({caps:?})");
         }
+    }
+}
+
+/// A server replaced behind one address (a load balancer or floating address in front of a failover, here
+/// a [`FaultProxy`] retargeted from Valkey 9.1 to Redis 7.0) by clients that reconnect in the background,
+/// so that no call fails in between: a RESP3 `ConnectionManager` and fred clients (with and without
+/// fail-fast). Their next `run_id` is the new server's (the restart quarantine depends on it), and the next
+/// lease checks the new server's capabilities (Redis 7.0 has no `DELIFEQ`) instead of sending what the old
+/// one offered. A RESP3 manager given to `ManagedNode::new` is not watched: there the first refused native
+/// command (`SET … IFEQ`, `DELIFEQ`) makes the node check again, and the lease still extends and releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_replaced_behind_one_address_is_checked_again_without_a_failed_call() {
+    let test = "a_server_replaced_behind_one_address_is_checked_again_without_a_failed_call";
+    let Some(valkey) = RedisServer::start_flavor_or_skip(test, Flavor::Valkey91, &[]) else {
+        return;
+    };
+    let Some(redis) = RedisServer::start_flavor_or_skip(test, Flavor::Redis, &[]) else {
+        return;
+    };
+    let proxy = FaultProxy::start(valkey.addr().parse().unwrap()).unwrap();
+    let resp3 = redis::Client::open(format!("{}?protocol=resp3", proxy.url())).unwrap();
+    let managed = ManagedNode::connect(&resp3).await.unwrap();
+    // Built by the user: no watch for the background reconnection; the refused DELIFEQ / SET IFEQ tell.
+    let unwatched = ManagedNode::new(resp3.get_connection_manager().await.unwrap());
+    let fred_default = common::fred_client(&proxy.url());
+    fred_default.init().await.unwrap();
+    let fred_waiting = common::fred_client(&proxy.url());
+    fred_waiting.init().await.unwrap();
+    let mut reconnects = [fred_default.reconnect_rx(), fred_waiting.reconnect_rx()];
+    let fred_default = FredNode::new(fred_default);
+    let fred_waiting = FredNode::new(fred_waiting).with_fail_fast(false);
+    let nodes: [(&str, Arc<dyn RedisNode>); 4] = [
+        ("redis-rs manager (RESP3)", Arc::new(managed.clone())),
+        ("fred client", Arc::new(fred_default.clone())),
+        (
+            "fred client without fail-fast",
+            Arc::new(fred_waiting.clone()),
+        ),
+        (
+            "redis-rs manager (RESP3) given to new",
+            Arc::new(unwatched.clone()),
+        ),
+    ];
+    let caps = |i: usize| match i {
+        0 => managed.capabilities(),
+        1 => fred_default.capabilities(),
+        2 => fred_waiting.capabilities(),
+        _ => unwatched.capabilities(),
+    };
+    let cycle = |node: Arc<dyn RedisNode>, k: String| async move {
+        let manager = LockManager::single(node, common::config(Duration::from_secs(10))).unwrap();
+        let lease = manager.lock(&k).try_acquire().await?;
+        lease.extend(Duration::from_secs(20)).await?;
+        lease.release().await
+    };
+    for (i, (name, node)) in nodes.iter().enumerate() {
+        cycle(Arc::clone(node), format!("replaced:{{{name}}}:before"))
+            .await
+            .unwrap_or_else(|e| panic!("{name} on valkey 9.1: {}", common::chain(&e)));
+        assert!(
+            caps(i).unwrap().native_release(),
+            "{name}: DELIFEQ on valkey 9.1"
+        );
+        assert_eq!(
+            node.run_id("k").await.unwrap().as_str(),
+            valkey.run_id().unwrap(),
+            "{name}"
+        );
+    }
+    let accepted = proxy.accepted();
+    proxy.retarget(redis.addr().parse().unwrap());
+    // Wait for the background reconnections (bounded): four new connections through the proxy, and fred's
+    // announcements of its two.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while proxy.accepted() < accepted + 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the clients never reconnected by themselves"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for rx in &mut reconnects {
+        tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("fred announces its reconnection")
+            .unwrap();
+    }
+    for (i, (name, node)) in nodes.iter().enumerate() {
+        let watched = i < 3;
+        if !watched {
+            // The extension's SET IFEQ and the release's DELIFEQ are refused as unknown (nothing changed):
+            // the node forgets what it learned and goes again by the path a new check finds.
+            cycle(Arc::clone(node), format!("replaced:{{{name}}}:after"))
+                .await
+                .unwrap_or_else(|e| panic!("{name} on redis 7.0: {}", common::chain(&e)));
+        }
+        let id = node
+            .run_id("k")
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            id.as_str(),
+            redis.run_id().unwrap(),
+            "{name}: reported the replaced server's run_id"
+        );
+        cycle(Arc::clone(node), format!("replaced:{{{name}}}:after:2"))
+            .await
+            .unwrap_or_else(|e| panic!("{name} on redis 7.0: {}", common::chain(&e)));
+        let caps = caps(i).unwrap();
+        assert!(
+            !caps.native_release(),
+            "{name}: checked again on redis 7.0: {caps:?}"
+        );
+        eprintln!(
+            "matrix: {name}: valkey 9.1 replaced by redis 7.0 behind one address, checked again"
+        );
     }
 }
 

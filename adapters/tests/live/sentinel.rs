@@ -1,6 +1,7 @@
 //! Sentinel on real processes (`redlease_testkit::sentinel::SentinelSet`: a primary, a replica behind a fault
-//! proxy, three Sentinels): the Sentinel nodes of both adapters pass the conformance suite before and after a
-//! failover, and a fenced lease held and renewing while the primary is killed and the replica promoted.
+//! proxy, three Sentinels), on Redis 7.0 and on Valkey 9.1: the Sentinel nodes of both adapters pass the
+//! conformance suite before and after a failover, and a fenced lease held and renewing while the primary is
+//! killed and the replica promoted.
 //!
 //! Replication is controlled, not raced: the replica's link is switched to
 //! [`ProxyMode::DropReplies`] (the replication stream is thrown away, the replica's acknowledgements still
@@ -101,8 +102,18 @@ async fn retry<T, E: std::fmt::Debug, F: std::future::Future<Output = Result<T, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_nodes_pass_the_conformance_suite_before_and_after_a_failover() {
-    let test = "sentinel_nodes_pass_the_conformance_suite_before_and_after_a_failover";
-    let Some(mut set) = SentinelSet::start_or_skip(test, Flavor::Redis) else {
+    conformance_before_and_after_a_failover(Flavor::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_nodes_pass_the_conformance_suite_before_and_after_a_failover_valkey_9_1() {
+    conformance_before_and_after_a_failover(Flavor::Valkey91).await;
+}
+
+async fn conformance_before_and_after_a_failover(flavor: Flavor) {
+    let test =
+        format!("sentinel_nodes_pass_the_conformance_suite_before_and_after_a_failover ({flavor})");
+    let Some(mut set) = SentinelSet::start_or_skip(&test, flavor) else {
         return;
     };
     let nodes = [
@@ -122,7 +133,7 @@ async fn sentinel_nodes_pass_the_conformance_suite_before_and_after_a_failover()
             node.endpoint()
         );
         if let Err(failure) = conformance::run_with_reader(&**node, &before, &SystemTimer).await {
-            panic!("{adapter:?} before the failover: {failure}");
+            panic!("{flavor} {adapter:?} before the failover: {failure}");
         }
     }
     assert_eq!(nodes[0].1.endpoint(), nodes[1].1.endpoint());
@@ -147,7 +158,7 @@ async fn sentinel_nodes_pass_the_conformance_suite_before_and_after_a_failover()
         .await;
         assert_ne!(id.as_str(), old_run_id);
         if let Err(failure) = conformance::run_with_reader(&**node, &after, &SystemTimer).await {
-            panic!("{adapter:?} after the failover: {failure}");
+            panic!("{flavor} {adapter:?} after the failover: {failure}");
         }
     }
 }
@@ -182,9 +193,10 @@ impl Observer for Watch {
 
 const TTL: Duration = Duration::from_secs(8);
 const RENEW: Duration = Duration::from_millis(250);
-/// A bound, not an expectation (a failover takes about 2-3 s): a Sentinel starved for 2 s stays in TILT mode
-/// for 30 s without acting.
-const FAILOVER: Duration = Duration::from_secs(60);
+/// A bound, not an expectation (a failover takes about 2-3 s): the set's Sentinels leave TILT mode (entered
+/// when starved for 2 s) after `SentinelSet::TILT_PERIOD`, and the set forces a failover
+/// `SentinelSet::FORCE_AFTER` the kill if none has started (several failed elections on a loaded machine).
+const FAILOVER: Duration = Duration::from_secs(30);
 
 fn managers(
     a: Arc<dyn RedisNode>,
@@ -225,9 +237,10 @@ async fn acquire_renewing(manager: &LockManager) -> Lease {
 
 /// Required durability: the replicated lease is at risk while its renewals are not replicated, survives the
 /// failover when that is shorter than its remaining validity, and the next fence is larger.
-async fn failover_with_required_durability(adapter: Adapter) {
-    let test = format!("a_failover_keeps_a_replicated_lease_and_its_fence_order_{adapter:?}");
-    let Some(mut set) = SentinelSet::start_or_skip(&test, Flavor::Redis) else {
+async fn failover_with_required_durability(adapter: Adapter, flavor: Flavor) {
+    let test =
+        format!("a_failover_keeps_a_replicated_lease_and_its_fence_order_{adapter:?} ({flavor})");
+    let Some(mut set) = SentinelSet::start_or_skip(&test, flavor) else {
         return;
     };
     let history = History::new();
@@ -306,17 +319,18 @@ async fn failover_with_required_durability(adapter: Adapter) {
     next.release().await.unwrap();
     assert_eq!(history.check(), Ok(()), "{adapter:?}");
     eprintln!(
-        "{adapter:?}: kept across a failover with {left_at_kill:?} left at the kill, recovered in {took:?}; \
+        "{flavor} {adapter:?}: kept across a failover with {left_at_kill:?} left at the kill, recovered in {took:?}; \
          fences {first} then {second}"
     );
 }
 
 /// No durability policy: the leases handed out after the link dropped are lost with the old primary, and
 /// fence numbers are handed out twice — reported by the history checker and by the manager that saw them.
-async fn failover_without_durability(adapter: Adapter) {
-    let test =
-        format!("a_failover_without_durability_loses_the_lease_and_repeats_fences_{adapter:?}");
-    let Some(mut set) = SentinelSet::start_or_skip(&test, Flavor::Redis) else {
+async fn failover_without_durability(adapter: Adapter, flavor: Flavor) {
+    let test = format!(
+        "a_failover_without_durability_loses_the_lease_and_repeats_fences_{adapter:?} ({flavor})"
+    );
+    let Some(mut set) = SentinelSet::start_or_skip(&test, flavor) else {
         return;
     };
     let history = History::new();
@@ -394,20 +408,40 @@ async fn failover_without_durability(adapter: Adapter) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_keeps_a_replicated_lease_and_its_fence_order_redis_rs() {
-    failover_with_required_durability(Adapter::RedisRs).await;
+    failover_with_required_durability(Adapter::RedisRs, Flavor::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_keeps_a_replicated_lease_and_its_fence_order_fred() {
-    failover_with_required_durability(Adapter::Fred).await;
+    failover_with_required_durability(Adapter::Fred, Flavor::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_without_durability_loses_the_lease_and_repeats_fences_redis_rs() {
-    failover_without_durability(Adapter::RedisRs).await;
+    failover_without_durability(Adapter::RedisRs, Flavor::Redis).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_without_durability_loses_the_lease_and_repeats_fences_fred() {
-    failover_without_durability(Adapter::Fred).await;
+    failover_without_durability(Adapter::Fred, Flavor::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_keeps_a_replicated_lease_and_its_fence_order_redis_rs_valkey_9_1() {
+    failover_with_required_durability(Adapter::RedisRs, Flavor::Valkey91).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_keeps_a_replicated_lease_and_its_fence_order_fred_valkey_9_1() {
+    failover_with_required_durability(Adapter::Fred, Flavor::Valkey91).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_without_durability_loses_the_lease_and_repeats_fences_redis_rs_valkey_9_1() {
+    failover_without_durability(Adapter::RedisRs, Flavor::Valkey91).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_without_durability_loses_the_lease_and_repeats_fences_fred_valkey_9_1() {
+    failover_without_durability(Adapter::Fred, Flavor::Valkey91).await;
 }

@@ -199,3 +199,84 @@ fn a_fence_counter_that_went_backwards_is_detected_reported_and_refused() {
     assert_eq!(lease.fencing_token(), Some(4));
     std::mem::forget(lease);
 }
+
+/// Injected through the fault wrapper (`Op::WaitReplicas`), so a user can test their handling without real
+/// replicas: a wait that never answers under the required policy fails the acquisition within the round's
+/// bound (operation timeout plus the wait's own timeout) and the clean-up releases the key; the history
+/// checker finds nothing, and the lock is free for the next client at once.
+#[test]
+fn a_replica_wait_that_never_answers_fails_the_required_acquisition_in_bounded_time_and_releases_the_key()
+ {
+    let (mut c, _seen) = single(Durability::Required(wait()), Some(1));
+    let history = redlease_testkit::History::new();
+    let one = c.manager.clone().with_observer(history.recorder(1));
+    let two = c.manager.clone().with_observer(history.recorder(2));
+    c.faults[0].script(
+        redlease_testkit::Op::WaitReplicas,
+        [redlease_testkit::Fault::Hang],
+    );
+    let started = c.now();
+    let err = c.try_acquire(&one.lock("jobs")).unwrap_err();
+    let took = c.now() - started;
+    let bound = config().operation_timeout_for(config().expiry()) + wait().timeout;
+    assert!(took <= bound + ms(10), "took {took:?}, bound {bound:?}");
+    assert!(
+        took >= wait().timeout,
+        "it waited for the wait's answer: {took:?}"
+    );
+    assert!(
+        matches!(err, redlease::Error::NotAcquired { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        c.faults[0].calls(redlease_testkit::Op::WaitReplicas),
+        1,
+        "one wait, no retry within the attempt"
+    );
+    assert!(c.nodes[0].get("jobs").is_none(), "the key was released");
+    let lease = c.try_acquire(&two.lock("jobs")).expect("the lock is free");
+    assert_eq!(history.check(), Ok(()));
+    std::mem::forget(lease);
+}
+
+/// `Fault::Acknowledged` injects a shortfall: the required policy refuses the lease after the wait's
+/// timeout (as a server's `WAIT` answers), naming the count; best effort keeps it and reports it.
+#[test]
+fn an_injected_acknowledgement_shortfall_is_refused_under_required_and_reported_under_best_effort()
+{
+    use redlease_testkit::{Fault, Op};
+    let (mut c, seen) = single(Durability::Required(ReplicaWait::new(2, ms(100))), Some(2));
+    let history = redlease_testkit::History::new();
+    let one = c
+        .manager
+        .clone()
+        .with_observer((history.recorder(1), seen.clone()));
+    c.faults[0].script(Op::WaitReplicas, [Fault::Acknowledged(1)]);
+    let started = c.now();
+    let err = c.try_acquire(&one.lock("jobs")).unwrap_err();
+    assert!(
+        c.now() - started >= ms(100),
+        "a shortfall answers after the timeout"
+    );
+    let text = err.to_string();
+    assert!(text.contains("1 of 2 required replica"), "{text}");
+    assert!(c.nodes[0].get("jobs").is_none(), "the key was released");
+    assert_eq!(
+        seen.0.lock().unwrap().as_slice(),
+        ["not_replicated Some(1)/2 None"]
+    );
+    // The script ran out: the inner node's two acknowledgements count again.
+    let lease = c.try_acquire(&one.lock("jobs")).unwrap();
+    assert_eq!(history.check(), Ok(()));
+    std::mem::forget(lease);
+
+    let (mut c, seen) = single(Durability::BestEffort(wait()), Some(1));
+    c.faults[0].always(Op::WaitReplicas, Fault::Acknowledged(0));
+    let lease = c.try_acquire(&c.manager.lock("jobs")).unwrap();
+    assert!(lease.is_held());
+    assert_eq!(
+        seen.0.lock().unwrap().as_slice(),
+        ["not_replicated Some(0)/1 None"]
+    );
+    std::mem::forget(lease);
+}

@@ -142,3 +142,123 @@ fn a_quarantined_minority_does_not_block_a_healthy_majority() {
     assert_eq!(c.holders("a", lease.token().as_str()), vec![0, 1, 2]);
     std::mem::forget(lease);
 }
+
+/// Faults injected into `run_id` (`Op::RunId`): a lookup that never answers on one of three nodes is bounded
+/// by the operation timeout and that node's yes is not counted (the other two suffice); lookups that fail on
+/// two of three make the attempt fail (a yes whose restart could not be ruled out is not a vote), and the
+/// clean-up leaves nothing behind. The history checker finds nothing either way.
+#[test]
+fn run_id_lookups_that_hang_or_fail_are_bounded_and_never_counted_as_votes() {
+    use redlease_testkit::{Fault, Op};
+    let mut c = Cluster::new(3, 11, config().with_expiry(EXPIRY));
+    let history = History::new();
+    let one = c.manager.clone().with_observer(history.recorder(1));
+    let two = c.manager.clone().with_observer(history.recorder(2));
+    c.faults[0].script(Op::RunId, [Fault::Hang]);
+    let started = c.now();
+    let lease = c
+        .try_acquire(&one.lock("orders"))
+        .expect("nodes 1 and 2 suffice");
+    let bound = config().operation_timeout_for(EXPIRY);
+    assert!(
+        c.now() - started <= bound + ms(10),
+        "bounded by the operation timeout"
+    );
+    assert_eq!(c.faults[0].calls(Op::RunId), 1);
+    assert!(
+        c.try_acquire(&two.lock("orders"))
+            .unwrap_err()
+            .is_contended(),
+        "held"
+    );
+    let token = lease.token().as_str().to_owned();
+    c.sim
+        .block_on(async move { lease.release().await.map(|_| ()) })
+        .unwrap();
+    assert!(
+        c.holders("orders", &token).is_empty(),
+        "released everywhere"
+    );
+
+    for i in [0, 1] {
+        c.faults[i].script(Op::RunId, [Fault::Fail(NodeErrorKind::Connection)]);
+    }
+    let err = c.try_acquire(&one.lock("orders")).unwrap_err();
+    match &err {
+        redlease::Error::NotAcquired {
+            reason: NotAcquiredReason::TooFewNodes,
+            last_error: Some(q),
+            ..
+        } => {
+            let failed: Vec<usize> = q.errors.iter().map(|(i, _)| *i).collect();
+            assert_eq!(failed, vec![0, 1], "{err}");
+            assert!(q.errors.iter().all(|(_, e)| e.is_ambiguous()), "{err}");
+            assert!(
+                err.to_string().contains("run_id could not be read"),
+                "{err}"
+            );
+        }
+        other => panic!("expected too few nodes, got {other}"),
+    }
+    assert!(
+        c.nodes.iter().all(|n| n.keys().is_empty()),
+        "the clean-up deleted the uncounted writes"
+    );
+    let lease = c
+        .try_acquire(&two.lock("orders"))
+        .expect("nothing left behind");
+    assert_eq!(history.check(), Ok(()));
+    std::mem::forget(lease);
+}
+
+/// `Fault::RunId` reports a changed server without restarting the in-memory node (which keeps its keys):
+/// the core quarantines the node, emits `NodeRestarted`, and does not count its yes; a changed minority
+/// does not block the healthy majority.
+#[test]
+fn an_injected_run_id_change_quarantines_the_node_and_is_reported() {
+    use redlease_testkit::{Fault, Op};
+    let mut c = Cluster::new(3, 13, config().with_expiry(EXPIRY));
+    let restarts = Restarts::default();
+    let manager = c.manager.clone().with_observer(restarts.clone());
+    let lease = c.try_acquire(&manager.lock("a")).unwrap();
+    c.sim
+        .block_on(async move { lease.release().await.map(|_| ()) })
+        .unwrap();
+    for i in [0, 1] {
+        c.faults[i].always(
+            Op::RunId,
+            Fault::RunId(redlease::RunId::new(format!("other-{i}"))),
+        );
+    }
+    let err = c.try_acquire(&manager.lock("a")).unwrap_err();
+    match &err {
+        redlease::Error::NotAcquired {
+            last_error: Some(q),
+            ..
+        } => {
+            let kinds: Vec<(usize, NodeErrorKind)> =
+                q.errors.iter().map(|(i, e)| (*i, e.kind())).collect();
+            assert_eq!(
+                kinds,
+                vec![(0, NodeErrorKind::Restarted), (1, NodeErrorKind::Restarted)]
+            );
+        }
+        other => panic!("expected the quarantine to refuse, got {other}"),
+    }
+    let seen: Vec<usize> = restarts.0.lock().unwrap().iter().map(|r| r.0).collect();
+    assert_eq!(seen, vec![0, 1], "one event per changed node");
+    assert!(c.nodes.iter().all(|n| n.keys().is_empty()), "cleaned up");
+    // After the quarantine (node 1 keeps its new id), one more change on node 0 only: nodes 1 and 2 carry
+    // the quorum.
+    c.sim.run_for(EXPIRY);
+    c.faults[0].always(Op::RunId, Fault::RunId(redlease::RunId::new("third")));
+    let lease = c
+        .try_acquire(&manager.lock("a"))
+        .expect("nodes 1 and 2 suffice");
+    assert_eq!(
+        restarts.0.lock().unwrap().len(),
+        3,
+        "node 0's second change"
+    );
+    std::mem::forget(lease);
+}
