@@ -334,25 +334,66 @@ impl RawConn {
     /// `EVALSHA sha 1 key args…`: the script's integer reply.
     async fn evalsha(&self, sha: &'static str, key: &str, args: &[&str]) -> Res<i64> {
         match self {
-            RawConn::Redis(conn) => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(sha).arg(1).arg(key);
-                for a in args {
-                    cmd.arg(*a);
-                }
-                cmd.query_async::<i64>(&mut conn.clone())
-                    .await
-                    .map_err(ctx("raw: EVALSHA"))
-            }
-            RawConn::Fred(client) => {
-                let mut values = Vec::with_capacity(3 + args.len());
-                values.extend([sha, "1", key]);
-                values.extend_from_slice(args);
-                client
-                    .custom::<i64, &str>(fred_cmd("EVALSHA"), values)
-                    .await
-                    .map_err(ctx("raw-fred: EVALSHA"))
-            }
+            RawConn::Redis(conn) => redis_evalsha(conn, sha, key, args).await,
+            RawConn::Fred(client) => fred_evalsha(client, sha, key, args).await,
+        }
+    }
+}
+
+/// `EVALSHA` through redis-rs.
+async fn redis_evalsha(
+    conn: &MultiplexedConnection,
+    sha: &'static str,
+    key: &str,
+    args: &[&str],
+) -> Res<i64> {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(1).arg(key);
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query_async::<i64>(&mut conn.clone())
+        .await
+        .map_err(ctx("raw: EVALSHA"))
+}
+
+/// `EVALSHA` through fred.
+async fn fred_evalsha(
+    client: &redlease_adapters::fred::fred::prelude::Client,
+    sha: &'static str,
+    key: &str,
+    args: &[&str],
+) -> Res<i64> {
+    let mut values = Vec::with_capacity(3 + args.len());
+    values.extend([sha, "1", key]);
+    values.extend_from_slice(args);
+    client
+        .custom::<i64, &str>(fred_cmd("EVALSHA"), values)
+        .await
+        .map_err(ctx("raw-fred: EVALSHA"))
+}
+
+/// A raw floor's renewal loop: every `every`, the extend script, until it fails. Each client gets a loop of
+/// its own, so that a redis-rs lease's task does not carry the (much larger) state of a fred call. With
+/// `lateness`, each renewal records how late it woke against its schedule (the previous send plus `every`).
+async fn raw_renewal<F, Fut>(
+    every: Duration,
+    lateness: Option<Arc<crate::lateness::Lateness>>,
+    mut extend: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut due = Instant::now() + every;
+    loop {
+        tokio::time::sleep_until(due.into()).await;
+        let now = Instant::now();
+        if let Some(l) = &lateness {
+            l.record(now.saturating_duration_since(due));
+        }
+        due = now + every;
+        if !extend().await {
+            return;
         }
     }
 }
@@ -488,20 +529,23 @@ impl RawClient {
         let (key, token) = (held.key.clone(), held.token.clone());
         let (every, ttl) = (self.setup.renew_every, self.ttl_ms.clone());
         let lateness = self.lateness.clone();
-        held.renewal = Some(tokio::spawn(async move {
-            let mut due = Instant::now() + every;
-            loop {
-                tokio::time::sleep_until(due.into()).await;
-                if let Some(l) = &lateness {
-                    l.record(Instant::now().saturating_duration_since(due));
-                }
-                due = Instant::now() + every;
+        let sha = scripts::EXTEND.sha1;
+        held.renewal = Some(match conn {
+            RawConn::Redis(conn) => tokio::spawn(async move {
                 let args = [token.as_str(), ttl.as_str()];
-                if conn.evalsha(scripts::EXTEND.sha1, &key, &args).await != Ok(1) {
-                    return;
-                }
-            }
-        }));
+                raw_renewal(every, lateness, || async {
+                    redis_evalsha(&conn, sha, &key, &args).await == Ok(1)
+                })
+                .await;
+            }),
+            RawConn::Fred(client) => tokio::spawn(async move {
+                let args = [token.as_str(), ttl.as_str()];
+                raw_renewal(every, lateness, || async {
+                    fred_evalsha(&client, sha, &key, &args).await == Ok(1)
+                })
+                .await;
+            }),
+        });
         Ok(Some(held))
     }
 }
