@@ -1,8 +1,8 @@
 //! Renewal lateness (S6, S6L): how late each renewal round started against its schedule.
 //!
 //! redlease's schedule after a round that started at `s` is `s + interval` (the renewal interval; with S6's
-//! 3 s TTL and 500 ms operation timeout the early-renewal bound of `RenewalSchedule::after_success` never
-//! applies), so a renewal's lateness is its round's start minus (the previous round's start + interval). The
+//! TTLs of three times the interval and a 500 ms operation timeout the early-renewal bound of
+//! `RenewalSchedule::after_success` never applies), so a renewal's lateness is its round's start minus (the previous round's start + interval). The
 //! rounds are seen from the outside, through an [`Observer`](redlease::Observer) on the manager: the winning
 //! acquisition attempt and every renewal's `Extension` event carry the round's end (`at`) and duration, hence
 //! its start. A batched renewal's round starts when its batch is sent, so its lateness includes the wait for
