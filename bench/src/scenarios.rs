@@ -68,7 +68,7 @@ impl Plan {
         rounds: 10,
     };
 
-    /// The short run (`just bench-quick`, under two minutes).
+    /// The short run (`just bench-quick`, about three minutes with S6L's 100,000 leases).
     pub(crate) const QUICK: Plan = Plan {
         warmup: 200,
         s1_iters: 2_000,
