@@ -51,7 +51,7 @@ demo:
 bench:
     cargo run -p redlease-bench --release -- --out target/bench/full.json
 
-# The short benchmark run (under two minutes); writes target/bench/quick.json.
+# The short benchmark run (about three minutes, S6L's 100,000 leases included); writes target/bench/quick.json.
 bench-quick:
     cargo run -p redlease-bench --release -- --quick --out target/bench/quick.json
 

@@ -14,6 +14,7 @@ use redis::aio::MultiplexedConnection;
 use redlease::{Config, Lease, LockManager, Task};
 use redlease_adapters::fred::ClientNode;
 use redlease_adapters::fred::fred::prelude::{Builder, ClientLike};
+use redlease_adapters::fred::fred::types::{ClusterHash, CustomCommand, Value as FredValue};
 use redlease_adapters::redis::MultiplexedNode;
 use redlease_adapters::{Commands, scripts};
 use tokio::sync::oneshot;
@@ -33,6 +34,9 @@ pub(crate) enum Impl {
     /// The floor: `SET NX PX`, then a compare-and-delete `EVALSHA`, on one redis-rs multiplexed connection per
     /// node (concurrently on all nodes for Redlock).
     Raw,
+    /// The fred floor: the same two commands as [`Impl::Raw`] through one fred `Client` per node
+    /// (`custom` commands: no per-command options, no capability check).
+    RawFred,
     /// redlease over redis-rs (`MultiplexedNode`).
     RedleaseRedis,
     /// redlease over fred (`ClientNode`).
@@ -76,12 +80,22 @@ pub(crate) enum Impl {
     ReplicatedRedisWait1,
     /// `ReplicatedRedis` with the restart quarantine off (no `run_id` lookup after the acquisition).
     ReplicatedRedisNoQuarantine,
+    /// `RedleaseRedis` with renewal batching ([`BATCH_WINDOW`], [`BATCH_MAX`]; S6 only).
+    RedleaseRedisBatch,
+    /// `RedleaseFred` with renewal batching (S6 only).
+    RedleaseFredBatch,
 }
+
+/// The renewal batching window of the `+batch` variants (`Config::with_renewal_batching`).
+pub(crate) const BATCH_WINDOW: Duration = Duration::from_millis(5);
+/// The largest batch of the `+batch` variants (the adapters' own limit per call is 100).
+pub(crate) const BATCH_MAX: usize = 100;
 
 impl Impl {
     /// Every implementation, in table order.
-    pub(crate) const ALL: [Impl; 7] = [
+    pub(crate) const ALL: [Impl; 8] = [
         Impl::Raw,
+        Impl::RawFred,
         Impl::RedleaseRedis,
         Impl::RedleaseFred,
         Impl::RedleaseMemory,
@@ -133,9 +147,25 @@ impl Impl {
         Self::REPLICATION.contains(&self)
     }
 
+    /// redlease with renewal batching, in S6 and S6L only.
+    pub(crate) const BATCHED: [Impl; 2] = [Impl::RedleaseRedisBatch, Impl::RedleaseFredBatch];
+
+    /// Whether it is one of the raw floors.
+    pub(crate) fn raw(self) -> bool {
+        matches!(self, Impl::Raw | Impl::RawFred)
+    }
+
+    /// Whether its manager batches renewals.
+    pub(crate) fn batched(self) -> bool {
+        Impl::BATCHED.contains(&self)
+    }
+
     /// Whether it is redlease (which can count its node calls).
     pub(crate) fn redlease(self) -> bool {
-        !matches!(self, Impl::Raw | Impl::Rslock | Impl::Dlr | Impl::Arl)
+        !matches!(
+            self,
+            Impl::Raw | Impl::RawFred | Impl::Rslock | Impl::Dlr | Impl::Arl
+        )
     }
 
     /// The observer this implementation's manager gets.
@@ -159,6 +189,7 @@ impl Impl {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Impl::Raw => "raw",
+            Impl::RawFred => "raw-fred",
             Impl::RedleaseRedis => "redlease/redis",
             Impl::RedleaseFred => "redlease/fred",
             Impl::RedleaseMemory => "redlease/memory",
@@ -179,6 +210,8 @@ impl Impl {
             Impl::ReplicatedRedis => "redlease/redis@replicated",
             Impl::ReplicatedRedisWait1 => "redlease/redis@replicated+wait1",
             Impl::ReplicatedRedisNoQuarantine => "redlease/redis@replicated-no-quarantine",
+            Impl::RedleaseRedisBatch => "redlease/redis+batch",
+            Impl::RedleaseFredBatch => "redlease/fred+batch",
         }
     }
 
@@ -256,12 +289,151 @@ impl TokenSource {
     }
 }
 
-/// The raw floor's client: one multiplexed connection per node and the preloaded scripts' digests.
+/// One node's connection of a raw floor: the same commands through either client.
+#[derive(Clone)]
+enum RawConn {
+    /// A redis-rs multiplexed connection (cloned per command: an `Arc` handle).
+    Redis(MultiplexedConnection),
+    /// A fred client (one connection), commands sent with `custom` and the client's default options.
+    Fred(redlease_adapters::fred::fred::prelude::Client),
+}
+
+impl RawConn {
+    async fn connect(url: &str, fred: bool) -> Res<Self> {
+        if fred {
+            let config = redlease_adapters::fred::fred::prelude::Config::from_url(url)
+                .map_err(ctx("raw-fred: config"))?;
+            let client = Builder::from_config(config)
+                .build()
+                .map_err(ctx("raw-fred: build"))?;
+            client.init().await.map_err(ctx("raw-fred: connect"))?;
+            return Ok(RawConn::Fred(client));
+        }
+        let client = redis::Client::open(url).map_err(ctx("raw: open"))?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(ctx("raw: connect"))?;
+        Ok(RawConn::Redis(conn))
+    }
+
+    /// `SCRIPT LOAD`: the script's digest.
+    async fn load(&self, source: &str) -> Res<String> {
+        match self {
+            RawConn::Redis(conn) => redis::cmd("SCRIPT")
+                .arg("LOAD")
+                .arg(source)
+                .query_async(&mut conn.clone())
+                .await
+                .map_err(ctx("raw: SCRIPT LOAD")),
+            RawConn::Fred(client) => client
+                .custom::<String, &str>(fred_cmd("SCRIPT"), vec!["LOAD", source])
+                .await
+                .map_err(ctx("raw-fred: SCRIPT LOAD")),
+        }
+    }
+
+    /// `SET key token NX PX ttl`: whether it was set.
+    async fn set_nx(&self, key: &str, token: &str, ttl_ms: &str) -> bool {
+        match self {
+            RawConn::Redis(conn) => matches!(
+                redis::cmd("SET")
+                    .arg(key)
+                    .arg(token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .query_async::<Value>(&mut conn.clone())
+                    .await,
+                Ok(Value::Okay)
+            ),
+            RawConn::Fred(client) => client
+                .custom::<FredValue, &str>(fred_cmd("SET"), vec![key, token, "NX", "PX", ttl_ms])
+                .await
+                .is_ok_and(|v| v.as_str().is_some_and(|s| s == "OK")),
+        }
+    }
+
+    /// `EVALSHA sha 1 key args…`: the script's integer reply.
+    async fn evalsha(&self, sha: &'static str, key: &str, args: &[&str]) -> Res<i64> {
+        match self {
+            RawConn::Redis(conn) => redis_evalsha(conn, sha, key, args).await,
+            RawConn::Fred(client) => fred_evalsha(client, sha, key, args).await,
+        }
+    }
+}
+
+/// `EVALSHA` through redis-rs.
+async fn redis_evalsha(
+    conn: &MultiplexedConnection,
+    sha: &'static str,
+    key: &str,
+    args: &[&str],
+) -> Res<i64> {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(1).arg(key);
+    for a in args {
+        cmd.arg(*a);
+    }
+    cmd.query_async::<i64>(&mut conn.clone())
+        .await
+        .map_err(ctx("raw: EVALSHA"))
+}
+
+/// `EVALSHA` through fred.
+async fn fred_evalsha(
+    client: &redlease_adapters::fred::fred::prelude::Client,
+    sha: &'static str,
+    key: &str,
+    args: &[&str],
+) -> Res<i64> {
+    let mut values = Vec::with_capacity(3 + args.len());
+    values.extend([sha, "1", key]);
+    values.extend_from_slice(args);
+    client
+        .custom::<i64, &str>(fred_cmd("EVALSHA"), values)
+        .await
+        .map_err(ctx("raw-fred: EVALSHA"))
+}
+
+/// A raw floor's renewal loop: every `every`, the extend script, until it fails. Each client gets a loop of
+/// its own, so that a redis-rs lease's task does not carry the (much larger) state of a fred call. With
+/// `lateness`, each renewal records how late it woke against its schedule (the previous send plus `every`).
+async fn raw_renewal<F, Fut>(
+    every: Duration,
+    lateness: Option<Arc<crate::lateness::Lateness>>,
+    mut extend: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let mut due = Instant::now() + every;
+    loop {
+        tokio::time::sleep_until(due.into()).await;
+        let now = Instant::now();
+        if let Some(l) = &lateness {
+            l.record(now.saturating_duration_since(due));
+        }
+        due = now + every;
+        if !extend().await {
+            return;
+        }
+    }
+}
+
+/// A fred command by its static name (no allocation for the name), routed by its first key.
+fn fred_cmd(name: &'static str) -> CustomCommand {
+    CustomCommand::new_static(name, ClusterHash::FirstKey, false)
+}
+
+/// A raw floor's client: one connection per node (redis-rs or fred) and the preloaded scripts' digests.
 pub(crate) struct RawClient {
-    conns: Vec<MultiplexedConnection>,
+    conns: Vec<RawConn>,
     setup: Setup,
-    ttl_ms: u64,
+    ttl_ms: String,
     tokens: TokenSource,
+    /// S6: where the renewal loops record their lateness (see [`LATENESS`]).
+    lateness: Option<Arc<crate::lateness::Lateness>>,
 }
 
 /// A raw lock: where it was written and (S6) its renewal task.
@@ -272,21 +444,12 @@ pub(crate) struct RawHeld {
 }
 
 impl RawClient {
-    async fn connect(urls: &[String], setup: Setup) -> Res<Self> {
+    async fn connect(urls: &[String], setup: Setup, fred: bool) -> Res<Self> {
         let mut conns = Vec::with_capacity(urls.len());
         for url in urls {
-            let client = redis::Client::open(url.as_str()).map_err(ctx("raw: open"))?;
-            let mut conn = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(ctx("raw: connect"))?;
+            let conn = RawConn::connect(url, fred).await?;
             for script in [scripts::RELEASE, scripts::EXTEND] {
-                let sha: String = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(script.source)
-                    .query_async(&mut conn)
-                    .await
-                    .map_err(ctx("raw: SCRIPT LOAD"))?;
+                let sha = conn.load(script.source).await?;
                 if sha != script.sha1 {
                     return Err(format!(
                         "raw: {} digest {sha} ≠ {}",
@@ -299,8 +462,9 @@ impl RawClient {
         Ok(Self {
             conns,
             setup,
-            ttl_ms: u64::try_from(setup.ttl.as_millis()).unwrap_or(u64::MAX),
+            ttl_ms: setup.ttl.as_millis().to_string(),
             tokens: TokenSource::new(),
+            lateness: lateness(),
         })
     }
 
@@ -308,49 +472,19 @@ impl RawClient {
         self.conns.len() / 2 + 1
     }
 
-    async fn set_nx(mut conn: MultiplexedConnection, key: &str, token: &str, ttl_ms: u64) -> bool {
-        matches!(
-            redis::cmd("SET")
-                .arg(key)
-                .arg(token)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async::<Value>(&mut conn)
-                .await,
-            Ok(Value::Okay)
-        )
-    }
-
-    async fn evalsha(
-        mut conn: MultiplexedConnection,
-        sha: &'static str,
-        key: &str,
-        args: &[&str],
-    ) -> Res<i64> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(sha).arg(1).arg(key);
-        for a in args {
-            cmd.arg(*a);
-        }
-        cmd.query_async::<i64>(&mut conn)
-            .await
-            .map_err(ctx("raw: EVALSHA"))
-    }
-
     /// One attempt: `SET NX PX` on every node at once; done at a majority of OKs, at a majority that can no
     /// longer be reached, or at the operation timeout. On failure the partial writes are deleted.
     async fn try_acquire(&self, key: &str) -> Res<Option<RawHeld>> {
         let token = self.tokens.next();
         let ok = if let [conn] = self.conns.as_slice() {
-            Self::set_nx(conn.clone(), key, &token, self.ttl_ms).await
+            conn.set_nx(key, &token, &self.ttl_ms).await
         } else {
             let quorum = self.quorum();
             let n = self.conns.len();
             let mut calls: FuturesUnordered<_> = self
                 .conns
                 .iter()
-                .map(|c| Self::set_nx(c.clone(), key, &token, self.ttl_ms))
+                .map(|c| c.set_nx(key, &token, &self.ttl_ms))
                 .collect();
             let tally = async {
                 let (mut yes, mut no) = (0, 0);
@@ -392,37 +526,49 @@ impl RawClient {
         }
         let args = [held.token.as_str()];
         if let [conn] = self.conns.as_slice() {
-            return Self::evalsha(conn.clone(), scripts::RELEASE.sha1, &held.key, &args)
+            return conn
+                .evalsha(scripts::RELEASE.sha1, &held.key, &args)
                 .await
                 .map(drop);
         }
         let calls = self.conns.iter().map(|c| {
             tokio::time::timeout(
                 self.setup.op_timeout,
-                Self::evalsha(c.clone(), scripts::RELEASE.sha1, &held.key, &args),
+                c.evalsha(scripts::RELEASE.sha1, &held.key, &args),
             )
         });
         futures::future::join_all(calls).await;
         Ok(())
     }
 
-    /// The floor of automatic renewal: one task per lease, sleeping and sending a compare-and-pexpire.
+    /// The floor of automatic renewal: one task per lease, sleeping and sending a compare-and-pexpire. In
+    /// S6, each renewal records how late it was sent against its schedule (the previous one's send
+    /// plus the interval).
     async fn hold_renewing(&self, key: &str) -> Res<Option<RawHeld>> {
         let Some(mut held) = self.try_acquire(key).await? else {
             return Ok(None);
         };
         let conn = self.conns.first().cloned().ok_or("raw: no node")?;
         let (key, token) = (held.key.clone(), held.token.clone());
-        let (every, ttl) = (self.setup.renew_every, self.ttl_ms.to_string());
-        held.renewal = Some(tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
+        let (every, ttl) = (self.setup.renew_every, self.ttl_ms.clone());
+        let lateness = self.lateness.clone();
+        let sha = scripts::EXTEND.sha1;
+        held.renewal = Some(match conn {
+            RawConn::Redis(conn) => tokio::spawn(async move {
                 let args = [token.as_str(), ttl.as_str()];
-                if Self::evalsha(conn.clone(), scripts::EXTEND.sha1, &key, &args).await != Ok(1) {
-                    return;
-                }
-            }
-        }));
+                raw_renewal(every, lateness, || async {
+                    redis_evalsha(&conn, sha, &key, &args).await == Ok(1)
+                })
+                .await;
+            }),
+            RawConn::Fred(client) => tokio::spawn(async move {
+                let args = [token.as_str(), ttl.as_str()];
+                raw_renewal(every, lateness, || async {
+                    fred_evalsha(&client, sha, &key, &args).await == Ok(1)
+                })
+                .await;
+            }),
+        });
         Ok(Some(held))
     }
 }
@@ -578,19 +724,27 @@ impl<N: redlease::RedisNode> redlease::NodeWrapper for Counted<N> {
     }
 }
 
-/// A redlease manager over `nodes`, counting node calls when [`COUNTING`] is on, with notifications unless
-/// `poll`.
+/// A redlease manager over `nodes` configured for `imp`, counting node calls when [`COUNTING`] is on.
 fn redlease_client<N: redlease::RedisNode + 'static>(
     nodes: Vec<N>,
     setup: Setup,
-    poll: bool,
-    cap: Option<Duration>,
+    imp: Impl,
 ) -> Res<LockManager> {
     if COUNTING.load(Ordering::Relaxed) {
-        redlease_manager_with(nodes.into_iter().map(Counted).collect(), setup, !poll, cap)
+        redlease_manager_with(nodes.into_iter().map(Counted).collect(), setup, imp)
     } else {
-        redlease_manager_with(nodes, setup, !poll, cap)
+        redlease_manager_with(nodes, setup, imp)
     }
+}
+
+/// Where S6 collects renewal lateness: set around its connect, like [`COUNTING`]; a client connected
+/// meanwhile records into it (redlease through a [`LatenessObserver`](crate::lateness::LatenessObserver),
+/// the raw floors from their renewal loops).
+pub(crate) static LATENESS: std::sync::Mutex<Option<Arc<crate::lateness::Lateness>>> =
+    std::sync::Mutex::new(None);
+
+fn lateness() -> Option<Arc<crate::lateness::Lateness>> {
+    LATENESS.lock().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 /// A [`redlease::Timer`] on tokio's timer wheel, to compare with the default [`redlease::SystemTimer`]
@@ -632,20 +786,30 @@ fn with_tokio_spawner(manager: LockManager) -> LockManager {
 fn redlease_manager<N: redlease::RedisNode + 'static>(
     nodes: Vec<N>,
     setup: Setup,
+    imp: Impl,
 ) -> Res<LockManager> {
-    redlease_manager_with(nodes, setup, true, None)
+    redlease_manager_with(nodes, setup, imp)
+}
+
+/// `imp`'s configuration: notifications unless it polls, its `max_retry_delay` and renewal batching.
+fn redlease_config_for(setup: Setup, imp: Impl) -> Config {
+    let poll = matches!(imp, Impl::RedleaseRedisPoll | Impl::RedleaseFredPoll);
+    let mut config = redlease_config(setup).with_notifications(!poll);
+    if imp == Impl::RedleaseRedisCap10 {
+        config = config.with_max_retry_delay(Duration::from_secs(10));
+    }
+    if imp.batched() {
+        config = config.with_renewal_batching(BATCH_WINDOW, BATCH_MAX);
+    }
+    config
 }
 
 fn redlease_manager_with<N: redlease::RedisNode + 'static>(
     mut nodes: Vec<N>,
     setup: Setup,
-    notifications: bool,
-    cap: Option<Duration>,
+    imp: Impl,
 ) -> Res<LockManager> {
-    let mut config = redlease_config(setup).with_notifications(notifications);
-    if let Some(cap) = cap {
-        config = config.with_max_retry_delay(cap);
-    }
+    let config = redlease_config_for(setup, imp);
     let manager = if nodes.len() == 1 {
         let node = nodes.pop().ok_or("no node")?;
         LockManager::single(node, config)
@@ -653,7 +817,11 @@ fn redlease_manager_with<N: redlease::RedisNode + 'static>(
         LockManager::redlock(nodes, config)
     }
     .map_err(ctx("redlease: manager"))?;
-    Ok(with_tokio_spawner(manager))
+    let manager = with_tokio_spawner(manager);
+    Ok(match lateness() {
+        Some(l) => manager.with_observer(crate::lateness::LatenessObserver(l)),
+        None => observe(manager, imp.observer()),
+    })
 }
 
 /// A small, fast pseudo-random jitter source for the harness's own retry loops.
@@ -671,14 +839,17 @@ impl Client {
     /// Connects `imp` to `urls` (one URL: single node; several: Redlock).
     pub(crate) async fn connect(imp: Impl, urls: &[String], setup: Setup) -> Res<Client> {
         match imp {
-            Impl::Raw => Ok(Client::Raw(RawClient::connect(urls, setup).await?)),
+            Impl::Raw | Impl::RawFred => Ok(Client::Raw(
+                RawClient::connect(urls, setup, imp == Impl::RawFred).await?,
+            )),
             Impl::RedleaseRedis
             | Impl::RedleaseRedisNoop
             | Impl::RedleaseRedisMetrics
             | Impl::ValkeyRedisNative
             | Impl::ValkeyRedisScripts
             | Impl::RedleaseRedisPoll
-            | Impl::RedleaseRedisCap10 => {
+            | Impl::RedleaseRedisCap10
+            | Impl::RedleaseRedisBatch => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let client = redis::Client::open(url.as_str()).map_err(ctx("redis: open"))?;
@@ -689,12 +860,7 @@ impl Client {
                             .with_commands(imp.commands().unwrap_or_default()),
                     );
                 }
-                let poll = imp == Impl::RedleaseRedisPoll;
-                let cap = (imp == Impl::RedleaseRedisCap10).then_some(Duration::from_secs(10));
-                Ok(Client::Redlease(observe(
-                    redlease_client(nodes, setup, poll, cap)?,
-                    imp.observer(),
-                )))
+                Ok(Client::Redlease(redlease_client(nodes, setup, imp)?))
             }
             Impl::ReplicatedRedis
             | Impl::ReplicatedRedisWait1
@@ -722,7 +888,8 @@ impl Client {
             Impl::RedleaseFred
             | Impl::ValkeyFredNative
             | Impl::ValkeyFredScripts
-            | Impl::RedleaseFredPoll => {
+            | Impl::RedleaseFredPoll
+            | Impl::RedleaseFredBatch => {
                 let mut nodes = Vec::with_capacity(urls.len());
                 for url in urls {
                     let config = redlease_adapters::fred::fred::prelude::Config::from_url(url)
@@ -735,14 +902,14 @@ impl Client {
                         ClientNode::new(client).with_commands(imp.commands().unwrap_or_default()),
                     );
                 }
-                let poll = imp == Impl::RedleaseFredPoll;
-                Ok(Client::Redlease(redlease_client(nodes, setup, poll, None)?))
+                Ok(Client::Redlease(redlease_client(nodes, setup, imp)?))
             }
             Impl::RedleaseMemory | Impl::RedleaseMemoryNoop | Impl::RedleaseMemoryMetrics => {
-                Ok(Client::Redlease(observe(
-                    redlease_manager(vec![redlease_testkit::MemoryNode::new()], setup)?,
-                    imp.observer(),
-                )))
+                Ok(Client::Redlease(redlease_manager(
+                    vec![redlease_testkit::MemoryNode::new()],
+                    setup,
+                    imp,
+                )?))
             }
             Impl::Rslock => {
                 let mut once = rslock::LockManager::new(urls.to_vec());

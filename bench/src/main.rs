@@ -2,11 +2,12 @@
 //!
 //! Starts its own `redis-server` processes on free loopback ports (never a server already running on the
 //! machine), runs scenarios S1–S7 for every implementation, prints a table and the issue's target checks, and
-//! writes a JSON array (one object per scenario and implementation) to `--out`.
+//! writes a JSON array (one object per scenario and implementation) to `--out`, and SVG charts of S1/S2, S3,
+//! S5 and S6 to `--charts` (default `target/bench/charts`).
 //!
 //! ```text
-//! redlease-bench [--quick] [--out PATH] [--only S1,S4] [--impl raw,redlease/redis] [--redlease-timer system|tokio]
-//!                [--observers] [--valkey] [--replication]
+//! redlease-bench [--quick] [--out PATH] [--charts DIR | --no-charts] [--only S1,S4] [--impl raw,redlease/redis]
+//!                [--redlease-timer system|tokio] [--observers] [--valkey] [--replication]
 //! ```
 //!
 //! `--replication` adds to S1 redlease/redis on a Redis 7.0 primary with one replica, without a durability
@@ -34,13 +35,17 @@
 //! - S5p the same with a 1 ms pause after each release (every handoff goes to a waiting task);
 //! - S8 1,000 waiters on 100 held keys (server commands per second while they wait), redlease with and
 //!   without notifications;
-//! - S6 10,000 self-renewing leases (CPU µs per renewal, heap bytes per lease);
+//! - S6 10,000 self-renewing leases (CPU µs per renewal, heap bytes per lease, server requests per renewal,
+//!   lateness of renewals against their schedule), redlease also with renewal batching;
+//! - S6L the same with 100,000 leases, for the raw floors and redlease with and without batching;
 //! - S7 heap allocations per acquire + release on the in-memory node.
 //!
 //! The counting global allocator (`stats_alloc`) wraps the system allocator for the whole process, so every
 //! implementation pays its (small, atomic-counter) overhead alike.
 
+mod charts;
 mod clients;
+mod lateness;
 mod measure;
 mod report;
 mod scenarios;
@@ -73,6 +78,7 @@ struct Args {
     observers: bool,
     valkey: bool,
     replication: bool,
+    charts: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -85,6 +91,7 @@ fn parse_args() -> Result<Args, String> {
         observers: false,
         valkey: false,
         replication: false,
+        charts: Some(PathBuf::from("target/bench/charts")),
     };
     let mut it = std::env::args().skip(1);
     let list = |v: Option<String>, flag: &str| -> Result<Vec<String>, String> {
@@ -98,6 +105,8 @@ fn parse_args() -> Result<Args, String> {
             "--valkey" => args.valkey = true,
             "--replication" => args.replication = true,
             "--out" => args.out = Some(it.next().ok_or("--out needs a path")?.into()),
+            "--charts" => args.charts = Some(it.next().ok_or("--charts needs a directory")?.into()),
+            "--no-charts" => args.charts = None,
             "--only" => args.only = Some(list(it.next(), "--only")?),
             "--impl" => args.impls = Some(list(it.next(), "--impl")?),
             "--redlease-timer" => match it.next().as_deref() {
@@ -107,7 +116,7 @@ fn parse_args() -> Result<Args, String> {
             },
             "-h" | "--help" => {
                 return Err(
-                    "usage: redlease-bench [--quick] [--out PATH] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio] [--observers] [--valkey] [--replication]"
+                    "usage: redlease-bench [--quick] [--out PATH] [--charts DIR | --no-charts] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio] [--observers] [--valkey] [--replication]"
                         .into(),
                 );
             }
@@ -272,13 +281,19 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
             step(scenarios::throughput(&env, &plan, imp));
         }
     }
+    // The fred floor is for S1–S3 and S6 (where redlease/fred is compared with its own client).
+    let peers: Vec<Impl> = impls
+        .iter()
+        .copied()
+        .filter(|&i| i != Impl::RawFred)
+        .collect();
     if wanted("S4") {
-        for &imp in &impls {
+        for &imp in &peers {
             step(scenarios::hung_node(&env, &plan, imp));
         }
     }
     // S5 and S8 also measure redlease with notifications off (waiting by polling).
-    let waiting: Vec<Impl> = impls
+    let waiting: Vec<Impl> = peers
         .iter()
         .copied()
         .chain(Impl::POLLING.into_iter().filter(named))
@@ -308,9 +323,25 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
             step(scenarios::waiting(&env, &plan, imp));
         }
     }
+    // S6 also measures redlease with renewal batching; S6L (100,000 leases) the floors and redlease with and
+    // without batching.
+    let batched: Vec<Impl> = Impl::BATCHED.into_iter().filter(named).collect();
     if wanted("S6") {
-        for &imp in &with_valkey {
-            step(scenarios::renewal(&env, &plan, imp, cpu));
+        for &imp in with_valkey.iter().chain(&batched) {
+            step(scenarios::renewal(&env, &plan, imp, cpu, plan.s6()));
+        }
+    }
+    if wanted("S6L") {
+        let large = [
+            Impl::Raw,
+            Impl::RawFred,
+            Impl::RedleaseRedis,
+            Impl::RedleaseRedisBatch,
+            Impl::RedleaseFred,
+            Impl::RedleaseFredBatch,
+        ];
+        for imp in large.into_iter().filter(named) {
+            step(scenarios::renewal(&env, &plan, imp, cpu, plan.s6l()));
         }
     }
     if args.valkey {
@@ -376,6 +407,8 @@ fn main() -> ExitCode {
     print!("{}", report::targets(&rows));
     println!("targets (issue 14, waiting):");
     print!("{}", report::push_targets(&rows));
+    println!("targets (issue 15, scale):");
+    print!("{}", report::scale_targets(&rows));
     if args.observers {
         println!("lease event hook (--observers):");
         print!("{}", report::observer_costs(&rows));
@@ -383,6 +416,19 @@ fn main() -> ExitCode {
     if args.valkey {
         println!("native against scripts on Valkey 9.1 (--valkey):");
         print!("{}", report::valkey_comparison(&rows));
+    }
+    if let Some(dir) = &args.charts {
+        match charts::write_all(&rows, dir) {
+            Ok(files) => {
+                for f in files {
+                    println!("wrote {}", f.display());
+                }
+            }
+            Err(e) => {
+                eprintln!("charts: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
     }
     println!("total time: {:.1} s", started.elapsed().as_secs_f64());
     let json = report::to_json(&rows);

@@ -35,6 +35,14 @@ impl Samples {
         self.ns.len()
     }
 
+    /// The quantiles of [`DIST_QUANTILES`](crate::report::DIST_QUANTILES) in µs (empty without samples).
+    pub(crate) fn dist_us(&mut self) -> Vec<f64> {
+        crate::report::DIST_QUANTILES
+            .iter()
+            .filter_map(|&q| self.quantile_us(q))
+            .collect()
+    }
+
     /// The `q`-quantile (nearest rank, `q` in `[0, 1]`) in microseconds; `None` without samples.
     pub(crate) fn quantile_us(&mut self, q: f64) -> Option<f64> {
         if self.ns.is_empty() {
@@ -126,27 +134,63 @@ pub(crate) fn live_bytes(stats: &Stats) -> i128 {
         + stats.bytes_reallocated as i128
 }
 
-/// Calls of Lua scripts (`EVALSHA` plus `EVAL`) in the `INFO commandstats` text of a server.
-pub(crate) fn script_calls(info: &str) -> u64 {
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split_once("calls=")
-                .and_then(|(_, rest)| rest.split(',').next())
-                .and_then(|n| n.parse::<u64>().ok())
-        })
-        .sum()
+/// The per-command call counts of an `INFO commandstats` text (commands run by scripts count under their
+/// own names too).
+#[derive(Debug, Default)]
+pub(crate) struct Commandstats {
+    calls: Vec<(String, u64)>,
 }
 
-/// Renewals a server ran in S6's window: extend scripts, or on Valkey `SET … IFEQ` (no other `SET` is sent in
-/// that window, and the scripts' inner commands count under their own names, not as `set`).
-pub(crate) fn renewal_calls(info: &str) -> u64 {
-    script_calls(info)
-        + info
+impl Commandstats {
+    /// Parses the `cmdstat_NAME:calls=N,…` lines.
+    pub(crate) fn parse(info: &str) -> Self {
+        let calls = info
             .lines()
-            .find_map(|l| l.strip_prefix("cmdstat_set:calls="))
-            .and_then(|rest| rest.split(',').next()?.parse::<u64>().ok())
-            .unwrap_or(0)
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter_map(|l| {
+                let (name, rest) = l.split_once(':')?;
+                let n = rest
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("calls="))?
+                    .trim()
+                    .parse()
+                    .ok()?;
+                Some((name.to_owned(), n))
+            })
+            .collect();
+        Self { calls }
+    }
+
+    /// Calls of `name` (lower case, as `INFO` spells it).
+    pub(crate) fn calls(&self, name: &str) -> u64 {
+        self.calls
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, c)| c)
+            .sum()
+    }
+
+    /// `[expiry moves, SET, scripts, every command]`: the commands that move a key's expiry (`PEXPIRE`,
+    /// `EXPIRE`, in the renewal scripts of redlease, the raw floors, distributed-lock-redis and
+    /// async-redis-lock, alone or in a batch), `SET` (rslock's extend script sets the key again; on Valkey
+    /// `SET … IFEQ … PX` is the native renewal), scripts (`EVALSHA`, `EVAL`) and [`total`](Self::total).
+    pub(crate) fn renewal_counters(&self) -> [u64; 4] {
+        [
+            self.calls("pexpire") + self.calls("expire"),
+            self.calls("set"),
+            self.calls("evalsha") + self.calls("eval"),
+            self.total(),
+        ]
+    }
+
+    /// Every command executed, script-inner ones included, but the harness's own `INFO` and `CONFIG`.
+    pub(crate) fn total(&self) -> u64 {
+        self.calls
+            .iter()
+            .filter(|(n, _)| !n.starts_with("info") && !n.starts_with("config"))
+            .map(|(_, c)| c)
+            .sum()
+    }
 }
 
 #[cfg(test)]
@@ -166,11 +210,14 @@ mod tests {
     }
 
     #[test]
-    fn script_calls_sum_eval_and_evalsha() {
+    fn commandstats_count_renewals_requests_and_commands() {
         let info = "# Commandstats\r\ncmdstat_evalsha:calls=12,usec=30,usec_per_call=2.5\r\n\
-                    cmdstat_eval:calls=3,usec=9\r\ncmdstat_set:calls=99,usec=1\r\n";
-        assert_eq!(script_calls(info), 15);
-        assert_eq!(renewal_calls(info), 114);
+                    cmdstat_eval:calls=3,usec=9\r\ncmdstat_set:calls=99,usec=1\r\n\
+                    cmdstat_pexpire:calls=1500,usec=7\r\ncmdstat_get:calls=1500,usec=7\r\n\
+                    cmdstat_info:calls=2,usec=70\r\ncmdstat_config|resetstat:calls=1,usec=7\r\n";
+        let stats = Commandstats::parse(info);
+        assert_eq!(stats.calls("evalsha"), 12);
+        assert_eq!(stats.renewal_counters(), [1500, 99, 15, 3114]);
     }
 
     #[test]

@@ -2,6 +2,9 @@
 
 use std::fmt::Write as _;
 
+/// The quantiles a row's `dist_us` holds.
+pub(crate) const DIST_QUANTILES: [f64; 7] = [0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99];
+
 /// One (scenario, implementation) result. `None` figures are `null` in JSON and `-` in the table.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Row {
@@ -23,7 +26,9 @@ pub(crate) struct Row {
     pub(crate) bytes_per_lease: Option<f64>,
     /// S6: process CPU time per renewal, in µs.
     pub(crate) cpu_us_per_renewal: Option<f64>,
-    /// S7: heap allocations per acquire + release.
+    /// S3: process CPU time per acquire + release pair, in µs.
+    pub(crate) cpu_us_per_op: Option<f64>,
+    /// S7: heap allocations per acquire + release (S3: of the whole process, per pair).
     pub(crate) allocs_per_op: Option<f64>,
     /// The server the row ran on when it had one of its own (`--valkey`: `"valkey-9.1.2"`); `None` for the
     /// shared Redis servers.
@@ -45,6 +50,14 @@ pub(crate) struct Row {
     pub(crate) cmds_per_s: Option<f64>,
     /// S8 (redlease): node calls per second while the waiters waited.
     pub(crate) calls_per_s: Option<f64>,
+    /// S6, S6L: leases held at once.
+    pub(crate) leases: Option<u64>,
+    /// S6, S6L: median lateness of a renewal round's start against its schedule, in µs.
+    pub(crate) lateness_p50_us: Option<f64>,
+    /// S6, S6L: 99th percentile of that lateness, in µs.
+    pub(crate) lateness_p99_us: Option<f64>,
+    /// S1, S2, S3, S5: the latency distribution (S5: the gap) at [`DIST_QUANTILES`], in µs, for the charts.
+    pub(crate) dist_us: Vec<f64>,
     /// How the figure was obtained, what bounds it, or why there is none.
     pub(crate) note: String,
 }
@@ -117,9 +130,10 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             out,
             "  {{\"scenario\": {}, \"impl\": {}, \"nodes\": {nodes}, \"p50_us\": {}, \"p99_us\": {}, \
              \"ops_per_s\": {}, \"bound_us\": {}, \"bytes_per_lease\": {}, \"cpu_us_per_renewal\": {}, \
-             \"allocs_per_op\": {}, \"server\": {server}, \"server_us_per_op\": {}, \
+             \"cpu_us_per_op\": {}, \"allocs_per_op\": {}, \"server\": {server}, \"server_us_per_op\": {}, \
              \"server_usec_per_call\": {}, \"server_calls\": {}, \"hold_us\": {}, \"cmds_per_op\": {}, \
-             \"calls_per_op\": {}, \"cmds_per_s\": {}, \"calls_per_s\": {}, \"note\": {}}}",
+             \"calls_per_op\": {}, \"cmds_per_s\": {}, \"calls_per_s\": {}, \"leases\": {}, \
+             \"lateness_p50_us\": {}, \"lateness_p99_us\": {}, \"dist_us\": {}, \"note\": {}}}",
             string(r.scenario),
             string(r.imp),
             num(r.p50_us),
@@ -128,6 +142,7 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             num(r.bound_us),
             num(r.bytes_per_lease),
             num(r.cpu_us_per_renewal),
+            num(r.cpu_us_per_op),
             num(r.allocs_per_op),
             num(r.server_us_per_op),
             per_command(r, |c| num(Some(c.2))),
@@ -137,6 +152,22 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             num(r.calls_per_op),
             num(r.cmds_per_s),
             num(r.calls_per_s),
+            r.leases.map_or("null".to_owned(), |n| n.to_string()),
+            num(r.lateness_p50_us),
+            num(r.lateness_p99_us),
+            if r.dist_us.is_empty() {
+                "null".to_owned()
+            } else {
+                format!(
+                    "{{{}}}",
+                    DIST_QUANTILES
+                        .iter()
+                        .zip(&r.dist_us)
+                        .map(|(q, v)| format!("\"p{}\": {}", q * 100.0, num(Some(*v))))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            },
             string(&r.note),
         );
         out.push_str(if i + 1 < rows.len() { ",\n" } else { "\n" });
@@ -155,40 +186,46 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<3} {:<33} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>10}  note",
+        "{:<3} {:<33} {:>5} {:>7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}  note",
         "",
         "impl",
         "nodes",
+        "leases",
         "p50 µs",
         "p99 µs",
         "ops/s",
         "bound µs",
         "B/lease",
-        "CPU µs/r",
+        "CPU µs/op",
         "allocs",
         "srv µs/op",
         "hold µs",
         "cmds/op",
-        "cmds/s"
+        "calls/op",
+        "cmds/s",
+        "late p99"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<3} {:<33} {:>5} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>10}  {}{}",
+            "{:<3} {:<33} {:>5} {:>7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}  {}{}",
             r.scenario,
             r.imp,
             r.nodes.map_or("-".to_owned(), |n| n.to_string()),
+            r.leases.map_or("-".to_owned(), |n| n.to_string()),
             cell(r.p50_us, 1),
             cell(r.p99_us, 1),
             cell(r.ops_per_s, 0),
             cell(r.bound_us, 0),
             cell(r.bytes_per_lease, 0),
-            cell(r.cpu_us_per_renewal, 2),
+            cell(r.cpu_us_per_renewal.or(r.cpu_us_per_op), 2),
             cell(r.allocs_per_op, 1),
             cell(r.server_us_per_op, 2),
             cell(r.hold_us, 0),
             cell(r.cmds_per_op, 2),
+            cell(r.calls_per_op, 3),
             cell(r.cmds_per_s, 0),
+            cell(r.lateness_p99_us, 0),
             r.note,
             server_line(r)
         );
@@ -402,6 +439,100 @@ pub(crate) fn push_targets(rows: &[Row]) -> String {
     out
 }
 
+/// Issue 15's targets: S3 against raw, redlease/fred against the fred floor in S1–S3, and S6/S6L with and
+/// without renewal batching (bytes per lease, client CPU per renewal against the floor's per-key script
+/// call, server requests per renewal, p99 lateness against the batching window).
+pub(crate) fn scale_targets(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let ops = |imp: &str| find(rows, "S3", imp, Some(1)).and_then(|r| r.ops_per_s);
+    for imp in ["redlease/redis", "redlease/fred"] {
+        let r = ratio(ops(imp), ops("raw"));
+        let _ = writeln!(
+            out,
+            "{imp}: S3 {} / raw {} ops/s = {} (target ≥ 0.95× for redlease/redis): {}",
+            cell(ops(imp), 0),
+            cell(ops("raw"), 0),
+            fmt_ratio(r),
+            if imp == "redlease/redis" {
+                verdict(r.map(|r| r >= 0.95))
+            } else {
+                "-"
+            }
+        );
+    }
+    // Higher is better for the floor ÷ redlease/fred latency ratio and for the throughput ratio.
+    for (scenario, nodes) in [("S1", 1), ("S2", 3), ("S2", 5)] {
+        let p50 = |imp: &str| find(rows, scenario, imp, Some(nodes)).and_then(|r| r.p50_us);
+        let r = ratio(p50("raw-fred"), p50("redlease/fred"));
+        let _ = writeln!(
+            out,
+            "redlease/fred: {scenario} {nodes}-node p50 {} µs vs raw-fred {} µs: raw-fred / redlease/fred = {} \
+             (target ≥ 0.9×): {}",
+            cell(p50("redlease/fred"), 1),
+            cell(p50("raw-fred"), 1),
+            fmt_ratio(r),
+            verdict(r.map(|r| r >= 0.9))
+        );
+    }
+    let r = ratio(ops("redlease/fred"), ops("raw-fred"));
+    let _ = writeln!(
+        out,
+        "redlease/fred: S3 {} / raw-fred {} ops/s = {} (target ≥ 0.9×): {}",
+        cell(ops("redlease/fred"), 0),
+        cell(ops("raw-fred"), 0),
+        fmt_ratio(r),
+        verdict(r.map(|r| r >= 0.9))
+    );
+    let window_us = crate::clients::BATCH_WINDOW.as_secs_f64() * 1e6;
+    for scenario in ["S6", "S6L"] {
+        let floor_cpu =
+            |imp: &str| find(rows, scenario, imp, Some(1)).and_then(|r| r.cpu_us_per_renewal);
+        for (imp, floor) in [
+            ("redlease/redis", "raw"),
+            ("redlease/redis+batch", "raw"),
+            ("redlease/fred", "raw-fred"),
+            ("redlease/fred+batch", "raw-fred"),
+        ] {
+            let Some(row) = find(rows, scenario, imp, Some(1)) else {
+                continue;
+            };
+            let leases = row.leases.map_or("-".to_owned(), |n| n.to_string());
+            let bytes = row.bytes_per_lease;
+            let cpu = ratio(row.cpu_us_per_renewal, floor_cpu(floor));
+            let cpu_raw = ratio(row.cpu_us_per_renewal, floor_cpu("raw"));
+            let calls = row.calls_per_op;
+            let late = row.lateness_p99_us;
+            let batched = imp.ends_with("+batch");
+            let _ = writeln!(
+                out,
+                "{imp}: {scenario} {leases} leases: {} B/lease (target ≤ 1024): {}; CPU {} µs/renewal = {} of \
+                 {floor}'s {} µs ({} of raw's; target ≤ 0.5×): {}; {} requests/renewal (target ≤ 0.05): {}; \
+                 lateness p50 {} / p99 {} µs{}",
+                cell(bytes, 1),
+                verdict(bytes.map(|b| b <= 1024.0)),
+                cell(row.cpu_us_per_renewal, 2),
+                fmt_ratio(cpu),
+                cell(floor_cpu(floor), 2),
+                fmt_ratio(cpu_raw),
+                verdict(cpu.map(|r| r <= 0.5)),
+                cell(calls, 4),
+                verdict(calls.map(|c| c <= 0.05)),
+                cell(row.lateness_p50_us, 0),
+                cell(late, 0),
+                if batched {
+                    format!(
+                        " (target ≤ the {window_us:.0} µs window): {}",
+                        verdict(late.map(|l| l <= window_us))
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    out
+}
+
 pub(crate) fn targets(rows: &[Row]) -> String {
     let mut out = String::new();
     for imp in ["redlease/redis", "redlease/fred"] {
@@ -475,6 +606,7 @@ mod tests {
             "bound_us",
             "bytes_per_lease",
             "cpu_us_per_renewal",
+            "cpu_us_per_op",
             "allocs_per_op",
             "server",
             "server_us_per_op",
@@ -485,6 +617,10 @@ mod tests {
             "calls_per_op",
             "cmds_per_s",
             "calls_per_s",
+            "leases",
+            "lateness_p50_us",
+            "lateness_p99_us",
+            "dist_us",
             "note",
         ] {
             assert_eq!(json.matches(&format!("\"{key}\":")).count(), 2, "{key}");

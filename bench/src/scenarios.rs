@@ -39,6 +39,10 @@ pub(crate) struct Plan {
     pub(crate) s6_leases: usize,
     /// S6 CPU measuring window.
     pub(crate) s6_window: Duration,
+    /// S6L held leases.
+    pub(crate) s6l_leases: usize,
+    /// S6L measuring window.
+    pub(crate) s6l_window: Duration,
     /// S7 measured acquire + release pairs.
     pub(crate) s7_iters: usize,
     /// S1/S2 rounds over all implementations.
@@ -58,11 +62,13 @@ impl Plan {
         s8_window: Duration::from_secs(4),
         s6_leases: 10_000,
         s6_window: Duration::from_secs(6),
+        s6l_leases: 100_000,
+        s6l_window: Duration::from_secs(4),
         s7_iters: 20_000,
         rounds: 10,
     };
 
-    /// The short run (`just bench-quick`, under two minutes).
+    /// The short run (`just bench-quick`, about three minutes with S6L's 100,000 leases).
     pub(crate) const QUICK: Plan = Plan {
         warmup: 200,
         s1_iters: 2_000,
@@ -75,6 +81,8 @@ impl Plan {
         s6_leases: 10_000,
         // Longer than rslock's renewal cadence (~2.5 s), so its leases renew inside the window.
         s6_window: Duration::from_secs(3),
+        s6l_leases: 100_000,
+        s6l_window: Duration::from_millis(3500),
         s7_iters: 5_000,
         rounds: 3,
     };
@@ -101,6 +109,16 @@ const RENEWING: Setup = Setup {
     op_timeout: Duration::from_millis(500),
     retry_delay: Duration::from_millis(5),
     renew_every: Duration::from_secs(1),
+};
+
+/// S6L settings: leases of 9 s renewed every 3 s. 100,000 leases renewed every second would be 100,000
+/// renewals a second, more than two shared cores carry for any client (the raw floor managed 42 % of them
+/// in a run at load average 8, and acquisitions timed out meanwhile); every 3 s it is 33,000 a second.
+const RENEWING_LARGE: Setup = Setup {
+    ttl: Duration::from_secs(9),
+    op_timeout: Duration::from_millis(500),
+    retry_delay: Duration::from_millis(5),
+    renew_every: Duration::from_secs(3),
 };
 
 /// Concurrent tasks in S3.
@@ -301,6 +319,7 @@ pub(crate) fn latency(env: &Env, plan: &Plan, impls: &[Impl], nodes: usize) -> V
                     Ok(mut s) => {
                         row.p50_us = s.quantile_us(0.5);
                         row.p99_us = s.quantile_us(0.99);
+                        row.dist_us = s.dist_us();
                         row.note = format!(
                             "{} sequential acquire+release pairs on one key in {} interleaved rounds after {} \
                              warm-up; latency of the pair",
@@ -363,29 +382,42 @@ pub(crate) fn throughput(env: &Env, plan: &Plan, imp: Impl) -> Row {
         }
         warmed.wait().await;
         reset_own_stats(env, imp)?;
+        let cpu = CpuClock::new();
         start.wait().await;
+        let (heap0, cpu0) = (measure::heap(), cpu.now()?);
         let t0 = Instant::now();
         tokio::time::sleep(plan.s3_time).await;
         stop.store(true, Ordering::Relaxed);
         let mut all = Samples::default();
         let mut ops = 0usize;
+        let mut results = Vec::with_capacity(S3_TASKS);
         for task in tasks {
-            let s = task.await.map_err(ctx("S3 task"))??;
-            ops += s.len();
-            all.merge(s);
+            results.push(task.await.map_err(ctx("S3 task"))?);
         }
         // Operations finished after the stop flag are counted, and so is the time they took.
         let elapsed = t0.elapsed();
-        Ok((ops, elapsed, all))
+        let (heap1, cpu1) = (measure::heap(), cpu.now()?);
+        for s in results {
+            let s = s?;
+            ops += s.len();
+            all.merge(s);
+        }
+        let allocations = heap1.allocations.saturating_sub(heap0.allocations);
+        Ok((ops, elapsed, all, allocations, cpu1.saturating_sub(cpu0)))
     });
     match result {
-        Ok((ops, elapsed, mut all)) => {
+        Ok((ops, elapsed, mut all, allocations, cpu_time)) => {
             row.ops_per_s = Some(ops as f64 / elapsed.as_secs_f64());
+            row.allocs_per_op = Some(allocations as f64 / ops.max(1) as f64);
+            row.cpu_us_per_op = Some(us(cpu_time) / ops.max(1) as f64);
             row.p50_us = all.quantile_us(0.5);
             row.p99_us = all.quantile_us(0.99);
+            row.dist_us = all.dist_us();
             row.note = format!(
                 "{ops} acquire+release pairs by {S3_TASKS} tasks on distinct keys through one client in {:.2} s; \
-                 p50/p99 = latency of one pair under this load",
+                 p50/p99 = latency of one pair under this load; allocs_per_op = heap allocations of the whole \
+                 process per pair, cpu_us_per_op = its CPU time (utime + stime, all threads: the client's share \
+                 of the 2 cores) per pair",
                 elapsed.as_secs_f64()
             );
             record_own_stats(env, imp, &mut row, ops as u64, None);
@@ -529,7 +561,9 @@ fn waiting_kind(imp: Impl, delay: &str) -> String {
         | Impl::ValkeyFredScripts
         | Impl::ReplicatedRedis
         | Impl::ReplicatedRedisWait1
-        | Impl::ReplicatedRedisNoQuarantine => {
+        | Impl::ReplicatedRedisNoQuarantine
+        | Impl::RedleaseRedisBatch
+        | Impl::RedleaseFredBatch => {
             "acquire_within, woken by release notifications (at most max_retry_delay 1 s apart; polling at \
              the retry delay DELAY until subscribed)"
         }
@@ -542,7 +576,7 @@ fn waiting_kind(imp: Impl, delay: &str) -> String {
         }
         Impl::Rslock => "lock() with set_retry(∞, DELAY): pauses U[0, DELAY)",
         Impl::Arl => "its own retry loop, DELAY apart",
-        Impl::Raw | Impl::Dlr => "harness loop: try, then DELAY + 0–50 % jitter",
+        Impl::Raw | Impl::RawFred | Impl::Dlr => "harness loop: try, then DELAY + 0–50 % jitter",
     };
     how.replace("DELAY", delay)
 }
@@ -663,6 +697,7 @@ pub(crate) fn contention(env: &Env, plan: &Plan, imp: Impl, pause: Option<Durati
             row.ops_per_s = Some(handoffs as f64 / elapsed.as_secs_f64());
             row.p50_us = gaps.quantile_us(0.5);
             row.p99_us = gaps.quantile_us(0.99);
+            row.dist_us = gaps.dist_us();
             row.hold_us = Some(us(hold));
             row.cmds_per_op = Some(per(commands));
             if imp.redlease() {
@@ -826,80 +861,175 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// S6: 10,000 held leases renewing themselves: heap bytes per lease, CPU per renewal.
-pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
+/// One size of S6: the scenario's name, the leases held and the CPU window.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fleet {
+    /// `"S6"` (10,000 leases) or `"S6L"` (100,000).
+    pub(crate) scenario: &'static str,
+    /// Leases held at once.
+    pub(crate) leases: usize,
+    /// The window over which CPU, renewals and lateness are measured (longer than the renewal interval).
+    pub(crate) window: Duration,
+    /// TTL and renewal interval.
+    pub(crate) setup: Setup,
+}
+
+impl Plan {
+    /// S6: `s6_leases` leases over `s6_window`.
+    pub(crate) fn s6(&self) -> Fleet {
+        Fleet {
+            scenario: "S6",
+            leases: self.s6_leases,
+            window: self.s6_window,
+            setup: RENEWING,
+        }
+    }
+
+    /// S6L: `s6l_leases` leases over `s6l_window`.
+    pub(crate) fn s6l(&self) -> Fleet {
+        Fleet {
+            scenario: "S6L",
+            leases: self.s6l_leases,
+            window: self.s6l_window,
+            setup: RENEWING_LARGE,
+        }
+    }
+}
+
+/// Renewals, the requests that carried them and every command the server executed, between two
+/// `INFO commandstats` readings (see [`measure::Commandstats::renewal_counters`]). A renewal is a command
+/// that moved a key's expiry (`PEXPIRE`/`EXPIRE`, or `SET`: rslock's script, Valkey's native `SET … IFEQ`);
+/// the requests are the scripts, or where there were none, the native `SET`s.
+fn renewal_counts(before: &str, after: &str) -> (u64, u64, u64) {
+    let [e0, s0, x0, t0] = measure::Commandstats::parse(before).renewal_counters();
+    let [e1, s1, x1, t1] = measure::Commandstats::parse(after).renewal_counters();
+    let (expiries, sets, scripts) = (e1 - e0.min(e1), s1 - s0.min(s1), x1 - x0.min(x1));
+    let requests = if scripts > 0 { scripts } else { sets };
+    (expiries + sets, requests, t1.saturating_sub(t0))
+}
+
+/// S6 and S6L: `fleet.leases` held leases renewing themselves (S6: TTL 3 s, every second; S6L: TTL 9 s, every
+/// 3 s): heap bytes per lease,
+/// client CPU per renewal, server requests and commands per renewal, and how late renewals started against
+/// their schedule.
+pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock, fleet: Fleet) -> Row {
     if !imp.networked() {
         return renewal_memory(plan, imp);
     }
-    let mut row = Row::new("S6", imp.name(), Some(1));
+    let mut row = Row::new(fleet.scenario, imp.name(), Some(1));
+    row.leases = Some(fleet.leases as u64);
     let urls = env.urls_for(imp, 1);
     let server = env.server_for(imp);
-    let n = plan.s6_leases;
+    let n = fleet.leases;
+    // Allocated before any heap reading; fed by redlease's observer or the raw floors' loops.
+    let setup = fleet.setup;
+    let lateness = crate::lateness::Lateness::new(n, setup.renew_every);
+    let measures_lateness = imp.redlease() || imp.raw();
     let result = on_runtime(|| async {
-        let client = Arc::new(Client::connect(imp, &urls, RENEWING).await?);
+        if measures_lateness {
+            *lock(&clients::LATENESS) = Some(Arc::clone(&lateness));
+        }
+        let client = Client::connect(imp, &urls, setup).await;
+        *lock(&clients::LATENESS) = None;
+        let client = Arc::new(client?);
         for i in 0..64 {
             let held = client
-                .hold_renewing(&format!("bench:S6:{}:warm{i}", imp.name()), RENEWING)
+                .hold_renewing(
+                    &format!("bench:{}:{}:warm{i}", fleet.scenario, imp.name()),
+                    RENEWING,
+                )
                 .await?;
             client.release(held).await?;
         }
         let acquiring = Instant::now();
-        let (bytes, rss, mut held) = hold_many(&client, n, imp, true).await?;
+        let (bytes, rss, mut held, failures) = hold_many(&client, n, imp, Some(setup)).await?;
         let acquire_time = acquiring.elapsed();
 
         reset_own_stats(env, imp)?;
-        let calls0 = measure::renewal_calls(&server.try_cmd(&["INFO", "commandstats"])?);
+        let info0 = server.try_cmd(&["INFO", "commandstats"])?;
         let cpu0 = cpu.now()?;
+        lateness.set_recording(true);
         let t0 = Instant::now();
-        tokio::time::sleep(plan.s6_window).await;
+        tokio::time::sleep(fleet.window).await;
+        lateness.set_recording(false);
         let cpu1 = cpu.now()?;
         let window = t0.elapsed();
         let info1 = server.try_cmd(&["INFO", "commandstats"])?;
-        let calls1 = measure::renewal_calls(&info1);
-        let renewals = calls1.saturating_sub(calls0);
+        let counts = renewal_counts(&info0, &info1);
 
         let still = held.len();
         let release_errors = release_all(&client, std::mem::take(&mut held)).await;
         Ok((
-            bytes,
-            rss,
+            (bytes, rss),
             cpu1.saturating_sub(cpu0),
             window,
-            renewals,
+            counts,
             acquire_time,
-            still,
-            release_errors,
+            (still, release_errors, failures),
             info1,
         ))
     });
     match result {
         Ok((
-            bytes,
-            rss,
+            (bytes, rss),
             cpu_time,
             window,
-            renewals,
+            (renewals, requests, commands),
             acquire_time,
-            still,
-            release_errors,
+            (still, release_errors, failures),
             info1,
         )) => {
             row.bytes_per_lease = Some(bytes);
+            let per = |x: u64| (renewals > 0).then(|| x as f64 / renewals as f64);
             row.cpu_us_per_renewal = (renewals > 0).then(|| us(cpu_time) / renewals as f64);
+            row.calls_per_op = per(requests);
+            row.cmds_per_op = per(commands);
+            if measures_lateness {
+                row.lateness_p50_us = lateness.quantile_us(0.5);
+                row.lateness_p99_us = lateness.quantile_us(0.99);
+            }
             // The renewal window alone (read before the releases).
             record_own_stats(env, imp, &mut row, renewals, Some(Ok(info1)));
+            let expected = n as f64 * window.as_secs_f64() / setup.renew_every.as_secs_f64();
             row.note = format!(
-                "{still} leases (TTL 3 s) acquired in {:.2} s; {renewals} renewals (server-side script calls, or \
-                 SET … IFEQ) in a \
-                 {:.2} s window, process CPU {:.0} ms (tick {} ms); heap delta per lease incl. the lease object; \
-                 RSS delta {rss:.0} B/lease; {release_errors} release errors; cadence: {}",
+                "{still} leases (TTL {} s, renewed every {} s) acquired in {:.2} s ({failures} failed acquisitions tried again on \
+                 another key); {renewals} renewals (PEXPIRE, or SET: rslock's script, Valkey's \
+                 SET … IFEQ; INFO commandstats; {:.1} % of one per lease and interval) in a {:.2} s window, by \
+                 {requests} requests (EVALSHA/EVAL, or native SETs: calls_per_op) and {commands} server commands in all \
+                 (script-inner ones included: cmds_per_op); process CPU {:.0} ms (tick {} ms); heap delta per \
+                 lease incl. the lease object; RSS delta {rss:.0} B/lease; {}; {release_errors} release \
+                 errors; cadence: {}{}",
+                setup.ttl.as_secs(),
+                setup.renew_every.as_secs(),
                 acquire_time.as_secs_f64(),
+                100.0 * renewals as f64 / expected.max(1.0),
                 window.as_secs_f64(),
                 cpu_time.as_secs_f64() * 1e3,
                 cpu.resolution().as_millis(),
+                if measures_lateness {
+                    format!(
+                        "lateness against the schedule (round start − previous round start − {} s; 10 µs \
+                         buckets) over {} renewals: max {:.1} ms, {} rounds early (retries)",
+                        setup.renew_every.as_secs(),
+                        lateness.count(),
+                        lateness.max().as_secs_f64() * 1e3,
+                        lateness.early()
+                    )
+                } else {
+                    "lateness not measured (its renewal is inside the peer)".to_owned()
+                },
                 match imp {
-                    Impl::Rslock => "rslock's `using` extends at validity − 500 ms (~2.5 s)",
-                    _ => "every 1 s",
+                    Impl::Rslock => "rslock's `using` extends at validity − 500 ms".to_owned(),
+                    _ => format!("every {} s", setup.renew_every.as_secs()),
+                },
+                if imp.batched() {
+                    format!(
+                        "; batched: Config::with_renewal_batching({} ms, {})",
+                        clients::BATCH_WINDOW.as_millis(),
+                        clients::BATCH_MAX
+                    )
+                } else {
+                    String::new()
                 }
             );
         }
@@ -908,14 +1038,17 @@ pub(crate) fn renewal(env: &Env, plan: &Plan, imp: Impl, cpu: CpuClock) -> Row {
     row
 }
 
-/// Acquires `n` leases (`renewing`: self-renewing ones) with 64 acquisitions in flight, and returns the heap
-/// bytes per lease (including the inline size of the lease object), the RSS growth per lease and the leases.
+/// Acquires `n` leases (with `renewing`, self-renewing ones with its TTL and interval) with 64 acquisitions in flight, and returns the heap
+/// bytes per lease (including the inline size of the lease object), the RSS growth per lease, the leases and
+/// the failed acquisitions. An acquisition that fails (on a saturated machine an operation times out: 100,000
+/// leases renewing one by one keep both cores busy) is tried again on a new key, at most twice; the row
+/// reports the failures (and measures the leases it holds), and more than 10 % failures fail it.
 async fn hold_many(
     client: &Arc<Client>,
     n: usize,
     imp: Impl,
-    renewing: bool,
-) -> Res<(f64, f64, Vec<Held>)> {
+    renewing: Option<Setup>,
+) -> Res<(f64, f64, Vec<Held>, usize)> {
     let mut held: Vec<Held> = Vec::with_capacity(n);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let heap0 = measure::live_bytes(&measure::heap());
@@ -923,31 +1056,56 @@ async fn hold_many(
     let mut stream = futures::stream::iter(0..n)
         .map(|i| {
             let client = Arc::clone(client);
-            let key = format!("bench:S6:{}:{renewing}:{i}", imp.name());
             async move {
-                if renewing {
-                    client.hold_renewing(&key, RENEWING).await
-                } else {
-                    client
-                        .try_acquire(&key)
-                        .await?
-                        .ok_or_else(|| format!("{key} unexpectedly held"))
+                let mut failed = 0;
+                loop {
+                    let key = format!(
+                        "bench:S6:{}:{n}:{}:{i}:{failed}",
+                        imp.name(),
+                        renewing.is_some()
+                    );
+                    let got = if let Some(setup) = renewing {
+                        client.hold_renewing(&key, setup).await
+                    } else {
+                        client
+                            .try_acquire(&key)
+                            .await
+                            .and_then(|h| h.ok_or_else(|| format!("{key} unexpectedly held")))
+                    };
+                    match got {
+                        Ok(h) => return (Ok(h), failed),
+                        Err(e) if failed == 2 => return (Err(e), failed + 1),
+                        Err(_) => failed += 1,
+                    }
                 }
             }
         })
         .buffer_unordered(64);
-    while let Some(h) = stream.next().await {
-        held.push(h?);
+    let mut failures = 0;
+    let mut last_error = None;
+    while let Some((h, failed)) = stream.next().await {
+        failures += failed;
+        match h {
+            Ok(h) => held.push(h),
+            Err(e) => last_error = Some(e),
+        }
     }
     drop(stream);
+    if failures * 10 > n {
+        return Err(format!(
+            "{failures} of {n} acquisitions failed; the last: {}",
+            last_error.unwrap_or_default()
+        ));
+    }
     // Let the acquisitions' transient buffers go before reading the heap.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let heap1 = measure::live_bytes(&measure::heap());
     let rss1 = measure::resident_bytes()?;
     let inline: usize = held.iter().map(Held::inline_size).sum();
-    let bytes = ((heap1 - heap0) as f64 + inline as f64) / n as f64;
-    let rss = (rss1 as f64 - rss0 as f64) / n as f64;
-    Ok((bytes, rss, held))
+    let count = held.len().max(1) as f64;
+    let bytes = ((heap1 - heap0) as f64 + inline as f64) / count;
+    let rss = (rss1 as f64 - rss0 as f64) / count;
+    Ok((bytes, rss, held, failures))
 }
 
 /// Releases every lease in `held`, 64 at a time; returns the number of failed releases.
@@ -972,10 +1130,10 @@ fn renewal_memory(plan: &Plan, imp: Impl) -> Row {
     let n = plan.s6_leases;
     let result = on_runtime(|| async {
         let client = Arc::new(Client::connect(imp, &[], RENEWING).await?);
-        let (renewing, _, held) = hold_many(&client, n, imp, true).await?;
+        let (renewing, _, held, _) = hold_many(&client, n, imp, Some(RENEWING)).await?;
         let task = crate::clients::LAST_TASK_SIZE.load(Ordering::Relaxed);
         let errors = release_all(&client, held).await;
-        let (plain, _, held) = hold_many(&client, n, imp, false).await?;
+        let (plain, _, held, _) = hold_many(&client, n, imp, None).await?;
         let errors = errors + release_all(&client, held).await;
         Ok((renewing, plain, errors, task))
     });
