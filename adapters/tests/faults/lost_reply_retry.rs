@@ -15,16 +15,20 @@ use redlease_testkit::server::{Flavor, RedisServer};
 use crate::common::{self, Proxied, RECONNECTING, get, key, on_every_server};
 
 const TTL: Duration = Duration::from_secs(10);
-const OP: Duration = Duration::from_millis(300);
+/// The clean-up must reach the server, reconnected, and its refusal come back within one round: a round that
+/// timed out would make the clean-up's outcome unknown, and the retry would then use a fresh token by design.
+/// 800 ms leaves room for the reconnection on a loaded machine (300 ms did not, at a load average of 5).
+const OP: Duration = Duration::from_millis(800);
 /// The pause before the retry: the window in which the test lifts the ACL after the clean-up was refused (it
-/// reacts within milliseconds; the rest is room for a loaded machine).
-const RETRY_DELAY: Duration = Duration::from_millis(800);
+/// reacts within milliseconds; the rest is room for a loaded machine). Measured from the start it must
+/// also cover attempt 1's round and the clean-up's (`lifted < retry_at` below).
+const RETRY_DELAY: Duration = Duration::from_millis(2 * 800 + 900);
 /// fred's clean-up never reaches the server while the link is down: with fail-fast it is refused at once,
 /// unsent (definite). The link stays down until that clean-up is certainly over: attempt 1's round and the
 /// clean-up round are each cut at the operation timeout.
-const FRED_LINK_DOWN: Duration = Duration::from_millis(2 * 300 + 700);
+const FRED_LINK_DOWN: Duration = Duration::from_millis(2 * 800 + 700);
 /// The retry comes well after the link is back.
-const FRED_RETRY_DELAY: Duration = Duration::from_millis(3_000);
+const FRED_RETRY_DELAY: Duration = Duration::from_millis(2 * 800 + 700 + 2_000);
 
 /// `rejected_calls` of `EVALSHA` plus `EVAL` (`INFO commandstats`): scripts the server refused before
 /// running them.
