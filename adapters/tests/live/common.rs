@@ -24,12 +24,18 @@ pub(crate) fn fred_client(url: &str) -> redlease_adapters::fred::fred::clients::
     fred_builder(url).build().expect("fred client")
 }
 
-/// Short-TTL config for live tests: one attempt, small retry delay.
+/// Short-TTL config for live tests: one attempt, small retry delay, and rounds of at least 300 ms (the
+/// default, expiry / 5, would give a 500 ms lease 100 ms rounds, which a loaded two-core machine running
+/// four servers' test bodies at once exceeds now and then — a Lua-less fenced acquisition is three round
+/// trips), at most half the expiry. Tests about timeouts set their own.
 pub(crate) fn config(expiry: Duration) -> Config {
+    let default = Config::default().operation_timeout_for(expiry);
+    let op = default.max(Duration::from_millis(300)).min(expiry / 2);
     Config::default()
         .with_expiry(expiry)
         .with_attempts(1)
         .with_retry_delay(Duration::from_millis(10))
+        .with_operation_timeout(op)
 }
 
 /// A unique key for one test case (a fresh server per test keeps them apart anyway).
