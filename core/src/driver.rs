@@ -345,6 +345,10 @@ impl Engine {
     ///
     /// Not an `async fn`: an `async fn` keeps its arguments twice in its future (as captured and as moved
     /// into its body), and every acquisition, extension and release future nests one round.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future; an async block, once"
+    )]
     pub(crate) fn round<'a, T, Op, Yes>(
         &'a self,
         wait: WaitFor,
@@ -448,6 +452,10 @@ impl Engine {
     ///
     /// Not an `async fn`, like [`round`](Self::round): its arguments are kept once in its future.
     #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future; an async block, once"
+    )]
     pub(crate) fn acquire_round<'a>(
         &'a self,
         key: &'a str,
@@ -673,6 +681,10 @@ impl Engine {
     /// [`NodeErrorKind::NotReplicated`] error (a failed extension).
     ///
     /// Not an `async fn`, like [`round`](Self::round).
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future; an async block, once"
+    )]
     pub(crate) fn extend_round<'a>(
         &'a self,
         key: &'a str,
