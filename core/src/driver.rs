@@ -345,6 +345,10 @@ impl Engine {
     ///
     /// Not an `async fn`: an `async fn` keeps its arguments twice in its future (as captured and as moved
     /// into its body), and every acquisition, extension and release future nests one round.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future; an async block, once"
+    )]
     pub(crate) fn round<'a, T, Op, Yes>(
         &'a self,
         wait: WaitFor,
@@ -445,87 +449,95 @@ impl Engine {
     /// (an unfenced acquisition that may wait for a notification), nodes are asked for the holder's remaining
     /// TTL on contention ([`RedisNode::acquire_or_ttl`]), collected there. `timeout`
     /// includes the [`wait_allowance`](Self::wait_allowance). Events the nodes gave reason for (a restart, a fence regression, a write not replicated) are emitted for `id`.
+    ///
+    /// Not an `async fn`, like [`round`](Self::round): its arguments are kept once in its future.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn acquire_round(
-        &self,
-        key: &str,
-        fence_key: Option<&str>,
-        token: &Token,
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future; an async block, once"
+    )]
+    pub(crate) fn acquire_round<'a>(
+        &'a self,
+        key: &'a str,
+        fence_key: Option<&'a str>,
+        token: &'a Token,
         ttl: Ttl,
         timeout: Duration,
         fresh: Fresh,
-        hint: Option<&TtlHint>,
+        hint: Option<&'a TtlHint>,
         id: LeaseId,
-    ) -> RoundResult<Option<u64>> {
-        let notes = Notes::default();
-        let notes_ref = &notes;
-        let r = match fence_key {
-            Some(fence_key) => {
-                self.round(
-                    WaitFor::Decision,
-                    true,
-                    timeout,
-                    |i, node| {
-                        Box::pin(async move {
-                            let taken = node.acquire_fenced(key, fence_key, token, ttl).await;
-                            self.after_acquire(
-                                i,
-                                node,
-                                key,
-                                Some(fence_key),
-                                token,
-                                ttl,
-                                taken,
-                                notes_ref,
-                            )
-                            .await
-                        })
-                    },
-                    Option::is_some,
-                )
-                .await
-            }
-            None => {
-                // A fresh acquisition is one plain `SET NX` per node: no grace needed (see `round`).
-                self.round(
-                    WaitFor::Decision,
-                    !fresh.all_of(self.nodes.len()),
-                    timeout,
-                    |i, node| {
-                        let fresh = fresh.get(i);
-                        Box::pin(async move {
-                            let taken = match hint {
-                                // An acquisition that may wait: the holder's TTL too, on contention.
-                                Some(hint) => node
-                                    .acquire_or_ttl(key, token, ttl, fresh)
-                                    .await
-                                    .map(|claim| match claim {
-                                        Claim::Taken => Some(0),
-                                        Claim::Held { remaining } => {
-                                            hint.note(remaining);
-                                            None
-                                        }
-                                    }),
-                                None => if fresh {
-                                    node.acquire_fresh(key, token, ttl).await
-                                } else {
-                                    node.acquire(key, token, ttl).await
-                                }
-                                .map(|ok| ok.then_some(0)),
-                            };
-                            self.after_acquire(i, node, key, None, token, ttl, taken, notes_ref)
+    ) -> impl Future<Output = RoundResult<Option<u64>>> + 'a {
+        async move {
+            let notes = Notes::default();
+            let notes_ref = &notes;
+            let r = match fence_key {
+                Some(fence_key) => {
+                    self.round(
+                        WaitFor::Decision,
+                        true,
+                        timeout,
+                        |i, node| {
+                            Box::pin(async move {
+                                let taken = node.acquire_fenced(key, fence_key, token, ttl).await;
+                                self.after_acquire(
+                                    i,
+                                    node,
+                                    key,
+                                    Some(fence_key),
+                                    token,
+                                    ttl,
+                                    taken,
+                                    notes_ref,
+                                )
                                 .await
-                        })
-                    },
-                    Option::is_some,
-                )
-                .await
+                            })
+                        },
+                        Option::is_some,
+                    )
+                    .await
+                }
+                None => {
+                    // A fresh acquisition is one plain `SET NX` per node: no grace needed (see `round`).
+                    self.round(
+                        WaitFor::Decision,
+                        !fresh.all_of(self.nodes.len()),
+                        timeout,
+                        |i, node| {
+                            let fresh = fresh.get(i);
+                            Box::pin(async move {
+                                let taken = match hint {
+                                    // An acquisition that may wait: the holder's TTL too, on contention.
+                                    Some(hint) => node
+                                        .acquire_or_ttl(key, token, ttl, fresh)
+                                        .await
+                                        .map(|claim| match claim {
+                                            Claim::Taken => Some(0),
+                                            Claim::Held { remaining } => {
+                                                hint.note(remaining);
+                                                None
+                                            }
+                                        }),
+                                    None => if fresh {
+                                        node.acquire_fresh(key, token, ttl).await
+                                    } else {
+                                        node.acquire(key, token, ttl).await
+                                    }
+                                    .map(|ok| ok.then_some(0)),
+                                };
+                                self.after_acquire(i, node, key, None, token, ttl, taken, notes_ref)
+                                    .await
+                            })
+                        },
+                        Option::is_some,
+                    )
+                    .await
+                }
+            };
+            if self.hook.active() {
+                notes.emit(self, key, id, r.ended);
             }
-        };
-        if self.hook.active() {
-            notes.emit(self, key, id, r.ended);
+            r
         }
-        r
     }
 
     /// What follows a node's acquisition reply, on the same node and before the round counts it:
@@ -667,20 +679,27 @@ impl Engine {
     /// With a [`Durability`](crate::Durability) policy (single mode), a successful extension waits for the
     /// replicas; under the required policy a shortfall makes it an ambiguous
     /// [`NodeErrorKind::NotReplicated`] error (a failed extension).
-    pub(crate) async fn extend_round(
-        &self,
-        key: &str,
-        token: &Token,
+    ///
+    /// Not an `async fn`, like [`round`](Self::round).
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an async fn keeps its arguments twice in its future; an async block, once"
+    )]
+    pub(crate) fn extend_round<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
         ttl: Ttl,
         timeout: Duration,
-        unconfirmed: Option<&[u64]>,
+        unconfirmed: Option<&'a [u64]>,
         id: LeaseId,
-    ) -> RoundResult<bool> {
-        let notes = Notes::default();
-        let notes_ref = &notes;
-        let durable = self.wait_allowance() > Duration::ZERO;
-        let timeout = timeout.saturating_add(self.wait_allowance());
-        let r = self
+    ) -> impl Future<Output = RoundResult<bool>> + 'a {
+        async move {
+            let notes = Notes::default();
+            let notes_ref = &notes;
+            let durable = self.wait_allowance() > Duration::ZERO;
+            let timeout = timeout.saturating_add(self.wait_allowance());
+            let r = self
             .round(
                 WaitFor::Decision,
                 true,
@@ -707,25 +726,27 @@ impl Engine {
                 |ok| *ok,
             )
             .await;
-        if self.hook.active() {
-            notes.emit(self, key, id, r.ended);
+            if self.hook.active() {
+                notes.emit(self, key, id, r.ended);
+            }
+            r
         }
-        r
     }
 
     /// One compare-and-delete round on the nodes in `only` (all nodes when `None`), waiting for every reply.
-    pub(crate) async fn release_round(
-        &self,
-        key: &str,
-        token: &Token,
+    /// The round's own future, not one around it.
+    pub(crate) fn release_round<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
         timeout: Duration,
-        only: Option<&[usize]>,
-    ) -> RoundResult<bool> {
+        only: Option<&'a [usize]>,
+    ) -> impl Future<Output = RoundResult<bool>> + 'a {
         self.round(
             WaitFor::All,
             false,
             timeout,
-            |i, node| {
+            move |i, node| {
                 if only.is_none_or(|only| only.contains(&i)) {
                     node.release(key, token)
                 } else {
@@ -735,7 +756,6 @@ impl Engine {
             },
             |ok| *ok,
         )
-        .await
     }
 
     /// Best-effort compare-and-delete of `token` on `nodes` (all when `None`); failures are tolerated because
