@@ -79,7 +79,15 @@ struct ProbeState {
     /// The last run id learned on any connection (kept when the probe is forgotten): a new one means another
     /// server process, whose capabilities are checked again.
     seen_run_id: Option<RunId>,
+    /// Counts the connection changes the node noticed ([`Probe::forget`]).
+    generation: u64,
+    /// The generation in which each key was last written (newest last, at most [`WRITES_KEPT`]): a `WAIT`
+    /// for it on a later connection would not count that write.
+    writes: std::collections::VecDeque<(String, u64)>,
 }
+
+/// How many keys a node remembers the connection generation of their last write for.
+const WRITES_KEPT: usize = 1024;
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
 /// within one acquisition; older entries are dropped first).
@@ -109,11 +117,47 @@ impl Probe {
         self.lock().caps = Some(caps);
     }
 
+    /// Forgets what was learned about the connection, which failed or was replaced: the next call checks
+    /// again, and a `WAIT` for a key written before fails.
     pub(crate) fn forget(&self) {
         let mut state = self.lock();
         state.caps = None;
         state.run_id = None;
         state.no_waitaof = false;
+        state.generation += 1;
+    }
+
+    /// Forgets the capabilities only (the connection is the same: a command it refused showed that they
+    /// were about another server), so the next call checks again.
+    fn forget_checks(&self) {
+        let mut state = self.lock();
+        state.caps = None;
+        state.run_id = None;
+        state.no_waitaof = false;
+    }
+
+    fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Records a write of `key` sent in connection generation `generation`.
+    fn wrote(&self, key: &str, generation: u64) {
+        let mut state = self.lock();
+        state.writes.retain(|(k, _)| k != key);
+        if state.writes.len() >= WRITES_KEPT {
+            state.writes.pop_front();
+        }
+        state.writes.push_back((key.to_owned(), generation));
+    }
+
+    /// The generation of `key`'s last recorded write.
+    fn written_in(&self, key: &str) -> Option<u64> {
+        self.lock()
+            .writes
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, g)| *g)
     }
 
     pub(crate) fn mode(&self) -> Commands {
@@ -213,8 +257,9 @@ pub(crate) trait Transport: Send + Sync {
     fn probe(&self) -> &Probe;
 
     /// Acts on reconnections the client announced since the last call (forgets the probe), before an answer
-    /// is given from the probe's memory without sending anything ([`run_id`]). A transport that learns of
-    /// reconnections only when it sends, or forgets at once when they happen, keeps the default (nothing).
+    /// is given from the probe's memory without sending anything ([`run_id`]) and before a write's connection
+    /// generation is taken (see [`wait_replicas`]). A transport that learns of reconnections only when it
+    /// sends, or forgets at once when they happen, keeps the default (nothing).
     fn notice_reconnections(&self) {}
 }
 
@@ -246,7 +291,7 @@ fn note_refused<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T
     if let Err(e) = &result
         && refused_command(e)
     {
-        t.probe().forget();
+        t.probe().forget_checks();
     }
     result
 }
@@ -643,7 +688,7 @@ async fn acquire_script(
     scripts::parse_flag(&scripts::ACQUIRE, reply)
 }
 
-pub(crate) async fn acquire(
+async fn acquire_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -659,7 +704,7 @@ pub(crate) async fn acquire(
 /// A fresh acquisition: on an unchecked connection the check and the acquisition in one script (or, without
 /// Lua, the native probe first); then `SET key token NX GET PX ttl` where the server accepts it, else the
 /// fresh-acquire script (or `SET NX PX` without Lua).
-pub(crate) async fn acquire_fresh(
+async fn acquire_fresh_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -716,7 +761,7 @@ pub(crate) async fn acquire_fresh(
     }
 }
 
-pub(crate) async fn acquire_fenced(
+async fn acquire_fenced_unrecorded(
     t: &impl Transport,
     key: &str,
     fence_key: &str,
@@ -1036,7 +1081,7 @@ pub(crate) async fn release(
 /// one more command and round trip before it waits; a winner pays nothing). A retry is the
 /// [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL) script (one command either way), or without Lua the native
 /// acquisition followed, on contention, by `PTTL`.
-pub(crate) async fn acquire_or_ttl(
+async fn acquire_or_ttl_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -1069,7 +1114,7 @@ pub(crate) async fn acquire_or_ttl(
     Ok(Claim::Held { remaining })
 }
 
-pub(crate) async fn extend(
+async fn extend_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -1170,7 +1215,7 @@ async fn join_all<T>(
 /// Batched extension: the [`EXTEND_MANY`](scripts::EXTEND_MANY) script, one call per slot on a cluster;
 /// where scripts cannot run (or the node is pinned to native commands), each item's own extension, all sent
 /// at once (a multiplexed connection pipelines them).
-pub(crate) async fn extend_many(
+async fn extend_many_unrecorded(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
 ) -> Result<Vec<bool>, NodeError> {
@@ -1369,6 +1414,20 @@ pub(crate) async fn wait_replicas(
     if t.clustered() {
         return Err(not_on_a_cluster("wait_replicas"));
     }
+    // `WAIT` counts its own connection's writes: on a connection that replaced the one that carried the
+    // write (a reconnect in between), it would count none of it (and answer at once where a connection that
+    // wrote nothing waits for nothing).
+    t.notice_reconnections();
+    if t.probe()
+        .written_in(key)
+        .is_some_and(|g| g != t.probe().generation())
+    {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Connection,
+            "WAIT for replicas: the connection that carried the write was replaced since (a reconnect), and \
+             WAIT on this one would not count that write (not sent)",
+        ));
+    }
     let unsupported = || {
         NodeError::not_applied(
             NodeErrorKind::Unsupported,
@@ -1419,6 +1478,103 @@ pub(crate) async fn wait_replicas(
 fn unknown_command(e: &NodeError) -> bool {
     let text = e.to_string().to_ascii_lowercase();
     text.contains("unknown command") || text.contains("unknown subcommand")
+}
+
+// The write operations, recording the connection generation each key was written in (for `wait_replicas`).
+// The generation is taken before the write is sent, after acting on reconnections the client announced: a
+// reconnect noticed while it is on its way makes the `WAIT` after it fail rather than count another
+// connection's writes.
+
+pub(crate) async fn acquire(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<bool, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = acquire_unrecorded(t, key, token, ttl).await;
+    if matches!(r, Ok(true)) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn acquire_fresh(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<bool, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = acquire_fresh_unrecorded(t, key, token, ttl).await;
+    if matches!(r, Ok(true)) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn acquire_fenced(
+    t: &impl Transport,
+    key: &str,
+    fence_key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<Option<u64>, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = acquire_fenced_unrecorded(t, key, fence_key, token, ttl).await;
+    if matches!(r, Ok(Some(_))) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn acquire_or_ttl(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+    fresh: bool,
+) -> Result<Claim, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = acquire_or_ttl_unrecorded(t, key, token, ttl, fresh).await;
+    if matches!(r, Ok(Claim::Taken)) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn extend(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<bool, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = extend_unrecorded(t, key, token, ttl).await;
+    if matches!(r, Ok(true)) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn extend_many(
+    t: &impl Transport,
+    items: &[redlease::ExtendItem<'_>],
+) -> Result<Vec<bool>, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = extend_many_unrecorded(t, items).await;
+    if let Ok(flags) = &r {
+        for (item, _) in items.iter().zip(flags).filter(|(_, ok)| **ok) {
+            t.probe().wrote(item.key, generation);
+        }
+    }
+    r
 }
 
 #[cfg(test)]
