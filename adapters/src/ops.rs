@@ -81,13 +81,60 @@ struct ProbeState {
     seen_run_id: Option<RunId>,
     /// Counts the connection changes the node noticed ([`Probe::forget`]).
     generation: u64,
-    /// The generation in which each key was last written (newest last, at most [`WRITES_KEPT`]): a `WAIT`
-    /// for it on a later connection would not count that write.
-    writes: std::collections::VecDeque<(String, u64)>,
+    /// Which keys were last written over a connection the node has since seen replaced.
+    writes: Writes,
 }
 
-/// How many keys a node remembers the connection generation of their last write for.
+/// How many keys each set of [`Writes`] holds before it is replaced by a fresh one.
 const WRITES_KEPT: usize = 1024;
+
+/// The keys written in the current connection generation (`fresh`) and in an earlier one (`stale`), for
+/// [`wait_replicas`]: a `WAIT` for a stale key would not count its write. O(1) per write (no allocation for a
+/// key written again); each kind is two sets, the newer replaced by a fresh one once it holds
+/// [`WRITES_KEPT`] keys, so the last `WRITES_KEPT` writes of each kind are always known (a `WAIT` follows its
+/// write at once; an older key forgotten is waited for as before).
+#[derive(Default)]
+struct Writes {
+    fresh: [std::collections::HashSet<String>; 2],
+    stale: [std::collections::HashSet<String>; 2],
+}
+
+impl Writes {
+    fn add(sets: &mut [std::collections::HashSet<String>; 2], key: &str) {
+        if sets[0].contains(key) {
+            return;
+        }
+        if sets[0].len() >= WRITES_KEPT {
+            sets[1] = std::mem::take(&mut sets[0]);
+        }
+        sets[0].insert(key.to_owned());
+    }
+
+    /// `key` was written in the current generation (`current`) or in an earlier one.
+    fn wrote(&mut self, key: &str, current: bool) {
+        let (add, remove) = if current {
+            (&mut self.fresh, &mut self.stale)
+        } else {
+            (&mut self.stale, &mut self.fresh)
+        };
+        for set in remove.iter_mut() {
+            set.remove(key);
+        }
+        Self::add(add, key);
+    }
+
+    /// The connection was replaced: every key written so far is stale.
+    fn replaced(&mut self) {
+        let fresh = std::mem::take(&mut self.fresh);
+        for key in fresh.iter().flatten() {
+            Self::add(&mut self.stale, key);
+        }
+    }
+
+    fn is_stale(&self, key: &str) -> bool {
+        self.stale.iter().any(|set| set.contains(key))
+    }
+}
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
 /// within one acquisition; older entries are dropped first).
@@ -125,6 +172,7 @@ impl Probe {
         state.run_id = None;
         state.no_waitaof = false;
         state.generation += 1;
+        state.writes.replaced();
     }
 
     /// Forgets the capabilities only (the connection is the same: a command it refused showed that they
@@ -143,21 +191,13 @@ impl Probe {
     /// Records a write of `key` sent in connection generation `generation`.
     fn wrote(&self, key: &str, generation: u64) {
         let mut state = self.lock();
-        state.writes.retain(|(k, _)| k != key);
-        if state.writes.len() >= WRITES_KEPT {
-            state.writes.pop_front();
-        }
-        state.writes.push_back((key.to_owned(), generation));
+        let current = generation == state.generation;
+        state.writes.wrote(key, current);
     }
 
-    /// The generation of `key`'s last recorded write.
-    fn written_in(&self, key: &str) -> Option<u64> {
-        self.lock()
-            .writes
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, g)| *g)
+    /// Whether `key`'s last recorded write went over a connection the node has since seen replaced.
+    fn written_before_a_reconnect(&self, key: &str) -> bool {
+        self.lock().writes.is_stale(key)
     }
 
     pub(crate) fn mode(&self) -> Commands {
@@ -1418,10 +1458,7 @@ pub(crate) async fn wait_replicas(
     // write (a reconnect in between), it would count none of it (and answer at once where a connection that
     // wrote nothing waits for nothing).
     t.notice_reconnections();
-    if t.probe()
-        .written_in(key)
-        .is_some_and(|g| g != t.probe().generation())
-    {
+    if t.probe().written_before_a_reconnect(key) {
         return Err(NodeError::not_applied(
             NodeErrorKind::Connection,
             "WAIT for replicas: the connection that carried the write was replaced since (a reconnect), and \
@@ -1682,6 +1719,47 @@ mod tests {
                 return v;
             }
         }
+    }
+
+    #[test]
+    fn writes_before_a_noticed_reconnect_are_stale_until_written_again() {
+        let probe = Probe::default();
+        let before = probe.generation();
+        probe.wrote("a", before);
+        assert!(!probe.written_before_a_reconnect("a"));
+        probe.forget();
+        assert!(
+            probe.written_before_a_reconnect("a"),
+            "written on the replaced connection"
+        );
+        // A write whose generation was taken before the reconnect counts as on the old connection.
+        probe.wrote("b", before);
+        assert!(probe.written_before_a_reconnect("b"));
+        probe.wrote("a", probe.generation());
+        assert!(
+            !probe.written_before_a_reconnect("a"),
+            "written again on the new one"
+        );
+        assert!(!probe.written_before_a_reconnect("never written"));
+        // A refused command forgets the checks, not the connection.
+        probe.wrote("c", probe.generation());
+        probe.forget_checks();
+        assert!(!probe.written_before_a_reconnect("c"));
+        // Bounded: the most recent writes are always known, however many keys were written.
+        for i in 0..3 * WRITES_KEPT {
+            probe.wrote(&format!("k{i}"), probe.generation());
+        }
+        probe.forget();
+        assert!(probe.written_before_a_reconnect(&format!("k{}", 3 * WRITES_KEPT - 1)));
+        assert!(probe.written_before_a_reconnect(&format!("k{}", 2 * WRITES_KEPT)));
+        let state = probe.lock();
+        assert!(
+            state
+                .writes
+                .stale
+                .iter()
+                .all(|set| set.len() <= WRITES_KEPT)
+        );
     }
 
     fn info(run_id: &str) -> Result<Reply, NodeError> {
