@@ -143,8 +143,6 @@ struct Health {
     /// cleared by fred's next reconnection.
     broken: Mutex<Option<Instant>>,
     reconnects: Mutex<broadcast::Receiver<Server>>,
-    /// fred announced a reconnection that no call has acted on yet.
-    unacted: AtomicBool,
     errors: Mutex<broadcast::Receiver<(FredError, Option<Server>)>>,
     /// The last connection error fred reported (kept: a later check may drain the channel first).
     last_error: Mutex<Option<FredError>>,
@@ -155,7 +153,6 @@ impl Health {
         Self {
             broken: Mutex::new(None),
             reconnects: Mutex::new(client.reconnect_rx()),
-            unacted: AtomicBool::new(false),
             errors: Mutex::new(client.error_rx()),
             last_error: Mutex::new(None),
         }
@@ -173,25 +170,16 @@ impl Health {
         *self.broken.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Whether fred reconnected since a call last acted on it (also after missed notifications), without
-    /// acting on it.
-    fn reconnect_pending(&self) -> bool {
+    /// Whether fred reconnected since the last call (also after missed notifications).
+    fn reconnected(&self) -> bool {
         let mut rx = self.reconnects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = false;
         loop {
             match rx.try_recv() {
-                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {
-                    self.unacted.store(true, Ordering::Release);
-                }
-                Err(_) => return self.unacted.load(Ordering::Acquire),
+                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => seen = true,
+                Err(_) => return seen,
             }
         }
-    }
-
-    /// Whether fred reconnected since a call last acted on it (also after missed notifications); the caller
-    /// acts on it.
-    fn reconnected(&self) -> bool {
-        self.reconnect_pending();
-        self.unacted.swap(false, Ordering::AcqRel)
     }
 
     /// Whether fred reported connection errors since the last call; keeps the last one.
@@ -706,6 +694,21 @@ impl<C: KeyRouted> FredNode<C> {
         }
     }
 
+    /// Acts on a reconnection fred announced for `health`'s member since the last call: whatever the new
+    /// connection offers (it may be another server now: a restart, a failover behind one address) is checked
+    /// again and its run_id asked again (with or without `fail_fast`), and a broken member is healed (the
+    /// connection errors announced before it are superseded). Whether there was one.
+    fn act_on_reconnection(&self, health: &Health) -> bool {
+        if !health.reconnected() {
+            return false;
+        }
+        self.probe.forget();
+        health.saw_errors();
+        health.heal();
+        health.clear_last_error();
+        true
+    }
+
     /// Sends `request` once, through the client that carries `key`.
     async fn send(&self, request: Request, key: &str, what: &Script) -> Result<Reply, NodeError> {
         if tokio::runtime::Handle::try_current().is_err() {
@@ -729,13 +732,7 @@ impl<C: KeyRouted> FredNode<C> {
                 format!("{}: the fred pool has no client (not sent)", what.name),
             ));
         };
-        // fred reconnects by itself: whatever this connection offers (it may be another server now: a restart,
-        // a failover behind one address) is checked again, and its run_id asked again, with or without
-        // `fail_fast`.
-        let reconnected = health.reconnected();
-        if reconnected {
-            self.probe.forget();
-        }
+        self.act_on_reconnection(health);
         // fred announces a dropped connection on its error channel at once, while its state may still say
         // "connected" and a command sent now would wait for the reconnection.
         if health.saw_errors() && self.fail_fast {
@@ -750,7 +747,7 @@ impl<C: KeyRouted> FredNode<C> {
                 .connection_timeout
                 .max(PROBATION);
             let probation = client.state() == ClientState::Connected && since.elapsed() >= quiet;
-            if reconnected || health.reconnected() || probation {
+            if self.act_on_reconnection(health) || probation {
                 health.heal();
                 health.clear_last_error();
                 self.probe.forget();
@@ -986,9 +983,8 @@ impl<C: KeyRouted> Transport for FredNode<C> {
     }
 
     fn notice_reconnections(&self) {
-        // Acted on here by forgetting; the next command still heals a broken member by it.
-        if self.health.iter().any(Health::reconnect_pending) {
-            self.probe.forget();
+        for health in self.health.iter() {
+            self.act_on_reconnection(health);
         }
     }
 }

@@ -79,6 +79,61 @@ struct ProbeState {
     /// The last run id learned on any connection (kept when the probe is forgotten): a new one means another
     /// server process, whose capabilities are checked again.
     seen_run_id: Option<RunId>,
+    /// Counts the connection changes the node noticed ([`Probe::forget`]).
+    generation: u64,
+    /// Which keys were last written over a connection the node has since seen replaced.
+    writes: Writes,
+}
+
+/// How many keys each set of [`Writes`] holds before it is replaced by a fresh one.
+const WRITES_KEPT: usize = 1024;
+
+/// The keys written in the current connection generation (`fresh`) and in an earlier one (`stale`), for
+/// [`wait_replicas`]: a `WAIT` for a stale key would not count its write. O(1) per write (no allocation for a
+/// key written again); each kind is two sets, the newer replaced by a fresh one once it holds
+/// [`WRITES_KEPT`] keys, so the last `WRITES_KEPT` writes of each kind are always known (a `WAIT` follows its
+/// write at once; an older key forgotten is waited for as before).
+#[derive(Default)]
+struct Writes {
+    fresh: [std::collections::HashSet<String>; 2],
+    stale: [std::collections::HashSet<String>; 2],
+}
+
+impl Writes {
+    fn add(sets: &mut [std::collections::HashSet<String>; 2], key: &str) {
+        if sets[0].contains(key) {
+            return;
+        }
+        if sets[0].len() >= WRITES_KEPT {
+            sets[1] = std::mem::take(&mut sets[0]);
+        }
+        sets[0].insert(key.to_owned());
+    }
+
+    /// `key` was written in the current generation (`current`) or in an earlier one.
+    fn wrote(&mut self, key: &str, current: bool) {
+        let (add, remove) = if current {
+            (&mut self.fresh, &mut self.stale)
+        } else {
+            (&mut self.stale, &mut self.fresh)
+        };
+        for set in remove.iter_mut() {
+            set.remove(key);
+        }
+        Self::add(add, key);
+    }
+
+    /// The connection was replaced: every key written so far is stale.
+    fn replaced(&mut self) {
+        let fresh = std::mem::take(&mut self.fresh);
+        for key in fresh.iter().flatten() {
+            Self::add(&mut self.stale, key);
+        }
+    }
+
+    fn is_stale(&self, key: &str) -> bool {
+        self.stale.iter().any(|set| set.contains(key))
+    }
 }
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
@@ -109,11 +164,40 @@ impl Probe {
         self.lock().caps = Some(caps);
     }
 
+    /// Forgets what was learned about the connection, which failed or was replaced: the next call checks
+    /// again, and a `WAIT` for a key written before fails.
     pub(crate) fn forget(&self) {
         let mut state = self.lock();
         state.caps = None;
         state.run_id = None;
         state.no_waitaof = false;
+        state.generation += 1;
+        state.writes.replaced();
+    }
+
+    /// Forgets the capabilities only (the connection is the same: a command it refused showed that they
+    /// were about another server), so the next call checks again.
+    fn forget_checks(&self) {
+        let mut state = self.lock();
+        state.caps = None;
+        state.run_id = None;
+        state.no_waitaof = false;
+    }
+
+    fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Records a write of `key` sent in connection generation `generation`.
+    fn wrote(&self, key: &str, generation: u64) {
+        let mut state = self.lock();
+        let current = generation == state.generation;
+        state.writes.wrote(key, current);
+    }
+
+    /// Whether `key`'s last recorded write went over a connection the node has since seen replaced.
+    fn written_before_a_reconnect(&self, key: &str) -> bool {
+        self.lock().writes.is_stale(key)
     }
 
     pub(crate) fn mode(&self) -> Commands {
@@ -213,8 +297,9 @@ pub(crate) trait Transport: Send + Sync {
     fn probe(&self) -> &Probe;
 
     /// Acts on reconnections the client announced since the last call (forgets the probe), before an answer
-    /// is given from the probe's memory without sending anything ([`run_id`]). A transport that learns of
-    /// reconnections only when it sends, or forgets at once when they happen, keeps the default (nothing).
+    /// is given from the probe's memory without sending anything ([`run_id`]) and before a write's connection
+    /// generation is taken (see [`wait_replicas`]). A transport that learns of reconnections only when it
+    /// sends, or forgets at once when they happen, keeps the default (nothing).
     fn notice_reconnections(&self) {}
 }
 
@@ -246,7 +331,7 @@ fn note_refused<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T
     if let Err(e) = &result
         && refused_command(e)
     {
-        t.probe().forget();
+        t.probe().forget_checks();
     }
     result
 }
@@ -643,7 +728,7 @@ async fn acquire_script(
     scripts::parse_flag(&scripts::ACQUIRE, reply)
 }
 
-pub(crate) async fn acquire(
+async fn acquire_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -659,7 +744,7 @@ pub(crate) async fn acquire(
 /// A fresh acquisition: on an unchecked connection the check and the acquisition in one script (or, without
 /// Lua, the native probe first); then `SET key token NX GET PX ttl` where the server accepts it, else the
 /// fresh-acquire script (or `SET NX PX` without Lua).
-pub(crate) async fn acquire_fresh(
+async fn acquire_fresh_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -716,7 +801,7 @@ pub(crate) async fn acquire_fresh(
     }
 }
 
-pub(crate) async fn acquire_fenced(
+async fn acquire_fenced_unrecorded(
     t: &impl Transport,
     key: &str,
     fence_key: &str,
@@ -1039,7 +1124,7 @@ pub(crate) async fn release(
 /// one more command and round trip before it waits; a winner pays nothing). A retry is the
 /// [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL) script (one command either way), or without Lua the native
 /// acquisition followed, on contention, by `PTTL`.
-pub(crate) async fn acquire_or_ttl(
+async fn acquire_or_ttl_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -1072,7 +1157,7 @@ pub(crate) async fn acquire_or_ttl(
     Ok(Claim::Held { remaining })
 }
 
-pub(crate) async fn extend(
+async fn extend_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -1173,7 +1258,7 @@ async fn join_all<T>(
 /// Batched extension: the [`EXTEND_MANY`](scripts::EXTEND_MANY) script, one call per slot on a cluster;
 /// where scripts cannot run (or the node is pinned to native commands), each item's own extension, all sent
 /// at once (a multiplexed connection pipelines them).
-pub(crate) async fn extend_many(
+async fn extend_many_unrecorded(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
 ) -> Result<Vec<bool>, NodeError> {
@@ -1372,6 +1457,17 @@ pub(crate) async fn wait_replicas(
     if t.clustered() {
         return Err(not_on_a_cluster("wait_replicas"));
     }
+    // `WAIT` counts its own connection's writes: on a connection that replaced the one that carried the
+    // write (a reconnect in between), it would count none of it (and answer at once where a connection that
+    // wrote nothing waits for nothing).
+    t.notice_reconnections();
+    if t.probe().written_before_a_reconnect(key) {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Connection,
+            "WAIT for replicas: the connection that carried the write was replaced since (a reconnect), and \
+             WAIT on this one would not count that write (not sent)",
+        ));
+    }
     let unsupported = || {
         NodeError::not_applied(
             NodeErrorKind::Unsupported,
@@ -1422,6 +1518,103 @@ pub(crate) async fn wait_replicas(
 fn unknown_command(e: &NodeError) -> bool {
     let text = e.to_string().to_ascii_lowercase();
     text.contains("unknown command") || text.contains("unknown subcommand")
+}
+
+// The write operations, recording the connection generation each key was written in (for `wait_replicas`).
+// The generation is taken before the write is sent, after acting on reconnections the client announced: a
+// reconnect noticed while it is on its way makes the `WAIT` after it fail rather than count another
+// connection's writes.
+
+pub(crate) async fn acquire(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<bool, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = acquire_unrecorded(t, key, token, ttl).await;
+    if matches!(r, Ok(true)) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn acquire_fresh(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<bool, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = acquire_fresh_unrecorded(t, key, token, ttl).await;
+    if matches!(r, Ok(true)) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn acquire_fenced(
+    t: &impl Transport,
+    key: &str,
+    fence_key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<Option<u64>, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = acquire_fenced_unrecorded(t, key, fence_key, token, ttl).await;
+    if matches!(r, Ok(Some(_))) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn acquire_or_ttl(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+    fresh: bool,
+) -> Result<Claim, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = acquire_or_ttl_unrecorded(t, key, token, ttl, fresh).await;
+    if matches!(r, Ok(Claim::Taken)) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn extend(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+) -> Result<bool, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = extend_unrecorded(t, key, token, ttl).await;
+    if matches!(r, Ok(true)) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
+pub(crate) async fn extend_many(
+    t: &impl Transport,
+    items: &[redlease::ExtendItem<'_>],
+) -> Result<Vec<bool>, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = extend_many_unrecorded(t, items).await;
+    if let Ok(flags) = &r {
+        for (item, _) in items.iter().zip(flags).filter(|(_, ok)| **ok) {
+            t.probe().wrote(item.key, generation);
+        }
+    }
+    r
 }
 
 #[cfg(test)]
@@ -1529,6 +1722,47 @@ mod tests {
                 return v;
             }
         }
+    }
+
+    #[test]
+    fn writes_before_a_noticed_reconnect_are_stale_until_written_again() {
+        let probe = Probe::default();
+        let before = probe.generation();
+        probe.wrote("a", before);
+        assert!(!probe.written_before_a_reconnect("a"));
+        probe.forget();
+        assert!(
+            probe.written_before_a_reconnect("a"),
+            "written on the replaced connection"
+        );
+        // A write whose generation was taken before the reconnect counts as on the old connection.
+        probe.wrote("b", before);
+        assert!(probe.written_before_a_reconnect("b"));
+        probe.wrote("a", probe.generation());
+        assert!(
+            !probe.written_before_a_reconnect("a"),
+            "written again on the new one"
+        );
+        assert!(!probe.written_before_a_reconnect("never written"));
+        // A refused command forgets the checks, not the connection.
+        probe.wrote("c", probe.generation());
+        probe.forget_checks();
+        assert!(!probe.written_before_a_reconnect("c"));
+        // Bounded: the most recent writes are always known, however many keys were written.
+        for i in 0..3 * WRITES_KEPT {
+            probe.wrote(&format!("k{i}"), probe.generation());
+        }
+        probe.forget();
+        assert!(probe.written_before_a_reconnect(&format!("k{}", 3 * WRITES_KEPT - 1)));
+        assert!(probe.written_before_a_reconnect(&format!("k{}", 2 * WRITES_KEPT)));
+        let state = probe.lock();
+        assert!(
+            state
+                .writes
+                .stale
+                .iter()
+                .all(|set| set.len() <= WRITES_KEPT)
+        );
     }
 
     fn info(run_id: &str) -> Result<Reply, NodeError> {

@@ -273,3 +273,69 @@ fn restarted_redlock_servers_are_quarantined_on_real_processes() {
         },
     );
 }
+
+/// `WAIT` counts its own connection's writes. A client that reconnected between a write and its `WAIT`
+/// (in the background: a RESP3 `ConnectionManager`, fred) would wait on a connection that carried none of
+/// it — and where a connection that wrote nothing waits for nothing (Valkey), count the replica at once
+/// whether or not it has the write. The nodes refuse that `WAIT` (definitely, not sent); the next write's
+/// `WAIT` is counted again.
+#[test]
+fn a_wait_on_a_connection_that_replaced_the_writing_one_is_refused() {
+    use redlease::{RedisNode, Token, Ttl};
+    use redlease_adapters::fred::FredNode;
+    use redlease_adapters::fred::fred::prelude::{ClientLike, EventInterface};
+    use redlease_adapters::redis::{ManagedNode, redis};
+    use redlease_testkit::proxy::FaultProxy;
+    on_every_server(
+        "a_wait_on_a_connection_that_replaced_the_writing_one_is_refused",
+        |flavor| async move {
+            let primary = RedisServer::start_flavor(flavor, &[]);
+            let _replica = primary.start_replica(&[]);
+            let proxy = FaultProxy::start(primary.addr().parse().unwrap()).unwrap();
+            let resp3 = redis::Client::open(format!("{}?protocol=resp3", proxy.url())).unwrap();
+            let managed = ManagedNode::connect(&resp3).await.unwrap();
+            let fred = common::fred_client(&proxy.url());
+            fred.init().await.unwrap();
+            let mut reconnected = fred.reconnect_rx();
+            let nodes: [(&str, Arc<dyn RedisNode>); 2] = [
+                ("redis-rs manager (RESP3)", Arc::new(managed)),
+                ("fred client", Arc::new(FredNode::new(fred))),
+            ];
+            let ttl = Ttl::from_duration(TTL).unwrap();
+            let mut tokens = Vec::new();
+            for (name, node) in &nodes {
+                let (k, t) = (format!("live:rewait:{{{name}}}"), Token::random().unwrap());
+                assert!(node.acquire_fresh(&k, &t, ttl).await.unwrap(), "{name}");
+                assert_eq!(node.wait_replicas(&k, wait()).await.unwrap(), 1, "{name}");
+                tokens.push((k, t));
+            }
+            let accepted = proxy.accepted();
+            proxy.reset();
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while proxy.accepted() < accepted + 2 {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no background reconnection"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::timeout(Duration::from_secs(10), reconnected.recv())
+                .await
+                .expect("fred announces its reconnection")
+                .unwrap();
+            for ((name, node), (k, t)) in nodes.iter().zip(&tokens) {
+                let err = node
+                    .wait_replicas(k, wait())
+                    .await
+                    .expect_err("a WAIT that cannot count the write");
+                assert_eq!(err.kind(), NodeErrorKind::Connection, "{name}: {err}");
+                assert!(!err.is_ambiguous(), "{name}: {err}");
+                assert!(err.message().contains("replaced"), "{name}: {err}");
+                // A write on the new connection is waited for again.
+                assert!(node.extend(k, t, ttl).await.unwrap(), "{name}");
+                assert_eq!(node.wait_replicas(k, wait()).await.unwrap(), 1, "{name}");
+                assert!(node.release(k, t).await.unwrap(), "{name}");
+            }
+        },
+    );
+}
