@@ -37,6 +37,9 @@ pub(crate) enum Impl {
     /// The fred floor: the same two commands as [`Impl::Raw`] through one fred `Client` per node
     /// (`custom` commands: no per-command options, no capability check).
     RawFred,
+    /// [`Impl::Raw`] whose release also passes the notification channel and `PUBLISH` to the release script,
+    /// as redlease's release does (S1 and S3 only): the floor with the server-side cost of notifications.
+    RawPublish,
     /// redlease over redis-rs (`MultiplexedNode`).
     RedleaseRedis,
     /// redlease over fred (`ClientNode`).
@@ -150,9 +153,12 @@ impl Impl {
     /// redlease with renewal batching, in S6 and S6L only.
     pub(crate) const BATCHED: [Impl; 2] = [Impl::RedleaseRedisBatch, Impl::RedleaseFredBatch];
 
+    /// The raw floor with the release's notification, in S1 and S3 only.
+    pub(crate) const PUBLISHING: [Impl; 1] = [Impl::RawPublish];
+
     /// Whether it is one of the raw floors.
     pub(crate) fn raw(self) -> bool {
-        matches!(self, Impl::Raw | Impl::RawFred)
+        matches!(self, Impl::Raw | Impl::RawFred | Impl::RawPublish)
     }
 
     /// Whether its manager batches renewals.
@@ -164,7 +170,7 @@ impl Impl {
     pub(crate) fn redlease(self) -> bool {
         !matches!(
             self,
-            Impl::Raw | Impl::RawFred | Impl::Rslock | Impl::Dlr | Impl::Arl
+            Impl::Raw | Impl::RawFred | Impl::RawPublish | Impl::Rslock | Impl::Dlr | Impl::Arl
         )
     }
 
@@ -190,6 +196,7 @@ impl Impl {
         match self {
             Impl::Raw => "raw",
             Impl::RawFred => "raw-fred",
+            Impl::RawPublish => "raw+publish",
             Impl::RedleaseRedis => "redlease/redis",
             Impl::RedleaseFred => "redlease/fred",
             Impl::RedleaseMemory => "redlease/memory",
@@ -434,6 +441,8 @@ pub(crate) struct RawClient {
     tokens: TokenSource,
     /// S6: where the renewal loops record their lateness (see [`LATENESS`]).
     lateness: Option<Arc<crate::lateness::Lateness>>,
+    /// Whether a release passes the notification channel and `PUBLISH` (see [`Impl::RawPublish`]).
+    publish: bool,
 }
 
 /// A raw lock: where it was written and (S6) its renewal task.
@@ -444,7 +453,7 @@ pub(crate) struct RawHeld {
 }
 
 impl RawClient {
-    async fn connect(urls: &[String], setup: Setup, fred: bool) -> Res<Self> {
+    async fn connect(urls: &[String], setup: Setup, fred: bool, publish: bool) -> Res<Self> {
         let mut conns = Vec::with_capacity(urls.len());
         for url in urls {
             let conn = RawConn::connect(url, fred).await?;
@@ -465,6 +474,7 @@ impl RawClient {
             ttl_ms: setup.ttl.as_millis().to_string(),
             tokens: TokenSource::new(),
             lateness: lateness(),
+            publish,
         })
     }
 
@@ -524,17 +534,26 @@ impl RawClient {
         if let Some(task) = held.renewal {
             task.abort();
         }
-        let args = [held.token.as_str()];
+        let token = held.token.as_str();
+        let channel = self.publish.then(|| redlease::notify::channel(&held.key));
+        let with_publish;
+        let args: &[&str] = match &channel {
+            Some(channel) => {
+                with_publish = [token, channel.as_str(), "PUBLISH"];
+                &with_publish
+            }
+            None => std::slice::from_ref(&token),
+        };
         if let [conn] = self.conns.as_slice() {
             return conn
-                .evalsha(scripts::RELEASE.sha1, &held.key, &args)
+                .evalsha(scripts::RELEASE.sha1, &held.key, args)
                 .await
                 .map(drop);
         }
         let calls = self.conns.iter().map(|c| {
             tokio::time::timeout(
                 self.setup.op_timeout,
-                c.evalsha(scripts::RELEASE.sha1, &held.key, &args),
+                c.evalsha(scripts::RELEASE.sha1, &held.key, args),
             )
         });
         futures::future::join_all(calls).await;
@@ -839,8 +858,9 @@ impl Client {
     /// Connects `imp` to `urls` (one URL: single node; several: Redlock).
     pub(crate) async fn connect(imp: Impl, urls: &[String], setup: Setup) -> Res<Client> {
         match imp {
-            Impl::Raw | Impl::RawFred => Ok(Client::Raw(
-                RawClient::connect(urls, setup, imp == Impl::RawFred).await?,
+            Impl::Raw | Impl::RawFred | Impl::RawPublish => Ok(Client::Raw(
+                RawClient::connect(urls, setup, imp == Impl::RawFred, imp == Impl::RawPublish)
+                    .await?,
             )),
             Impl::RedleaseRedis
             | Impl::RedleaseRedisNoop

@@ -211,7 +211,13 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
     };
     // S1, S3 and S6 also measure the Valkey variants.
     let with_valkey: Vec<Impl> = impls.iter().chain(&valkey).copied().collect();
-    let observed: Vec<Impl> = observed.into_iter().chain(valkey.iter().copied()).collect();
+    // S1 and S3 also measure the raw floor with the release's notification.
+    let publishing: Vec<Impl> = Impl::PUBLISHING.into_iter().filter(named).collect();
+    let observed: Vec<Impl> = observed
+        .into_iter()
+        .chain(publishing.iter().copied())
+        .chain(valkey.iter().copied())
+        .collect();
     // S1 also measures the replication variants with `--replication`.
     let observed: Vec<Impl> = if args.replication {
         observed
@@ -277,7 +283,7 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         }
     }
     if wanted("S3") {
-        for &imp in &with_valkey {
+        for &imp in with_valkey.iter().chain(&publishing) {
             step(scenarios::throughput(&env, &plan, imp));
         }
     }

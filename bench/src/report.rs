@@ -460,6 +460,14 @@ pub(crate) fn scale_targets(rows: &[Row]) -> String {
             }
         );
     }
+    let r = ratio(ops("redlease/redis"), ops("raw+publish"));
+    let _ = writeln!(
+        out,
+        "redlease/redis: S3 {} / raw+publish {} ops/s = {} (the floor with the release's notification)",
+        cell(ops("redlease/redis"), 0),
+        cell(ops("raw+publish"), 0),
+        fmt_ratio(r)
+    );
     // Higher is better for the floor ÷ redlease/fred latency ratio and for the throughput ratio.
     for (scenario, nodes) in [("S1", 1), ("S2", 3), ("S2", 5)] {
         let p50 = |imp: &str| find(rows, scenario, imp, Some(nodes)).and_then(|r| r.p50_us);

@@ -576,7 +576,9 @@ fn waiting_kind(imp: Impl, delay: &str) -> String {
         }
         Impl::Rslock => "lock() with set_retry(∞, DELAY): pauses U[0, DELAY)",
         Impl::Arl => "its own retry loop, DELAY apart",
-        Impl::Raw | Impl::RawFred | Impl::Dlr => "harness loop: try, then DELAY + 0–50 % jitter",
+        Impl::Raw | Impl::RawFred | Impl::RawPublish | Impl::Dlr => {
+            "harness loop: try, then DELAY + 0–50 % jitter"
+        }
     };
     how.replace("DELAY", delay)
 }
