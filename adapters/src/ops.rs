@@ -1525,19 +1525,30 @@ fn unknown_command(e: &NodeError) -> bool {
 // reconnect noticed while it is on its way makes the `WAIT` after it fail rather than count another
 // connection's writes.
 
+/// Runs the write `op` on `key` and records it when `wrote` says the key now holds our token. `op` is a
+/// future not yet polled, so nothing is sent before the generation is read.
+async fn recorded<T>(
+    t: &impl Transport,
+    key: &str,
+    op: impl std::future::Future<Output = Result<T, NodeError>>,
+    wrote: impl FnOnce(&T) -> bool,
+) -> Result<T, NodeError> {
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let r = op.await;
+    if r.as_ref().is_ok_and(wrote) {
+        t.probe().wrote(key, generation);
+    }
+    r
+}
+
 pub(crate) async fn acquire(
     t: &impl Transport,
     key: &str,
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    t.notice_reconnections();
-    let generation = t.probe().generation();
-    let r = acquire_unrecorded(t, key, token, ttl).await;
-    if matches!(r, Ok(true)) {
-        t.probe().wrote(key, generation);
-    }
-    r
+    recorded(t, key, acquire_unrecorded(t, key, token, ttl), |ok| *ok).await
 }
 
 pub(crate) async fn acquire_fresh(
@@ -1546,13 +1557,10 @@ pub(crate) async fn acquire_fresh(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    t.notice_reconnections();
-    let generation = t.probe().generation();
-    let r = acquire_fresh_unrecorded(t, key, token, ttl).await;
-    if matches!(r, Ok(true)) {
-        t.probe().wrote(key, generation);
-    }
-    r
+    recorded(t, key, acquire_fresh_unrecorded(t, key, token, ttl), |ok| {
+        *ok
+    })
+    .await
 }
 
 pub(crate) async fn acquire_fenced(
@@ -1562,13 +1570,8 @@ pub(crate) async fn acquire_fenced(
     token: &Token,
     ttl: Ttl,
 ) -> Result<Option<u64>, NodeError> {
-    t.notice_reconnections();
-    let generation = t.probe().generation();
-    let r = acquire_fenced_unrecorded(t, key, fence_key, token, ttl).await;
-    if matches!(r, Ok(Some(_))) {
-        t.probe().wrote(key, generation);
-    }
-    r
+    let op = acquire_fenced_unrecorded(t, key, fence_key, token, ttl);
+    recorded(t, key, op, Option::is_some).await
 }
 
 pub(crate) async fn acquire_or_ttl(
@@ -1578,13 +1581,8 @@ pub(crate) async fn acquire_or_ttl(
     ttl: Ttl,
     fresh: bool,
 ) -> Result<Claim, NodeError> {
-    t.notice_reconnections();
-    let generation = t.probe().generation();
-    let r = acquire_or_ttl_unrecorded(t, key, token, ttl, fresh).await;
-    if matches!(r, Ok(Claim::Taken)) {
-        t.probe().wrote(key, generation);
-    }
-    r
+    let op = acquire_or_ttl_unrecorded(t, key, token, ttl, fresh);
+    recorded(t, key, op, |c| matches!(c, Claim::Taken)).await
 }
 
 pub(crate) async fn extend(
@@ -1593,13 +1591,7 @@ pub(crate) async fn extend(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    t.notice_reconnections();
-    let generation = t.probe().generation();
-    let r = extend_unrecorded(t, key, token, ttl).await;
-    if matches!(r, Ok(true)) {
-        t.probe().wrote(key, generation);
-    }
-    r
+    recorded(t, key, extend_unrecorded(t, key, token, ttl), |ok| *ok).await
 }
 
 pub(crate) async fn extend_many(

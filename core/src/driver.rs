@@ -76,9 +76,7 @@ impl Fresh {
 
     /// Node `i` may have stored the token, or may still: it is no longer fresh.
     pub(crate) fn spoil(&mut self, i: usize) {
-        if self.all {
-            self.all = false;
-        }
+        self.all = false;
         if i < 64 {
             self.bits &= !(1u64 << i);
         }
