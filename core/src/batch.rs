@@ -1,28 +1,34 @@
-//! Batched renewal: the background renewals of many leases of one manager, due within a short window of
-//! each other, go to each node as one [`RedisNode::extend_many`](crate::RedisNode::extend_many) call.
+//! Batched renewal: the background renewals of a manager's leases are done by one shared renewer, which
+//! sends those due within a short window of each other to each node as one
+//! [`RedisNode::extend_many`](crate::RedisNode::extend_many) call.
+//!
+//! A lease renewed this way has no task of its own: the renewer keeps one queue entry per lease (its next
+//! renewal instant, or the deadline at which it is given up), sleeps until the earliest, and then takes every
+//! lease due within [`Config::renewal_batching`](crate::Config)'s window of now — renewing those at most the
+//! window early, never late — in batches of at most the configured size (nor more than any node's
+//! [`extend_many_limit`](crate::RedisNode::extend_many_limit)), each sent on the manager's spawner. Leases
+//! renewed in one batch share their round start, hence their next renewal instant: they stay together.
 //!
 //! Each lease keeps its own token, TTL, unconfirmed-extension record, validity (measured from the batch
-//! round's start), at-risk and loss handling: the batch only shares the round trip. A lease that a node
-//! answers "not held" for is lost alone; a node error fails that node's vote for every lease of the call,
-//! exactly as it would have failed each lease's own call.
-//!
-//! The first renewal to arrive opens a window of [`Config::renewal_batching`](crate::Config) length; when
-//! it closes, or when the batch is full, the batch is sent on the manager's spawner. A renewal is therefore
-//! late by at most the window, and a batch never holds more than the configured size (nor more than any
-//! node's [`extend_many_limit`](crate::RedisNode::extend_many_limit)).
+//! round's start), at-risk and loss handling, and the same steps as a lease renewing on its own
+//! (`Shared::renew`): see `Shared::visit` and `Shared::batch_outcome`. The batch only shares the round
+//! trip. A lease that a node answers "not held" for is lost alone; a node error fails that node's vote for
+//! every lease of the call, exactly as it would have failed each lease's own call. A manual extension holds
+//! the lease's extension permit as usual; when it ends the lease's next renewal is planned afresh.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::driver::{Engine, grace_floor};
-use crate::lease::{Extension, Shared};
-use crate::machine::{Reply, Tally, Verdict, WaitFor};
+use crate::lease::Shared;
+use crate::machine::{RenewalStep, Reply, Tally, Verdict, WaitFor};
 use crate::node::{ExtendItem, NodeError, NodeErrorKind, NodeFuture, Ttl};
+use crate::time::Sleep;
 
-/// The renewals waiting for the next batch of one manager.
+/// The shared renewer of one manager: the leases it renews, by when they are due.
 #[derive(Default)]
 pub(crate) struct Batcher {
     queue: Mutex<Queue>,
@@ -30,53 +36,52 @@ pub(crate) struct Batcher {
 
 #[derive(Default)]
 struct Queue {
-    pending: Vec<Pending>,
-    /// A flush is scheduled for the open window.
-    scheduled: bool,
+    due: BinaryHeap<Due>,
+    /// A driver task runs (it ends when the queue is empty).
+    driving: bool,
+    /// While the driver sleeps: until when, and its waker (woken by an entry due earlier).
+    sleeping: Option<(Instant, Waker)>,
 }
 
+/// One lease's next visit. Ordered earliest first.
+struct Due {
+    at: Instant,
+    /// The lease's `batch_gen` when this was queued: a later entry supersedes it.
+    generation: u32,
+    /// Planned to give the lease up at `at` (no renewal could finish before its deadline).
+    lost_at: bool,
+    lease: Weak<Shared>,
+}
+
+impl PartialEq for Due {
+    fn eq(&self, other: &Self) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Due {}
+
+impl PartialOrd for Due {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Due {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // `BinaryHeap` is a max-heap: the earliest instant is the greatest.
+        other.at.cmp(&self.at)
+    }
+}
+
+/// A lease in a batch about to be sent.
 struct Pending {
     lease: Arc<Shared>,
     ttl: Ttl,
-    /// When this lease's round must end (its renewal's round timeout, counted from the submission, so
-    /// that waiting for the batch never lets a round run past what the lease's schedule allowed).
+    /// When this lease's round must end (its renewal's round timeout, counted from the visit).
     deadline: Instant,
-    reply: Arc<ReplySlot>,
-}
-
-/// Where a batch leaves one lease's outcome for its renewal loop.
-#[derive(Default)]
-struct ReplySlot(Mutex<(Option<Extension>, Option<Waker>)>);
-
-impl ReplySlot {
-    fn put(&self, outcome: Extension) {
-        let waker = {
-            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
-            slot.0 = Some(outcome);
-            slot.1.take()
-        };
-        if let Some(waker) = waker {
-            waker.wake();
-        }
-    }
-}
-
-/// Resolves with the lease's outcome once its batch has run.
-struct Outcome(Arc<ReplySlot>);
-
-impl Future for Outcome {
-    type Output = Extension;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Extension> {
-        let mut slot = self.0.0.lock().unwrap_or_else(|p| p.into_inner());
-        match slot.0.take() {
-            Some(outcome) => Poll::Ready(outcome),
-            None => {
-                slot.1 = Some(cx.waker().clone());
-                Poll::Pending
-            }
-        }
-    }
+    /// The lease's deadline when it was visited (for an at-risk report if the round fails).
+    valid_until: Instant,
 }
 
 impl Engine {
@@ -99,83 +104,131 @@ impl Engine {
     }
 }
 
-/// Renews `lease` to `ttl` in the next batch of its manager (whose [`Engine::batch_size`] is `Some(size)`),
-/// its round ending at the latest `timeout` from now.
-pub(crate) fn renew_in_batch(
-    lease: &Arc<Shared>,
-    ttl: Ttl,
-    timeout: Duration,
-    size: usize,
-) -> impl Future<Output = Extension> + Send + 'static {
-    let engine = Arc::clone(&lease.engine);
-    let reply = Arc::new(ReplySlot::default());
-    let pending = Pending {
-        lease: Arc::clone(lease),
-        ttl,
-        deadline: crate::time::add(engine.timer.now(), timeout),
-        reply: Arc::clone(&reply),
-    };
-    let (schedule, full) = {
-        let mut q = engine
-            .batcher
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        q.pending.push(pending);
-        let schedule = !std::mem::replace(&mut q.scheduled, true);
-        let full = if q.pending.len() >= size {
-            Some(std::mem::take(&mut q.pending))
-        } else {
-            None
+impl Batcher {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a visit of `lease` (entry generation `generation`) as `step` plans it, starting the driver if
+    /// none runs and waking it if it sleeps past this entry.
+    pub(crate) fn queue(
+        &self,
+        engine: &Arc<Engine>,
+        lease: Weak<Shared>,
+        generation: u32,
+        step: RenewalStep,
+    ) {
+        let (at, lost_at) = match step {
+            RenewalStep::RenewAt(t) => (t, false),
+            RenewalStep::LostAt(t) => (t, true),
         };
-        (schedule, full)
-    };
-    if let Some(spawner) = &engine.spawner {
-        if let Some(batch) = full {
-            // Full before its window closed: send it now; the window's flush takes what comes after.
-            let engine = Arc::clone(&engine);
-            spawner.spawn(Box::pin(async move { run_batch(&engine, batch).await }));
+        let Some(spawner) = &engine.spawner else {
+            return;
+        };
+        let (start, wake) = {
+            let mut q = self.lock();
+            q.due.push(Due {
+                at,
+                generation,
+                lost_at,
+                lease,
+            });
+            let start = !std::mem::replace(&mut q.driving, true);
+            let wake = match &q.sleeping {
+                Some((until, _)) if at < *until => q.sleeping.take().map(|(_, w)| w),
+                _ => None,
+            };
+            (start, wake)
+        };
+        if let Some(waker) = wake {
+            waker.wake();
         }
-        if schedule {
-            let window = engine
-                .config
-                .renewal_batching()
-                .map_or(Duration::ZERO, |w| w.0);
-            let flush = Arc::clone(&engine);
-            spawner.spawn(Box::pin(async move {
-                let at = crate::time::add(flush.timer.now(), window);
-                flush.timer.sleep_until(at).await;
-                let batch = {
-                    let mut q = flush
-                        .batcher
-                        .queue
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    q.scheduled = false;
-                    std::mem::take(&mut q.pending)
-                };
-                for chunk in chunks(batch, size) {
-                    let engine = Arc::clone(&flush);
-                    if let Some(spawner) = &flush.spawner {
-                        spawner.spawn(Box::pin(async move { run_batch(&engine, chunk).await }));
-                    }
-                }
-            }));
+        if start {
+            spawner.spawn(Box::pin(drive(Arc::clone(engine))));
         }
     }
-    Outcome(reply)
+
+    /// Waits for the earliest entry to fall due; then takes it and every entry due within `window` of now.
+    /// `None` when the queue is empty (the driver then ends; the next entry starts another).
+    async fn next_due(&self, engine: &Engine, window: Duration) -> Option<Vec<Due>> {
+        let mut sleep: Option<(Instant, Sleep)> = None;
+        std::future::poll_fn(|cx| {
+            loop {
+                let now = engine.timer.now();
+                let mut q = self.lock();
+                let Some(first) = q.due.peek() else {
+                    q.driving = false;
+                    q.sleeping = None;
+                    return Poll::Ready(None);
+                };
+                if first.at <= now {
+                    q.sleeping = None;
+                    let horizon = crate::time::add(now, window);
+                    let mut due = Vec::new();
+                    while q.due.peek().is_some_and(|d| d.at <= horizon) {
+                        due.extend(q.due.pop());
+                    }
+                    return Poll::Ready(Some(due));
+                }
+                let at = first.at;
+                match &mut q.sleeping {
+                    Some((until, waker)) if *until == at && waker.will_wake(cx.waker()) => {}
+                    slot => *slot = Some((at, cx.waker().clone())),
+                }
+                drop(q);
+                let timer = match &mut sleep {
+                    Some((until, s)) if *until == at => s,
+                    slot => &mut slot.insert((at, engine.timer.sleep_until(at))).1,
+                };
+                if timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                sleep = None;
+            }
+        })
+        .await
+    }
 }
 
-fn chunks(mut batch: Vec<Pending>, size: usize) -> Vec<Vec<Pending>> {
-    let mut out = Vec::new();
-    while batch.len() > size {
-        let rest = batch.split_off(size);
-        out.push(std::mem::replace(&mut batch, rest));
+/// The renewer's loop: visits the leases as they fall due and sends their batches.
+async fn drive(engine: Arc<Engine>) {
+    let window = engine
+        .config
+        .renewal_batching()
+        .map_or(Duration::ZERO, |(w, _)| w);
+    let size = engine.batch_size().unwrap_or(1);
+    while let Some(due) = engine.batcher.next_due(&engine, window).await {
+        let now = engine.timer.now();
+        let mut batch = Vec::new();
+        for d in due {
+            let Some(lease) = d.lease.upgrade() else {
+                continue;
+            };
+            let Some((timeout, valid_until)) = lease.visit(d.generation, d.lost_at) else {
+                continue;
+            };
+            batch.push(Pending {
+                ttl: lease.ttl,
+                lease,
+                deadline: crate::time::add(now, timeout),
+                valid_until,
+            });
+            if batch.len() >= size {
+                send(&engine, std::mem::take(&mut batch));
+            }
+        }
+        if !batch.is_empty() {
+            send(&engine, batch);
+        }
     }
-    if !batch.is_empty() {
-        out.push(batch);
+}
+
+/// Runs one batch on the manager's spawner.
+fn send(engine: &Arc<Engine>, batch: Vec<Pending>) {
+    if let Some(spawner) = &engine.spawner {
+        let engine = Arc::clone(engine);
+        spawner.spawn(Box::pin(async move { run_batch(&engine, batch).await }));
     }
-    out
 }
 
 /// One batched extension round: every lease of `batch` on every node, one call per node.
@@ -284,7 +337,7 @@ async fn run_batch(engine: &Engine, batch: Vec<Pending>) {
         let outcome = p
             .lease
             .finish_extension(p.ttl, true, tally, started, ended, wall, suspended);
-        p.reply.put(outcome);
+        p.lease.batch_outcome(outcome, p.valid_until);
     }
 }
 

@@ -265,17 +265,18 @@ impl Config {
         }
     }
 
-    /// Renews leases in the background in batches: the renewals of this manager's leases that fall due
-    /// within `window` of the first one go to each node as one call of up to `max_batch` leases
-    /// ([`RedisNode::extend_many`](crate::RedisNode::extend_many); a Lua script over all the keys, per slot on
-    /// a cluster). Off by default.
+    /// Renews leases in the background in batches: one shared renewer per manager renews its leases, and
+    /// those that fall due within `window` of the earliest go to each node as one call of up to `max_batch`
+    /// leases ([`RedisNode::extend_many`](crate::RedisNode::extend_many); a Lua script over all the keys, per
+    /// slot on a cluster). Off by default.
     ///
     /// It applies to background renewal ([`Lock::auto_renew`](crate::Lock::auto_renew), on the manager's
-    /// spawner) when every node supports batches; otherwise each lease renews on its own. A renewal is
-    /// late by at most `window` (keep it small against the renewal interval: milliseconds); each lease
-    /// keeps its own validity, measured from its batch round's start, and its own at-risk and loss
-    /// handling. `max_batch` must be in `1..=1000`.
-    #[must_use]
+    /// spawner) and to the renewal [`Lease::run`](crate::Lease::run) does, when every node supports batches;
+    /// otherwise each lease renews on its own. A batched lease has no task of its own. A renewal is never
+    /// later than its schedule because of batching: the leases due within `window` after the earliest are
+    /// renewed with it, up to `window` early (keep it small against the renewal interval: milliseconds), and
+    /// from then on share their schedule. Each lease keeps its own validity, measured from its batch round's
+    /// start, and its own at-risk and loss handling. `max_batch` must be in `1..=1000`.
     pub fn with_renewal_batching(mut self, window: Duration, max_batch: usize) -> Self {
         self.renewal_batching = Some((window, max_batch));
         self

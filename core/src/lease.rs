@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -51,6 +51,10 @@ struct State {
     /// A compare-and-delete of our token on every node has finished (after a loss): nobody needs to repeat it.
     cleaned: bool,
     renewing: bool,
+    /// The manager's shared renewer renews this lease (batched renewal; see `crate::batch`).
+    batched: bool,
+    /// The generation of the renewer's current entry for this lease: older entries are stale.
+    batch_gen: u32,
     extending: bool,
     /// Per node, the smallest TTL (ms) of an extension whose outcome is unknown there; 0 for none. Allocated
     /// on the first such extension only.
@@ -90,6 +94,8 @@ fn wake(waiters: Vec<(u64, Waker)>) {
 /// State shared by a [`Lease`], its loss signals and its renewal loop.
 pub(crate) struct Shared {
     pub(crate) engine: Arc<Engine>,
+    /// This lease itself, for the renewer's queue (which does not keep a lease alive).
+    me: Weak<Shared>,
     pub(crate) key: String,
     pub(crate) token: Token,
     pub(crate) ttl: Ttl,
@@ -130,9 +136,10 @@ pub(crate) enum Extension {
 }
 
 impl Shared {
-    pub(crate) fn new(engine: Arc<Engine>, grant: Grant) -> Self {
-        Self {
+    pub(crate) fn new(engine: Arc<Engine>, grant: Grant) -> Arc<Self> {
+        Arc::new_cyclic(|me| Self {
             engine,
+            me: me.clone(),
             key: grant.key,
             token: grant.token,
             ttl: grant.ttl,
@@ -151,11 +158,13 @@ impl Shared {
                 ended: false,
                 cleaned: false,
                 renewing: false,
+                batched: false,
+                batch_gen: 0,
                 extending: false,
                 unconfirmed: grant.unconfirmed,
                 waiters: Vec::new(),
             }),
-        }
+        })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -175,6 +184,7 @@ impl Shared {
 
     /// Marks the lease lost with the node failures that caused it (the first loss and its cause win).
     fn mark_lost_by(&self, reason: LossReason, source: Option<QuorumError>) -> LossReason {
+        let poke;
         let (reason, waiters, first) = {
             let mut st = self.lock();
             let first = st.lost.is_none();
@@ -186,6 +196,9 @@ impl Shared {
                 }
             }
             let report = (first && !st.ended).then_some(st.valid_until);
+            // Lost while the renewer has nothing in flight for it: it should clean up now, not at the next
+            // planned renewal (whoever holds an extension permit hands the lease back when it ends).
+            poke = first && st.batched && !st.extending;
             (st.lost.unwrap_or(reason), st.take_waiters(), report)
         };
         if let Some(valid_until) = first {
@@ -202,6 +215,9 @@ impl Shared {
             );
         }
         wake(waiters);
+        if poke {
+            self.requeue(RenewalStep::RenewAt(self.now()));
+        }
         reason
     }
 
@@ -543,11 +559,147 @@ impl Shared {
         !std::mem::replace(&mut st.renewing, true)
     }
 
+    /// Hands this lease's renewal (whose claim the caller holds) to the manager's shared renewer.
+    pub(crate) fn renew_batched(&self) {
+        self.lock().batched = true;
+        self.requeue(self.replan());
+    }
+
+    /// Plans the renewer's next visit of this lease by `step`, superseding any entry queued before. Nothing
+    /// if the renewer does not renew it (any more), or it ended.
+    pub(crate) fn requeue(&self, step: RenewalStep) {
+        let generation = {
+            let mut st = self.lock();
+            if !st.batched || st.ended {
+                return;
+            }
+            st.batch_gen = st.batch_gen.wrapping_add(1);
+            st.batch_gen
+        };
+        self.engine
+            .batcher
+            .queue(&self.engine, self.me.clone(), generation, step);
+    }
+
+    /// Releases the extension permit and wakes waiters; `true` if the renewer renews this lease.
+    fn release_permit(&self) -> bool {
+        let (waiters, batched) = {
+            let mut st = self.lock();
+            st.extending = false;
+            (
+                st.take_waiters(),
+                st.batched && !st.ended && st.lost.is_none(),
+            )
+        };
+        wake(waiters);
+        batched
+    }
+
+    /// The renewer's visit of this lease at a due entry of generation `generation` (`lost_at`: the plan was
+    /// to give up at the deadline). The same steps as one turn of [`renew`](Self::renew)'s loop before its
+    /// round: `Some((timeout, valid_until))` if a round should run now (the extension permit is then held
+    /// until [`batch_outcome`](Self::batch_outcome)); `None` if not (skipped, re-planned, or given up).
+    pub(crate) fn visit(&self, generation: u32, lost_at: bool) -> Option<(Duration, Instant)> {
+        {
+            let mut st = self.lock();
+            if !st.batched || st.batch_gen != generation || st.ended {
+                return None;
+            }
+            if st.lost.is_some() {
+                // Lost by whoever noticed (a loss signal only observes): delete our token.
+                st.batched = false;
+                drop(st);
+                self.spawn_clean_up();
+                return None;
+            }
+            if st.extending {
+                // A manual extension is in flight: its permit's release plans the next visit.
+                return None;
+            }
+            st.extending = true;
+        }
+        let now = self.now();
+        let valid_until = match self.current(now) {
+            Ok(v) => v,
+            Err(LossReason::Released) => {
+                self.release_permit();
+                return None;
+            }
+            Err(reason) => {
+                self.give_up_batched(reason, None);
+                return None;
+            }
+        };
+        if lost_at {
+            // A manual extension moved the deadline since we planned to give up: plan afresh.
+            self.release_permit();
+            self.requeue(self.replan());
+            return None;
+        }
+        match self.schedule().round_timeout(now, valid_until) {
+            Some(timeout) => Some((timeout, valid_until)),
+            None => {
+                self.give_up_batched(LossReason::Expired, None);
+                None
+            }
+        }
+    }
+
+    /// After a batched round for this lease (started by [`visit`](Self::visit), whose `valid_until` it was):
+    /// the same steps as the end of one turn of [`renew`](Self::renew)'s loop, then the next visit is planned.
+    pub(crate) fn batch_outcome(&self, outcome: Extension, valid_until: Instant) {
+        match outcome {
+            Extension::Extended {
+                started,
+                wall_started,
+                valid_until,
+            } => match self.apply(started, wall_started, valid_until, true) {
+                Ok(()) => {
+                    self.release_permit();
+                    self.requeue(self.schedule().after_success(started, valid_until));
+                }
+                Err(LossReason::Released) => {
+                    self.release_permit();
+                }
+                Err(reason) => self.give_up_batched(reason, None),
+            },
+            Extension::NotHeld => self.give_up_batched(LossReason::NotHeld, None),
+            Extension::Failed(source) => {
+                let now = self.now();
+                self.note_at_risk(now, valid_until, source.as_ref());
+                let step = self.schedule().after_failure(now, valid_until);
+                if let (RenewalStep::LostAt(_), Some(source)) = (step, source) {
+                    // Keep the cause: if nothing else extends the lease, it is lost at the deadline.
+                    self.keep_loss_source(source);
+                }
+                self.release_permit();
+                self.requeue(step);
+            }
+        }
+    }
+
+    /// Gives the lease up from the renewer, which holds the extension permit: it stops renewing it, marks it
+    /// lost and deletes our token in the background.
+    fn give_up_batched(&self, reason: LossReason, source: Option<QuorumError>) {
+        self.lock().batched = false;
+        self.release_permit();
+        self.mark_lost_by(reason, source);
+        self.spawn_clean_up();
+    }
+
+    /// [`clean_up`](Self::clean_up) on the manager's spawner.
+    fn spawn_clean_up(&self) {
+        if let (Some(spawner), Some(me)) = (&self.engine.spawner, self.me.upgrade()) {
+            spawner.spawn(Box::pin(async move { me.clean_up().await }));
+        }
+    }
+
     /// Gives up the renewal claim and wakes waiters, so that another [`Lease::run`] can take it over.
     fn unclaim_renewal(&self) {
         let waiters = {
             let mut st = self.lock();
             st.renewing = false;
+            st.batched = false;
             st.take_waiters()
         };
         wake(waiters);
@@ -640,17 +792,8 @@ impl Shared {
                 self.engine.mode,
                 self.id,
             ));
-            let outcome = match self.engine.batch_size() {
-                Some(size) => {
-                    let batched = crate::batch::renew_in_batch(&self, self.ttl, timeout, size);
-                    crate::trace::instrument(span, batched).await
-                }
-                None => {
-                    let round =
-                        crate::trace::instrument(span, self.extend_once(self.ttl, timeout, true));
-                    Box::pin(round).await
-                }
-            };
+            let round = crate::trace::instrument(span, self.extend_once(self.ttl, timeout, true));
+            let outcome = Box::pin(round).await;
             match outcome {
                 Extension::Extended {
                     started,
@@ -784,12 +927,12 @@ struct ExtendPermit {
 
 impl Drop for ExtendPermit {
     fn drop(&mut self) {
-        let waiters = {
-            let mut st = self.shared.lock();
-            st.extending = false;
-            st.take_waiters()
-        };
-        wake(waiters);
+        let batched = self.shared.release_permit();
+        if batched {
+            // A manual extension of a lease the renewer renews: the renewer may have skipped it meanwhile, or
+            // planned for a deadline that moved: it plans afresh from the lease as it is now.
+            self.shared.requeue(self.shared.replan());
+        }
     }
 }
 
@@ -1164,10 +1307,15 @@ impl Lease {
             } else if !claim.held && shared.claim_renewal() {
                 // No renewal runs (none yet, or another `run` that renewed has returned): take it over.
                 claim.held = true;
-                let mut r: Pin<Box<dyn Future<Output = ()> + Send>> =
-                    Box::pin(Arc::clone(shared).renew());
-                if r.as_mut().poll(cx).is_pending() {
-                    renewal = Some(r);
+                if shared.engine.batch_size().is_some() {
+                    // Renewed by the manager's shared renewer, in batches, until the claim is dropped.
+                    shared.renew_batched();
+                } else {
+                    let mut r: Pin<Box<dyn Future<Output = ()> + Send>> =
+                        Box::pin(Arc::clone(shared).renew());
+                    if r.as_mut().poll(cx).is_pending() {
+                        renewal = Some(r);
+                    }
                 }
             }
             if let Poll::Ready(reason) = Pin::new(&mut signal).poll(cx) {

@@ -971,7 +971,7 @@ impl Lock {
             valid_until,
             unconfirmed,
         } = won;
-        let shared = Arc::new(Shared::new(
+        let shared = Shared::new(
             Arc::clone(&self.engine),
             Grant {
                 key: self.key.clone(),
@@ -987,11 +987,16 @@ impl Lock {
                 unconfirmed,
                 valid_until,
             },
-        ));
+        );
         if let (true, Some(spawner)) = (self.background, &self.engine.spawner) {
             if shared.claim_renewal() {
-                // Boxed once: the renewal loop stops by itself when the lease ends.
-                spawner.spawn(Box::pin(Arc::clone(&shared).renew()));
+                if self.engine.batch_size().is_some() {
+                    // No task of its own: the manager's shared renewer renews it with others in batches.
+                    shared.renew_batched();
+                } else {
+                    // Boxed once: the renewal loop stops by itself when the lease ends.
+                    spawner.spawn(Box::pin(Arc::clone(&shared).renew()));
+                }
             }
         }
         Lease::new(shared)

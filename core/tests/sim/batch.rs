@@ -194,3 +194,174 @@ fn renewal_batching_settings_are_checked() {
         assert!(err.to_string().contains(what), "{err}");
     }
 }
+
+/// Records the start of every automatic renewal round (its end minus its duration), per key.
+#[derive(Default)]
+struct RoundStarts(std::sync::Mutex<std::collections::HashMap<String, Vec<std::time::Instant>>>);
+
+impl redlease::Observer for RoundStarts {
+    fn event(&self, event: &redlease::LeaseEvent<'_>) {
+        if let redlease::EventKind::Extension {
+            renewal: true,
+            round,
+            ..
+        } = event.kind
+        {
+            self.0
+                .lock()
+                .unwrap()
+                .entry(event.key.to_string())
+                .or_default()
+                .push(event.at - round);
+        }
+    }
+}
+
+/// `leases` leases of a batching manager (5 ms window, batches of 100) acquired 1 ms apart, renewed every
+/// 10 s, with the observer installed.
+fn hold_spread(
+    leases: usize,
+    starts: &std::sync::Arc<RoundStarts>,
+) -> (Cluster, Vec<redlease::Lease>) {
+    let mut c = Cluster::with_spawner(1, 40, config().with_renewal_batching(ms(5), 100));
+    c.manager = c
+        .manager
+        .clone()
+        .with_observer(std::sync::Arc::clone(starts));
+    let held = (0..leases)
+        .map(|i| {
+            let lease = c
+                .try_acquire(&c.manager.lock(format!("job:{i}")).auto_renew(secs(10)))
+                .unwrap();
+            c.sim.run_for(ms(1));
+            lease
+        })
+        .collect();
+    (c, held)
+}
+
+/// The window gathers the leases due soon after the first one into its batch by renewing them early; none
+/// waits for a batch past its schedule (a batch used to wait for its window to close, so the first lease of
+/// a batch that did not fill was renewed a whole window late).
+#[test]
+fn batched_renewals_are_never_later_than_their_schedule() {
+    let starts = std::sync::Arc::new(RoundStarts::default());
+    let (mut c, held) = hold_spread(250, &starts);
+    c.sim.run_for(secs(65));
+    assert!(held.iter().all(|l| l.state() == LeaseState::Held));
+    let starts = starts.0.lock().unwrap();
+    let mut rounds = 0;
+    for (key, s) in starts.iter() {
+        assert!(s.len() >= 5, "{key}: {} renewals in 65 s", s.len());
+        for pair in s.windows(2) {
+            let gap = pair[1] - pair[0];
+            // Scheduled 10 s after the previous round's start; at most the window early, never late.
+            assert!(
+                gap <= secs(10) && gap >= secs(10) - ms(5),
+                "{key}: renewed {gap:?} after the previous round"
+            );
+            rounds += 1;
+        }
+    }
+    assert!(rounds >= 250 * 4, "{rounds} renewal gaps");
+    // 250 leases within 250 ms, in 5 ms windows: about 42 batches a wave, against 250 calls one by one.
+    let calls = c.faults[0].calls(redlease_testkit::Op::Extend);
+    assert!(calls <= 6 * 60, "{calls} extension calls in 6 waves");
+    drop(held);
+}
+
+/// Leases renewed in batches have no task (and no sleep) of their own: the manager's renewer sleeps once
+/// for all of them. (They used to keep one renewal task each, asleep between rounds.)
+#[test]
+fn batched_leases_keep_no_task_or_sleep_of_their_own() {
+    let starts = std::sync::Arc::new(RoundStarts::default());
+    let (mut c, held) = hold_spread(250, &starts);
+    c.sim.run_for(secs(25));
+    assert!(held.iter().all(|l| l.state() == LeaseState::Held));
+    let tasks = c.sim.live_tasks();
+    let sleeps = c.clock.pending_sleeps();
+    assert!(tasks <= 2, "{tasks} live tasks for 250 batched leases");
+    assert!(
+        sleeps <= 2,
+        "{sleeps} pending sleeps for 250 batched leases"
+    );
+    // Released: the renewer has nothing left and ends.
+    for lease in held {
+        c.sim.block_on(lease.release()).unwrap();
+    }
+    c.sim.run_for(secs(11));
+    assert_eq!(
+        c.sim.live_tasks(),
+        0,
+        "the renewer ended with its last lease"
+    );
+}
+
+/// A manual extension of a batched lease — to a TTL shorter than what it has left (its deadline moves
+/// earlier), at times around its batch round, with every extension answered 50 ms late so that the two
+/// overlap — hands the lease back to the renewer, which plans afresh and keeps renewing it.
+#[test]
+fn a_batched_lease_extended_by_hand_keeps_being_renewed() {
+    for at in [ms(5_000), ms(9_960), ms(9_990), ms(10_000), ms(10_020)] {
+        let starts = std::sync::Arc::new(RoundStarts::default());
+        let (mut c, held) = hold_spread(3, &starts);
+        let acquired = c.now() - ms(3);
+        c.sim.run_for(at - ms(60));
+        c.faults[0].script(
+            redlease_testkit::Op::Extend,
+            (0..6).map(|_| redlease_testkit::Fault::SlowReply(ms(50))),
+        );
+        c.sim.run_for(ms(60));
+        c.sim.block_on(held[0].extend(secs(12))).unwrap();
+        c.sim.run_for(secs(60));
+        for (i, lease) in held.iter().enumerate() {
+            assert_eq!(lease.state(), LeaseState::Held, "at {at:?}: job:{i}");
+            assert!(
+                lease.valid_until() > c.now() + secs(15),
+                "at {at:?}: job:{i} valid for {:?}",
+                lease.valid_until() - c.now()
+            );
+        }
+        let starts = starts.0.lock().unwrap();
+        let last = starts["job:0"].last().copied().unwrap();
+        assert!(
+            last > acquired + at + secs(50),
+            "at {at:?}: job:0 last renewed {:?} after its acquisition",
+            last - acquired
+        );
+    }
+}
+
+/// `Lease::run` of a lease without background renewal renews it through the manager's renewer too, in
+/// batches; when `run` returns the renewer lets go of it.
+#[test]
+fn leases_renewed_by_run_share_batches_and_are_let_go_when_run_returns() {
+    use redlease::Timer;
+    let mut c = Cluster::with_spawner(1, 40, config().with_renewal_batching(ms(5), 100));
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    for i in 0..2 {
+        let lease = c.try_acquire(&c.manager.lock(format!("job:{i}"))).unwrap();
+        let (clock, done) = (c.clock.clone(), std::sync::Arc::clone(&done));
+        c.sim.spawn(async move {
+            let work = clock.sleep_until(clock.now() + secs(65));
+            let ok = lease.run(work).await.is_ok();
+            done.lock().unwrap().push((ok, lease));
+        });
+    }
+    c.sim.run_for(secs(66));
+    let done = std::mem::take(&mut *done.lock().unwrap());
+    assert!(done.len() == 2 && done.iter().all(|(ok, _)| *ok));
+    // Default 30 s TTL, renewed every 10 s: 6 waves, one call each for both leases.
+    let calls = c.faults[0].calls(redlease_testkit::Op::Extend);
+    assert_eq!(calls, 6, "{calls} extension calls");
+    c.sim.run_for(secs(40));
+    assert_eq!(
+        c.faults[0].calls(redlease_testkit::Op::Extend),
+        6,
+        "renewed after run returned"
+    );
+    assert!(
+        done.iter().all(|(_, l)| l.state() != LeaseState::Held),
+        "expired once nothing renews them"
+    );
+}
