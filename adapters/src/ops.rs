@@ -190,9 +190,16 @@ impl Probe {
 
     /// Records a write of `key` sent in connection generation `generation`.
     fn wrote(&self, key: &str, generation: u64) {
+        self.wrote_all([key], generation);
+    }
+
+    /// Records writes of `keys` sent in connection generation `generation` (one lock for all of them).
+    fn wrote_all<'k>(&self, keys: impl IntoIterator<Item = &'k str>, generation: u64) {
         let mut state = self.lock();
         let current = generation == state.generation;
-        state.writes.wrote(key, current);
+        for key in keys {
+            state.writes.wrote(key, current);
+        }
     }
 
     /// Whether `key`'s last recorded write went over a connection the node has since seen replaced.
@@ -1290,16 +1297,24 @@ async fn extend_many_unrecorded(
             None => groups.push((slot, vec![i])),
         }
     }
-    let ttls: Vec<String> = items
+    // The leases of a batch usually share one TTL: its text is made once per run of equal TTLs.
+    let mut texts: Vec<(u64, String)> = Vec::new();
+    let ttls: Vec<usize> = items
         .iter()
-        .map(|i| i.ttl.as_millis().to_string())
+        .map(|item| {
+            let ms = item.ttl.as_millis();
+            if texts.last().is_none_or(|(last, _)| *last != ms) {
+                texts.push((ms, ms.to_string()));
+            }
+            texts.len() - 1
+        })
         .collect();
     let calls = groups
         .iter()
         .map(|(_, members)| {
             let keys: Vec<&str> = members.iter().map(|&i| items[i].key).collect();
             let mut args: Vec<&str> = members.iter().map(|&i| items[i].token.as_str()).collect();
-            args.extend(members.iter().map(|&i| ttls[i].as_str()));
+            args.extend(members.iter().map(|&i| texts[ttls[i]].1.as_str()));
             Box::pin(async move {
                 let reply = eval(t, &scripts::EXTEND_MANY, &keys, &args).await?;
                 scripts::parse_flags(&scripts::EXTEND_MANY, reply, keys.len())
@@ -1602,9 +1617,9 @@ pub(crate) async fn extend_many(
     let generation = t.probe().generation();
     let r = extend_many_unrecorded(t, items).await;
     if let Ok(flags) = &r {
-        for (item, _) in items.iter().zip(flags).filter(|(_, ok)| **ok) {
-            t.probe().wrote(item.key, generation);
-        }
+        let written = items.iter().zip(flags).filter(|(_, ok)| **ok);
+        t.probe()
+            .wrote_all(written.map(|(item, _)| item.key), generation);
     }
     r
 }
@@ -1684,6 +1699,86 @@ mod tests {
         fn probe(&self) -> &Probe {
             &self.probe
         }
+    }
+
+    /// A transport with scripts that records each script call's keys and arguments and answers every key
+    /// of `EXTEND_MANY` with 1.
+    #[derive(Default)]
+    struct ScriptCalls {
+        probe: Probe,
+        calls: Mutex<Vec<(Vec<String>, Vec<String>)>>,
+    }
+
+    #[async_trait]
+    impl Transport for ScriptCalls {
+        async fn script_once(
+            &self,
+            _: Verb,
+            _: &Script,
+            keys: &[&str],
+            args: &[&str],
+        ) -> Result<Reply, NodeError> {
+            let owned = |v: &[&str]| v.iter().map(|a| (*a).to_owned()).collect();
+            self.calls.lock().unwrap().push((owned(keys), owned(args)));
+            Ok(Reply::Array(keys.iter().map(|_| Reply::Int(1)).collect()))
+        }
+        async fn command(&self, _: &Script, _: &str, args: &[&str]) -> Result<Reply, NodeError> {
+            panic!("no command may be sent here: {}", args[0])
+        }
+        async fn transaction(
+            &self,
+            _: &Script,
+            _: &str,
+            _: &[&[&str]],
+        ) -> Result<Vec<Reply>, NodeError> {
+            panic!("no transaction may be sent here")
+        }
+        async fn command_and_publish(
+            &self,
+            _: &Script,
+            _: &str,
+            args: &[&str],
+            _: &[&str],
+        ) -> Result<Reply, NodeError> {
+            panic!("no command may be sent here: {}", args[0])
+        }
+        fn clustered(&self) -> bool {
+            false
+        }
+        fn probe(&self) -> &Probe {
+            &self.probe
+        }
+    }
+
+    #[test]
+    fn a_batch_with_mixed_ttls_sends_each_key_its_own_ttl() {
+        let t = ScriptCalls::default();
+        t.probe.set_mode(Commands::Scripts);
+        t.probe.set(Capabilities {
+            lua: true,
+            set_nx_get: true,
+            set_ifeq: false,
+            delifeq: false,
+            commands: Commands::Scripts,
+        });
+        let tokens: Vec<Token> = (0..4).map(|_| Token::random().unwrap()).collect();
+        let ttls = [1_000, 1_000, 2_500, 1_000];
+        let items: Vec<redlease::ExtendItem<'_>> = ["a", "b", "c", "d"]
+            .iter()
+            .zip(&tokens)
+            .zip(ttls)
+            .map(|((k, tok), ms)| redlease::ExtendItem::new(k, tok, Ttl::from_millis(ms).unwrap()))
+            .collect();
+        let flags = block_on(extend_many(&t, &items)).unwrap();
+        assert_eq!(flags, [true; 4]);
+        let calls = t.calls.lock().unwrap();
+        let (keys, args) = &calls[0];
+        assert_eq!(keys, &["a", "b", "c", "d"]);
+        let sent_ttls: Vec<&str> = args[4..].iter().map(String::as_str).collect();
+        assert_eq!(sent_ttls, ["1000", "1000", "2500", "1000"]);
+        let sent_tokens: Vec<&str> = args[..4].iter().map(String::as_str).collect();
+        let expected: Vec<&str> = tokens.iter().map(Token::as_str).collect();
+        assert_eq!(sent_tokens, expected);
     }
 
     fn native() -> Scripted {

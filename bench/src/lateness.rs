@@ -5,8 +5,8 @@
 //! `RenewalSchedule::after_success` never applies), so a renewal's lateness is its round's start minus (the previous round's start + interval). The
 //! rounds are seen from the outside, through an [`Observer`](redlease::Observer) on the manager: the winning
 //! acquisition attempt and every renewal's `Extension` event carry the round's end (`at`) and duration, hence
-//! its start. A batched renewal's round starts when its batch is sent, so its lateness includes the wait for
-//! the batch. The raw floor records the same thing from its own loop (wake-up after its sleep against the
+//! its start. A batched renewal's round starts when its batch is sent; the renewer takes the leases due within
+//! the window of the earliest up to the window early, and those rounds count as early (not in the histogram). The raw floor records the same thing from its own loop (wake-up after its sleep against the
 //! planned instant: the previous send plus the interval).
 //!
 //! Recording is lock-free (a few atomic operations per renewal), into 10 µs buckets up to 1 s.

@@ -43,6 +43,24 @@ struct Queue {
     sleeping: Option<(Instant, Waker)>,
 }
 
+/// A lease's next visit, about to be queued (see `Shared::requeue`).
+pub(crate) struct Entry(Due);
+
+impl Entry {
+    pub(crate) fn new(lease: Weak<Shared>, generation: u32, step: RenewalStep) -> Self {
+        let (at, lost_at) = match step {
+            RenewalStep::RenewAt(t) => (t, false),
+            RenewalStep::LostAt(t) => (t, true),
+        };
+        Self(Due {
+            at,
+            generation,
+            lost_at,
+            lease,
+        })
+    }
+}
+
 /// One lease's next visit. Ordered earliest first.
 struct Due {
     at: Instant,
@@ -109,33 +127,24 @@ impl Batcher {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Queues a visit of `lease` (entry generation `generation`) as `step` plans it, starting the driver if
-    /// none runs and waking it if it sleeps past this entry.
-    pub(crate) fn queue(
-        &self,
-        engine: &Arc<Engine>,
-        lease: Weak<Shared>,
-        generation: u32,
-        step: RenewalStep,
-    ) {
-        let (at, lost_at) = match step {
-            RenewalStep::RenewAt(t) => (t, false),
-            RenewalStep::LostAt(t) => (t, true),
-        };
+    /// Queues `entries`, starting the driver if none runs and waking it if it sleeps past one of them.
+    pub(crate) fn queue(&self, engine: &Arc<Engine>, entries: impl IntoIterator<Item = Entry>) {
         let Some(spawner) = &engine.spawner else {
             return;
         };
         let (start, wake) = {
             let mut q = self.lock();
-            q.due.push(Due {
-                at,
-                generation,
-                lost_at,
-                lease,
-            });
+            let mut earliest: Option<Instant> = None;
+            for Entry(due) in entries {
+                earliest = Some(earliest.map_or(due.at, |e| e.min(due.at)));
+                q.due.push(due);
+            }
+            let Some(earliest) = earliest else {
+                return;
+            };
             let start = !std::mem::replace(&mut q.driving, true);
             let wake = match &q.sleeping {
-                Some((until, _)) if at < *until => q.sleeping.take().map(|(_, w)| w),
+                Some((until, _)) if earliest < *until => q.sleeping.take().map(|(_, w)| w),
                 _ => None,
             };
             (start, wake)
@@ -232,7 +241,7 @@ fn send(engine: &Arc<Engine>, batch: Vec<Pending>) {
 }
 
 /// One batched extension round: every lease of `batch` on every node, one call per node.
-async fn run_batch(engine: &Engine, batch: Vec<Pending>) {
+async fn run_batch(engine: &Arc<Engine>, batch: Vec<Pending>) {
     if batch.is_empty() {
         return;
     }
@@ -333,12 +342,14 @@ async fn run_batch(engine: &Engine, batch: Vec<Pending>) {
     let ended = engine.timer.now();
     let wall = (wall_started, engine.timer.wall_now());
     let suspended = |allowance| crate::time::suspended((started, ended), wall, allowance);
-    for ((p, tally), _) in batch.iter().zip(&tallies).zip(&unconfirmed) {
+    let mut next = Vec::with_capacity(batch.len());
+    for (p, tally) in batch.iter().zip(&tallies) {
         let outcome = p
             .lease
             .finish_extension(p.ttl, true, tally, started, ended, wall, suspended);
-        p.lease.batch_outcome(outcome, p.valid_until);
+        next.extend(p.lease.batch_outcome(outcome, p.valid_until));
     }
+    engine.batcher.queue(engine, next);
 }
 
 /// Whether node `i` has an unconfirmed extension of this lease with a TTL shorter than `ttl` (see

@@ -568,17 +568,23 @@ impl Shared {
     /// Plans the renewer's next visit of this lease by `step`, superseding any entry queued before. Nothing
     /// if the renewer does not renew it (any more), or it ended.
     pub(crate) fn requeue(&self, step: RenewalStep) {
+        if let Some(entry) = self.entry(step) {
+            self.engine.batcher.queue(&self.engine, [entry]);
+        }
+    }
+
+    /// A new renewer entry for this lease planned by `step` (superseding earlier ones), unless the renewer
+    /// does not renew it (any more) or it ended.
+    fn entry(&self, step: RenewalStep) -> Option<crate::batch::Entry> {
         let generation = {
             let mut st = self.lock();
             if !st.batched || st.ended {
-                return;
+                return None;
             }
             st.batch_gen = st.batch_gen.wrapping_add(1);
             st.batch_gen
         };
-        self.engine
-            .batcher
-            .queue(&self.engine, self.me.clone(), generation, step);
+        Some(crate::batch::Entry::new(self.me.clone(), generation, step))
     }
 
     /// Releases the extension permit and wakes waiters; `true` if the renewer renews this lease.
@@ -646,8 +652,13 @@ impl Shared {
     }
 
     /// After a batched round for this lease (started by [`visit`](Self::visit), whose `valid_until` it was):
-    /// the same steps as the end of one turn of [`renew`](Self::renew)'s loop, then the next visit is planned.
-    pub(crate) fn batch_outcome(&self, outcome: Extension, valid_until: Instant) {
+    /// the same steps as the end of one turn of [`renew`](Self::renew)'s loop. Returns the renewer's entry
+    /// for the next visit, if there is one.
+    pub(crate) fn batch_outcome(
+        &self,
+        outcome: Extension,
+        valid_until: Instant,
+    ) -> Option<crate::batch::Entry> {
         match outcome {
             Extension::Extended {
                 started,
@@ -656,14 +667,21 @@ impl Shared {
             } => match self.apply(started, wall_started, valid_until, true) {
                 Ok(()) => {
                     self.release_permit();
-                    self.requeue(self.schedule().after_success(started, valid_until));
+                    self.entry(self.schedule().after_success(started, valid_until))
                 }
                 Err(LossReason::Released) => {
                     self.release_permit();
+                    None
                 }
-                Err(reason) => self.give_up_batched(reason, None),
+                Err(reason) => {
+                    self.give_up_batched(reason, None);
+                    None
+                }
             },
-            Extension::NotHeld => self.give_up_batched(LossReason::NotHeld, None),
+            Extension::NotHeld => {
+                self.give_up_batched(LossReason::NotHeld, None);
+                None
+            }
             Extension::Failed(source) => {
                 let now = self.now();
                 self.note_at_risk(now, valid_until, source.as_ref());
@@ -673,7 +691,7 @@ impl Shared {
                     self.keep_loss_source(source);
                 }
                 self.release_permit();
-                self.requeue(step);
+                self.entry(step)
             }
         }
     }
