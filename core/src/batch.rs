@@ -132,6 +132,21 @@ impl Batcher {
         let Some(spawner) = &engine.spawner else {
             return;
         };
+        if self.push(entries, true) {
+            let mut driving = Driving {
+                engine: Arc::clone(engine),
+                ended: false,
+            };
+            spawner.spawn(Box::pin(async move {
+                drive(&driving.engine).await;
+                driving.end();
+            }));
+        }
+    }
+
+    /// Pushes `entries` and wakes a sleeping driver if one of them is due earlier than it sleeps. With
+    /// `start`, claims the driver's part if none runs: `true` if the caller must start one.
+    fn push(&self, entries: impl IntoIterator<Item = Entry>, start: bool) -> bool {
         let (start, wake) = {
             let mut q = self.lock();
             let mut earliest: Option<Instant> = None;
@@ -140,9 +155,9 @@ impl Batcher {
                 q.due.push(due);
             }
             let Some(earliest) = earliest else {
-                return;
+                return false;
             };
-            let start = !std::mem::replace(&mut q.driving, true);
+            let start = start && !std::mem::replace(&mut q.driving, true);
             let wake = match &q.sleeping {
                 Some((until, _)) if earliest < *until => q.sleeping.take().map(|(_, w)| w),
                 _ => None,
@@ -152,9 +167,7 @@ impl Batcher {
         if let Some(waker) = wake {
             waker.wake();
         }
-        if start {
-            spawner.spawn(Box::pin(drive(Arc::clone(engine))));
-        }
+        start
     }
 
     /// Waits for the earliest entry to fall due; then takes it and every entry due within `window` of now.
@@ -199,14 +212,72 @@ impl Batcher {
     }
 }
 
+/// Lets the next queued entry start another driver if this one is dropped before it ended (a spawner that
+/// drops tasks, a runtime shutting down).
+struct Driving {
+    engine: Arc<Engine>,
+    ended: bool,
+}
+
+impl Driving {
+    /// The driver ended by itself (its queue was empty).
+    fn end(&mut self) {
+        self.ended = true;
+    }
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        if !self.ended {
+            let mut q = self.engine.batcher.lock();
+            q.driving = false;
+            q.sleeping = None;
+        }
+    }
+}
+
+/// A batch on its way. Dropped before its round ended (by its spawner, or a runtime shutting down), it gives
+/// its leases their extension permits back and queues them again, due now.
+struct InFlight {
+    batch: Vec<Pending>,
+    done: bool,
+}
+
+impl InFlight {
+    /// The round ended: every lease's outcome was handled.
+    fn finish(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let Some(first) = self.batch.first() else {
+            return;
+        };
+        let engine = Arc::clone(&first.lease.engine);
+        let entries: Vec<Entry> = self
+            .batch
+            .iter()
+            .filter_map(|p| p.lease.abandon_batch(p.ttl))
+            .collect();
+        // Not started from here: a spawner that just dropped this batch may drop a driver too. A running
+        // driver takes them; otherwise the next queued entry starts one.
+        engine.batcher.push(entries, false);
+    }
+}
+
 /// The renewer's loop: visits the leases as they fall due and sends their batches.
-async fn drive(engine: Arc<Engine>) {
+async fn drive(engine: &Arc<Engine>) {
     let window = engine
         .config
         .renewal_batching()
         .map_or(Duration::ZERO, |(w, _)| w);
     let size = engine.batch_size().unwrap_or(1);
-    while let Some(due) = engine.batcher.next_due(&engine, window).await {
+    while let Some(due) = engine.batcher.next_due(engine, window).await {
         let now = engine.timer.now();
         let mut batch = Vec::new();
         for d in due {
@@ -223,25 +294,29 @@ async fn drive(engine: Arc<Engine>) {
                 valid_until,
             });
             if batch.len() >= size {
-                send(&engine, std::mem::take(&mut batch));
+                send(engine, std::mem::take(&mut batch));
             }
         }
         if !batch.is_empty() {
-            send(&engine, batch);
+            send(engine, batch);
         }
     }
 }
 
 /// Runs one batch on the manager's spawner.
 fn send(engine: &Arc<Engine>, batch: Vec<Pending>) {
+    let mut flight = InFlight { batch, done: false };
     if let Some(spawner) = &engine.spawner {
         let engine = Arc::clone(engine);
-        spawner.spawn(Box::pin(async move { run_batch(&engine, batch).await }));
+        spawner.spawn(Box::pin(async move {
+            run_batch(&engine, &flight.batch).await;
+            flight.finish();
+        }));
     }
 }
 
 /// One batched extension round: every lease of `batch` on every node, one call per node.
-async fn run_batch(engine: &Arc<Engine>, batch: Vec<Pending>) {
+async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
     if batch.is_empty() {
         return;
     }

@@ -696,6 +696,28 @@ impl Shared {
         }
     }
 
+    /// A batched round for this lease was dropped before it ended: the extension may have been applied on
+    /// any node (recorded as unconfirmed, as for a round that timed out), the permit is released, and the
+    /// renewer's next visit is due now.
+    pub(crate) fn abandon_batch(&self, ttl: Ttl) -> Option<crate::batch::Entry> {
+        {
+            let n = self.engine.nodes.len();
+            let mut st = self.lock();
+            let slots = st
+                .unconfirmed
+                .get_or_insert_with(|| vec![0; n].into_boxed_slice());
+            for slot in slots.iter_mut() {
+                *slot = if *slot == 0 {
+                    ttl.as_millis()
+                } else {
+                    (*slot).min(ttl.as_millis())
+                };
+            }
+        }
+        self.release_permit();
+        self.entry(RenewalStep::RenewAt(self.now()))
+    }
+
     /// Gives the lease up from the renewer, which holds the extension permit: it stops renewing it, marks it
     /// lost and deletes our token in the background.
     fn give_up_batched(&self, reason: LossReason, source: Option<QuorumError>) {

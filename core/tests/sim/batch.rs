@@ -365,3 +365,62 @@ fn leases_renewed_by_run_share_batches_and_are_let_go_when_run_returns() {
         "expired once nothing renews them"
     );
 }
+
+/// A spawner that drops (without running) as many of the next tasks as `drops` says.
+fn dropping_spawner(
+    sim: &redlease_testkit::Sim,
+    drops: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> impl redlease::Spawn + 'static {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (inner, drops) = (sim.spawner(), std::sync::Arc::clone(drops));
+    move |task: redlease::Task| {
+        if drops
+            .fetch_update(SeqCst, SeqCst, |d| d.checked_sub(1))
+            .is_err()
+        {
+            redlease::Spawn::spawn(&inner, task);
+        }
+    }
+}
+
+/// A batch or the renewer itself dropped by the spawner (a runtime shutting down, a spawner that sheds
+/// tasks) leaves no lease stuck: a dropped batch gives its leases their extension permits back and queues
+/// them again (manual extensions do not hang, the next batch renews them), and a dropped renewer lets the
+/// next queued lease start another.
+#[test]
+fn a_batch_or_renewer_dropped_by_the_spawner_leaves_no_lease_stuck() {
+    use redlease::Timer;
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut sim = redlease_testkit::Sim::new(43);
+    let clock = sim.clock();
+    let node = MemoryNode::with_timer(clock.clone());
+    let drops = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let manager =
+        redlease::LockManager::single(node.clone(), config().with_renewal_batching(ms(5), 100))
+            .unwrap()
+            .with_timer(clock.clone())
+            .with_spawner(dropping_spawner(&sim, &drops));
+    let acquire = |sim: &mut redlease_testkit::Sim, key: &str| {
+        let lock = manager.lock(key).auto_renew(secs(10));
+        sim.block_on(async move { lock.try_acquire().await })
+            .unwrap()
+    };
+    // The renewer's first driver is dropped: the next lease queued starts another.
+    drops.store(1, SeqCst);
+    let a = acquire(&mut sim, "a");
+    assert_eq!(drops.load(SeqCst), 0, "the driver was spawned and dropped");
+    let b = acquire(&mut sim, "b");
+    // The first wave's batch is dropped: its leases are queued again and renewed by the next.
+    sim.run_for(secs(10) - ms(10));
+    drops.store(1, SeqCst);
+    sim.run_for(ms(20));
+    assert_eq!(drops.load(SeqCst), 0, "the batch was spawned and dropped");
+    // Not stuck holding the extension permit: a manual extension goes through at once.
+    let extended = sim.block_on_for_polls(a.extend(secs(30)), 100);
+    assert!(matches!(extended, Some(Ok(()))), "{extended:?}");
+    sim.run_for(secs(60));
+    for lease in [&a, &b] {
+        assert_eq!(lease.state(), LeaseState::Held);
+        assert!(lease.valid_until() > clock.now() + secs(15));
+    }
+}
