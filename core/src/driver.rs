@@ -560,9 +560,14 @@ impl Engine {
         notes: &Notes,
     ) -> Result<Option<u64>, NodeError> {
         let value = taken?;
-        if let Some(quarantine) = self.config.restart_quarantine() {
+        let redlock = self.mode == Mode::Redlock;
+        // In single mode a changed run id is only reported (an event): nobody listens, nothing to ask.
+        let quarantine = self
+            .config
+            .restart_quarantine()
+            .filter(|_| redlock || self.hook.active());
+        if let Some(quarantine) = quarantine {
             let quarantine = quarantine.max(ttl.as_duration());
-            let redlock = self.mode == Mode::Redlock;
             match node.run_id(key).await {
                 Ok(run_id) => {
                     let now = self.timer.now();

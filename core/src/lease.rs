@@ -96,7 +96,7 @@ pub(crate) struct Shared {
     pub(crate) engine: Arc<Engine>,
     /// This lease itself, for the renewer's queue (which does not keep a lease alive).
     me: Weak<Shared>,
-    pub(crate) key: String,
+    pub(crate) key: Arc<str>,
     pub(crate) token: Token,
     pub(crate) ttl: Ttl,
     pub(crate) op_timeout: Duration,
@@ -109,7 +109,7 @@ pub(crate) struct Shared {
 
 /// What a successful acquisition hands to its lease.
 pub(crate) struct Grant {
-    pub(crate) key: String,
+    pub(crate) key: Arc<str>,
     pub(crate) token: Token,
     pub(crate) ttl: Ttl,
     pub(crate) op_timeout: Duration,
@@ -228,7 +228,7 @@ impl Shared {
         let source = st.loss_source.clone();
         drop(st);
         Some(Error::Lost {
-            key: self.key.clone(),
+            key: self.key.to_string(),
             reason,
             source,
         })
@@ -265,7 +265,7 @@ impl Shared {
 
     fn lost_error(&self, reason: LossReason, source: Option<QuorumError>) -> Error {
         Error::Lost {
-            key: self.key.clone(),
+            key: self.key.to_string(),
             reason,
             source: source.map(Box::new),
         }

@@ -216,7 +216,7 @@ impl LockManager {
     pub fn lock(&self, key: impl Into<String>) -> Lock {
         Lock {
             engine: Arc::clone(&self.engine),
-            key: key.into(),
+            key: Arc::from(key.into()),
             expiry: None,
             renew_every: None,
             background: false,
@@ -315,7 +315,8 @@ impl LockManager {
 #[derive(Clone)]
 pub struct Lock {
     engine: Arc<Engine>,
-    key: String,
+    /// Shared with the leases it grants (no copy per acquisition).
+    key: Arc<str>,
     expiry: Option<Duration>,
     renew_every: Option<Duration>,
     /// Renewal in the background on the manager's spawner ([`Lock::auto_renew`]).
@@ -558,7 +559,7 @@ impl Lock {
             if fence_key.is_empty() {
                 return Err(ConfigError::InvalidKey("the fence key is empty").into());
             }
-            if *fence_key == self.key {
+            if fence_key.as_str() == &*self.key {
                 return Err(
                     ConfigError::InvalidKey("the fence key must differ from the lock key").into(),
                 );
@@ -645,7 +646,7 @@ impl Lock {
         if let Limit::Until(deadline) = limit {
             if engine.timer.now() >= deadline {
                 return Err(Error::NotAcquired {
-                    key: self.key.clone(),
+                    key: self.key.to_string(),
                     mode: engine.mode,
                     attempts: 0,
                     reason: NotAcquiredReason::DeadlinePassed,
@@ -951,7 +952,7 @@ impl Lock {
                     ))
                 });
                 return Err(Error::NotAcquired {
-                    key: self.key.clone(),
+                    key: self.key.to_string(),
                     mode: engine.mode,
                     attempts: attempt,
                     reason,

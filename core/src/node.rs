@@ -432,7 +432,10 @@ pub trait RedisNode: Send + Sync {
     ///
     /// The core asks for it after each acquisition reply, to notice a restarted server: a Redlock node whose
     /// run id changed is not counted toward a quorum for a while (see
-    /// [`Config::with_restart_quarantine`](crate::Config::with_restart_quarantine)). So it must be cheap: a
+    /// [`Config::with_restart_quarantine`](crate::Config::with_restart_quarantine)). In single mode, where a
+    /// change is only reported, it asks only when something listens for the
+    /// [`NodeRestarted`](crate::EventKind::NodeRestarted) event (an observer, or the `tracing` feature).
+    /// It must be cheap: a
     /// node learns it once per connection (`INFO server`) and again after a reconnect, and answers from that
     /// memory otherwise. It must never report an old run id for a connection to a new server process.
     ///

@@ -271,10 +271,17 @@ impl MemoryNode {
 
     /// Publishes a release of `key` by `token` to every subscriber (what a release that deleted does).
     fn publish(&self, key: &str, token: &Token) {
-        let channel = notify::channel(key);
-        let inboxes: Vec<Inbox> = {
+        {
             let mut store = self.lock();
             store.published += 1;
+            if store.subs.is_empty() {
+                // Nobody subscribed to anything: no channel name to build.
+                return;
+            }
+        }
+        let channel = notify::channel(key);
+        let inboxes: Vec<Inbox> = {
+            let store = self.lock();
             store
                 .subs
                 .get(&channel)
