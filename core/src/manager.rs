@@ -697,148 +697,156 @@ impl Lock {
             if let Some(hint) = &hint {
                 hint.reset();
             }
-            let r = engine
-                .acquire_round(
-                    &self.key,
-                    self.fence_key.as_deref(),
-                    &tokens.current,
-                    plan.ttl,
-                    timeout,
-                    fresh,
-                    hint.as_ref(),
-                    id,
-                )
-                .await;
+            // The round's result stays in this block: what the failure path needs after its awaits is
+            // taken out of it, so that the coroutine does not keep the whole result across them.
+            let (reason, last_round) = {
+                let r = engine
+                    .acquire_round(
+                        &self.key,
+                        self.fence_key.as_deref(),
+                        &tokens.current,
+                        plan.ttl,
+                        timeout,
+                        fresh,
+                        hint.as_ref(),
+                        id,
+                    )
+                    .await;
 
-            // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
-            // change a key that exists, ours included; only an own-token branch resets the TTL when it lands.
-            let unfenced = self.fence_key.is_none();
-            for i in r.tally.unsettled_indices() {
-                if unfenced && fresh.get(i) && engine.nodes[i].acquire_fresh_is_nx() {
-                    continue;
+                // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
+                // change a key that exists, ours included; only an own-token branch resets the TTL when it lands.
+                let unfenced = self.fence_key.is_none();
+                for i in r.tally.unsettled_indices() {
+                    if unfenced && fresh.get(i) && engine.nodes[i].acquire_fresh_is_nx() {
+                        continue;
+                    }
+                    unsettled.resize(n, false);
+                    unsettled[i] = true;
                 }
-                unsettled.resize(n, false);
-                unsettled[i] = true;
-            }
-            // A node stays fresh only after a definite "changed nothing" (held by another owner, or an error
-            // that was not applied): a yes stored the token, and an ambiguous or abandoned request may still.
-            fresh.settle();
-            for i in r.tally.maybe_applied_indices() {
-                fresh.spoil(i);
-            }
-            let drift = crate::machine::validity::drift(plan.ttl, config.drift_factor());
-            let reason = if r.tally.verdict() == Verdict::Quorum {
-                if let Some(valid_until) =
-                    deadline_after_round(r.started, r.ended, plan.ttl, config.drift_factor())
-                        .filter(|_| !r.suspended(drift))
-                {
-                    let fence = match self.fence_key {
-                        Some(_) => r.values.first().copied().flatten().flatten(),
-                        None => None,
-                    };
-                    for w in &mut watches {
-                        w.end_attempt(Outcome::Won);
-                    }
-                    if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
-                        match engine.watch.lock() {
-                            Ok(mut w) => w.issued(fence_key, fence),
-                            Err(p) => p.into_inner().issued(fence_key, fence),
+                // A node stays fresh only after a definite "changed nothing" (held by another owner, or an error
+                // that was not applied): a yes stored the token, and an ambiguous or abandoned request may still.
+                fresh.settle();
+                for i in r.tally.maybe_applied_indices() {
+                    fresh.spoil(i);
+                }
+                let drift = crate::machine::validity::drift(plan.ttl, config.drift_factor());
+                let reason = if r.tally.verdict() == Verdict::Quorum {
+                    if let Some(valid_until) =
+                        deadline_after_round(r.started, r.ended, plan.ttl, config.drift_factor())
+                            .filter(|_| !r.suspended(drift))
+                    {
+                        let fence = match self.fence_key {
+                            Some(_) => r.values.first().copied().flatten().flatten(),
+                            None => None,
+                        };
+                        for w in &mut watches {
+                            w.end_attempt(Outcome::Won);
                         }
-                    }
-                    let token = tokens.won();
-                    // A straggling acquisition request sets the acquisition's TTL when it lands: the lease
-                    // must not count those nodes for a longer extension later (see `Shared::extend_once`).
-                    let unconfirmed = (!unsettled.is_empty()).then(|| {
-                        unsettled
-                            .iter()
-                            .map(|&u| if u { plan.ttl.as_millis() } else { 0 })
-                            .collect::<Box<[u64]>>()
-                    });
-                    let now = engine.timer.now();
-                    if engine.hook.active() {
+                        if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
+                            match engine.watch.lock() {
+                                Ok(mut w) => w.issued(fence_key, fence),
+                                Err(p) => p.into_inner().issued(fence_key, fence),
+                            }
+                        }
+                        let token = tokens.won();
+                        // A straggling acquisition request sets the acquisition's TTL when it lands: the lease
+                        // must not count those nodes for a longer extension later (see `Shared::extend_once`).
+                        let unconfirmed = (!unsettled.is_empty()).then(|| {
+                            unsettled
+                                .iter()
+                                .map(|&u| if u { plan.ttl.as_millis() } else { 0 })
+                                .collect::<Box<[u64]>>()
+                        });
+                        let now = engine.timer.now();
+                        if engine.hook.active() {
+                            engine.hook.emit(
+                                &self.key,
+                                id,
+                                r.ended,
+                                EventKind::Attempt {
+                                    attempt,
+                                    nodes: Nodes::new(&r.tally),
+                                    round: r.ended.saturating_duration_since(r.started),
+                                    outcome: AttemptOutcome::Won {
+                                        validity: valid_until.saturating_duration_since(r.ended),
+                                    },
+                                },
+                            );
+                        }
                         engine.hook.emit(
                             &self.key,
                             id,
-                            r.ended,
-                            EventKind::Attempt {
-                                attempt,
-                                nodes: Nodes::new(&r.tally),
-                                round: r.ended.saturating_duration_since(r.started),
-                                outcome: AttemptOutcome::Won {
-                                    validity: valid_until.saturating_duration_since(r.ended),
-                                },
+                            now,
+                            EventKind::Acquired {
+                                valid_until,
+                                fence,
+                                attempts: attempt,
+                                waited: now.saturating_duration_since(began),
+                                contended,
                             },
                         );
+                        return Ok(self.lease(
+                            token,
+                            plan,
+                            Won {
+                                fence,
+                                id,
+                                acquired_at: now,
+                                started: r.started,
+                                wall_started: r.wall.0,
+                                valid_until,
+                                unconfirmed,
+                            },
+                        ));
                     }
+                    NotAcquiredReason::ValidityExhausted
+                } else if r.tally.no() > n - engine.quorum() {
+                    NotAcquiredReason::Contended
+                } else if r.tally.permanent() > n - engine.quorum() {
+                    NotAcquiredReason::Refused
+                } else if engine.mode == Mode::Single
+                    && r.tally
+                        .errors()
+                        .iter()
+                        .any(|(_, e)| e.kind() == crate::node::NodeErrorKind::NotReplicated)
+                {
+                    NotAcquiredReason::NotReplicated
+                } else {
+                    NotAcquiredReason::TooFewNodes
+                };
+                let outcome = if reason == NotAcquiredReason::Contended {
+                    Outcome::Held
+                } else {
+                    Outcome::Failed
+                };
+                for w in &mut watches {
+                    w.end_attempt(outcome);
+                }
+                contended |= reason == NotAcquiredReason::Contended;
+                if engine.hook.active() {
                     engine.hook.emit(
                         &self.key,
                         id,
-                        now,
-                        EventKind::Acquired {
-                            valid_until,
-                            fence,
-                            attempts: attempt,
-                            waited: now.saturating_duration_since(began),
-                            contended,
+                        r.ended,
+                        EventKind::Attempt {
+                            attempt,
+                            nodes: Nodes::new(&r.tally),
+                            round: r.ended.saturating_duration_since(r.started),
+                            outcome: AttemptOutcome::Failed(reason),
                         },
                     );
-                    return Ok(self.lease(
-                        token,
-                        plan,
-                        Won {
-                            fence,
-                            id,
-                            acquired_at: now,
-                            started: r.started,
-                            wall_started: r.wall.0,
-                            valid_until,
-                            unconfirmed,
-                        },
-                    ));
                 }
-                NotAcquiredReason::ValidityExhausted
-            } else if r.tally.no() > n - engine.quorum() {
-                NotAcquiredReason::Contended
-            } else if r.tally.permanent() > n - engine.quorum() {
-                NotAcquiredReason::Refused
-            } else if engine.mode == Mode::Single
-                && r.tally
-                    .errors()
-                    .iter()
-                    .any(|(_, e)| e.kind() == crate::node::NodeErrorKind::NotReplicated)
-            {
-                NotAcquiredReason::NotReplicated
-            } else {
-                NotAcquiredReason::TooFewNodes
+                // Delete our token wherever this or an earlier attempt may have written it and no clean-up has
+                // confirmed it gone since. A definite refusal or a definitely-not-applied error left nothing.
+                dirty.resize(n, false);
+                for i in r.tally.maybe_applied_indices() {
+                    dirty[i] = true;
+                }
+                (
+                    reason,
+                    (r.tally.yes(), r.tally.required(), r.tally.errors()),
+                )
             };
-            let outcome = if reason == NotAcquiredReason::Contended {
-                Outcome::Held
-            } else {
-                Outcome::Failed
-            };
-            for w in &mut watches {
-                w.end_attempt(outcome);
-            }
-            contended |= reason == NotAcquiredReason::Contended;
-            if engine.hook.active() {
-                engine.hook.emit(
-                    &self.key,
-                    id,
-                    r.ended,
-                    EventKind::Attempt {
-                        attempt,
-                        nodes: Nodes::new(&r.tally),
-                        round: r.ended.saturating_duration_since(r.started),
-                        outcome: AttemptOutcome::Failed(reason),
-                    },
-                );
-            }
-            // Delete our token wherever this or an earlier attempt may have written it and no clean-up has
-            // confirmed it gone since. A definite refusal or a definitely-not-applied error left nothing.
-            dirty.resize(n, false);
-            for i in r.tally.maybe_applied_indices() {
-                dirty[i] = true;
-            }
             let targets: Vec<usize> = (0..n).filter(|&i| dirty[i]).collect();
             let mut stale_cleanup = false;
             if !targets.is_empty() {
@@ -942,15 +950,9 @@ impl Lock {
                         contended,
                     },
                 );
-                let errors = r.tally.errors();
-                let last_error = (!errors.is_empty()).then(|| {
-                    Box::new(QuorumError::new(
-                        Operation::Acquire,
-                        r.tally.yes(),
-                        r.tally.required(),
-                        errors,
-                    ))
-                });
+                let (yes, required, errors) = last_round;
+                let last_error = (!errors.is_empty())
+                    .then(|| Box::new(QuorumError::new(Operation::Acquire, yes, required, errors)));
                 return Err(Error::NotAcquired {
                     key: self.key.to_string(),
                     mode: engine.mode,
