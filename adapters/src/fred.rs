@@ -887,7 +887,6 @@ enum Request {
     Publishing([(CustomCommand, Vec<Value>); 2]),
 }
 
-#[async_trait]
 impl<C: KeyRouted> Transport for FredNode<C> {
     async fn script_once(
         &self,
