@@ -1501,4 +1501,49 @@ mod tests {
         assert_eq!(endpoint, "redis://10.0.0.5:6380/2");
         assert!(!endpoint.contains("secret"));
     }
+
+    /// Every node call is boxed by the node trait, so its future is allocated and copied on every call: an
+    /// operation must hold fred's command future (the bulk of it, about 5 KB in fred 10) once, not twice
+    /// (as a future passed into another async fn or block and awaited there would be).
+    #[test]
+    fn operation_futures_hold_the_command_future_once() {
+        let client = fred::types::Builder::default_centralized()
+            .build()
+            .expect("a client (not connected)");
+        let fred_call = std::mem::size_of_val(
+            &client
+                .with_options(&Options::default())
+                .custom::<Value, Value>(
+                    CustomCommand::new_static("GET", ClusterHash::Custom(0), false),
+                    vec![],
+                ),
+        );
+        let node = FredNode::new(client);
+        let token = Token::random().expect("a token");
+        let ttl = Ttl::from_millis(1000).expect("a TTL");
+        let sizes = [
+            (
+                "acquire",
+                std::mem::size_of_val(&ops::acquire(&node, "k", &token, ttl)),
+            ),
+            (
+                "acquire_fresh",
+                std::mem::size_of_val(&ops::acquire_fresh(&node, "k", &token, ttl)),
+            ),
+            (
+                "extend",
+                std::mem::size_of_val(&ops::extend(&node, "k", &token, ttl)),
+            ),
+            (
+                "release",
+                std::mem::size_of_val(&ops::release(&node, "k", &token)),
+            ),
+        ];
+        for (op, size) in sizes {
+            assert!(
+                size < fred_call * 3 / 2,
+                "{op}: a {size}-byte future for a {fred_call}-byte fred call"
+            );
+        }
+    }
 }

@@ -34,9 +34,7 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use redlease::{
-    Claim, KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, notify,
-};
+use redlease::{Claim, KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, notify};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
@@ -118,7 +116,9 @@ impl Writes {
         } else {
             (&mut self.stale, &mut self.fresh)
         };
-        for set in remove.iter_mut() {
+        // Not hashed for empty sets (the stale ones nearly always are): a write is recorded on every
+        // acquisition and extension.
+        for set in remove.iter_mut().filter(|set| !set.is_empty()) {
             set.remove(key);
         }
         Self::add(add, key);
@@ -1544,21 +1544,36 @@ fn unknown_command(e: &NodeError) -> bool {
 // reconnect noticed while it is on its way makes the `WAIT` after it fail rather than count another
 // connection's writes.
 
-/// Runs the write `op` on `key` and records it when `wrote` says the key now holds our token. `op` is a
-/// future not yet polled, so nothing is sent before the generation is read.
-async fn recorded<T>(
+/// Runs the write `op` makes on `key` and records it when `wrote` says the key now holds our token. `op` is
+/// called after the generation is read, so nothing is sent before.
+///
+/// `op` makes the future here rather than being one: a future passed in is kept twice in the future that
+/// awaits it (as captured, and as moved into the place it is polled from), and it is the whole operation, a
+/// client's command future included (fred's alone is about 5 KB), so the node's boxed future would be twice
+/// as large, allocated and copied on every call. (Not an `async fn` either, which keeps its arguments twice
+/// too.)
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in its future; an async block, once"
+)]
+fn recorded<T, F>(
     t: &impl Transport,
     key: &str,
-    op: impl std::future::Future<Output = Result<T, NodeError>>,
+    op: impl FnOnce() -> F,
     wrote: impl FnOnce(&T) -> bool,
-) -> Result<T, NodeError> {
-    t.notice_reconnections();
-    let generation = t.probe().generation();
-    let r = op.await;
-    if r.as_ref().is_ok_and(wrote) {
-        t.probe().wrote(key, generation);
+) -> impl Future<Output = Result<T, NodeError>>
+where
+    F: Future<Output = Result<T, NodeError>>,
+{
+    async move {
+        t.notice_reconnections();
+        let generation = t.probe().generation();
+        let r = op().await;
+        if r.as_ref().is_ok_and(wrote) {
+            t.probe().wrote(key, generation);
+        }
+        r
     }
-    r
 }
 
 pub(crate) async fn acquire(
@@ -1567,7 +1582,7 @@ pub(crate) async fn acquire(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    recorded(t, key, acquire_unrecorded(t, key, token, ttl), |ok| *ok).await
+    recorded(t, key, || acquire_unrecorded(t, key, token, ttl), |ok| *ok).await
 }
 
 pub(crate) async fn acquire_fresh(
@@ -1576,9 +1591,12 @@ pub(crate) async fn acquire_fresh(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    recorded(t, key, acquire_fresh_unrecorded(t, key, token, ttl), |ok| {
-        *ok
-    })
+    recorded(
+        t,
+        key,
+        || acquire_fresh_unrecorded(t, key, token, ttl),
+        |ok| *ok,
+    )
     .await
 }
 
@@ -1589,7 +1607,7 @@ pub(crate) async fn acquire_fenced(
     token: &Token,
     ttl: Ttl,
 ) -> Result<Option<u64>, NodeError> {
-    let op = acquire_fenced_unrecorded(t, key, fence_key, token, ttl);
+    let op = || acquire_fenced_unrecorded(t, key, fence_key, token, ttl);
     recorded(t, key, op, Option::is_some).await
 }
 
@@ -1600,7 +1618,7 @@ pub(crate) async fn acquire_or_ttl(
     ttl: Ttl,
     fresh: bool,
 ) -> Result<Claim, NodeError> {
-    let op = acquire_or_ttl_unrecorded(t, key, token, ttl, fresh);
+    let op = || acquire_or_ttl_unrecorded(t, key, token, ttl, fresh);
     recorded(t, key, op, |c| matches!(c, Claim::Taken)).await
 }
 
@@ -1610,7 +1628,7 @@ pub(crate) async fn extend(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    recorded(t, key, extend_unrecorded(t, key, token, ttl), |ok| *ok).await
+    recorded(t, key, || extend_unrecorded(t, key, token, ttl), |ok| *ok).await
 }
 
 pub(crate) async fn extend_many(
