@@ -129,6 +129,11 @@ impl KeyRouted for Client {
     fn members(&self) -> &[Client] {
         std::slice::from_ref(self)
     }
+
+    /// Its only member (the key's slot is not computed).
+    fn member_for_key(&self, _key: &str) -> usize {
+        0
+    }
 }
 
 impl KeyRouted for Pool {
@@ -137,45 +142,66 @@ impl KeyRouted for Pool {
     }
 }
 
-/// What a node learned about one member client's connection from its errors and fred's notifications.
-struct Health {
+/// What a node learned about one member client's connection from its errors and fred's notifications, behind
+/// one lock (every command reads all of it before it is sent).
+struct Health(Mutex<HealthState>);
+
+struct HealthState {
     /// When a command last failed because the connection is gone, or fred last announced a connection error;
     /// cleared by fred's next reconnection.
-    broken: Mutex<Option<Instant>>,
-    reconnects: Mutex<broadcast::Receiver<Server>>,
-    errors: Mutex<broadcast::Receiver<(FredError, Option<Server>)>>,
+    broken: Option<Instant>,
+    reconnects: broadcast::Receiver<Server>,
+    errors: broadcast::Receiver<(FredError, Option<Server>)>,
     /// The last connection error fred reported (kept: a later check may drain the channel first).
-    last_error: Mutex<Option<FredError>>,
+    last_error: Option<FredError>,
 }
 
 impl Health {
     fn new(client: &Client) -> Self {
-        Self {
-            broken: Mutex::new(None),
-            reconnects: Mutex::new(client.reconnect_rx()),
-            errors: Mutex::new(client.error_rx()),
-            last_error: Mutex::new(None),
-        }
+        Self(Mutex::new(HealthState {
+            broken: None,
+            reconnects: client.reconnect_rx(),
+            errors: client.error_rx(),
+            last_error: None,
+        }))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HealthState> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn mark_broken(&self) {
-        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        self.lock().mark_broken();
     }
 
-    fn heal(&self) {
-        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    /// The last connection error fred reported since the last reconnection, if any.
+    fn last_error(&self) -> Option<FredError> {
+        let mut state = self.lock();
+        state.saw_errors();
+        state.last_error.clone()
+    }
+}
+
+impl HealthState {
+    fn mark_broken(&mut self) {
+        self.broken = Some(Instant::now());
     }
 
-    fn broken_since(&self) -> Option<Instant> {
-        *self.broken.lock().unwrap_or_else(|e| e.into_inner())
+    /// Healed by a reconnection: the connection errors announced before it are superseded.
+    fn heal(&mut self) {
+        self.broken = None;
+        self.last_error = None;
     }
 
     /// Whether fred reconnected since the last call (also after missed notifications).
-    fn reconnected(&self) -> bool {
-        let mut rx = self.reconnects.lock().unwrap_or_else(|e| e.into_inner());
+    fn reconnected(&mut self) -> bool {
+        // `is_empty` first: one lock of the channel where `try_recv` on an empty channel takes two.
+        if self.reconnects.is_empty() {
+            return false;
+        }
         let mut seen = false;
         loop {
-            match rx.try_recv() {
+            match self.reconnects.try_recv() {
                 Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => seen = true,
                 Err(_) => return seen,
             }
@@ -183,33 +209,21 @@ impl Health {
     }
 
     /// Whether fred reported connection errors since the last call; keeps the last one.
-    fn saw_errors(&self) -> bool {
-        let mut last = self.last_error.lock().unwrap_or_else(|e| e.into_inner());
-        let mut rx = self.errors.lock().unwrap_or_else(|e| e.into_inner());
+    fn saw_errors(&mut self) -> bool {
+        if self.errors.is_empty() {
+            return false;
+        }
         let mut seen = false;
         loop {
-            match rx.try_recv() {
+            match self.errors.try_recv() {
                 Ok((err, _)) => {
-                    *last = Some(err);
+                    self.last_error = Some(err);
                     seen = true;
                 }
                 Err(broadcast::error::TryRecvError::Lagged(_)) => seen = true,
                 Err(_) => return seen,
             }
         }
-    }
-
-    /// The last connection error fred reported since the last reconnection, if any.
-    fn last_error(&self) -> Option<FredError> {
-        self.saw_errors();
-        self.last_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    fn clear_last_error(&self) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -679,10 +693,10 @@ impl<C: KeyRouted> FredNode<C> {
             Ok(true) => {
                 // Connected now: nothing learned before this connection applies to it.
                 for health in self.health.iter() {
-                    health.reconnected();
-                    health.saw_errors();
-                    health.clear_last_error();
-                    health.heal();
+                    let mut state = health.lock();
+                    state.reconnected();
+                    state.saw_errors();
+                    state.heal();
                 }
                 self.probe.forget();
             }
@@ -698,19 +712,33 @@ impl<C: KeyRouted> FredNode<C> {
     /// connection offers (it may be another server now: a restart, a failover behind one address) is checked
     /// again and its run_id asked again (with or without `fail_fast`), and a broken member is healed (the
     /// connection errors announced before it are superseded). Whether there was one.
-    fn act_on_reconnection(&self, health: &Health) -> bool {
+    fn act_on_reconnection(&self, health: &mut HealthState) -> bool {
         if !health.reconnected() {
             return false;
         }
         self.probe.forget();
         health.saw_errors();
         health.heal();
-        health.clear_last_error();
         true
     }
 
-    /// Sends `request` once, through the client that carries `key`.
-    async fn send(&self, request: Request, key: &str, what: &Script) -> Result<Reply, NodeError> {
+    /// Whether a lazy node must (re)start fred's connection task before sending (see [`start`](Self::start)).
+    fn must_start(&self) -> bool {
+        self.connect_started.as_ref().is_some_and(|started| {
+            !started.load(Ordering::Acquire)
+                || self
+                    .client
+                    .members()
+                    .iter()
+                    .all(|c| c.state() == ClientState::Disconnected)
+        })
+    }
+
+    /// Everything before a command is written: a tokio runtime, a lazy node's connection, the member client
+    /// that carries `key` and the checks of its health (fail-fast while its connection is known broken).
+    /// The member and its index on success; nothing is sent on an error. A lazy node's first connection is
+    /// awaited in a box of its own: it happens once, and the commands' futures need not carry its states.
+    async fn prepare(&self, key: &str, what: &Script) -> Result<(&Client, usize), NodeError> {
         if tokio::runtime::Handle::try_current().is_err() {
             // fred's connections are tokio tasks and its timeouts tokio timers: outside a tokio runtime it
             // would panic.
@@ -722,7 +750,9 @@ impl<C: KeyRouted> FredNode<C> {
                 ),
             ));
         }
-        self.start().await;
+        if self.must_start() {
+            Box::pin(self.start()).await;
+        }
         let index = self.client.member_for_key(key);
         let (Some(client), Some(health)) =
             (self.client.members().get(index), self.health.get(index))
@@ -732,13 +762,14 @@ impl<C: KeyRouted> FredNode<C> {
                 format!("{}: the fred pool has no client (not sent)", what.name),
             ));
         };
-        self.act_on_reconnection(health);
+        let mut state = health.lock();
+        self.act_on_reconnection(&mut state);
         // fred announces a dropped connection on its error channel at once, while its state may still say
         // "connected" and a command sent now would wait for the reconnection.
-        if health.saw_errors() && self.fail_fast {
-            health.mark_broken();
+        if state.saw_errors() && self.fail_fast {
+            state.mark_broken();
         }
-        if let Some(since) = health.broken_since().filter(|_| self.fail_fast) {
+        if let Some(since) = state.broken.filter(|_| self.fail_fast) {
             // Healed by a reconnection; or, if fred reports itself connected and has announced nothing for a
             // while (an error that did not close the connection), let one command through on probation.
             let quiet = self
@@ -747,106 +778,151 @@ impl<C: KeyRouted> FredNode<C> {
                 .connection_timeout
                 .max(PROBATION);
             let probation = client.state() == ClientState::Connected && since.elapsed() >= quiet;
-            if self.act_on_reconnection(health) || probation {
-                health.heal();
-                health.clear_last_error();
+            if self.act_on_reconnection(&mut state) || probation {
+                state.heal();
                 self.probe.forget();
             } else {
+                drop(state);
                 return Err(self.not_connected(what, health, true));
             }
         }
+        Ok((client, index))
+    }
+
+    /// Sends one command once, through the client that carries `key`.
+    async fn send_one(
+        &self,
+        cmd: CustomCommand,
+        values: Vec<Value>,
+        key: &str,
+        what: &Script,
+    ) -> Result<Reply, NodeError> {
+        let (client, index) = self.prepare(key, what).await?;
+        let result = client
+            .with_options(&self.options())
+            .custom::<Value, Value>(cmd, values)
+            .await
+            .map(to_reply)
+            .map_err(|e| classify(Some(what), &e));
+        self.sent(result, index, what)
+    }
+
+    /// Sends `cmds` once as a `MULTI … EXEC` transaction, through the client that carries `key`.
+    async fn send_multi(
+        &self,
+        cmds: Vec<(CustomCommand, Vec<Value>)>,
+        key: &str,
+        what: &Script,
+    ) -> Result<Reply, NodeError> {
+        let (client, index) = self.prepare(key, what).await?;
         let options = self.options();
-        let result = match request {
-            Request::One(cmd, values) => client
+        // Queued locally and written as one MULTI … EXEC batch on the member's connection.
+        let tx = client.multi();
+        let mut queued = Ok(());
+        for (cmd, values) in cmds {
+            if let Err(e) = tx
                 .with_options(&options)
                 .custom::<Value, Value>(cmd, values)
                 .await
-                .map(to_reply)
-                .map_err(|e| classify(Some(what), &e)),
-            Request::Multi(cmds) => {
-                // Queued locally and written as one MULTI … EXEC batch on the member's connection.
-                let tx = client.multi();
-                let mut queued = Ok(());
-                for (cmd, values) in cmds {
-                    if let Err(e) = tx
-                        .with_options(&options)
-                        .custom::<Value, Value>(cmd, values)
-                        .await
-                    {
-                        queued = Err(e);
-                        break;
-                    }
-                }
-                match queued {
-                    // `true`: the first refusal among the replies (of `MULTI`, or of a command while it was
-                    // queued) is the error, rather than `EXEC`'s bare `EXECABORT`, so that its cause is named.
-                    Ok(()) => tx.exec::<Value>(true).await,
-                    Err(e) => Err(e),
-                }
-                .map(to_reply)
-                .map_err(|e| classify(Some(what), &e))
+            {
+                queued = Err(e);
+                break;
             }
-            Request::Publishing(cmds) => {
-                // A plain pipeline (not a transaction, which fred would replay after a reconnection): each
-                // command carries the options, so neither is written twice.
-                let pipeline = client.pipeline();
-                let mut queued = Ok(());
-                for (cmd, values) in cmds {
-                    if let Err(e) = pipeline
-                        .with_options(&options)
-                        .custom::<(), Value>(cmd, values)
-                        .await
-                    {
-                        queued = Err(e);
-                        break;
-                    }
-                }
-                match queued {
-                    Ok(()) => match pipeline.try_all::<Value>().await.into_iter().next() {
-                        Some(first) => first,
-                        None => Err(FredError::new(
-                            ErrorKind::Protocol,
-                            "an empty pipeline reply",
-                        )),
-                    },
-                    Err(e) => Err(e),
-                }
-                .map(to_reply)
-                .map_err(|e| classify(Some(what), &e))
+        }
+        let result = match queued {
+            // `true`: the first refusal among the replies (of `MULTI`, or of a command while it was
+            // queued) is the error, rather than `EXEC`'s bare `EXECABORT`, so that its cause is named.
+            Ok(()) => tx.exec::<Value>(true).await,
+            Err(e) => Err(e),
+        }
+        .map(to_reply)
+        .map_err(|e| classify(Some(what), &e));
+        self.sent(result, index, what)
+    }
+
+    /// Sends a command with a `PUBLISH` pipelined behind it, once, through the client that carries `key`: the
+    /// command's reply.
+    async fn send_publishing(
+        &self,
+        cmds: [(CustomCommand, Vec<Value>); 2],
+        key: &str,
+        what: &Script,
+    ) -> Result<Reply, NodeError> {
+        let (client, index) = self.prepare(key, what).await?;
+        let options = self.options();
+        // A plain pipeline (not a transaction, which fred would replay after a reconnection): each
+        // command carries the options, so neither is written twice.
+        let pipeline = client.pipeline();
+        let mut queued = Ok(());
+        for (cmd, values) in cmds {
+            if let Err(e) = pipeline
+                .with_options(&options)
+                .custom::<(), Value>(cmd, values)
+                .await
+            {
+                queued = Err(e);
+                break;
             }
+        }
+        let result = match queued {
+            Ok(()) => match pipeline.try_all::<Value>().await.into_iter().next() {
+                Some(first) => first,
+                None => Err(FredError::new(
+                    ErrorKind::Protocol,
+                    "an empty pipeline reply",
+                )),
+            },
+            Err(e) => Err(e),
+        }
+        .map(to_reply)
+        .map_err(|e| classify(Some(what), &e));
+        self.sent(result, index, what)
+    }
+
+    /// What a command sent through member `index` answers, after what its error says about the connection.
+    fn sent(
+        &self,
+        result: Result<Reply, NodeError>,
+        index: usize,
+        what: &Script,
+    ) -> Result<Reply, NodeError> {
+        let Err(e) = result else {
+            return result;
         };
-        match result {
-            Err(e) if is_second_write(&e) && self.cluster => {
-                // fred refuses a second write both after a MOVED/ASK redirection (the server refused the
-                // command) and for a command in flight when it reconnected (it may have run). A reconnection
-                // is announced on the error or reconnect channel; without either, it was the redirection.
-                let reconnected = health.saw_errors() | health.reconnected();
-                if reconnected {
-                    self.probe.forget();
-                    health.mark_broken();
-                    Err(e)
-                } else {
-                    Err(NodeError::not_applied(
-                        NodeErrorKind::Cluster,
-                        format!(
-                            "{}: the server redirected the command (MOVED/ASK; the connection stayed up), \
-                             which redlease does not follow; fred refreshed its slot map, so the next call is \
-                             routed anew",
-                            what.name
-                        ),
-                    )
-                    .with_source(e))
-                }
+        let Some(health) = self.health.get(index) else {
+            return Err(e);
+        };
+        if is_second_write(&e) && self.cluster {
+            // fred refuses a second write both after a MOVED/ASK redirection (the server refused the
+            // command) and for a command in flight when it reconnected (it may have run). A reconnection
+            // is announced on the error or reconnect channel; without either, it was the redirection.
+            let mut state = health.lock();
+            let reconnected = state.saw_errors() | state.reconnected();
+            if reconnected {
+                self.probe.forget();
+                state.mark_broken();
+                Err(e)
+            } else {
+                Err(NodeError::not_applied(
+                    NodeErrorKind::Cluster,
+                    format!(
+                        "{}: the server redirected the command (MOVED/ASK; the connection stayed up), \
+                         which redlease does not follow; fred refreshed its slot map, so the next call is \
+                         routed anew",
+                        what.name
+                    ),
+                )
+                .with_source(e))
             }
-            Err(e) if e.kind() == NodeErrorKind::Connection => {
-                health.mark_broken();
-                if e.is_ambiguous() {
-                    Err(e)
-                } else {
-                    Err(self.not_connected(what, health, false).with_source(e))
-                }
+        } else if e.kind() == NodeErrorKind::Connection {
+            health.mark_broken();
+            if e.is_ambiguous() {
+                Err(e)
+            } else {
+                Err(self.not_connected(what, health, false).with_source(e))
             }
-            other => other,
+        } else {
+            Err(e)
         }
     }
 
@@ -879,15 +955,53 @@ impl<C: KeyRouted> FredNode<C> {
     }
 }
 
-/// One command, a `MULTI … EXEC` transaction of several, or a command with a `PUBLISH` pipelined behind it
-/// (the command's reply is the answer).
-enum Request {
-    One(CustomCommand, Vec<Value>),
-    Multi(Vec<(CustomCommand, Vec<Value>)>),
-    Publishing([(CustomCommand, Vec<Value>); 2]),
+/// The command names and fixed arguments [`ops`] sends, as `'static` strings. fred copies every borrowed
+/// `&str` (a command name or an argument) into a buffer of its own, one allocation each; these go out without
+/// a copy. Anything else (keys, tokens, TTLs, channels) is copied as before.
+macro_rules! static_words {
+    ($($word:literal)*) => {
+        fn static_word(s: &str) -> Option<&'static str> {
+            match s {
+                $($word => Some($word),)*
+                _ => None,
+            }
+        }
+    };
 }
 
-#[async_trait]
+static_words!(
+    "SET" "GET" "PTTL" "DEL" "DELIFEQ" "PUBLISH" "SPUBLISH" "INCR" "INCRBY" "INFO" "WAIT" "WAITAOF" "NX" "PX"
+    "IFEQ" "server" "0"
+);
+
+/// `s` as an argument: without a copy when it is one of the [`static_word`]s.
+fn arg(s: &str) -> Value {
+    match static_word(s) {
+        Some(word) => Value::String(fred::bytes_utils::Str::from_static(word)),
+        None => Value::from(s),
+    }
+}
+
+/// The command named `name` (a static name where it is one of the [`static_word`]s), routed by `hash`.
+fn command_named(name: &str, hash: ClusterHash) -> CustomCommand {
+    match static_word(name) {
+        Some(word) => CustomCommand::new_static(word, hash, false),
+        None => CustomCommand::new(name.to_owned(), hash, false),
+    }
+}
+
+impl<C: KeyRouted> FredNode<C> {
+    /// How a command for `key` is routed: by its hash slot on a cluster; elsewhere fred ignores it (and the
+    /// slot is not computed).
+    fn hash(&self, key: &str) -> ClusterHash {
+        ClusterHash::Custom(if self.cluster {
+            slot::hash_slot(key.as_bytes())
+        } else {
+            0
+        })
+    }
+}
+
 impl<C: KeyRouted> Transport for FredNode<C> {
     async fn script_once(
         &self,
@@ -898,31 +1012,30 @@ impl<C: KeyRouted> Transport for FredNode<C> {
     ) -> Result<Reply, NodeError> {
         let key = keys.first().copied().unwrap_or("");
         // Route by the first key's slot (all keys share it on a cluster; ignored otherwise).
-        let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
+        let hash = self.hash(key);
         let body = match verb {
             Verb::Eval => script.source,
             Verb::EvalSha => script.sha1,
         };
         let mut values: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        values.push(Value::from(body));
+        values.push(Value::String(fred::bytes_utils::Str::from_static(body)));
         values.push(Value::Integer(keys.len() as i64));
         values.extend(keys.iter().map(|k| Value::from(*k)));
-        values.extend(args.iter().map(|a| Value::from(*a)));
+        values.extend(args.iter().map(|a| arg(a)));
         let cmd = CustomCommand::new_static(verb.as_str(), hash, false);
-        self.send(Request::One(cmd, values), key, script).await
+        self.send_one(cmd, values, key, script).await
     }
 
     async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError> {
-        let hash = ClusterHash::Custom(slot::hash_slot(key.as_bytes()));
         let Some((name, rest)) = args.split_first() else {
             return Err(NodeError::not_applied(
                 NodeErrorKind::Other,
                 "an empty command (not sent)",
             ));
         };
-        let cmd = CustomCommand::new(name.to_string(), hash, false);
-        let values = rest.iter().map(|a| Value::from(*a)).collect();
-        self.send(Request::One(cmd, values), key, what).await
+        let cmd = command_named(name, self.hash(key));
+        let values = rest.iter().map(|a| arg(a)).collect();
+        self.send_one(cmd, values, key, what).await
     }
 
     async fn command_and_publish(
@@ -932,12 +1045,12 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         args: &[&str],
         publish: &[&str],
     ) -> Result<Reply, NodeError> {
-        let hash = slot::hash_slot(key.as_bytes());
+        let hash = self.hash(key);
         let build = |args: &[&str]| {
             let (name, rest) = args.split_first()?;
             Some((
-                CustomCommand::new(name.to_string(), ClusterHash::Custom(hash), false),
-                rest.iter().map(|a| Value::from(*a)).collect::<Vec<_>>(),
+                command_named(name, hash.clone()),
+                rest.iter().map(|a| arg(a)).collect::<Vec<_>>(),
             ))
         };
         let (Some(cmd), Some(publish)) = (build(args), build(publish)) else {
@@ -946,8 +1059,7 @@ impl<C: KeyRouted> Transport for FredNode<C> {
                 "an empty command (not sent)",
             ));
         };
-        self.send(Request::Publishing([cmd, publish]), key, what)
-            .await
+        self.send_publishing([cmd, publish], key, what).await
     }
 
     async fn transaction(
@@ -956,7 +1068,7 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         key: &str,
         cmds: &[&[&str]],
     ) -> Result<Vec<Reply>, NodeError> {
-        let hash = slot::hash_slot(key.as_bytes());
+        let hash = self.hash(key);
         let mut request = Vec::with_capacity(cmds.len());
         for args in cmds {
             let Some((name, rest)) = args.split_first() else {
@@ -965,10 +1077,10 @@ impl<C: KeyRouted> Transport for FredNode<C> {
                     "an empty command in a transaction (not sent)",
                 ));
             };
-            let cmd = CustomCommand::new(name.to_string(), ClusterHash::Custom(hash), false);
-            request.push((cmd, rest.iter().map(|a| Value::from(*a)).collect()));
+            let cmd = command_named(name, hash.clone());
+            request.push((cmd, rest.iter().map(|a| arg(a)).collect()));
         }
-        match self.send(Request::Multi(request), key, what).await? {
+        match self.send_multi(request, key, what).await? {
             Reply::Array(items) if items.len() == cmds.len() => Ok(items),
             other => Err(scripts::unexpected_reply(what, &other)),
         }
@@ -984,7 +1096,7 @@ impl<C: KeyRouted> Transport for FredNode<C> {
 
     fn notice_reconnections(&self) {
         for health in self.health.iter() {
-            self.act_on_reconnection(health);
+            self.act_on_reconnection(&mut health.lock());
         }
     }
 }
@@ -1388,5 +1500,50 @@ mod tests {
         let endpoint = config_endpoint(&config).unwrap();
         assert_eq!(endpoint, "redis://10.0.0.5:6380/2");
         assert!(!endpoint.contains("secret"));
+    }
+
+    /// Every node call is boxed by the node trait, so its future is allocated and copied on every call: an
+    /// operation must hold fred's command future (the bulk of it, about 5 KB in fred 10) once, not twice
+    /// (as a future passed into another async fn or block and awaited there would be).
+    #[test]
+    fn operation_futures_hold_the_command_future_once() {
+        let client = fred::types::Builder::default_centralized()
+            .build()
+            .expect("a client (not connected)");
+        let fred_call = std::mem::size_of_val(
+            &client
+                .with_options(&Options::default())
+                .custom::<Value, Value>(
+                    CustomCommand::new_static("GET", ClusterHash::Custom(0), false),
+                    vec![],
+                ),
+        );
+        let node = FredNode::new(client);
+        let token = Token::random().expect("a token");
+        let ttl = Ttl::from_millis(1000).expect("a TTL");
+        let sizes = [
+            (
+                "acquire",
+                std::mem::size_of_val(&ops::acquire(&node, "k", &token, ttl)),
+            ),
+            (
+                "acquire_fresh",
+                std::mem::size_of_val(&ops::acquire_fresh(&node, "k", &token, ttl)),
+            ),
+            (
+                "extend",
+                std::mem::size_of_val(&ops::extend(&node, "k", &token, ttl)),
+            ),
+            (
+                "release",
+                std::mem::size_of_val(&ops::release(&node, "k", &token)),
+            ),
+        ];
+        for (op, size) in sizes {
+            assert!(
+                size < fred_call * 3 / 2,
+                "{op}: a {size}-byte future for a {fred_call}-byte fred call"
+            );
+        }
     }
 }

@@ -31,11 +31,10 @@
 //! proves `MULTI`/`EXEC` (with `GET`, `PTTL`) and `INCR` permitted, with transactions that write nothing
 //! ([`transactions_refused`]).
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use redlease::{
-    Claim, KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, async_trait, notify,
-};
+use redlease::{Claim, KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, notify};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
@@ -117,7 +116,9 @@ impl Writes {
         } else {
             (&mut self.stale, &mut self.fresh)
         };
-        for set in remove.iter_mut() {
+        // Not hashed for empty sets (the stale ones nearly always are): a write is recorded on every
+        // acquisition and extension.
+        for set in remove.iter_mut().filter(|set| !set.is_empty()) {
             set.remove(key);
         }
         Self::add(add, key);
@@ -251,51 +252,66 @@ impl Probe {
 
 /// What a client adapter provides: one script command and one plain command, each sent exactly once, with its
 /// errors classified.
-#[async_trait]
+///
+/// Not an `async_trait`: every operation takes its transport as `&impl Transport` (static dispatch), so the
+/// futures of these methods are nested into the operation's own future instead of being boxed one by one (two
+/// heap allocations per acquire + release pair, each of a future several hundred bytes large). Implementors
+/// write them as `async fn`; the declarations promise `Send` futures, as the node traits need.
 pub(crate) trait Transport: Send + Sync {
     /// Sends `verb` (`EVAL` with the source, or `EVALSHA` with the digest) of `script` once.
-    async fn script_once(
+    fn script_once(
         &self,
         verb: Verb,
         script: &Script,
         keys: &[&str],
         args: &[&str],
-    ) -> Result<Reply, NodeError>;
+    ) -> impl Future<Output = Result<Reply, NodeError>> + Send;
 
     /// Sends the plain command `args` (its name first) once, routed by `key`; `what` names it in messages.
-    async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError>;
+    fn command(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+    ) -> impl Future<Output = Result<Reply, NodeError>> + Send;
 
     /// Sends `MULTI`, the commands `cmds` and `EXEC` once, on one connection and without other commands in
     /// between, routed by `key`. The replies of the commands, or the first error among them (the commands
     /// before and after it ran; an error queueing them, such as `NOPERM`, aborts the whole transaction).
-    async fn transaction(
+    fn transaction(
         &self,
         what: &Script,
         key: &str,
         cmds: &[&[&str]],
-    ) -> Result<Vec<Reply>, NodeError>;
+    ) -> impl Future<Output = Result<Vec<Reply>, NodeError>> + Send;
 
     /// Sends `MULTI`, `GET key`, `PTTL key`, `EXEC` once, writing nothing, such that a refusal of `MULTI` or
     /// `EXEC` themselves (by the ACL) comes back as the first error, classified, and leaves the connection as
     /// it was. (redis-rs's transaction pipelines miscount the replies when `MULTI` itself is refused, and its
     /// driver panics in debug builds, so its adapter sends these four as a plain pipeline; where `MULTI` is
     /// refused, the reads run on their own.)
-    async fn probe_transaction(&self, what: &Script, key: &str) -> Result<(), NodeError> {
-        self.transaction(what, key, &[&["GET", key], &["PTTL", key]])
-            .await
-            .map(|_| ())
+    fn probe_transaction(
+        &self,
+        what: &Script,
+        key: &str,
+    ) -> impl Future<Output = Result<(), NodeError>> + Send {
+        async move {
+            self.transaction(what, key, &[&["GET", key], &["PTTL", key]])
+                .await
+                .map(|_| ())
+        }
     }
 
     /// Sends the plain command `args` and, pipelined right behind it on the same connection (one write, one
     /// round trip, not a transaction), `publish`; routed by `key` (the channel shares its slot). The reply of
     /// `args`; whatever happens to `publish` (refused by a channel ACL, say) is ignored. Neither is re-sent.
-    async fn command_and_publish(
+    fn command_and_publish(
         &self,
         what: &Script,
         key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError>;
+    ) -> impl Future<Output = Result<Reply, NodeError>> + Send;
 
     /// Whether the keys of one call must share a Redis Cluster slot (checked before anything is sent).
     fn clustered(&self) -> bool;
@@ -648,6 +664,9 @@ pub(crate) async fn check(
     Ok(caps)
 }
 
+/// The capability check runs once per connection: it is boxed where an operation may run it (here, in
+/// [`path`] and in the fresh acquisition), so that the operations' futures, nested whole into the node's,
+/// carry a pointer to it rather than its many states.
 async fn checked(
     t: &impl Transport,
     key: &str,
@@ -655,7 +674,7 @@ async fn checked(
 ) -> Result<Capabilities, NodeError> {
     match t.probe().get() {
         Some(caps) => Ok(caps),
-        None => check(t, key, fence_key).await,
+        None => Box::pin(check(t, key, fence_key)).await,
     }
 }
 
@@ -760,7 +779,7 @@ async fn acquire_fresh_unrecorded(
     let ttl = ttl.as_millis().to_string();
     let caps = match t.probe().get() {
         Some(caps) => caps,
-        None if t.probe().mode() == Commands::Native => check(t, key, None).await?,
+        None if t.probe().mode() == Commands::Native => Box::pin(check(t, key, None)).await?,
         None => {
             let mode = t.probe().mode();
             let script = &scripts::PROBE_ACQUIRE;
@@ -775,7 +794,7 @@ async fn acquire_fresh_unrecorded(
                     return Ok(acquired);
                 }
                 Err(e) => {
-                    let caps = script_probe_failed(t, key, mode, e).await?;
+                    let caps = Box::pin(script_probe_failed(t, key, mode, e)).await?;
                     t.probe().set(caps);
                     caps
                 }
@@ -1060,7 +1079,7 @@ async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, Nod
     match t.probe().get() {
         Some(caps) => Ok(Some(caps)),
         None if t.probe().mode() == Commands::Scripts => Ok(None),
-        None => check(t, key, None).await.map(Some),
+        None => Box::pin(check(t, key, None)).await.map(Some),
     }
 }
 
@@ -1540,21 +1559,36 @@ fn unknown_command(e: &NodeError) -> bool {
 // reconnect noticed while it is on its way makes the `WAIT` after it fail rather than count another
 // connection's writes.
 
-/// Runs the write `op` on `key` and records it when `wrote` says the key now holds our token. `op` is a
-/// future not yet polled, so nothing is sent before the generation is read.
-async fn recorded<T>(
+/// Runs the write `op` makes on `key` and records it when `wrote` says the key now holds our token. `op` is
+/// called after the generation is read, so nothing is sent before.
+///
+/// `op` makes the future here rather than being one: a future passed in is kept twice in the future that
+/// awaits it (as captured, and as moved into the place it is polled from), and it is the whole operation, a
+/// client's command future included (fred's alone is about 5 KB), so the node's boxed future would be twice
+/// as large, allocated and copied on every call. (Not an `async fn` either, which keeps its arguments twice
+/// too.)
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an async fn keeps its arguments twice in its future; an async block, once"
+)]
+fn recorded<T, F>(
     t: &impl Transport,
     key: &str,
-    op: impl std::future::Future<Output = Result<T, NodeError>>,
+    op: impl FnOnce() -> F,
     wrote: impl FnOnce(&T) -> bool,
-) -> Result<T, NodeError> {
-    t.notice_reconnections();
-    let generation = t.probe().generation();
-    let r = op.await;
-    if r.as_ref().is_ok_and(wrote) {
-        t.probe().wrote(key, generation);
+) -> impl Future<Output = Result<T, NodeError>>
+where
+    F: Future<Output = Result<T, NodeError>>,
+{
+    async move {
+        t.notice_reconnections();
+        let generation = t.probe().generation();
+        let r = op().await;
+        if r.as_ref().is_ok_and(wrote) {
+            t.probe().wrote(key, generation);
+        }
+        r
     }
-    r
 }
 
 pub(crate) async fn acquire(
@@ -1563,7 +1597,7 @@ pub(crate) async fn acquire(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    recorded(t, key, acquire_unrecorded(t, key, token, ttl), |ok| *ok).await
+    recorded(t, key, || acquire_unrecorded(t, key, token, ttl), |ok| *ok).await
 }
 
 pub(crate) async fn acquire_fresh(
@@ -1572,9 +1606,12 @@ pub(crate) async fn acquire_fresh(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    recorded(t, key, acquire_fresh_unrecorded(t, key, token, ttl), |ok| {
-        *ok
-    })
+    recorded(
+        t,
+        key,
+        || acquire_fresh_unrecorded(t, key, token, ttl),
+        |ok| *ok,
+    )
     .await
 }
 
@@ -1585,7 +1622,7 @@ pub(crate) async fn acquire_fenced(
     token: &Token,
     ttl: Ttl,
 ) -> Result<Option<u64>, NodeError> {
-    let op = acquire_fenced_unrecorded(t, key, fence_key, token, ttl);
+    let op = || acquire_fenced_unrecorded(t, key, fence_key, token, ttl);
     recorded(t, key, op, Option::is_some).await
 }
 
@@ -1596,7 +1633,7 @@ pub(crate) async fn acquire_or_ttl(
     ttl: Ttl,
     fresh: bool,
 ) -> Result<Claim, NodeError> {
-    let op = acquire_or_ttl_unrecorded(t, key, token, ttl, fresh);
+    let op = || acquire_or_ttl_unrecorded(t, key, token, ttl, fresh);
     recorded(t, key, op, |c| matches!(c, Claim::Taken)).await
 }
 
@@ -1606,7 +1643,7 @@ pub(crate) async fn extend(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
-    recorded(t, key, extend_unrecorded(t, key, token, ttl), |ok| *ok).await
+    recorded(t, key, || extend_unrecorded(t, key, token, ttl), |ok| *ok).await
 }
 
 pub(crate) async fn extend_many(
@@ -1639,7 +1676,6 @@ mod tests {
         tx_args: Mutex<Vec<Vec<Vec<String>>>>,
     }
 
-    #[async_trait]
     impl Transport for Scripted {
         async fn script_once(
             &self,

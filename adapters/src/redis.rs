@@ -768,7 +768,6 @@ fn is_dropped(err: &NodeError) -> bool {
         .is_some_and(|e| e.is_connection_dropped() || e.is_unrecoverable_error())
 }
 
-#[async_trait]
 impl<C> Transport for RedisRsNode<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -1090,7 +1089,6 @@ fn connect_error(what: &Script, err: &RedisError) -> NodeError {
     NodeError::not_applied(NodeErrorKind::Connection, message).with_source(err.clone())
 }
 
-#[async_trait]
 impl Transport for LazyNode {
     async fn script_once(
         &self,

@@ -335,7 +335,6 @@ fn lookup_error(what: &Script, err: &RedisError) -> NodeError {
     .with_source(err.clone())
 }
 
-#[async_trait]
 impl Transport for SentinelNode {
     async fn script_once(
         &self,
@@ -403,7 +402,6 @@ struct Pinned<'a> {
     generation: u64,
 }
 
-#[async_trait]
 impl Transport for Pinned<'_> {
     async fn script_once(
         &self,
