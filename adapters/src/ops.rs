@@ -1745,7 +1745,6 @@ mod tests {
         calls: Mutex<Vec<(Vec<String>, Vec<String>)>>,
     }
 
-    #[async_trait]
     impl Transport for ScriptCalls {
         async fn script_once(
             &self,
