@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigError};
-use crate::driver::{Engine, Fresh, Mode, Spawn, TtlHint};
+use crate::driver::{Engine, Fresh, Mode, RoundResult, Spawn, TtlHint};
 use crate::error::{Error, NotAcquiredReason, Operation, QuorumError};
 use crate::lease::{Grant, Lease, Shared};
 use crate::machine::validity::deadline_after_round;
@@ -640,6 +640,30 @@ impl Lock {
         crate::trace::instrument(span, self.acquire_in(limit))
     }
 
+    /// One acquisition attempt's event (built only when somebody listens).
+    fn attempt_event(
+        &self,
+        id: LeaseId,
+        r: &RoundResult<Option<u64>>,
+        attempt: u32,
+        outcome: AttemptOutcome,
+    ) {
+        let engine = &self.engine;
+        if engine.hook.active() {
+            engine.hook.emit(
+                &self.key,
+                id,
+                r.ended,
+                EventKind::Attempt {
+                    attempt,
+                    nodes: Nodes::new(&r.tally),
+                    round: r.ended.saturating_duration_since(r.started),
+                    outcome,
+                },
+            );
+        }
+    }
+
     async fn acquire_in(&self, limit: Limit) -> Result<Lease, Error> {
         let plan = self.plan()?;
         let engine = &self.engine;
@@ -758,21 +782,14 @@ impl Lock {
                                 .collect::<Box<[u64]>>()
                         });
                         let now = engine.timer.now();
-                        if engine.hook.active() {
-                            engine.hook.emit(
-                                &self.key,
-                                id,
-                                r.ended,
-                                EventKind::Attempt {
-                                    attempt,
-                                    nodes: Nodes::new(&r.tally),
-                                    round: r.ended.saturating_duration_since(r.started),
-                                    outcome: AttemptOutcome::Won {
-                                        validity: valid_until.saturating_duration_since(r.ended),
-                                    },
-                                },
-                            );
-                        }
+                        self.attempt_event(
+                            id,
+                            &r,
+                            attempt,
+                            AttemptOutcome::Won {
+                                validity: valid_until.saturating_duration_since(r.ended),
+                            },
+                        );
                         engine.hook.emit(
                             &self.key,
                             id,
@@ -823,19 +840,7 @@ impl Lock {
                     w.end_attempt(outcome);
                 }
                 contended |= reason == NotAcquiredReason::Contended;
-                if engine.hook.active() {
-                    engine.hook.emit(
-                        &self.key,
-                        id,
-                        r.ended,
-                        EventKind::Attempt {
-                            attempt,
-                            nodes: Nodes::new(&r.tally),
-                            round: r.ended.saturating_duration_since(r.started),
-                            outcome: AttemptOutcome::Failed(reason),
-                        },
-                    );
-                }
+                self.attempt_event(id, &r, attempt, AttemptOutcome::Failed(reason));
                 // Delete our token wherever this or an earlier attempt may have written it and no clean-up has
                 // confirmed it gone since. A definite refusal or a definitely-not-applied error left nothing.
                 dirty.resize(n, false);
