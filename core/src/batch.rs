@@ -100,6 +100,8 @@ struct Pending {
     deadline: Instant,
     /// The lease's deadline when it was visited (for an at-risk report if the round fails).
     valid_until: Instant,
+    /// The lease's `redlease.renewal` span for this round (with the `tracing` feature; nothing without).
+    span: crate::trace::Span,
 }
 
 impl Engine {
@@ -287,11 +289,17 @@ async fn drive(engine: &Arc<Engine>) {
             let Some((timeout, valid_until)) = lease.visit(d.generation, d.lost_at) else {
                 continue;
             };
+            let span = crate::trace::span(crate::trace::SpanOf::Renewal(
+                &lease.key,
+                engine.mode,
+                lease.id,
+            ));
             batch.push(Pending {
                 ttl: lease.ttl,
                 lease,
                 deadline: crate::time::add(now, timeout),
                 valid_until,
+                span,
             });
             if batch.len() >= size {
                 send(engine, std::mem::take(&mut batch));
@@ -419,6 +427,8 @@ async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
     let suspended = |allowance| crate::time::suspended((started, ended), wall, allowance);
     let mut next = Vec::with_capacity(batch.len());
     for (p, tally) in batch.iter().zip(&tallies) {
+        // The lease's events of this round (extended, at risk, lost) in its renewal span.
+        let _in = crate::trace::enter(&p.span);
         let outcome = p
             .lease
             .finish_extension(p.ttl, true, tally, started, ended, wall, suspended);

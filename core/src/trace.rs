@@ -85,6 +85,17 @@ pub(crate) fn span(_: SpanOf<'_>) -> Span {
     Span
 }
 
+/// Enters `span` until the guard drops (synchronous code only: never held across an await).
+#[cfg(feature = "tracing")]
+pub(crate) fn enter(span: &Span) -> tracing::span::Entered<'_> {
+    span.enter()
+}
+
+/// Without the `tracing` feature: nothing.
+#[cfg(not(feature = "tracing"))]
+#[inline(always)]
+pub(crate) fn enter(_: &Span) {}
+
 /// Runs `fut` inside `span`.
 #[cfg(feature = "tracing")]
 pub(crate) fn instrument<F: Future>(span: Span, fut: F) -> tracing::instrument::Instrumented<F> {

@@ -127,3 +127,35 @@ fn spans_and_events_carry_key_attempt_outcome_at_operator_levels_and_never_the_t
         "part of the token appears:\n{out}"
     );
 }
+
+/// Batched renewal keeps a `redlease.renewal` span per lease and round, with its outcome, and the lease's
+/// at-risk and recovery events.
+#[test]
+fn batched_renewals_have_a_span_per_lease_and_round_with_its_outcome() {
+    let buf = Buf::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_span_events(FmtSpan::CLOSE)
+        .with_writer(buf.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let mut w = world_with(51, |c| c.with_renewal_batching(ms(5), 100));
+        let manager = w.manager.clone();
+        scenario(&mut w, &manager)
+    });
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let renewals = lines_with(&out, "redlease.renewal", "close");
+    assert!(
+        renewals
+            .iter()
+            .any(|l| l.contains("key=\"job\"") && l.contains("outcome=\"failed\"")),
+        "{out}"
+    );
+    assert!(
+        renewals.iter().any(|l| l.contains("outcome=\"extended\"")),
+        "{out}"
+    );
+    let at_risk = lines_with(&out, "WARN", "lease at risk: renewal failed");
+    assert_eq!(at_risk.len(), 1, "{out}");
+    assert!(at_risk[0].contains("redlease.renewal"), "{}", at_risk[0]);
+}

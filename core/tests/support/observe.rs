@@ -20,14 +20,21 @@ pub(crate) struct World {
 }
 
 pub(crate) fn world(seed: u64) -> World {
+    world_with(seed, |c| c)
+}
+
+/// [`world`] with the manager's configuration adjusted by `config`.
+pub(crate) fn world_with(seed: u64, config: impl FnOnce(Config) -> Config) -> World {
     let sim = Sim::new(seed);
     let clock = sim.clock();
     let node = MemoryNode::with_timer(clock.clone());
     let (faulty, faults) = FaultyNode::new(node.clone(), clock.clone());
-    let config = Config::default()
-        .with_jitter_seed(seed)
-        .with_expiry(Duration::from_secs(30))
-        .with_retry_delay(ms(50));
+    let config = config(
+        Config::default()
+            .with_jitter_seed(seed)
+            .with_expiry(Duration::from_secs(30))
+            .with_retry_delay(ms(50)),
+    );
     let manager = LockManager::single(faulty, config)
         .unwrap()
         .with_timer(clock.clone())
