@@ -41,7 +41,12 @@ struct Queue {
     driving: bool,
     /// While the driver sleeps: until when, and its waker (woken by an entry due earlier).
     sleeping: Option<(Instant, Waker)>,
+    /// The queue length at which entries of leases gone since are dropped (see [`Batcher::push`]).
+    compact_at: usize,
 }
+
+/// The smallest queue that is compacted.
+const COMPACT_FLOOR: usize = 256;
 
 /// A lease's next visit, about to be queued (see `Shared::requeue`).
 pub(crate) struct Entry(Due);
@@ -159,6 +164,13 @@ impl Batcher {
             let Some(earliest) = earliest else {
                 return false;
             };
+            if q.due.len() >= q.compact_at.max(COMPACT_FLOOR) {
+                // An entry holds a `Weak`, which keeps its lease's allocation until the entry comes due: with
+                // many short leases (one per job) released long before their next renewal, drop the entries
+                // of leases that are gone, so that they stay within twice what is live.
+                q.due.retain(|d| d.lease.strong_count() > 0);
+                q.compact_at = q.due.len().saturating_mul(2);
+            }
             let start = start && !std::mem::replace(&mut q.driving, true);
             let wake = match &q.sleeping {
                 Some((until, _)) if earliest < *until => q.sleeping.take().map(|(_, w)| w),
