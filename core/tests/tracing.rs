@@ -41,8 +41,9 @@ fn lines_with<'a>(out: &'a str, level: &str, text: &str) -> Vec<&'a str> {
         .collect()
 }
 
-#[test]
-fn spans_and_events_carry_key_attempt_outcome_at_operator_levels_and_never_the_token() {
+/// Runs the scenario on `w` with a subscriber that keeps everything (span closes included): the `job`
+/// lease's token and the log.
+fn captured(mut w: World) -> (String, String) {
     let buf = Buf::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
@@ -50,11 +51,16 @@ fn spans_and_events_carry_key_attempt_outcome_at_operator_levels_and_never_the_t
         .with_writer(buf.clone())
         .finish();
     let token = tracing::subscriber::with_default(subscriber, || {
-        let mut w = world(50);
         let manager = w.manager.clone();
         scenario(&mut w, &manager)
     });
     let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    (token, out)
+}
+
+#[test]
+fn spans_and_events_carry_key_attempt_outcome_at_operator_levels_and_never_the_token() {
+    let (token, out) = captured(world(50));
     // Contention at debug, inside the acquisition's span with key, mode and attempt.
     let contended = lines_with(&out, "DEBUG", "lock held by another owner");
     assert!(!contended.is_empty(), "{out}");
@@ -132,18 +138,7 @@ fn spans_and_events_carry_key_attempt_outcome_at_operator_levels_and_never_the_t
 /// at-risk and recovery events.
 #[test]
 fn batched_renewals_have_a_span_per_lease_and_round_with_its_outcome() {
-    let buf = Buf::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_span_events(FmtSpan::CLOSE)
-        .with_writer(buf.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
-        let mut w = world_with(51, |c| c.with_renewal_batching(ms(5), 100));
-        let manager = w.manager.clone();
-        scenario(&mut w, &manager)
-    });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let (_, out) = captured(world_with(51, |c| c.with_renewal_batching(ms(5), 100)));
     let renewals = lines_with(&out, "redlease.renewal", "close");
     assert!(
         renewals
