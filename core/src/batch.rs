@@ -36,7 +36,7 @@ pub(crate) struct Batcher {
 
 #[derive(Default)]
 struct Queue {
-    due: BinaryHeap<Due>,
+    due: BinaryHeap<Entry>,
     /// A driver task runs (it ends when the queue is empty).
     driving: bool,
     /// While the driver sleeps: until when, and its waker (woken by an entry due earlier).
@@ -48,26 +48,8 @@ struct Queue {
 /// The smallest queue that is compacted.
 const COMPACT_FLOOR: usize = 256;
 
-/// A lease's next visit, about to be queued (see `Shared::requeue`).
-pub(crate) struct Entry(Due);
-
-impl Entry {
-    pub(crate) fn new(lease: Weak<Shared>, generation: u32, step: RenewalStep) -> Self {
-        let (at, lost_at) = match step {
-            RenewalStep::RenewAt(t) => (t, false),
-            RenewalStep::LostAt(t) => (t, true),
-        };
-        Self(Due {
-            at,
-            generation,
-            lost_at,
-            lease,
-        })
-    }
-}
-
-/// One lease's next visit. Ordered earliest first.
-struct Due {
+/// One lease's next visit in the renewer's queue (see `Shared::requeue`). Ordered earliest first.
+pub(crate) struct Entry {
     at: Instant,
     /// The lease's `batch_gen` when this was queued: a later entry supersedes it.
     generation: u32,
@@ -76,21 +58,36 @@ struct Due {
     lease: Weak<Shared>,
 }
 
-impl PartialEq for Due {
+impl Entry {
+    pub(crate) fn new(lease: Weak<Shared>, generation: u32, step: RenewalStep) -> Self {
+        let (at, lost_at) = match step {
+            RenewalStep::RenewAt(t) => (t, false),
+            RenewalStep::LostAt(t) => (t, true),
+        };
+        Self {
+            at,
+            generation,
+            lost_at,
+            lease,
+        }
+    }
+}
+
+impl PartialEq for Entry {
     fn eq(&self, other: &Self) -> bool {
         self.at == other.at
     }
 }
 
-impl Eq for Due {}
+impl Eq for Entry {}
 
-impl PartialOrd for Due {
+impl PartialOrd for Entry {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for Due {
+impl Ord for Entry {
     fn cmp(&self, other: &Self) -> Ordering {
         // `BinaryHeap` is a max-heap: the earliest instant is the greatest.
         other.at.cmp(&self.at)
@@ -100,7 +97,6 @@ impl Ord for Due {
 /// A lease in a batch about to be sent.
 struct Pending {
     lease: Arc<Shared>,
-    ttl: Ttl,
     /// When this lease's round must end (its renewal's round timeout, counted from the visit).
     deadline: Instant,
     /// The lease's deadline when it was visited (for an at-risk report if the round fails).
@@ -157,7 +153,7 @@ impl Batcher {
         let (start, wake) = {
             let mut q = self.lock();
             let mut earliest: Option<Instant> = None;
-            for Entry(due) in entries {
+            for due in entries {
                 earliest = Some(earliest.map_or(due.at, |e| e.min(due.at)));
                 q.due.push(due);
             }
@@ -186,7 +182,7 @@ impl Batcher {
 
     /// Waits for the earliest entry to fall due; then takes it and every entry due within `window` of now.
     /// `None` when the queue is empty (the driver then ends; the next entry starts another).
-    async fn next_due(&self, engine: &Engine, window: Duration) -> Option<Vec<Due>> {
+    async fn next_due(&self, engine: &Engine, window: Duration) -> Option<Vec<Entry>> {
         let mut sleep: Option<(Instant, Sleep)> = None;
         std::future::poll_fn(|cx| {
             loop {
@@ -276,7 +272,7 @@ impl Drop for InFlight {
         let entries: Vec<Entry> = self
             .batch
             .iter()
-            .filter_map(|p| p.lease.abandon_batch(p.ttl))
+            .filter_map(|p| p.lease.abandon_batch())
             .collect();
         // Not started from here: a spawner that just dropped this batch may drop a driver too. A running
         // driver takes them; otherwise the next queued entry starts one.
@@ -307,7 +303,6 @@ async fn drive(engine: &Arc<Engine>) {
                 lease.id,
             ));
             batch.push(Pending {
-                ttl: lease.ttl,
                 lease,
                 deadline: crate::time::add(now, timeout),
                 valid_until,
@@ -342,11 +337,11 @@ async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
     }
     let unconfirmed: Vec<Option<Box<[u64]>>> = batch
         .iter()
-        .map(|p| p.lease.prepare_extension(p.ttl))
+        .map(|p| p.lease.prepare_extension(p.lease.ttl))
         .collect();
     let items: Vec<ExtendItem<'_>> = batch
         .iter()
-        .map(|p| ExtendItem::new(&p.lease.key, &p.lease.token, p.ttl))
+        .map(|p| ExtendItem::new(&p.lease.key, &p.lease.token, p.lease.ttl))
         .collect();
     let n = engine.nodes.len();
     let quorum = engine.quorum();
@@ -389,7 +384,7 @@ async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
             });
             for (j, tally) in tallies.iter_mut().enumerate() {
                 let reply = match &result {
-                    Ok(flags) if flags[j] && shorter_pending(&unconfirmed[j], i, batch[j].ttl) => {
+                    Ok(flags) if flags[j] && shorter_pending(&unconfirmed[j], i, batch[j].lease.ttl) => {
                         Reply::Failed(NodeError::ambiguous(
                             NodeErrorKind::Other,
                             "extended, but not counted: an earlier, shorter extension of this lease may \
@@ -441,9 +436,9 @@ async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
     for (p, tally) in batch.iter().zip(&tallies) {
         // The lease's events of this round (extended, at risk, lost) in its renewal span.
         let _in = crate::trace::enter(&p.span);
-        let outcome = p
-            .lease
-            .finish_extension(p.ttl, true, tally, started, ended, wall, suspended);
+        let outcome =
+            p.lease
+                .finish_extension(p.lease.ttl, true, tally, started, ended, wall, suspended);
         next.extend(p.lease.batch_outcome(outcome, p.valid_until));
     }
     engine.batcher.queue(engine, next);

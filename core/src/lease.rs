@@ -75,6 +75,20 @@ impl State {
         }
     }
 
+    /// Records that an extension with `ttl` may still be applied on `nodes` (of `n`): each keeps the
+    /// smallest such TTL. Allocates the record on the first node only.
+    fn note_unconfirmed(&mut self, n: usize, ttl: Ttl, nodes: impl Iterator<Item = usize>) {
+        let ms = ttl.as_millis();
+        for i in nodes {
+            let slots = self
+                .unconfirmed
+                .get_or_insert_with(|| vec![0; n].into_boxed_slice());
+            if let Some(slot) = slots.get_mut(i) {
+                *slot = if *slot == 0 { ms } else { (*slot).min(ms) };
+            }
+        }
+    }
+
     fn deregister(&mut self, id: u64) {
         self.waiters.retain(|(i, _)| *i != id);
     }
@@ -406,26 +420,8 @@ impl Shared {
             );
         }
         let n = engine.nodes.len();
-        {
-            let mut st = self.lock();
-            let mut record = tally
-                .maybe_applied_indices()
-                .filter(|i| !tally.is_yes(*i))
-                .peekable();
-            if record.peek().is_some() {
-                let slots = st
-                    .unconfirmed
-                    .get_or_insert_with(|| vec![0; n].into_boxed_slice());
-                for i in record {
-                    let slot = &mut slots[i];
-                    *slot = if *slot == 0 {
-                        ttl.as_millis()
-                    } else {
-                        (*slot).min(ttl.as_millis())
-                    };
-                }
-            }
-        }
+        let record = tally.maybe_applied_indices().filter(|i| !tally.is_yes(*i));
+        self.lock().note_unconfirmed(n, ttl, record);
         if tally.verdict() == Verdict::Quorum {
             let drift = crate::machine::validity::drift(ttl, engine.config.drift_factor());
             return match deadline_after_round(started, ended, ttl, engine.config.drift_factor())
@@ -699,21 +695,9 @@ impl Shared {
     /// A batched round for this lease was dropped before it ended: the extension may have been applied on
     /// any node (recorded as unconfirmed, as for a round that timed out), the permit is released, and the
     /// renewer's next visit is due now.
-    pub(crate) fn abandon_batch(&self, ttl: Ttl) -> Option<crate::batch::Entry> {
-        {
-            let n = self.engine.nodes.len();
-            let mut st = self.lock();
-            let slots = st
-                .unconfirmed
-                .get_or_insert_with(|| vec![0; n].into_boxed_slice());
-            for slot in slots.iter_mut() {
-                *slot = if *slot == 0 {
-                    ttl.as_millis()
-                } else {
-                    (*slot).min(ttl.as_millis())
-                };
-            }
-        }
+    pub(crate) fn abandon_batch(&self) -> Option<crate::batch::Entry> {
+        let n = self.engine.nodes.len();
+        self.lock().note_unconfirmed(n, self.ttl, 0..n);
         self.release_permit();
         self.entry(RenewalStep::RenewAt(self.now()))
     }

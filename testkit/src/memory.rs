@@ -271,22 +271,20 @@ impl MemoryNode {
 
     /// Publishes a release of `key` by `token` to every subscriber (what a release that deleted does).
     fn publish(&self, key: &str, token: &Token) {
-        {
+        let (channel, inboxes): (String, Vec<Inbox>) = {
             let mut store = self.lock();
             store.published += 1;
             if store.subs.is_empty() {
                 // Nobody subscribed to anything: no channel name to build.
                 return;
             }
-        }
-        let channel = notify::channel(key);
-        let inboxes: Vec<Inbox> = {
-            let store = self.lock();
-            store
+            let channel = notify::channel(key);
+            let inboxes = store
                 .subs
                 .get(&channel)
                 .map(|subs| subs.iter().map(|(_, inbox)| inbox.clone()).collect())
-                .unwrap_or_default()
+                .unwrap_or_default();
+            (channel, inboxes)
         };
         let payload = notify::payload(token);
         for inbox in inboxes {
