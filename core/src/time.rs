@@ -57,8 +57,11 @@ impl<T: Timer + ?Sized> Timer for Arc<T> {
 /// measured at about a fifth of the CPU of a busy client.)
 ///
 /// The thread is made to outlive what kills timer threads:
-/// - **`fork()`**: a child process inherits the timer's state but not its thread. The timer notices that the
-///   process id changed and starts a new thread, taking over every sleep registered before the fork.
+/// - **`fork()`**: a child process inherits the timer's state but not its thread, and a lock that another
+///   thread of the parent held at the fork stays locked forever in the child. The timer notices that the
+///   process id changed and starts a new thread without waiting on any inherited lock: sleeps registered
+///   before the fork are taken over when the old wheel's lock is free (otherwise they register again when
+///   next polled). Tested with real forks while four threads use timers (`fork-test/`).
 /// - **a panicking waker**: the panic is caught and the thread goes on waking the others.
 /// - **a thread that cannot be started** (resource limits): nothing is cached; every sleep tries again
 ///   (at most once per millisecond), and meanwhile waits by re-polling itself, so timeouts and loss signals
@@ -91,7 +94,7 @@ mod wheel {
     use std::panic::{AssertUnwindSafe, catch_unwind};
     use std::pin::Pin;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
+    use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
     use std::task::{Context, Poll, Waker};
     use std::time::{Duration, Instant, SystemTime};
 
@@ -132,6 +135,20 @@ mod wheel {
     impl Wheel {
         fn lock(&self) -> MutexGuard<'_, State> {
             self.state.lock().unwrap_or_else(|p| p.into_inner())
+        }
+
+        /// The lock of a wheel that may have been inherited through `fork()`: taken only if free at once (a
+        /// lock held by a parent's thread at the fork is never released in the child). A wheel of this process
+        /// is locked as usual.
+        fn try_lock_inherited(&self) -> Option<MutexGuard<'_, State>> {
+            if self.pid == pid() {
+                return Some(self.lock());
+            }
+            match self.state.try_lock() {
+                Ok(guard) => Some(guard),
+                Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+                Err(TryLockError::WouldBlock) => None,
+            }
         }
 
         fn usable(&self) -> bool {
@@ -189,9 +206,20 @@ mod wheel {
         }
     }
 
-    /// The wheel in use; replaced when its thread is gone (fork, death).
-    static CURRENT: RwLock<Option<&'static Wheel>> = RwLock::new(None);
-    /// When a failed thread start was last retried (ms since the first attempt), to rate-limit retries.
+    /// The wheels this process lineage has used, in order; [`SLOT`] says which one is current. A wheel is
+    /// replaced when its thread is gone (a `fork()`: the child has the wheel but not the thread; or the
+    /// thread's death). Lock-free on purpose: a lock that another thread of the parent held at the moment of
+    /// `fork()` stays locked forever in the child, so nothing here waits on one (a `RwLock` did, and forked
+    /// children hung on their first sleep).
+    static WHEELS: [OnceLock<&'static Wheel>; MAX_WHEELS] = [const { OnceLock::new() }; MAX_WHEELS];
+    /// How many wheels one process (with its forked ancestors) can start; after that, sleeps poll themselves
+    /// (see [`WheelSleep::poll`]), which keeps every deadline at the cost of CPU.
+    const MAX_WHEELS: usize = 64;
+    /// The current slot of [`WHEELS`] (high 32 bits) and the id of the process that claimed it (low 32 bits).
+    /// A slot claimed but not yet filled by another process (a parent forked while one of its threads was
+    /// starting a wheel) is skipped: that thread does not exist here.
+    static SLOT: AtomicU64 = AtomicU64::new(0);
+    /// When a failed thread start was last retried (ms of the wall clock), to rate-limit retries.
     static LAST_TRY: AtomicU64 = AtomicU64::new(0);
 
     fn pid() -> u32 {
@@ -205,51 +233,78 @@ mod wheel {
         std::process::id()
     }
 
-    fn epoch() -> Instant {
-        static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-        *EPOCH.get_or_init(Instant::now)
+    /// Wall-clock milliseconds, for rate-limiting retries only (no lazily initialised state: see [`WHEELS`]).
+    fn wall_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
     }
 
-    /// The wheel with a running thread, starting one if needed; `None` if no thread can be started now.
+    /// The wheel with a running thread, starting one if needed; `None` if no thread can be started now (or
+    /// another thread of this process is starting one this instant).
     pub(super) fn current() -> Option<&'static Wheel> {
-        if let Some(wheel) = *CURRENT.read().unwrap_or_else(|p| p.into_inner()) {
-            if wheel.usable() {
-                return Some(wheel);
-            }
-        }
-        let mut slot = CURRENT.write().unwrap_or_else(|p| p.into_inner());
-        let old = match *slot {
+        let me = pid();
+        let claimed = SLOT.load(Ordering::Acquire);
+        let (slot, owner) = ((claimed >> 32) as usize, claimed as u32);
+        let old = match WHEELS.get(slot).and_then(OnceLock::get) {
             Some(wheel) if wheel.usable() => return Some(wheel),
-            other => other,
+            Some(wheel) => Some(*wheel),
+            // Being started by a thread of this process: it is usable in a moment.
+            None if owner == me && slot > 0 => return None,
+            None => None,
         };
-        if old.is_none() || LAST_TRY.load(Ordering::Relaxed) != 0 {
+        let last = LAST_TRY.load(Ordering::Relaxed);
+        if last != 0 {
             // A previous start failed: retry at most once per millisecond.
-            let now_ms = epoch().elapsed().as_millis() as u64 + 1;
-            if now_ms <= LAST_TRY.load(Ordering::Relaxed) {
+            let now = wall_ms();
+            if now == last {
                 return None;
             }
-            LAST_TRY.store(now_ms, Ordering::Relaxed);
+            LAST_TRY.store(now, Ordering::Relaxed);
+        }
+        let next = slot + 1;
+        if next >= MAX_WHEELS {
+            return None;
+        }
+        // Claim the next slot; whoever loses the race polls again and finds the winner's wheel.
+        let claim = ((next as u64) << 32) | u64::from(me);
+        if SLOT
+            .compare_exchange(claimed, claim, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return None;
         }
         let wheel: &'static Wheel = Box::leak(Box::new(Wheel {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
-            pid: pid(),
+            pid: me,
             alive: AtomicBool::new(true),
         }));
         #[cfg(test)]
-        if hooks::FAIL_SPAWN.load(Ordering::Relaxed) {
-            return None;
-        }
-        let started = std::thread::Builder::new()
-            .name("redlease-timer".into())
-            .spawn(move || wheel.run());
-        if started.is_err() {
+        let fail = hooks::FAIL_SPAWN.load(Ordering::Relaxed);
+        #[cfg(not(test))]
+        let fail = false;
+        let started = (!fail)
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("redlease-timer".into())
+                    .spawn(move || wheel.run())
+                    .ok()
+            })
+            .flatten();
+        if started.is_none() {
+            // Give the slot back so that the next try can claim it again.
+            let _ = SLOT.compare_exchange(claim, claimed, Ordering::AcqRel, Ordering::Relaxed);
+            LAST_TRY.store(wall_ms().max(1), Ordering::Relaxed);
             return None;
         }
         LAST_TRY.store(0, Ordering::Relaxed);
-        // Take over the sleeps of the wheel whose thread is gone: they keep their wakers and deadlines.
-        if let Some(old) = old {
-            let moved = std::mem::take(&mut old.lock().timers);
+        // Take over the sleeps of the wheel whose thread is gone: they keep their wakers and deadlines. Only if
+        // its lock can be had at once: in a forked child a lock held by a parent's thread is never released,
+        // and the map behind it may be half-changed. Those sleeps then re-register when next polled.
+        if let Some(mut old) = old.and_then(Wheel::try_lock_inherited) {
+            let moved = std::mem::take(&mut old.timers);
+            drop(old);
             let mut st = wheel.lock();
             for ((at, _), waker) in moved {
                 let id = st.next_id;
@@ -259,7 +314,7 @@ mod wheel {
             drop(st);
             wheel.wake.notify_one();
         }
-        *slot = Some(wheel);
+        let _ = WHEELS[next].set(wheel);
         Some(wheel)
     }
 
@@ -279,7 +334,9 @@ mod wheel {
 
         fn unregister(&mut self) {
             if let Some((wheel, key)) = self.key.take() {
-                wheel.lock().timers.remove(&key);
+                if let Some(mut st) = wheel.try_lock_inherited() {
+                    st.timers.remove(&key);
+                }
             }
         }
     }
