@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use crate::driver::{Engine, grace_floor};
 use crate::lease::Shared;
+use crate::machine::unconfirmed::counts;
 use crate::machine::{RenewalStep, Reply, Tally, Verdict, WaitFor};
-use crate::node::{ExtendItem, NodeError, NodeErrorKind, NodeFuture, Ttl};
+use crate::node::{ExtendItem, NodeError, NodeErrorKind, NodeFuture};
 use crate::time::Sleep;
 
 /// The shared renewer of one manager: the leases it renews, by when they are due.
@@ -384,7 +385,7 @@ async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
             });
             for (j, tally) in tallies.iter_mut().enumerate() {
                 let reply = match &result {
-                    Ok(flags) if flags[j] && shorter_pending(&unconfirmed[j], i, batch[j].lease.ttl) => {
+                    Ok(flags) if flags[j] && !counts(unconfirmed[j].as_deref(), i, batch[j].lease.ttl) => {
                         Reply::Failed(NodeError::ambiguous(
                             NodeErrorKind::Other,
                             "extended, but not counted: an earlier, shorter extension of this lease may \
@@ -442,13 +443,4 @@ async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
         next.extend(p.lease.batch_outcome(outcome, p.valid_until));
     }
     engine.batcher.queue(engine, next);
-}
-
-/// Whether node `i` has an unconfirmed extension of this lease with a TTL shorter than `ttl` (see
-/// `Shared::extend_once`): a yes from it does not count.
-fn shorter_pending(unconfirmed: &Option<Box<[u64]>>, i: usize, ttl: Ttl) -> bool {
-    unconfirmed
-        .as_deref()
-        .and_then(|u| u.get(i).copied())
-        .is_some_and(|min| min != 0 && min < ttl.as_millis())
 }

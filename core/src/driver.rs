@@ -708,9 +708,7 @@ impl Engine {
                 true,
                 timeout,
                 |i, node| {
-                    let shorter_pending = unconfirmed
-                        .and_then(|u| u.get(i).copied())
-                        .is_some_and(|min| min != 0 && min < ttl.as_millis());
+                    let shorter_pending = !crate::machine::unconfirmed::counts(unconfirmed, i, ttl);
                     if !shorter_pending && !durable {
                         return node.extend(key, token, ttl);
                     }

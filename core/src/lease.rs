@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::driver::Engine;
 use crate::error::{Error, LossReason, Operation, QuorumError};
+use crate::machine::unconfirmed::Unconfirmed;
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{RenewalSchedule, RenewalStep, Tally, Verdict};
 use crate::node::NodeError;
@@ -56,9 +57,8 @@ struct State {
     /// The generation of the renewer's current entry for this lease: older entries are stale.
     batch_gen: u32,
     extending: bool,
-    /// Per node, the smallest TTL (ms) of an extension whose outcome is unknown there; 0 for none. Allocated
-    /// on the first such extension only.
-    unconfirmed: Option<Box<[u64]>>,
+    /// Which nodes may still apply an earlier request of this lease (written when a round is planned).
+    unconfirmed: Unconfirmed,
     waiters: Vec<(u64, Waker)>,
 }
 
@@ -71,20 +71,6 @@ impl State {
                 // Usually the only waiter: don't let the first push reserve room for four.
                 self.waiters.reserve_exact(1);
                 self.waiters.push((id, waker.clone()));
-            }
-        }
-    }
-
-    /// Records that an extension with `ttl` may still be applied on `nodes` (of `n`): each keeps the
-    /// smallest such TTL. Allocates the record on the first node only.
-    fn note_unconfirmed(&mut self, n: usize, ttl: Ttl, nodes: impl Iterator<Item = usize>) {
-        let ms = ttl.as_millis();
-        for i in nodes {
-            let slots = self
-                .unconfirmed
-                .get_or_insert_with(|| vec![0; n].into_boxed_slice());
-            if let Some(slot) = slots.get_mut(i) {
-                *slot = if *slot == 0 { ms } else { (*slot).min(ms) };
             }
         }
     }
@@ -175,7 +161,7 @@ impl Shared {
                 batched: false,
                 batch_gen: 0,
                 extending: false,
-                unconfirmed: grant.unconfirmed,
+                unconfirmed: Unconfirmed::from_acquisition(grant.unconfirmed),
                 waiters: Vec::new(),
             }),
         })
@@ -367,18 +353,20 @@ impl Shared {
         )
     }
 
-    /// Before an extension round with `ttl`: caps the deadline (see [`extend_once`](Self::extend_once)) and
-    /// returns the per-node TTLs of unconfirmed earlier extensions.
+    /// Before an extension round with `ttl`, before any of its requests is sent: records the round as possibly
+    /// applied on every node (until its answers say otherwise: its future may be dropped at any await), caps
+    /// the deadline (see [`extend_once`](Self::extend_once)) and returns the per-node TTLs of unconfirmed
+    /// earlier requests.
     pub(crate) fn prepare_extension(&self, ttl: Ttl) -> Option<Box<[u64]>> {
         let engine = &self.engine;
         let factor = engine.config.drift_factor();
         let now = self.now();
         let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
         let mut st = self.lock();
+        let unconfirmed = st.unconfirmed.plan(engine.nodes.len(), ttl);
         if cap < st.valid_until && st.lost.is_none() && !st.ended {
             st.valid_until = cap;
             let waiters = st.take_waiters();
-            let unconfirmed = st.unconfirmed.clone();
             drop(st);
             engine.hook.emit(
                 &self.key,
@@ -387,10 +375,8 @@ impl Shared {
                 EventKind::Capped { valid_until: cap },
             );
             wake(waiters);
-            unconfirmed
-        } else {
-            st.unconfirmed.clone()
         }
+        unconfirmed
     }
 
     /// After an extension round with `ttl` whose replies for this lease are `tally`: records the nodes
@@ -420,8 +406,7 @@ impl Shared {
             );
         }
         let n = engine.nodes.len();
-        let record = tally.maybe_applied_indices().filter(|i| !tally.is_yes(*i));
-        self.lock().note_unconfirmed(n, ttl, record);
+        self.lock().unconfirmed.handle_round(n, tally);
         if tally.verdict() == Verdict::Quorum {
             let drift = crate::machine::validity::drift(ttl, engine.config.drift_factor());
             return match deadline_after_round(started, ended, ttl, engine.config.drift_factor())
@@ -692,12 +677,10 @@ impl Shared {
         }
     }
 
-    /// A batched round for this lease was dropped before it ended: the extension may have been applied on
-    /// any node (recorded as unconfirmed, as for a round that timed out), the permit is released, and the
-    /// renewer's next visit is due now.
+    /// A batched round for this lease was dropped before it ended: the permit is released and the renewer's
+    /// next visit is due now. (The extension may have been applied on any node: that was recorded when the
+    /// round was planned, see [`prepare_extension`](Self::prepare_extension).)
     pub(crate) fn abandon_batch(&self) -> Option<crate::batch::Entry> {
-        let n = self.engine.nodes.len();
-        self.lock().note_unconfirmed(n, self.ttl, 0..n);
         self.release_permit();
         self.entry(RenewalStep::RenewAt(self.now()))
     }

@@ -9,6 +9,8 @@
 //! - [`Tally`]: counts the replies of one fan-out round and says when the round is decided.
 //! - [`Backoff`]: the pause between acquisition attempts, with seeded jitter.
 //! - [`RenewalSchedule`]: when to renew next, and when a failing renewal turns into a loss.
+//! - `Unconfirmed` (crate-internal): which nodes may still apply a lease's earlier request, written when a
+//!   round is planned.
 //!
 //! # Stability
 //!
@@ -23,6 +25,7 @@ mod quorum;
 mod renewal;
 mod retry;
 pub(crate) mod slots;
+pub(crate) mod unconfirmed;
 pub mod validity;
 
 pub use quorum::{Reply, Tally, Verdict, WaitFor, quorum};

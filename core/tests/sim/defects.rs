@@ -721,3 +721,127 @@ fn an_acquisition_whose_round_spans_a_suspend_is_not_granted() {
         "the won-but-suspended round was cleaned up"
     );
 }
+
+/// Drives `fut` until it completes or `cut` of virtual time has passed, then drops it (as a caller's timeout
+/// or `select!` would). `true` if it completed.
+async fn within<F: std::future::Future>(clock: &VirtualClock, cut: Duration, fut: F) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    let mut sleep = clock.sleep_until(clock.now() + cut);
+    std::future::poll_fn(|cx| {
+        if fut.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(true);
+        }
+        sleep.as_mut().poll(cx).map(|()| false)
+    })
+    .await
+}
+
+/// Issue 21: a shorter manual extension whose round is dropped half-way (its request to the last node still
+/// in the network) must be remembered, so that a later, longer extension does not count that node: when the
+/// stale request lands there it shortens the key under the later extension's belief.
+fn dropped_shorter_extension_scenario(n: usize, fenced: bool) {
+    let mut s = setup(n, config(), false);
+    let mut lock = s.manager.lock("job").expiry(secs(30));
+    if fenced {
+        lock = lock.fenced("job:fence");
+    }
+    let lease = s
+        .sim
+        .block_on(async move { lock.try_acquire().await })
+        .unwrap();
+    // t=1s: extend to 5 s, dropped after 10 ms: the first nodes apply it and answer after 100 ms, the last
+    // node's request sits in the network.
+    let last = n - 1;
+    for net in &s.nets[..last] {
+        net.extend(&[Step::SlowReply(ms(100))]);
+    }
+    s.nets[last].extend(&[Step::Hold]);
+    let clock = s.clock.clone();
+    let lease = s.sim.block_on(async move {
+        clock.sleep_until(clock.now() + secs(1)).await;
+        let done = within(&clock, ms(10), lease.extend(secs(5))).await;
+        assert!(!done, "the extension was cut before any reply");
+        lease
+    });
+    // t=2s: extend to 30 s; in Redlock the first node refuses (partition), the others answer.
+    if n > 1 {
+        s.nets[0].extend(&[Step::Refuse]);
+    }
+    let clock = s.clock.clone();
+    let (lease, extended) = s.sim.block_on(async move {
+        clock.sleep_until(clock.now() + secs(1)).await;
+        let r = lease.extend(secs(30)).await;
+        (lease, r)
+    });
+    // The stale 5 s extension lands on the last node now.
+    assert_eq!(s.nets[last].deliver(&s.nodes[last]), 1);
+    // t=9s: every node that got the 5 s extension and nothing later has expired; another client takes them.
+    let clock = s.clock.clone();
+    let mut other = s.other.lock("job").expiry(secs(30));
+    if fenced {
+        other = other.fenced("job:fence");
+    }
+    let second = s.sim.block_on(async move {
+        clock.sleep_until(clock.now() + secs(7)).await;
+        other.try_acquire().await
+    });
+    assert!(
+        !(lease.state() == LeaseState::Held && second.is_ok()),
+        "n={n} fenced={fenced}: two holders: the first lease (extend to 30 s: {extended:?}) is {:?} with {:?} \
+         left while a second client acquired",
+        lease.state(),
+        lease.remaining()
+    );
+}
+
+#[test]
+fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_extension_relies_on_single() {
+    dropped_shorter_extension_scenario(1, false);
+}
+
+#[test]
+fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_extension_relies_on_single_fenced() {
+    dropped_shorter_extension_scenario(1, true);
+}
+
+#[test]
+fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_extension_relies_on_redlock() {
+    dropped_shorter_extension_scenario(3, false);
+}
+
+/// Issue 21: the same through an ordinary background renewal: a manual 5 s extension of an auto-renewed
+/// lease is dropped with its request in the network; the next renewal (30 s) must not count the node the
+/// stale request may still land on.
+#[test]
+fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_renewal_relies_on() {
+    let mut s = setup(1, config(), true);
+    let lock = s.manager.lock("job").expiry(secs(30)).auto_renew(secs(10));
+    let clock = s.clock.clone();
+    let nets = s.nets.clone();
+    let lease = s.sim.block_on(async move {
+        let lease = lock.try_acquire().await.unwrap();
+        clock.sleep_until(clock.now() + secs(1)).await;
+        nets[0].extend(&[Step::Hold]);
+        let done = within(&clock, ms(10), lease.extend(secs(5))).await;
+        assert!(!done, "the extension was cut before any reply");
+        lease
+    });
+    // The renewal planned after the cut runs (the cut capped the deadline at the 5 s extension's; a renewal
+    // that counts the node moves it past 10 s from now), then the stale extension lands.
+    for _ in 0..100 {
+        s.sim.run_for(ms(100));
+        if lease.valid_until() > s.clock.now() + secs(10) || !lease.is_held() {
+            break;
+        }
+    }
+    assert_eq!(s.nets[0].deliver(&s.nodes[0]), 1);
+    s.sim.run_for(secs(6));
+    let other = s.other.lock("job").expiry(secs(30));
+    let second = s.sim.block_on(async move { other.try_acquire().await });
+    assert!(
+        !(lease.state() == LeaseState::Held && second.is_ok()),
+        "two holders: the renewed lease is {:?} with {:?} left while a second client acquired",
+        lease.state(),
+        lease.remaining()
+    );
+}
