@@ -248,24 +248,15 @@ impl Drop for Driving {
 }
 
 /// A batch on its way. Dropped before its round ended (by its spawner, or a runtime shutting down), it gives
-/// its leases their extension permits back and queues them again, due now.
+/// the leases whose outcome it has not handled their extension permits back and queues them again, due now.
 struct InFlight {
     batch: Vec<Pending>,
-    done: bool,
-}
-
-impl InFlight {
-    /// The round ended: every lease's outcome was handled.
-    fn finish(&mut self) {
-        self.done = true;
-    }
+    /// Per lease, whether its outcome is still to be handled.
+    open: Vec<bool>,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.done {
-            return;
-        }
         let Some(first) = self.batch.first() else {
             return;
         };
@@ -273,7 +264,9 @@ impl Drop for InFlight {
         let entries: Vec<Entry> = self
             .batch
             .iter()
-            .filter_map(|p| p.lease.abandon_batch())
+            .zip(&self.open)
+            .filter(|(_, open)| **open)
+            .filter_map(|(p, _)| p.lease.abandon_batch())
             .collect();
         // Not started from here: a spawner that just dropped this batch may drop a driver too. A running
         // driver takes them; otherwise the next queued entry starts one.
@@ -321,18 +314,25 @@ async fn drive(engine: &Arc<Engine>) {
 
 /// Runs one batch on the manager's spawner.
 fn send(engine: &Arc<Engine>, batch: Vec<Pending>) {
-    let mut flight = InFlight { batch, done: false };
+    let open = vec![true; batch.len()];
+    let mut flight = InFlight { batch, open };
     if let Some(spawner) = &engine.spawner {
         let engine = Arc::clone(engine);
         spawner.spawn(Box::pin(async move {
-            run_batch(&engine, &flight.batch).await;
-            flight.finish();
+            run_batch(&engine, &mut flight).await;
         }));
     }
 }
 
-/// One batched extension round: every lease of `batch` on every node, one call per node.
-async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
+/// One batched extension round: every lease of the batch on every node, one call per node.
+///
+/// Each lease keeps its own deadline: its tally times out at it, and a lease whose round failed is handled
+/// then, while the calls go on for the others (up to the latest deadline). Leases that won are handled when
+/// the round ends (after the stragglers' grace, as in a single lease's round); their validity counts from
+/// the round's start either way.
+async fn run_batch(engine: &Arc<Engine>, flight: &mut InFlight) {
+    let batch = &flight.batch;
+    let open = &mut flight.open;
     if batch.is_empty() {
         return;
     }
@@ -351,14 +351,14 @@ async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
         .collect();
     let started = engine.timer.now();
     let wall_started = engine.timer.wall_now();
-    let deadline = batch.iter().map(|p| p.deadline).min().unwrap_or(started);
-    let timeout = deadline.saturating_duration_since(started);
+    let latest = batch.iter().map(|p| p.deadline).max().unwrap_or(started);
     let mut calls: Vec<Option<NodeFuture<'_, Vec<bool>>>> = engine
         .nodes
         .iter()
         .map(|node| Some(node.extend_many(&items)))
         .collect();
-    let mut sleep = engine.timer.sleep_until(deadline);
+    // The timer for the earliest deadline of a lease still waiting for replies.
+    let mut sleep: Option<(Instant, crate::time::Sleep)> = None;
     let mut grace: Option<crate::time::Sleep> = None;
     let mut answered = 0;
     std::future::poll_fn(|cx| {
@@ -399,48 +399,85 @@ async fn run_batch(engine: &Arc<Engine>, batch: &[Pending]) {
                 tally.handle_reply(i, reply);
             }
         }
-        if answered == n {
-            return Poll::Ready(());
-        }
-        if tallies.iter().all(Tally::is_done) {
-            if !tallies.iter().any(|t| t.verdict() == Verdict::Quorum) {
+        loop {
+            let now = engine.timer.now();
+            // Each lease's round ends at its own deadline; one that failed is handled at once.
+            for (j, (p, tally)) in batch.iter().zip(tallies.iter_mut()).enumerate() {
+                if !open[j] {
+                    continue;
+                }
+                if !tally.is_done() && now >= p.deadline {
+                    tally.handle_timeout(&NodeError::timed_out(
+                        p.deadline.saturating_duration_since(started),
+                    ));
+                }
+                if tally.is_done() && tally.verdict() != Verdict::Quorum {
+                    open[j] = false;
+                    engine
+                        .batcher
+                        .queue(engine, settle(p, tally, started, wall_started));
+                }
+            }
+            if answered == n || !open.contains(&true) {
                 return Poll::Ready(());
             }
-            // Won for some leases: the stragglers get the same grace as in a single lease's round.
-            let grace = grace.get_or_insert_with(|| {
-                let now = engine.timer.now();
-                let took = now.saturating_duration_since(started);
-                let wait = took.saturating_mul(2).max(grace_floor(timeout));
-                engine
-                    .timer
-                    .sleep_until(crate::time::add(now, wait).min(deadline))
-            });
-            if grace.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(());
+            let waiting = batch
+                .iter()
+                .zip(&tallies)
+                .zip(open.iter())
+                .filter(|((_, t), open)| **open && !t.is_done())
+                .map(|((p, _), _)| p.deadline)
+                .min();
+            let Some(at) = waiting else {
+                // Every open lease won: the stragglers get the same grace as in a single lease's round.
+                let grace = grace.get_or_insert_with(|| {
+                    let took = now.saturating_duration_since(started);
+                    let wait = took
+                        .saturating_mul(2)
+                        .max(grace_floor(latest.saturating_duration_since(started)));
+                    engine
+                        .timer
+                        .sleep_until(crate::time::add(now, wait).min(latest))
+                });
+                return grace.as_mut().poll(cx).map(|()| ());
+            };
+            let timer = match &mut sleep {
+                Some((until, s)) if *until == at => s,
+                slot => &mut slot.insert((at, engine.timer.sleep_until(at))).1,
+            };
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
             }
+            sleep = None;
         }
-        if sleep.as_mut().poll(cx).is_ready() {
-            let e = NodeError::timed_out(timeout);
-            for tally in &mut tallies {
-                tally.handle_timeout(&e);
-            }
-            return Poll::Ready(());
-        }
-        Poll::Pending
     })
     .await;
     drop(calls);
+    let mut next = Vec::with_capacity(batch.len());
+    for (j, (p, tally)) in batch.iter().zip(&tallies).enumerate() {
+        if std::mem::replace(&mut open[j], false) {
+            next.extend(settle(p, tally, started, wall_started));
+        }
+    }
+    engine.batcher.queue(engine, next);
+}
+
+/// Handles the outcome of one lease's part of a batched round that started at `started`; returns the
+/// renewer's entry for its next visit, if there is one.
+fn settle(
+    p: &Pending,
+    tally: &Tally,
+    started: Instant,
+    wall_started: Option<std::time::SystemTime>,
+) -> Option<Entry> {
+    let engine = &p.lease.engine;
     let ended = engine.timer.now();
     let wall = (wall_started, engine.timer.wall_now());
     let suspended = |allowance| crate::time::suspended((started, ended), wall, allowance);
-    let mut next = Vec::with_capacity(batch.len());
-    for (p, tally) in batch.iter().zip(&tallies) {
-        // The lease's events of this round (extended, at risk, lost) in its renewal span.
-        let _in = crate::trace::enter(&p.span);
-        let outcome =
-            p.lease
-                .finish_extension(p.lease.ttl, true, tally, started, ended, wall, suspended);
-        next.extend(p.lease.batch_outcome(outcome, p.valid_until));
-    }
-    engine.batcher.queue(engine, next);
+    // The lease's events of this round (extended, at risk, lost) in its renewal span.
+    let _in = crate::trace::enter(&p.span);
+    let outcome =
+        p.lease
+            .finish_extension(p.lease.ttl, true, tally, started, ended, wall, suspended);
+    p.lease.batch_outcome(outcome, p.valid_until)
 }

@@ -424,3 +424,46 @@ fn a_batch_or_renewer_dropped_by_the_spawner_leaves_no_lease_stuck() {
         assert!(lease.valid_until() > clock.now() + secs(15));
     }
 }
+
+/// Issue 21: a batched round ends for each lease at its own deadline. A long lease (operation timeout 500 ms)
+/// batched with a short job lease (200 ms) against a node that answers in 300 ms stays held, as it does when
+/// renewed alone; the short lease's round times out at its own 200 ms.
+#[test]
+fn a_short_lease_in_a_batch_does_not_cut_a_long_leases_round() {
+    let cfg = config().with_renewal_batching(ms(5), 100);
+    let mut c = Cluster::with_spawner(1, 41, cfg);
+    let long = c
+        .try_acquire(&c.manager.lock("long").expiry(secs(30)).auto_renew(secs(2)))
+        .unwrap();
+    let short = c
+        .try_acquire(&c.manager.lock("short").expiry(secs(1)).auto_renew(ms(500)))
+        .unwrap();
+    let start = c.now();
+    c.sim.run_for(ms(1_900));
+    assert_eq!(short.state(), LeaseState::Held);
+    let calls = c.faults[0].calls(Op::Extend);
+    // The wave at 2 s renews both leases in one call, answered after 300 ms.
+    c.faults[0].script(Op::Extend, [redlease_testkit::Fault::SlowReply(ms(300))]);
+    c.sim.run_for(ms(450));
+    assert_eq!(
+        c.faults[0].calls(Op::Extend),
+        calls + 1,
+        "one batched call at 2 s ({:?} in)",
+        c.now() - start
+    );
+    assert_eq!(
+        long.state(),
+        LeaseState::Held,
+        "the long lease's round was cut at the short lease's deadline"
+    );
+    assert!(
+        long.valid_until() > start + secs(31),
+        "{:?}",
+        long.remaining()
+    );
+    assert_eq!(
+        short.state(),
+        LeaseState::AtRisk,
+        "the short lease's round timed out at its own deadline"
+    );
+}
