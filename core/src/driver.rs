@@ -44,49 +44,7 @@ pub enum Mode {
     Redlock,
 }
 
-/// Which nodes an acquisition attempt may ask with a plain `SET NX` ([`RedisNode::acquire_fresh`]): those
-/// that have never stored the attempt's token and never will from an earlier request. That holds for every
-/// node on the first attempt with a token, and stays true on a node for as long as every request carrying
-/// the token got a definite answer that it changed nothing there (the lock was held by another owner, or a
-/// definitely-not-applied error). A node that said yes, failed ambiguously or was abandoned (its request may
-/// still land) is asked through the own-token branch from then on. Copy and allocation-free: nodes from
-/// the 65th on are treated as not fresh after the first attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fresh {
-    all: bool,
-    bits: u64,
-}
-
-impl Fresh {
-    /// Every node: a token never sent.
-    pub(crate) const ALL: Fresh = Fresh {
-        all: true,
-        bits: u64::MAX,
-    };
-
-    /// Whether node `i` may be asked with a plain `SET NX`.
-    pub(crate) fn get(self, i: usize) -> bool {
-        self.all || (i < 64 && self.bits >> i & 1 == 1)
-    }
-
-    /// Whether every one of `n` nodes is fresh (then a round needs no grace for scripts).
-    pub(crate) fn all_of(self, n: usize) -> bool {
-        self.all || (0..n).all(|i| self.get(i))
-    }
-
-    /// Node `i` may have stored the token, or may still: it is no longer fresh.
-    pub(crate) fn spoil(&mut self, i: usize) {
-        self.all = false;
-        if i < 64 {
-            self.bits &= !(1u64 << i);
-        }
-    }
-
-    /// After the first attempt, nodes from the 65th on are no longer fresh.
-    pub(crate) fn settle(&mut self) {
-        self.all = false;
-    }
-}
+pub(crate) use crate::machine::acquisition::Fresh;
 
 /// Everything a manager, its locks and its leases share.
 pub(crate) struct Engine {
@@ -241,12 +199,8 @@ pub(crate) struct RoundResult<T> {
 }
 
 impl<T> RoundResult<T> {
-    /// Whether the machine was suspended during the round, by more than `allowance`.
-    pub(crate) fn suspended(&self, allowance: Duration) -> bool {
-        crate::time::suspended((self.started, self.ended), self.wall, allowance)
-    }
-
-    /// [`suspended`](Self::suspended) as a closure over the round's times.
+    /// Whether the machine was suspended during the round by more than an allowance, as a closure over the
+    /// round's times.
     pub(crate) fn suspended_by(&self) -> impl Fn(Duration) -> bool + use<T> {
         let (times, wall) = ((self.started, self.ended), self.wall);
         move |allowance| crate::time::suspended(times, wall, allowance)

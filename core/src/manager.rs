@@ -7,11 +7,11 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigError};
-use crate::driver::{Engine, Fresh, Mode, RoundResult, Spawn, TtlHint};
+use crate::driver::{Engine, Mode, RoundResult, Spawn, TtlHint};
 use crate::error::{Error, NotAcquiredReason, Operation, QuorumError};
 use crate::lease::{Grant, Lease, Shared};
-use crate::machine::validity::deadline_after_round;
-use crate::machine::{Backoff, Jitter, Verdict};
+use crate::machine::Jitter;
+use crate::machine::acquisition::{Acquisition, Decision, Limit, Next, Shape};
 use crate::node::{RedisNode, Ttl};
 use crate::notify::{Outcome, Watch};
 use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
@@ -336,13 +336,6 @@ impl fmt::Debug for Lock {
     }
 }
 
-/// How long an acquisition keeps trying.
-#[derive(Clone, Copy)]
-enum Limit {
-    Attempts(u32),
-    Until(Instant),
-}
-
 /// The tokens of one acquisition: the one its next attempt sends, and older ones whose clean-up was not
 /// confirmed on some node (see the rotation in `acquire_with`).
 ///
@@ -427,9 +420,6 @@ impl Drop for Tokens<'_> {
         }
     }
 }
-
-/// Added to a holder's reported TTL before a waiter tries again: the key expires on the server's clock.
-const TTL_MARGIN: Duration = Duration::from_millis(1);
 
 /// Waits until a watch holds a notification, or until `pushed` while some watch's subscription is confirmed
 /// and the lock was `held` (else until `polling`), driving the notifiers' subscription commands meanwhile.
@@ -664,29 +654,25 @@ impl Lock {
         }
     }
 
+    /// The acquisition's driver: every decision is the [`Acquisition`] machine's; this sends its rounds,
+    /// keeps its tokens and watches, and sleeps when it says so.
     async fn acquire_in(&self, limit: Limit) -> Result<Lease, Error> {
         let plan = self.plan()?;
         let engine = &self.engine;
-        if let Limit::Until(deadline) = limit {
-            if engine.timer.now() >= deadline {
-                return Err(Error::NotAcquired {
-                    key: self.key.to_string(),
-                    mode: engine.mode,
-                    attempts: 0,
-                    reason: NotAcquiredReason::DeadlinePassed,
-                    last_error: None,
-                });
-            }
-        }
         let config = &engine.config;
-        let n = engine.nodes.len();
+        let shape = Shape {
+            n: engine.nodes.len() as u32,
+            quorum: engine.quorum() as u32,
+            single: engine.mode == Mode::Single,
+            fenced: self.fence_key.is_some(),
+        };
+        let mut acq =
+            Acquisition::new(config, shape, limit, engine.next_seed(), engine.timer.now());
+        if acq.expired() {
+            let began = acq.began();
+            return Err(self.not_acquired(&mut acq, LeaseId::next(), began));
+        }
         let id = LeaseId::next();
-        let began = engine.timer.now();
-        let mut backoff = Backoff::new(
-            config.retry_delay(),
-            config.retry_jitter(),
-            Jitter::from_seed(engine.next_seed()),
-        );
         let mut tokens = Tokens::new(engine, &self.key, id, plan.op_timeout)?;
         // Waiting with release notifications: a watch per notifying node, registered before the first
         // attempt (nothing is sent until an attempt finds the lock held; see `crate::notify`).
@@ -697,139 +683,53 @@ impl Lock {
         for w in &mut watches {
             w.own(&tokens.current);
         }
-        let hint = (!watches.is_empty() && self.fence_key.is_none()).then(TtlHint::new);
-        let mut attempt = 0u32;
-        // Whether an attempt found the lock held by another owner (for the event hook).
-        let mut contended = false;
-        // Where the current token has never been stored and never will be by an earlier request: a plain
-        // `SET NX` suffices there (no own-token branch). See `Fresh`.
-        let mut fresh = Fresh::ALL;
-        // Allocated on the first failed attempt only: the common path never needs it.
-        let mut dirty: Vec<bool> = Vec::new();
-        // Nodes where an acquisition request with the current token may still land later (it failed
-        // ambiguously or was abandoned). Allocated only when that happens.
-        let mut unsettled: Vec<bool> = Vec::new();
+        // A waiting acquisition learns the holder's remaining TTL on contention (the next attempt is due at
+        // its expiry); a fenced one cannot (its script reports no TTL).
+        let hint =
+            (matches!(limit, Limit::Until(_)) && self.fence_key.is_none()).then(TtlHint::new);
         loop {
-            attempt = attempt.saturating_add(1);
-            let mut timeout = plan.op_timeout.saturating_add(engine.wait_allowance());
-            if let Limit::Until(deadline) = limit {
-                timeout = timeout.min(deadline.saturating_duration_since(engine.timer.now()));
-            }
             for w in &mut watches {
                 w.begin_attempt();
             }
             if let Some(hint) = &hint {
                 hint.reset();
             }
-            // The round's result stays in this block: what the failure path needs after its awaits is
-            // taken out of it, so that the coroutine does not keep the whole result across them.
-            let (reason, last_round) = {
-                let r = engine
-                    .acquire_round(
+            // The round's result stays in this block: the failure path keeps only what it needs across its
+            // awaits, so that the coroutine does not keep the whole result (nor the attempt's plan, which the
+            // round's future holds).
+            let cleanup = {
+                let round = {
+                    let op_timeout = plan.op_timeout.saturating_add(engine.wait_allowance());
+                    let attempt = acq.begin_attempt(engine.timer.now(), op_timeout);
+                    engine.acquire_round(
                         &self.key,
                         self.fence_key.as_deref(),
                         &tokens.current,
                         plan.ttl,
-                        timeout,
-                        fresh,
+                        attempt.timeout,
+                        attempt.fresh,
                         hint.as_ref(),
                         id,
                     )
-                    .await;
+                };
+                let r = round.await;
+                let decision = acq.handle_round(
+                    &r.tally,
+                    plan.ttl,
+                    (r.started, r.ended),
+                    r.suspended_by(),
+                    |i| engine.nodes[i].acquire_fresh_is_nx(),
+                );
+                let (reason, cleanup) = match decision {
+                    Decision::Won {
+                        valid_until,
+                        unconfirmed,
+                    } => {
+                        let won = (valid_until, unconfirmed);
+                        return Ok(self.won(&acq, tokens, &mut watches, &r, plan, won));
+                    }
 
-                // A straggling plain `SET NX` (a fresh unfenced attempt on a node whose fresh path is one) can never
-                // change a key that exists, ours included; only an own-token branch resets the TTL when it lands.
-                let unfenced = self.fence_key.is_none();
-                for i in r.tally.unsettled_indices() {
-                    if unfenced && fresh.get(i) && engine.nodes[i].acquire_fresh_is_nx() {
-                        continue;
-                    }
-                    unsettled.resize(n, false);
-                    unsettled[i] = true;
-                }
-                // A node stays fresh only after a definite "changed nothing" (held by another owner, or an error
-                // that was not applied): a yes stored the token, and an ambiguous or abandoned request may still.
-                fresh.settle();
-                for i in r.tally.maybe_applied_indices() {
-                    fresh.spoil(i);
-                }
-                let drift = crate::machine::validity::drift(plan.ttl, config.drift_factor());
-                let reason = if r.tally.verdict() == Verdict::Quorum {
-                    if let Some(valid_until) =
-                        deadline_after_round(r.started, r.ended, plan.ttl, config.drift_factor())
-                            .filter(|_| !r.suspended(drift))
-                    {
-                        let fence = match self.fence_key {
-                            Some(_) => r.values.first().copied().flatten().flatten(),
-                            None => None,
-                        };
-                        for w in &mut watches {
-                            w.end_attempt(Outcome::Won);
-                        }
-                        if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
-                            match engine.watch.lock() {
-                                Ok(mut w) => w.issued(fence_key, fence),
-                                Err(p) => p.into_inner().issued(fence_key, fence),
-                            }
-                        }
-                        let token = tokens.won();
-                        // A straggling acquisition request sets the acquisition's TTL when it lands: the lease
-                        // must not count those nodes for a longer extension later (see `Shared::extend_once`).
-                        let unconfirmed = (!unsettled.is_empty()).then(|| {
-                            unsettled
-                                .iter()
-                                .map(|&u| if u { plan.ttl.as_millis() } else { 0 })
-                                .collect::<Box<[u64]>>()
-                        });
-                        let now = engine.timer.now();
-                        self.attempt_event(
-                            id,
-                            &r,
-                            attempt,
-                            AttemptOutcome::Won {
-                                validity: valid_until.saturating_duration_since(r.ended),
-                            },
-                        );
-                        engine.hook.emit(
-                            &self.key,
-                            id,
-                            now,
-                            EventKind::Acquired {
-                                valid_until,
-                                fence,
-                                attempts: attempt,
-                                waited: now.saturating_duration_since(began),
-                                contended,
-                            },
-                        );
-                        return Ok(self.lease(
-                            token,
-                            plan,
-                            Won {
-                                fence,
-                                id,
-                                acquired_at: now,
-                                started: r.started,
-                                wall_started: r.wall.0,
-                                valid_until,
-                                unconfirmed,
-                            },
-                        ));
-                    }
-                    NotAcquiredReason::ValidityExhausted
-                } else if r.tally.no() > n - engine.quorum() {
-                    NotAcquiredReason::Contended
-                } else if r.tally.permanent() > n - engine.quorum() {
-                    NotAcquiredReason::Refused
-                } else if engine.mode == Mode::Single
-                    && r.tally
-                        .errors()
-                        .iter()
-                        .any(|(_, e)| e.kind() == crate::node::NodeErrorKind::NotReplicated)
-                {
-                    NotAcquiredReason::NotReplicated
-                } else {
-                    NotAcquiredReason::TooFewNodes
+                    Decision::Failed { reason, cleanup } => (reason, cleanup),
                 };
                 let outcome = if reason == NotAcquiredReason::Contended {
                     Outcome::Held
@@ -839,31 +739,13 @@ impl Lock {
                 for w in &mut watches {
                     w.end_attempt(outcome);
                 }
-                contended |= reason == NotAcquiredReason::Contended;
-                self.attempt_event(id, &r, attempt, AttemptOutcome::Failed(reason));
-                // Delete our token wherever this or an earlier attempt may have written it and no clean-up has
-                // confirmed it gone since. A definite refusal or a definitely-not-applied error left nothing.
-                dirty.resize(n, false);
-                for i in r.tally.maybe_applied_indices() {
-                    dirty[i] = true;
-                }
-                (
-                    reason,
-                    (r.tally.yes(), r.tally.required(), r.tally.errors()),
-                )
+                self.attempt_event(id, &r, acq.attempts(), AttemptOutcome::Failed(reason));
+                cleanup
             };
-            let targets: Vec<usize> = (0..n).filter(|&i| dirty[i]).collect();
-            let mut stale_cleanup = false;
-            if !targets.is_empty() {
+            if !cleanup.is_empty() {
                 let c = engine
-                    .release_round(&self.key, &tokens.current, plan.op_timeout, Some(&targets))
+                    .release_round(&self.key, &tokens.current, plan.op_timeout, Some(&cleanup))
                     .await;
-                for &i in &targets {
-                    if c.values[i].is_some() {
-                        dirty[i] = false;
-                    }
-                }
-                stale_cleanup = c.tally.any_ambiguous();
                 if engine.hook.active() {
                     engine.hook.emit(
                         &self.key,
@@ -876,97 +758,137 @@ impl Lock {
                         },
                     );
                 }
-            }
-            // A clean-up whose outcome is unknown may still be carried out later — after the next attempt,
-            // even, on a pool or a reconnected connection. If the next attempt reused this token, that stale
-            // compare-and-delete could delete the key the new lease relies on (a node that answered "yes"
-            // through the own-token branch). So the next attempt gets a fresh token: a stale clean-up of the
-            // old one can then only delete the old one. (Excluding such nodes from later quorums instead would
-            // leave a single-node acquisition unable to succeed at all.) The old token is deleted again in
-            // the background if a spawner exists; otherwise it expires with its TTL. A clean-up that failed
-            // definitely was never applied and never will be: the token is kept, and a retry still recognises
-            // it where the earlier write landed.
-            if stale_cleanup {
-                tokens.rotate()?;
-                for w in &mut watches {
-                    w.own(&tokens.current);
-                }
-                dirty.iter_mut().for_each(|d| *d = false);
-                unsettled.clear();
-                fresh = Fresh::ALL;
-            }
-
-            let pause = backoff.next_pause();
-            let mut now = engine.timer.now();
-            let notified = !watches.is_empty();
-            let more = reason != NotAcquiredReason::Refused
-                && match limit {
-                    Limit::Attempts(max) => attempt < max,
-                    // A notification may end the wait early: wait up to the deadline itself.
-                    Limit::Until(deadline) if notified => now < deadline,
-                    Limit::Until(deadline) => crate::time::add(now, pause) < deadline,
-                };
-            if more {
-                let Limit::Until(deadline) = limit else {
-                    engine.timer.sleep_until(crate::time::add(now, pause)).await;
-                    continue;
-                };
-                if !notified {
-                    engine.timer.sleep_until(crate::time::add(now, pause)).await;
-                    continue;
-                }
-                let held = reason == NotAcquiredReason::Contended;
-                if held {
+                let rotate = acq.handle_cleanup(
+                    &cleanup,
+                    |i| c.values[i].is_some(),
+                    c.tally.any_ambiguous(),
+                );
+                if rotate {
+                    // The old token is deleted again in the background if a spawner exists; otherwise it
+                    // expires with its TTL.
+                    tokens.rotate()?;
                     for w in &mut watches {
-                        w.subscribe(now);
+                        w.own(&tokens.current);
                     }
                 }
-                // Until a subscription is confirmed: the polling pause. Once it is: the holder's remaining TTL
-                // (plus the pause's jitter, so that waiters of one expiring lock spread out), at most
-                // `max_retry_delay`.
-                let extra = pause.saturating_sub(config.retry_delay());
-                let cap = config.max_retry_delay();
-                let bound = hint
-                    .as_ref()
-                    .and_then(TtlHint::remaining)
-                    .map_or(cap, |ttl| {
-                        ttl.saturating_add(TTL_MARGIN)
-                            .saturating_add(extra)
-                            .min(cap)
-                    });
-                let polling = crate::time::add(now, pause).min(deadline);
-                let pushed = crate::time::add(now, bound).min(deadline);
-                wait_for_release(&engine.timer, &mut watches, held, polling, pushed).await;
-                now = engine.timer.now();
-                if now < deadline {
-                    continue;
+            }
+            let now = engine.timer.now();
+            let holder_ttl = hint.as_ref().and_then(TtlHint::remaining);
+            match acq.next(now, !watches.is_empty(), holder_ttl) {
+                Next::Sleep(at) => engine.timer.sleep_until(at).await,
+                Next::Wait {
+                    held,
+                    polling,
+                    pushed,
+                } => {
+                    if held {
+                        for w in &mut watches {
+                            w.subscribe(now);
+                        }
+                    }
+                    wait_for_release(&engine.timer, &mut watches, held, polling, pushed).await;
+                    // Waiting is only for acquisitions with a deadline.
+                    let deadline = acq.deadline().unwrap_or(now);
+                    if engine.timer.now() >= deadline {
+                        tokens.failed();
+                        return Err(self.not_acquired(&mut acq, id, engine.timer.now()));
+                    }
+                }
+                Next::GiveUp => {
+                    tokens.failed();
+                    return Err(self.not_acquired(&mut acq, id, now));
                 }
             }
-            {
-                tokens.failed();
-                engine.hook.emit(
-                    &self.key,
-                    id,
-                    now,
-                    EventKind::NotAcquired {
-                        reason,
-                        attempts: attempt,
-                        waited: now.saturating_duration_since(began),
-                        contended,
-                    },
-                );
-                let (yes, required, errors) = last_round;
-                let last_error = (!errors.is_empty())
-                    .then(|| Box::new(QuorumError::new(Operation::Acquire, yes, required, errors)));
-                return Err(Error::NotAcquired {
-                    key: self.key.to_string(),
-                    mode: engine.mode,
-                    attempts: attempt,
+        }
+    }
+
+    /// The acquisition failed for the reason `acq` holds: its event, and the error.
+    fn not_acquired(&self, acq: &mut Acquisition<'_>, id: LeaseId, now: Instant) -> Error {
+        let (reason, last_error) = acq.failure();
+        let attempts = acq.attempts();
+        if attempts > 0 {
+            self.engine.hook.emit(
+                &self.key,
+                id,
+                now,
+                EventKind::NotAcquired {
                     reason,
-                    last_error,
-                });
+                    attempts,
+                    waited: now.saturating_duration_since(acq.began()),
+                    contended: acq.contended(),
+                },
+            );
+        }
+        Error::NotAcquired {
+            key: self.key.to_string(),
+            mode: self.engine.mode,
+            attempts,
+            reason,
+            last_error: last_error.map(Box::new),
+        }
+    }
+
+    /// The attempt `r` won, valid until `won.0` (`won.1`: [`Decision::Won`]'s unconfirmed nodes): its events,
+    /// and the lease.
+    fn won(
+        &self,
+        acq: &Acquisition<'_>,
+        tokens: Tokens<'_>,
+        watches: &mut [Watch],
+        r: &RoundResult<Option<u64>>,
+        plan: Plan,
+        (valid_until, unconfirmed): (Instant, Option<Box<[u64]>>),
+    ) -> Lease {
+        let engine = &self.engine;
+        let id = tokens.id;
+        let fence = match self.fence_key {
+            Some(_) => r.values.first().copied().flatten().flatten(),
+            None => None,
+        };
+        for w in watches.iter_mut() {
+            w.end_attempt(Outcome::Won);
+        }
+        if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
+            match engine.watch.lock() {
+                Ok(mut w) => w.issued(fence_key, fence),
+                Err(p) => p.into_inner().issued(fence_key, fence),
             }
         }
+        let token = tokens.won();
+        let now = engine.timer.now();
+        self.attempt_event(
+            id,
+            r,
+            acq.attempts(),
+            AttemptOutcome::Won {
+                validity: valid_until.saturating_duration_since(r.ended),
+            },
+        );
+        engine.hook.emit(
+            &self.key,
+            id,
+            now,
+            EventKind::Acquired {
+                valid_until,
+                fence,
+                attempts: acq.attempts(),
+                waited: now.saturating_duration_since(acq.began()),
+                contended: acq.contended(),
+            },
+        );
+        self.lease(
+            token,
+            plan,
+            Won {
+                fence,
+                id,
+                acquired_at: now,
+                started: r.started,
+                wall_started: r.wall.0,
+                valid_until,
+                unconfirmed,
+            },
+        )
     }
 
     fn lease(&self, token: Token, plan: Plan, won: Won) -> Lease {

@@ -6,6 +6,8 @@
 //! directly with arbitrary times.
 //!
 //! - [`validity`]: drift allowance and the validity of a lease after a round.
+//! - `Acquisition` (crate-internal): the decisions of one acquisition (attempts, clean-up, token rotation,
+//!   classification of a failed attempt, when to try again).
 //! - [`Tally`]: counts the replies of one fan-out round and says when the round is decided.
 //! - [`Backoff`]: the pause between acquisition attempts, with seeded jitter.
 //! - [`RenewalSchedule`]: when to renew next, and when a failing renewal turns into a loss.
@@ -21,6 +23,7 @@
 //! renewal, notifications) may change a machine's inputs or outputs, or add an enum variant, in a minor
 //! release. Pin a minor version if you build on it.
 
+pub(crate) mod acquisition;
 mod quorum;
 mod renewal;
 mod retry;

@@ -15,3 +15,4 @@ mod push;
 mod renewal;
 mod restart;
 mod support;
+mod waiting;
