@@ -22,6 +22,7 @@ mod redlock;
 mod redlock_stall;
 mod renewal_loss;
 mod replicas;
+mod restarts;
 mod scripts;
 mod sentinel;
 mod single;
