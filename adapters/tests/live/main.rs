@@ -17,6 +17,7 @@ mod executor;
 mod long_job;
 mod matrix;
 mod permissions;
+mod probes;
 mod push;
 mod redlock;
 mod redlock_stall;
