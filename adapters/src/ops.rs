@@ -70,9 +70,26 @@ struct ProbeState {
     /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
     /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
     fences: std::collections::VecDeque<(String, String, Option<u64>)>,
-    /// The server's run id, learned with `INFO server` on this connection; forgotten with the capabilities
-    /// (after a connection failure or a reconnect), so a new server process is asked again.
+    /// The server's run id, learned with `INFO server` on this connection before its first lock command
+    /// ([`learn_run_id`]); forgotten with the capabilities (after a connection failure or a reconnect), so a
+    /// new server process is asked again.
     run_id: Option<RunId>,
+    /// Whether this user may not run `INFO` on this connection (restarts cannot be detected; once seen).
+    no_info: bool,
+    /// Counts what makes a run id asked before it stale ([`Probe::forget`], [`Probe::forget_checks`]): an
+    /// `INFO` answer is remembered only if this did not change while it was on its way, so that an answer of
+    /// the old server that arrives after a reconnect is never taken for the new connection's.
+    epoch: u64,
+    /// When this node saw its server's run id change (against `seen_run_id`), for
+    /// [`RunId::with_restarted_ago`].
+    restarted_at: Option<std::time::Instant>,
+    /// The `INFO`s on their way, `(ticket, epoch)`: each call removes its own when it returns, so what stays
+    /// was given up by its caller (the future dropped) and may have reached a server whose run id the node
+    /// then never saw. If the epoch moved on since (the connection was replaced), the next run id learned
+    /// cannot be compared with that server's and is taken for a restart, rather than for a first sight.
+    /// At most [`UNANSWERED_KEPT`].
+    unanswered: std::collections::VecDeque<(u64, u64)>,
+    next_ticket: u64,
     /// Whether the server lacks `WAITAOF` (an unknown command), once seen.
     no_waitaof: bool,
     /// The last run id learned on any connection (kept when the probe is forgotten): a new one means another
@@ -137,6 +154,9 @@ impl Writes {
     }
 }
 
+/// How many abandoned `INFO`s a node remembers (each run id learned judges and drops the older ones).
+const UNANSWERED_KEPT: usize = 64;
+
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
 /// within one acquisition; older entries are dropped first).
 const FENCES_KEPT: usize = 256;
@@ -171,9 +191,28 @@ impl Probe {
         let mut state = self.lock();
         state.caps = None;
         state.run_id = None;
+        state.no_info = false;
+        state.epoch += 1;
         state.no_waitaof = false;
         state.generation += 1;
         state.writes.replaced();
+    }
+
+    /// [`forget`](Self::forget) when a client opened its first connection after none (a lazy client's
+    /// start): an `INFO` on its way since the last forget waited for this connection and goes over it, so it
+    /// is this connection's.
+    pub(crate) fn connected_afresh(&self) {
+        let mut state = self.lock();
+        let before = state.epoch;
+        drop(state);
+        self.forget();
+        state = self.lock();
+        let now = state.epoch;
+        for (_, epoch) in state.unanswered.iter_mut() {
+            if *epoch == before {
+                *epoch = now;
+            }
+        }
     }
 
     /// Forgets the capabilities only (the connection is the same: a command it refused showed that they
@@ -182,6 +221,8 @@ impl Probe {
         let mut state = self.lock();
         state.caps = None;
         state.run_id = None;
+        state.no_info = false;
+        state.epoch += 1;
         state.no_waitaof = false;
     }
 
@@ -455,14 +496,18 @@ async fn probe_set_option(
 /// The native commands a connection offers, probed with plain commands (no Lua needed): `DELIFEQ` first
 /// (it is not a `SET`), and only where it is offered the two `SET` options.
 async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 3], NodeError> {
+    // A value no key holds (160 random bits), so that the probe deletes nothing: a fixed string could be a
+    // user's value.
+    let never = Token::random().map_err(|e| {
+        NodeError::not_applied(
+            NodeErrorKind::Other,
+            format!("capability check: no random value for the DELIFEQ probe (not sent): {e}"),
+        )
+    })?;
     let delifeq = match note(
         t,
-        t.command(
-            &scripts::DELIFEQ,
-            key,
-            &["DELIFEQ", key, "redlease:probe:never-a-token"],
-        )
-        .await,
+        t.command(&scripts::DELIFEQ, key, &["DELIFEQ", key, never.as_str()])
+            .await,
     ) {
         Ok(Reply::Int(_)) => Found::Present,
         Err(e) if e.kind() == NodeErrorKind::WrongType => Found::Present,
@@ -1073,14 +1118,20 @@ async fn fenced_native(
     Err(undo(t, key, token, fence_error(refused)).await)
 }
 
-/// The capabilities to choose a release or extension path by: a scripts-only node needs no check (the
-/// scripts are the path), the others check an unchecked connection first.
-async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, NodeError> {
-    match t.probe().get() {
-        Some(caps) => Ok(Some(caps)),
-        None if t.probe().mode() == Commands::Scripts => Ok(None),
-        None => Box::pin(check(t, key, None)).await.map(Some),
-    }
+/// Whether an operation on a connection whose capabilities are not known (nothing checked since it was
+/// opened) goes by a script first. Releases and extensions never wait for the capability check: its probes
+/// would stand between them and the server (a `SET` probe is refused under `maxmemory`, where `DEL` and
+/// `PEXPIRE` still run), so they go by their script, and where a script cannot run (no Lua, or `EVAL` refused)
+/// by the native command, without probing.
+fn scripts_first(caps: Option<Capabilities>, mode: Commands) -> bool {
+    caps.map_or(mode != Commands::Native, |c| {
+        c.lua && c.commands != Commands::Native
+    })
+}
+
+/// Whether a script's refusal on an unchecked connection means "take the native command instead".
+fn script_unusable(caps: Option<Capabilities>, mode: Commands, err: &NodeError) -> bool {
+    caps.is_none() && mode == Commands::Automatic && (lua_absent(err) || scripts_denied(err))
 }
 
 /// The notification channel of `key` and the command that publishes on it: `SPUBLISH` (a sharded channel in
@@ -1122,27 +1173,30 @@ pub(crate) async fn release(
     token: &Token,
 ) -> Result<bool, NodeError> {
     t.probe().forget_fence(key, token);
-    if path(t, key).await?.is_some_and(|c| c.native_release()) {
+    learn_run_id(t, key).await?;
+    let (caps, mode) = (t.probe().get(), t.probe().mode());
+    let native = caps.map_or(!scripts_first(caps, mode), |c| c.native_release());
+    if native {
         match release_native(t, key, token).await {
             // The server lacks `DELIFEQ` after all (it changed behind the connection; the check is forgotten):
-            // nothing was deleted, so the release goes again by the path a new check finds.
-            Err(e) if refused_command(&e) => {
-                if path(t, key).await?.is_some_and(|c| c.native_release()) {
-                    return Err(e);
-                }
-            }
+            // nothing was deleted, so the release goes by the script where scripts may run.
+            Err(e) if refused_command(&e) && mode != Commands::Native => {}
             other => return other,
         }
     }
     let (channel, command) = publish_args(t, key);
-    let reply = eval(
+    let sent = eval(
         t,
         &scripts::RELEASE,
         &[key],
         &[token.as_str(), &channel, command],
     )
-    .await?;
-    scripts::parse_flag(&scripts::RELEASE, reply)
+    .await;
+    match sent {
+        Ok(reply) => scripts::parse_flag(&scripts::RELEASE, reply),
+        Err(e) if !native && script_unusable(caps, mode, &e) => release_native(t, key, token).await,
+        Err(e) => Err(e),
+    }
 }
 
 /// An acquisition that reports the holder's TTL on contention. A fresh one is the usual fresh acquisition
@@ -1190,28 +1244,42 @@ async fn extend_unrecorded(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
-    let caps = path(t, key).await?;
-    if let Some(caps) = caps.filter(Capabilities::native_extend) {
-        match set_ifeq(t, key, token, &ttl).await {
-            Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
+    let (caps, mode) = (t.probe().get(), t.probe().mode());
+    let native = caps.map_or(!scripts_first(caps, mode), |c| c.native_extend());
+    if native {
+        match extend_native(t, key, token, &ttl).await {
             // `SET` grows memory, so a server at `maxmemory` refuses it (not applied); the script's
             // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script.
-            Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() && caps.lua => {}
+            Err(e)
+                if e.kind() == NodeErrorKind::OutOfMemory
+                    && !e.is_ambiguous()
+                    && scripts_first(caps, mode) => {}
             // The server lacks `SET … IFEQ` after all (it changed behind the connection; the check is
-            // forgotten): nothing was changed, so the extension goes again by the path a new check finds.
-            Err(e) if refused_command(&e) => {
-                if path(t, key)
-                    .await?
-                    .is_some_and(|c| c.native_extend() || !c.lua)
-                {
-                    return Err(e);
-                }
-            }
+            // forgotten): nothing was changed, so the extension goes by the script where scripts may run.
+            Err(e) if refused_command(&e) && mode != Commands::Native => {}
             other => return other,
         }
     }
-    let reply = eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await?;
-    scripts::parse_flag(&scripts::EXTEND, reply)
+    match eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await {
+        Ok(reply) => scripts::parse_flag(&scripts::EXTEND, reply),
+        Err(e) if !native && script_unusable(caps, mode, &e) => {
+            extend_native(t, key, token, &ttl).await
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Native extension: `SET key token IFEQ token PX ttl`; a key of another type is not ours (false).
+async fn extend_native(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: &str,
+) -> Result<bool, NodeError> {
+    match set_ifeq(t, key, token, ttl).await {
+        Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
+        other => other,
+    }
 }
 
 async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
@@ -1288,12 +1356,11 @@ async fn extend_many_unrecorded(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
 ) -> Result<Vec<bool>, NodeError> {
-    let Some(first) = items.first() else {
+    if items.is_empty() {
         return Ok(Vec::new());
-    };
-    let caps = path(t, first.key).await?;
-    let scripts_ok = caps.is_none_or(|c| c.lua && c.commands != Commands::Native);
-    if !scripts_ok {
+    }
+    let (caps, mode) = (t.probe().get(), t.probe().mode());
+    let one_by_one = || {
         let calls = items
             .iter()
             .map(|i| {
@@ -1301,7 +1368,10 @@ async fn extend_many_unrecorded(
                     as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
             })
             .collect();
-        return join_all(calls).await.into_iter().collect();
+        async move { join_all(calls).await.into_iter().collect() }
+    };
+    if !scripts_first(caps, mode) {
+        return one_by_one().await;
     }
     // Group by slot on a cluster (a script's keys must share one); one group otherwise.
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -1341,6 +1411,13 @@ async fn extend_many_unrecorded(
         })
         .collect();
     let results: Vec<Result<Vec<bool>, NodeError>> = join_all(calls).await;
+    // An unchecked connection where scripts cannot run (nothing ran): each lease's own extension.
+    if results
+        .iter()
+        .any(|r| r.as_ref().is_err_and(|e| script_unusable(caps, mode, e)))
+    {
+        return Box::pin(one_by_one()).await;
+    }
     let mut out = vec![false; items.len()];
     for ((_, members), result) in groups.iter().zip(results) {
         // One slot's failure fails the call: the core counts the node as failed for every lease of it.
@@ -1430,20 +1507,90 @@ fn not_on_a_cluster(what: &str) -> NodeError {
     )
 }
 
-/// The server's run id: remembered per connection, asked with `INFO server` on the first call and after a
-/// connection failure or reconnection. A user who may not run `INFO` gets [`NodeErrorKind::Unsupported`]
-/// (the core then cannot detect restarts of this node, and counts it as before).
+/// The server's run id: remembered per connection, learned with `INFO server` before the connection's first
+/// lock command ([`learn_run_id`]; asked here if that did not happen) and again after a connection failure
+/// or reconnection. A user who may not run `INFO` gets [`NodeErrorKind::Unsupported`] (the core then cannot
+/// detect restarts of this node, and counts it as before).
+///
+/// Where this node saw the server's run id change (on any of its connections: it compares every new
+/// connection's with the last one it saw), the answer says how long ago
+/// ([`RunId::with_restarted_ago`]), so that a manager that never recorded the old one still quarantines it.
 pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeError> {
     if t.clustered() {
         return Err(not_on_a_cluster("run_id"));
     }
     t.notice_reconnections();
-    if let Some(id) = t.probe().lock().run_id.clone() {
-        return Ok(id);
+    {
+        let state = t.probe().lock();
+        if let Some(id) = &state.run_id {
+            return Ok(reported(id.clone(), state.restarted_at));
+        }
     }
-    let reply = match note(t, t.command(&INFO, key, &["INFO", "server"]).await) {
+    ask_run_id(t, key).await
+}
+
+fn reported(id: RunId, restarted_at: Option<std::time::Instant>) -> RunId {
+    match restarted_at {
+        Some(at) => id.with_restarted_ago(at.elapsed()),
+        None => id,
+    }
+}
+
+/// Learns the run id of the connection the next command goes over, before that command is sent, unless it
+/// is known (or `INFO` is refused to this user): so the node knows every server process it sent a lock
+/// command to, even when the caller gives up on the command's answer, and sees a restart on the first new
+/// connection to the new process. An error is the operation's, not sent.
+pub(crate) async fn learn_run_id(t: &impl Transport, key: &str) -> Result<(), NodeError> {
+    if t.clustered() {
+        return Ok(());
+    }
+    t.notice_reconnections();
+    {
+        let state = t.probe().lock();
+        if state.run_id.is_some() || state.no_info {
+            return Ok(());
+        }
+    }
+    match Box::pin(ask_run_id(t, key)).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == NodeErrorKind::Unsupported => Ok(()),
+        Err(e) if e.is_ambiguous() => Err(NodeError::not_applied(
+            e.kind(),
+            format!(
+                "{} (before the lock command, which was not sent)",
+                e.message()
+            ),
+        )
+        .with_source(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Asks `INFO server` for the run id and remembers it (see [`run_id`]).
+async fn ask_run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeError> {
+    let (epoch, ticket) = {
+        let mut state = t.probe().lock();
+        let (epoch, ticket) = (state.epoch, state.next_ticket);
+        state.next_ticket += 1;
+        if state.unanswered.len() >= UNANSWERED_KEPT {
+            state.unanswered.pop_front();
+        }
+        state.unanswered.push_back((ticket, epoch));
+        (epoch, ticket)
+    };
+    let reply = t.command(&INFO, key, &["INFO", "server"]).await;
+    // Answered (or failed) here, not abandoned: no longer on its way.
+    t.probe()
+        .lock()
+        .unanswered
+        .retain(|(other, _)| *other != ticket);
+    let reply = match note(t, reply) {
         Ok(reply) => reply,
         Err(e) if denied(&e) || e.kind() == NodeErrorKind::Auth => {
+            let mut state = t.probe().lock();
+            if state.epoch == epoch {
+                state.no_info = true;
+            }
             return Err(NodeError::not_applied(
                 NodeErrorKind::Unsupported,
                 format!("INFO is not permitted, so restarts cannot be detected: {e}"),
@@ -1469,15 +1616,23 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
         })?;
     let id = RunId::new(id);
     let mut state = t.probe().lock();
-    if state.seen_run_id.as_ref().is_some_and(|seen| *seen != id) {
+    let current = state.epoch;
+    let unseen = state.unanswered.iter().any(|(_, e)| *e < current);
+    state.unanswered.retain(|(_, e)| *e >= current);
+    if unseen || state.seen_run_id.as_ref().is_some_and(|seen| *seen != id) {
         // Another server process than the one seen before: what was learned may be about the old one (a
-        // connection replaced without a failed call in between), so the next call checks again.
+        // connection replaced without a failed call in between), so the next call checks again; and the
+        // restart is remembered for managers that never saw the old one.
         state.caps = None;
         state.no_waitaof = false;
+        state.restarted_at = Some(std::time::Instant::now());
     }
     state.seen_run_id = Some(id.clone());
-    state.run_id = Some(id.clone());
-    Ok(id)
+    // An answer from a connection the node has since seen replaced is not this connection's.
+    if state.epoch == epoch {
+        state.run_id = Some(id.clone());
+    }
+    Ok(reported(id, state.restarted_at))
 }
 
 /// `WAIT replicas timeout`, or `WAITAOF 0 replicas timeout`, on the connection that carries `key`'s
@@ -1560,7 +1715,8 @@ fn unknown_command(e: &NodeError) -> bool {
 // connection's writes.
 
 /// Runs the write `op` makes on `key` and records it when `wrote` says the key now holds our token. `op` is
-/// called after the generation is read, so nothing is sent before.
+/// called after the generation is read; before that, only a new connection's `INFO` ([`learn_run_id`]) is
+/// sent.
 ///
 /// `op` makes the future here rather than being one: a future passed in is kept twice in the future that
 /// awaits it (as captured, and as moved into the place it is polled from), and it is the whole operation, a
@@ -1581,6 +1737,7 @@ where
     F: Future<Output = Result<T, NodeError>>,
 {
     async move {
+        learn_run_id(t, key).await?;
         t.notice_reconnections();
         let generation = t.probe().generation();
         let r = op().await;
@@ -1650,6 +1807,9 @@ pub(crate) async fn extend_many(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
 ) -> Result<Vec<bool>, NodeError> {
+    if let Some(first) = items.first() {
+        learn_run_id(t, first.key).await?;
+    }
     t.notice_reconnections();
     let generation = t.probe().generation();
     let r = extend_many_unrecorded(t, items).await;
@@ -1788,6 +1948,7 @@ mod tests {
     #[test]
     fn a_batch_with_mixed_ttls_sends_each_key_its_own_ttl() {
         let t = ScriptCalls::default();
+        knows_run_id(&t.probe);
         t.probe.set_mode(Commands::Scripts);
         t.probe.set(Capabilities {
             lua: true,
@@ -1816,8 +1977,14 @@ mod tests {
         assert_eq!(sent_tokens, expected);
     }
 
+    /// The run id of the connection known, as after the first lock command: no `INFO` is sent first.
+    fn knows_run_id(probe: &Probe) {
+        probe.lock().run_id = Some(RunId::new("test-server"));
+    }
+
     fn native() -> Scripted {
         let t = Scripted::default();
+        knows_run_id(&t.probe);
         t.probe.set_mode(Commands::Native);
         t.probe.set(Capabilities {
             lua: false,
@@ -1898,6 +2065,7 @@ mod tests {
     #[test]
     fn a_new_run_id_forgets_the_capabilities_learned_before_it() {
         let t = native();
+        t.probe.lock().run_id = None;
         t.replies.lock().unwrap().push_back(info("aaaa"));
         assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
         assert!(t.probe.get().is_some(), "the same server: kept");
@@ -1914,6 +2082,93 @@ mod tests {
         // Answered from memory afterwards.
         assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
         assert_eq!(*t.sent.lock().unwrap(), ["INFO", "INFO"]);
+    }
+
+    /// The run id is learned before a connection's first lock command; a server seen with another run id
+    /// than before is reported as restarted (for managers that never saw the old one).
+    #[test]
+    fn the_run_id_is_learned_before_the_first_write_and_a_change_is_reported_as_a_restart() {
+        let t = native();
+        t.probe.forget();
+        t.probe.set(native().probe.get().unwrap());
+        let token = Token::random().unwrap();
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([info("aaaa"), Ok(Reply::Int(1))]);
+        assert!(block_on(release(&t, "k", &token)).unwrap());
+        assert_eq!(*t.sent.lock().unwrap(), ["INFO", "DELIFEQ+PUBLISH"]);
+        let id = block_on(run_id(&t, "k")).unwrap();
+        assert_eq!((id.as_str(), id.restarted_ago()), ("aaaa", None));
+        // A reconnect to another process: learned again before the next write (whose capabilities are then
+        // checked again), and reported as a restart.
+        t.probe.forget();
+        t.probe.set(native().probe.get().unwrap());
+        t.replies.lock().unwrap().push_back(info("bbbb"));
+        block_on(learn_run_id(&t, "k")).unwrap();
+        assert!(t.probe.get().is_none(), "checked again");
+        let id = block_on(run_id(&t, "k")).unwrap();
+        assert_eq!(id.as_str(), "bbbb");
+        assert!(id.restarted_ago().is_some(), "{id:?}");
+    }
+
+    /// An `INFO` answer that arrives after the node saw its connection replaced is the old connection's:
+    /// not remembered for the new one.
+    #[test]
+    fn an_info_answer_from_a_replaced_connection_is_not_remembered() {
+        struct Reconnecting(Scripted);
+        impl Transport for Reconnecting {
+            async fn script_once(
+                &self,
+                v: Verb,
+                s: &Script,
+                k: &[&str],
+                a: &[&str],
+            ) -> Result<Reply, NodeError> {
+                self.0.script_once(v, s, k, a).await
+            }
+            async fn command(&self, w: &Script, k: &str, a: &[&str]) -> Result<Reply, NodeError> {
+                let reply = self.0.command(w, k, a).await;
+                // The connection is replaced while the answer is on its way.
+                self.0.probe.forget();
+                reply
+            }
+            async fn transaction(
+                &self,
+                w: &Script,
+                k: &str,
+                c: &[&[&str]],
+            ) -> Result<Vec<Reply>, NodeError> {
+                self.0.transaction(w, k, c).await
+            }
+            async fn command_and_publish(
+                &self,
+                w: &Script,
+                k: &str,
+                a: &[&str],
+                p: &[&str],
+            ) -> Result<Reply, NodeError> {
+                self.0.command_and_publish(w, k, a, p).await
+            }
+            fn clustered(&self) -> bool {
+                false
+            }
+            fn probe(&self) -> &Probe {
+                &self.0.probe
+            }
+        }
+        let t = Reconnecting(Scripted::default());
+        t.0.replies
+            .lock()
+            .unwrap()
+            .extend([info("aaaa"), info("bbbb")]);
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
+        assert!(
+            t.0.probe.lock().run_id.is_none(),
+            "not kept for the new connection"
+        );
+        // Asked again on the new connection.
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
     }
 
     #[test]

@@ -91,11 +91,17 @@ impl Watch {
         let slot = &mut self.run_ids[i];
         let changed = match slot {
             None => {
+                // First sight here; a restart the node itself saw counts from when it saw it.
+                let quarantined_until = run_id
+                    .restarted_ago()
+                    .and_then(|ago| quarantine.checked_sub(ago))
+                    .filter(|left| !left.is_zero())
+                    .map(|left| crate::time::add(now, left));
                 *slot = Some(Seen {
                     run_id,
-                    quarantined_until: None,
+                    quarantined_until,
                 });
-                false
+                quarantined_until.is_some()
             }
             Some(seen) if seen.run_id == run_id => false,
             Some(seen) => {
@@ -766,5 +772,35 @@ impl Engine {
         spawner.spawn(Box::pin(async move {
             let _ = engine.cleanup(&key, &token, timeout, None, origin).await;
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restart_the_node_saw_counts_on_first_sight_from_when_it_was_seen() {
+        let now = Instant::now();
+        let q = Duration::from_secs(10);
+        let mut watch = Watch::default();
+        // Plain first sight: recorded, not a restart.
+        assert_eq!(watch.saw(0, RunId::new("a"), now, q), (false, None));
+        // First sight of a run id the node saw replace another 4 s ago: quarantined for the rest.
+        let seen = RunId::new("b").with_restarted_ago(Duration::from_secs(4));
+        assert_eq!(
+            watch.saw(1, seen.clone(), now, q),
+            (true, Some(Duration::from_secs(6)))
+        );
+        // The same run id again: no new change, the quarantine runs on.
+        assert_eq!(
+            watch.saw(1, seen, now, q),
+            (false, Some(Duration::from_secs(6)))
+        );
+        // Seen longer ago than the quarantine: nothing left.
+        let old = RunId::new("c").with_restarted_ago(Duration::from_secs(11));
+        assert_eq!(watch.saw(2, old, now, q), (false, None));
+        // A changed run id still quarantines for the whole window.
+        assert_eq!(watch.saw(0, RunId::new("a2"), now, q), (true, Some(q)));
     }
 }

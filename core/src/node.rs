@@ -112,13 +112,44 @@ pub enum Claim {
 /// The identity of one run of a server process: Redis' `run_id` (`INFO server`), a new random value every
 /// time the process starts. A node whose `run_id` changed was restarted (or replaced by a failover), and
 /// without persistence it forgot every key; see [`RedisNode::run_id`].
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct RunId(Arc<str>);
+///
+/// Two run ids are equal when their text is; [`restarted_ago`](Self::restarted_ago) is not compared.
+#[derive(Clone)]
+pub struct RunId(Arc<str>, Option<Duration>);
+
+impl PartialEq for RunId {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+
+impl Eq for RunId {}
+
+impl std::hash::Hash for RunId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
 
 impl RunId {
     /// A run id, as the server reports it.
     pub fn new(id: impl Into<Arc<str>>) -> Self {
-        Self(id.into())
+        Self(id.into(), None)
+    }
+
+    /// This run id, noting that the node itself saw it replace another run id of its server `ago` (on this
+    /// connection or an earlier one). A manager that meets the node for the first time, or never recorded
+    /// the old run id (its request was abandoned before the answer), then still counts it as a restart
+    /// seen `ago`: the restart quarantine does not depend on which manager saw the old server.
+    #[must_use]
+    pub fn with_restarted_ago(mut self, ago: Duration) -> Self {
+        self.1 = Some(ago);
+        self
+    }
+
+    /// How long ago the node saw this run id replace another one, if it did.
+    pub fn restarted_ago(&self) -> Option<Duration> {
+        self.1
     }
 
     /// The run id as text.
