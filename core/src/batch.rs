@@ -338,7 +338,7 @@ async fn run_batch(engine: &Arc<Engine>, flight: &mut InFlight) {
     }
     let unconfirmed: Vec<Option<Box<[u64]>>> = batch
         .iter()
-        .map(|p| p.lease.prepare_extension(p.lease.ttl))
+        .map(|p| p.lease.prepare_extension(p.lease.ttl).unconfirmed)
         .collect();
     let items: Vec<ExtendItem<'_>> = batch
         .iter()

@@ -45,6 +45,15 @@ pub enum Mode {
 }
 
 pub(crate) use crate::machine::acquisition::Fresh;
+use crate::machine::nodeset::NodeSet;
+
+/// What a lease's extension round was planned with (see `Shared::prepare_extension`).
+pub(crate) struct Planned {
+    /// Per node, the smallest TTL (ms) of an earlier request that may still land there (0: none).
+    pub(crate) unconfirmed: Option<Box<[u64]>>,
+    /// The nodes that never confirmed the lease's key.
+    pub(crate) missing: NodeSet,
+}
 
 /// Everything a manager, its locks and its leases share.
 pub(crate) struct Engine {
@@ -635,9 +644,12 @@ impl Engine {
         })
     }
 
-    /// One extension round. `unconfirmed[i]`, where given and non-zero, is the smallest TTL (ms) of an earlier
-    /// extension whose outcome is unknown on node `i`: if it is shorter than `ttl`, node `i`'s success is
-    /// reported as an ambiguous error instead, because that earlier request may still land and shorten the key.
+    /// One extension round, as `planned`. `planned.unconfirmed[i]`, where given and non-zero, is the smallest
+    /// TTL (ms) of an earlier request whose outcome is unknown on node `i`: if it is shorter than `ttl`, node
+    /// `i`'s success is reported as an ambiguous error instead, because that earlier request may still land
+    /// and shorten the key. A node in `planned.missing` never confirmed the lease's key: it is asked with
+    /// [`RedisNode::acquire`] (which writes the key only where it is free or already ours) instead of
+    /// extended (see `Shared::repair`).
     ///
     /// With a [`Durability`](crate::Durability) policy (single mode), a successful extension waits for the
     /// replicas; under the required policy a shortfall makes it an ambiguous
@@ -654,7 +666,7 @@ impl Engine {
         token: &'a Token,
         ttl: Ttl,
         timeout: Duration,
-        unconfirmed: Option<&'a [u64]>,
+        planned: &'a Planned,
         id: LeaseId,
     ) -> impl Future<Output = RoundResult<bool>> + 'a {
         async move {
@@ -668,12 +680,21 @@ impl Engine {
                 true,
                 timeout,
                 |i, node| {
-                    let shorter_pending = !crate::machine::unconfirmed::counts(unconfirmed, i, ttl);
+                    let shorter_pending =
+                        !crate::machine::unconfirmed::counts(planned.unconfirmed.as_deref(), i, ttl);
+                    let missing = planned.missing.contains(i);
+                    let call = move || {
+                        if missing {
+                            node.acquire(key, token, ttl)
+                        } else {
+                            node.extend(key, token, ttl)
+                        }
+                    };
                     if !shorter_pending && !durable {
-                        return node.extend(key, token, ttl);
+                        return call();
                     }
                     Box::pin(async move {
-                        match node.extend(key, token, ttl).await {
+                        match call().await {
                             Ok(true) if shorter_pending => Err(NodeError::ambiguous(
                                 NodeErrorKind::Other,
                                 "extended, but not counted: an earlier, shorter extension of this lease may \
@@ -692,6 +713,31 @@ impl Engine {
             }
             r
         }
+    }
+
+    /// A [`Shared::repair`](crate::lease::Shared) round: [`RedisNode::acquire`] of the lease's own token on
+    /// the nodes in `missing`, waiting for each; the others are answered locally with a no (nothing sent).
+    pub(crate) fn repair_round<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        ttl: Ttl,
+        timeout: Duration,
+        missing: NodeSet,
+    ) -> impl Future<Output = RoundResult<bool>> + 'a {
+        self.round(
+            WaitFor::All,
+            false,
+            timeout,
+            move |i, node| {
+                if missing.contains(i) {
+                    node.acquire(key, token, ttl)
+                } else {
+                    Box::pin(std::future::ready(Ok(false)))
+                }
+            },
+            |ok| *ok,
+        )
     }
 
     /// One compare-and-delete round on the nodes in `only` (all nodes when `None`), waiting for every reply.

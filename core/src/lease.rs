@@ -9,7 +9,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::driver::Engine;
+use crate::driver::Planned;
 use crate::error::{Error, LossReason, Operation, QuorumError};
+use crate::machine::nodeset::NodeSet;
 use crate::machine::unconfirmed::Unconfirmed;
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{RenewalSchedule, RenewalStep, Tally, Verdict};
@@ -59,6 +61,9 @@ struct State {
     extending: bool,
     /// Which nodes may still apply an earlier request of this lease (written when a round is planned).
     unconfirmed: Unconfirmed,
+    /// Nodes that have never confirmed holding this lease's key (a Redlock acquisition won without them):
+    /// the next round writes it there with the lease's own token (see [`Shared::repair`]).
+    missing: NodeSet,
     waiters: Vec<(u64, Waker)>,
 }
 
@@ -122,6 +127,8 @@ pub(crate) struct Grant {
     pub(crate) valid_until: Instant,
     /// Nodes where an acquisition request may still land (its TTL in ms), as in [`State::unconfirmed`].
     pub(crate) unconfirmed: Option<Box<[u64]>>,
+    /// Nodes that did not confirm the key, as in [`State::missing`].
+    pub(crate) missing: NodeSet,
 }
 
 /// How one extension round ended.
@@ -162,6 +169,7 @@ impl Shared {
                 batch_gen: 0,
                 extending: false,
                 unconfirmed: Unconfirmed::from_acquisition(grant.unconfirmed),
+                missing: grant.missing,
                 waiters: Vec::new(),
             }),
         })
@@ -330,17 +338,10 @@ impl Shared {
     /// now: a holder must not go on believing in its old, later deadline while the key may already expire
     /// sooner (a paused client, a reply that never comes).
     async fn extend_once(&self, ttl: Ttl, timeout: Duration, renewal: bool) -> Extension {
-        let unconfirmed = self.prepare_extension(ttl);
+        let planned = self.prepare_extension(ttl);
         let r = self
             .engine
-            .extend_round(
-                &self.key,
-                &self.token,
-                ttl,
-                timeout,
-                unconfirmed.as_deref(),
-                self.id,
-            )
+            .extend_round(&self.key, &self.token, ttl, timeout, &planned, self.id)
             .await;
         self.finish_extension(
             ttl,
@@ -356,14 +357,17 @@ impl Shared {
     /// Before an extension round with `ttl`, before any of its requests is sent: records the round as possibly
     /// applied on every node (until its answers say otherwise: its future may be dropped at any await), caps
     /// the deadline (see [`extend_once`](Self::extend_once)) and returns the per-node TTLs of unconfirmed
-    /// earlier requests.
-    pub(crate) fn prepare_extension(&self, ttl: Ttl) -> Option<Box<[u64]>> {
+    /// earlier requests, and the nodes still missing the key.
+    pub(crate) fn prepare_extension(&self, ttl: Ttl) -> Planned {
         let engine = &self.engine;
         let factor = engine.config.drift_factor();
         let now = self.now();
         let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
         let mut st = self.lock();
-        let unconfirmed = st.unconfirmed.plan(engine.nodes.len(), ttl);
+        let planned = Planned {
+            unconfirmed: st.unconfirmed.plan(engine.nodes.len(), ttl),
+            missing: st.missing,
+        };
         if cap < st.valid_until && st.lost.is_none() && !st.ended {
             st.valid_until = cap;
             let waiters = st.take_waiters();
@@ -376,7 +380,7 @@ impl Shared {
             );
             wake(waiters);
         }
-        unconfirmed
+        planned
     }
 
     /// After an extension round with `ttl` whose replies for this lease are `tally`: records the nodes
@@ -406,7 +410,7 @@ impl Shared {
             );
         }
         let n = engine.nodes.len();
-        self.lock().unconfirmed.handle_round(n, tally);
+        self.handle_round(n, tally);
         if tally.verdict() == Verdict::Quorum {
             let drift = crate::machine::validity::drift(ttl, engine.config.drift_factor());
             return match deadline_after_round(started, ended, ttl, engine.config.drift_factor())
@@ -429,6 +433,52 @@ impl Shared {
             tally.required(),
             tally.errors(),
         )))
+    }
+
+    /// A round of this lease planned by [`prepare_extension`](Self::prepare_extension) ended with `tally`
+    /// (of `n` nodes): the nodes that answered are confirmed, and a yes proves the key there.
+    fn handle_round(&self, n: usize, tally: &Tally) {
+        let mut st = self.lock();
+        st.unconfirmed.handle_round(n, tally);
+        for i in tally.yes_indices() {
+            st.missing.remove(i);
+        }
+    }
+
+    /// Whether some node never confirmed this lease's key (see [`repair`](Self::repair)).
+    pub(crate) fn needs_repair(&self) -> bool {
+        let st = self.lock();
+        !st.missing.is_empty() && st.lost.is_none() && !st.ended
+    }
+
+    /// Writes this lease's key, with its own token and TTL, on the nodes that never confirmed it: a Redlock
+    /// acquisition wins at a quorum and lets the stragglers go, and a lease held by a bare majority survives
+    /// no further node failure. Safe while the lease holds a confirmed majority: a node can hold one token at
+    /// a time, and [`RedisNode::acquire`](crate::RedisNode::acquire) changes nothing where another owner
+    /// holds the key. Recorded like an extension round (planned before it is sent, confirmed by answers), so
+    /// a late landing cannot shorten a later extension. Run on the manager's spawner right after the
+    /// acquisition; without one, the lease's next extension round does the same (see
+    /// [`Engine::extend_round`]).
+    pub(crate) async fn repair(self: Arc<Self>) {
+        let permit = self.extend_permit().await;
+        let now = self.now();
+        let Ok(valid_until) = self.current(now) else {
+            return;
+        };
+        if !self.needs_repair() {
+            // An extension round confirmed the key meanwhile.
+            return;
+        }
+        let planned = self.prepare_extension(self.ttl);
+        let timeout = self
+            .op_timeout
+            .min(valid_until.saturating_duration_since(now));
+        let r = self
+            .engine
+            .repair_round(&self.key, &self.token, self.ttl, timeout, planned.missing)
+            .await;
+        self.handle_round(self.engine.nodes.len(), &r.tally);
+        drop(permit);
     }
 
     /// Records a successful extension unless the lease was lost or expired meanwhile. A deadline that moves

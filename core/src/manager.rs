@@ -12,6 +12,7 @@ use crate::error::{Error, NotAcquiredReason, Operation, QuorumError};
 use crate::lease::{Grant, Lease, Shared};
 use crate::machine::Jitter;
 use crate::machine::acquisition::{Acquisition, Decision, Limit, Next, Shape};
+use crate::machine::nodeset::NodeSet;
 use crate::node::{RedisNode, Ttl};
 use crate::notify::{Outcome, Watch};
 use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
@@ -458,17 +459,6 @@ async fn wait_for_release(
     .await
 }
 
-/// What the winning round of an acquisition established.
-struct Won {
-    fence: Option<u64>,
-    id: LeaseId,
-    acquired_at: Instant,
-    started: Instant,
-    wall_started: Option<std::time::SystemTime>,
-    valid_until: Instant,
-    unconfirmed: Option<Box<[u64]>>,
-}
-
 /// Checked parameters of one acquisition.
 struct Plan {
     ttl: Ttl,
@@ -724,8 +714,9 @@ impl Lock {
                     Decision::Won {
                         valid_until,
                         unconfirmed,
+                        missing,
                     } => {
-                        let won = (valid_until, unconfirmed);
+                        let won = (valid_until, unconfirmed, missing);
                         return Ok(self.won(&acq, tokens, &mut watches, &r, plan, won));
                     }
 
@@ -828,7 +819,8 @@ impl Lock {
         }
     }
 
-    /// The attempt `r` won, valid until `won.0` (`won.1`: [`Decision::Won`]'s unconfirmed nodes): its events,
+    /// The attempt `r` won, valid until `won.0` (`won.1`, `won.2`: [`Decision::Won`]'s unconfirmed and missing
+    /// nodes): its events,
     /// and the lease.
     fn won(
         &self,
@@ -837,7 +829,7 @@ impl Lock {
         watches: &mut [Watch],
         r: &RoundResult<Option<u64>>,
         plan: Plan,
-        (valid_until, unconfirmed): (Instant, Option<Box<[u64]>>),
+        (valid_until, unconfirmed, missing): (Instant, Option<Box<[u64]>>, NodeSet),
     ) -> Lease {
         let engine = &self.engine;
         let id = tokens.id;
@@ -876,48 +868,33 @@ impl Lock {
                 contended: acq.contended(),
             },
         );
-        self.lease(
+        self.lease(Grant {
+            key: self.key.clone(),
             token,
-            plan,
-            Won {
-                fence,
-                id,
-                acquired_at: now,
-                started: r.started,
-                wall_started: r.wall.0,
-                valid_until,
-                unconfirmed,
-            },
-        )
+            ttl: plan.ttl,
+            op_timeout: plan.op_timeout,
+            fence,
+            renew_interval: self.renew_every,
+            id,
+            acquired_at: now,
+            round_started: r.started,
+            wall_started: r.wall.0,
+            unconfirmed,
+            missing,
+            valid_until,
+        })
     }
 
-    fn lease(&self, token: Token, plan: Plan, won: Won) -> Lease {
-        let Won {
-            fence,
-            id,
-            acquired_at,
-            started,
-            wall_started,
-            valid_until,
-            unconfirmed,
-        } = won;
-        let shared = Shared::new(
-            Arc::clone(&self.engine),
-            Grant {
-                key: self.key.clone(),
-                token,
-                ttl: plan.ttl,
-                op_timeout: plan.op_timeout,
-                fence,
-                renew_interval: self.renew_every,
-                id,
-                acquired_at,
-                round_started: started,
-                wall_started,
-                unconfirmed,
-                valid_until,
-            },
-        );
+    fn lease(&self, grant: Grant) -> Lease {
+        let shared = Shared::new(Arc::clone(&self.engine), grant);
+        if let Some(spawner) = &self.engine.spawner {
+            // Nodes that never confirmed the key get it now, with the lease's own token (Redlock: a lease held
+            // by a bare majority survives no further node failure). Without a spawner, the lease's next
+            // extension round does it.
+            if shared.needs_repair() {
+                spawner.spawn(Box::pin(Arc::clone(&shared).repair()));
+            }
+        }
         if let (true, Some(spawner)) = (self.background, &self.engine.spawner) {
             if shared.claim_renewal() {
                 if self.engine.batch_size().is_some() {

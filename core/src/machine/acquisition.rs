@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::nodeset::NodeSet;
 use super::{Backoff, Jitter, Tally, Verdict, validity};
 use crate::config::Config;
 use crate::error::{NotAcquiredReason, Operation, QuorumError};
@@ -48,10 +49,13 @@ pub(crate) struct Attempt {
 #[derive(Debug)]
 pub(crate) enum Decision {
     /// Won: the lease is valid until `valid_until`; `unconfirmed` lists, per node, the TTL (ms) of an
-    /// acquisition request that may still land there (0: none), for the lease's record.
+    /// acquisition request that may still land there (0: none), for the lease's record; `missing` the nodes
+    /// that did not confirm the key (the lease writes it there with its own token: see
+    /// `Shared::repair`).
     Won {
         valid_until: Instant,
         unconfirmed: Option<Box<[u64]>>,
+        missing: NodeSet,
     },
     /// Failed for `reason`; the token must be deleted on `cleanup` (where this or an earlier attempt may have
     /// written it and no clean-up has confirmed it gone since), then [`Acquisition::handle_cleanup`] and
@@ -249,6 +253,7 @@ impl<'a> Acquisition<'a> {
                 return Decision::Won {
                     valid_until,
                     unconfirmed,
+                    missing: NodeSet::of((0..n).filter(|&i| !tally.is_yes(i))),
                 };
             }
             NotAcquiredReason::ValidityExhausted
@@ -560,10 +565,13 @@ mod tests {
             Decision::Won {
                 valid_until,
                 unconfirmed,
+                missing,
             } => {
                 // 30 s minus the 302 ms drift allowance, from the round's start.
                 assert_eq!(valid_until, t0 + ms(30_000 - 302));
                 assert_eq!(unconfirmed.as_deref(), Some(&[0, 0, 30_000][..]));
+                // Node 2 never confirmed the key: the lease writes it there.
+                assert_eq!(missing, NodeSet::of([2]));
             }
             d => panic!("{d:?}"),
         }

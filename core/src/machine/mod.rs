@@ -24,6 +24,7 @@
 //! release. Pin a minor version if you build on it.
 
 pub(crate) mod acquisition;
+pub(crate) mod nodeset;
 mod quorum;
 mod renewal;
 mod retry;

@@ -12,6 +12,7 @@ mod fresh;
 mod history;
 mod observe;
 mod push;
+mod redundancy;
 mod renewal;
 mod restart;
 mod support;

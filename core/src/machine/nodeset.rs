@@ -1,0 +1,60 @@
+//! A set of node indices.
+
+/// A set of node indices, `Copy` and allocation-free: nodes from the 65th on are never members (callers
+/// treat that as "unknown" and fall back to what is safe without the set).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct NodeSet(u64);
+
+impl NodeSet {
+    /// The empty set.
+    pub(crate) const EMPTY: NodeSet = NodeSet(0);
+
+    /// The set of `indices` (those under 64).
+    pub(crate) fn of(indices: impl IntoIterator<Item = usize>) -> Self {
+        let mut set = Self::EMPTY;
+        for i in indices {
+            set.insert(i);
+        }
+        set
+    }
+
+    /// Whether node `i` is a member.
+    pub(crate) fn contains(self, i: usize) -> bool {
+        i < 64 && self.0 >> i & 1 == 1
+    }
+
+    /// Adds node `i` (nothing for `i` ≥ 64).
+    pub(crate) fn insert(&mut self, i: usize) {
+        if i < 64 {
+            self.0 |= 1 << i;
+        }
+    }
+
+    /// Removes node `i`.
+    pub(crate) fn remove(&mut self, i: usize) {
+        if i < 64 {
+            self.0 &= !(1 << i);
+        }
+    }
+
+    /// Whether no node is a member.
+    pub(crate) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_under_64_only() {
+        let mut s = NodeSet::of([0, 2, 63, 64, 100]);
+        assert!(s.contains(0) && s.contains(2) && s.contains(63));
+        assert!(!s.contains(1) && !s.contains(64) && !s.contains(100));
+        s.remove(2);
+        s.remove(0);
+        s.remove(63);
+        assert!(s.is_empty());
+    }
+}

@@ -1,0 +1,78 @@
+//! Redundancy (issue 21): a Redlock acquisition wins at a quorum and lets the stragglers go; the lease then
+//! writes its key, with its own token, on the nodes that never confirmed it, so that it is held on every
+//! healthy node and survives a further node failure.
+
+use redlease::{LeaseState, Timer};
+use redlease_testkit::{Fault, Op};
+
+use crate::support::*;
+
+/// Node 2 never answers the acquisition (its request is lost in the network): the round wins on nodes 0
+/// and 1 and abandons it.
+fn straggler(spawner: bool) -> (Cluster, redlease::Lease) {
+    let cfg = config().with_expiry(secs(30));
+    let mut c = if spawner {
+        Cluster::with_spawner(3, 5, cfg)
+    } else {
+        Cluster::new(3, 5, cfg)
+    };
+    c.faults[2].script(Op::Acquire, [Fault::Hang]);
+    let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+    (c, lease)
+}
+
+#[test]
+fn a_lease_won_without_a_node_writes_its_key_there_right_after_the_acquisition() {
+    let (mut c, lease) = straggler(true);
+    let token = lease.token().as_str().to_owned();
+    assert_eq!(c.holders("job", &token), [0, 1], "won by a bare majority");
+    c.sim.run_for(ms(600));
+    assert_eq!(
+        c.holders("job", &token),
+        [0, 1, 2],
+        "the key on every healthy node"
+    );
+    let ttl = c.nodes[2].pttl("job").flatten().unwrap();
+    assert!(ttl > secs(29), "{ttl:?}");
+    // Two nodes may now fail and the lease's key is still on a node... and the lease still extends on a
+    // majority after one failure.
+    c.faults[0].script(Op::Extend, [Fault::Fail(redlease::NodeErrorKind::Connection)]);
+    let lease = c.sim.block_on(async move {
+        lease.extend(secs(30)).await.unwrap();
+        lease
+    });
+    assert_eq!(lease.state(), LeaseState::Held);
+}
+
+#[test]
+fn without_a_spawner_the_next_extension_writes_the_key_on_the_missing_node() {
+    let (mut c, lease) = straggler(false);
+    let token = lease.token().as_str().to_owned();
+    c.sim.run_for(ms(600));
+    assert_eq!(c.holders("job", &token), [0, 1], "nothing runs in the background");
+    let lease = c.sim.block_on(async move {
+        lease.extend(secs(30)).await.unwrap();
+        lease
+    });
+    assert_eq!(c.holders("job", &token), [0, 1, 2]);
+    assert_eq!(lease.state(), LeaseState::Held);
+}
+
+#[test]
+fn the_repair_never_overwrites_another_owners_key() {
+    let cfg = config().with_expiry(secs(30));
+    let mut c = Cluster::with_spawner(3, 6, cfg);
+    c.nodes[2].set("job", "someone-else", Some(secs(60)));
+    let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+    c.sim.run_for(ms(600));
+    assert_eq!(c.nodes[2].get("job").as_deref(), Some(&b"someone-else"[..]));
+    // Its extensions keep asking that node (it never confirmed the key) and never count it.
+    let clock = c.clock.clone();
+    let lease = c.sim.block_on(async move {
+        clock.sleep_until(clock.now() + secs(1)).await;
+        lease.extend(secs(30)).await.unwrap();
+        lease
+    });
+    assert_eq!(c.nodes[2].get("job").as_deref(), Some(&b"someone-else"[..]));
+    assert_eq!(lease.state(), LeaseState::Held);
+}
