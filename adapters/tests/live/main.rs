@@ -21,6 +21,7 @@ mod probes;
 mod push;
 mod redlock;
 mod redlock_stall;
+mod redundancy;
 mod renewal_loss;
 mod replicas;
 mod restarts;
