@@ -63,7 +63,7 @@ enum Quarantine {
 /// | [`retry_delay`](Self::with_retry_delay) | 200 ms | base pause between attempts |
 /// | [`retry_jitter`](Self::with_retry_jitter) | 0.5 | a random 0–50 % of the delay is added to each pause |
 /// | [`drift_factor`](Self::with_drift_factor) | 0.01 | share of the TTL reserved for clock drift (plus 2 ms) |
-/// | [`operation_timeout`](Self::with_operation_timeout) | min(expiry / 5, 500 ms) | bound on one round of node calls |
+/// | [`operation_timeout`](Self::with_operation_timeout) | expiry / 5, within [min(50 ms, expiry / 2), 500 ms] | bound on one round of node calls |
 /// | [`jitter_seed`](Self::with_jitter_seed) | from the OS | seed of the jitter generator, for reproducible tests |
 /// | [`notifications`](Self::with_notifications) | on | waiting acquisitions are woken by releases where nodes can notify |
 /// | [`max_retry_delay`](Self::with_max_retry_delay) | 1 s | longest wait between attempts of a notified acquisition |
@@ -79,7 +79,7 @@ enum Quarantine {
 ///     .with_attempts(5)
 ///     .with_retry_delay(Duration::from_millis(50));
 /// assert_eq!(config.expiry(), Duration::from_secs(10));
-/// // Derived: min(expiry / 5, 500 ms).
+/// // Derived: expiry / 5, at most 500 ms, at least min(50 ms, expiry / 2).
 /// assert_eq!(config.operation_timeout_for(config.expiry()), Duration::from_millis(500));
 /// assert_eq!(config.validate(), Ok(()));
 ///
@@ -124,6 +124,9 @@ impl Default for Config {
 
 /// The ceiling of the default operation timeout.
 const DEFAULT_OPERATION_TIMEOUT_CAP: Duration = Duration::from_millis(500);
+/// The least derived operation timeout (for a TTL of at least twice it): a fifth of a short TTL (4 ms for
+/// 20 ms) is less than a first connection takes on a loaded machine.
+const DEFAULT_OPERATION_TIMEOUT_FLOOR: Duration = Duration::from_millis(50);
 
 impl Config {
     /// Sets the default lease TTL (also the TTL every renewal sets).
@@ -165,7 +168,8 @@ impl Config {
 
     /// Sets the bound on one round of node calls (acquire, extend or release on all nodes at once).
     ///
-    /// By default it is derived from the lease TTL: `min(ttl / 5, 500 ms)`.
+    /// By default it is derived from the lease TTL: `ttl / 5`, at most 500 ms, and at least 50 ms or half the
+    /// TTL, whichever is less.
     #[must_use]
     pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
         self.operation_timeout = Some(timeout);
@@ -323,11 +327,14 @@ impl Config {
         self.operation_timeout
     }
 
-    /// The operation timeout that applies to leases of TTL `expiry`: the configured one, or
-    /// `min(expiry / 5, 500 ms)`.
+    /// The operation timeout that applies to leases of TTL `expiry`: the configured one, or `expiry / 5`, at
+    /// most 500 ms and at least `min(50 ms, expiry / 2)`.
     pub fn operation_timeout_for(&self, expiry: Duration) -> Duration {
-        self.operation_timeout
-            .unwrap_or_else(|| (expiry / 5).min(DEFAULT_OPERATION_TIMEOUT_CAP))
+        self.operation_timeout.unwrap_or_else(|| {
+            (expiry / 5)
+                .max(DEFAULT_OPERATION_TIMEOUT_FLOOR.min(expiry / 2))
+                .min(DEFAULT_OPERATION_TIMEOUT_CAP)
+        })
     }
 
     /// Checks the settings on their own and against the default expiry.
@@ -545,6 +552,18 @@ mod tests {
         assert_eq!(
             c.operation_timeout_for(Duration::from_secs(1)),
             Duration::from_millis(200)
+        );
+        // Short TTLs: at least 50 ms, or half the TTL (never the whole of it).
+        for (ttl, op) in [(250, 50), (100, 50), (20, 10), (2, 1)] {
+            assert_eq!(
+                c.operation_timeout_for(Duration::from_millis(ttl)),
+                Duration::from_millis(op),
+                "{ttl} ms"
+            );
+        }
+        assert_eq!(
+            c.operation_timeout_for(Duration::from_millis(1)),
+            Duration::from_micros(500)
         );
         assert_eq!(c.validate(), Ok(()));
     }
