@@ -30,9 +30,26 @@ async fn hold_for(lease: &redlease::Lease, clock: &impl Timer, d: Duration) -> b
     cancel_after(signal, clock, d).await.is_none()
 }
 
+/// Extends `lease` to `ttl`; one time in three the extension is cancelled (dropped) within its first
+/// 60 ms, wherever it was: a caller's timeout or `select!` around `Lease::extend`.
+async fn extend_or_cancel(
+    lease: &redlease::Lease,
+    ttl: Duration,
+    clock: &impl Timer,
+    rng: &mut Jitter,
+) {
+    if rng.next_u64() % 3 == 0 {
+        let after = ms(rng.next_u64() % 60);
+        let _ = cancel_after(lease.extend(ttl), clock, after).await;
+    } else {
+        let _ = lease.extend(ttl).await;
+    }
+}
+
 /// One hostile client: every way of holding a lease, chosen at random per acquisition — background
-/// renewal, renewal inside `run`, manual extensions longer and shorter than the expiry — and every way of
-/// ending one: release, drop, an acquisition or a release cancelled mid-way.
+/// renewal, renewal inside `run` (whose work may end while a renewal is in flight), manual extensions
+/// longer and shorter than the expiry, cancelled or not — and every way of ending one: release, drop, an
+/// acquisition or a release cancelled mid-way.
 pub(crate) async fn renewing_client(
     lock: redlease::Lock,
     clock: redlease_testkit::SkewedClock,
@@ -70,11 +87,12 @@ pub(crate) async fn renewing_client(
                     .map(|_| ms(300 + rng.next_u64() % 3_000))
                     .collect();
                 let nap = ms(1 + rng.next_u64() % 1_500);
+                let mut inner = Jitter::from_seed(rng.next_u64());
                 let _ = lease
                     .run(async {
                         for ttl in &ttls {
                             clock.sleep_until(clock.now() + nap).await;
-                            let _ = lease.extend(*ttl).await;
+                            extend_or_cancel(&lease, *ttl, &clock, &mut inner).await;
                         }
                         clock.sleep_until(clock.now() + nap).await;
                     })
@@ -86,7 +104,8 @@ pub(crate) async fn renewing_client(
                     if !hold_for(&lease, &clock, ms(rng.next_u64() % 1_200)).await {
                         break;
                     }
-                    let _ = lease.extend(ms(300 + rng.next_u64() % 3_000)).await;
+                    let ttl = ms(300 + rng.next_u64() % 3_000);
+                    extend_or_cancel(&lease, ttl, &clock, &mut rng).await;
                 }
             }
         }
