@@ -690,29 +690,37 @@ impl Shared {
         outcome: Extension,
         valid_until: Instant,
     ) -> Option<crate::batch::Entry> {
+        match self.after_renewal(outcome, valid_until) {
+            AfterRenewal::Next(step) => {
+                self.release_permit();
+                self.entry(step)
+            }
+            AfterRenewal::Ended => {
+                self.release_permit();
+                None
+            }
+            AfterRenewal::GiveUp(reason) => {
+                self.give_up_batched(reason, None);
+                None
+            }
+        }
+    }
+
+    /// What follows a renewal round of this lease that ended with `outcome` (`valid_until`: the deadline
+    /// the round was planned for), for both renewers (a lease's own loop and the shared renewer): records an
+    /// extension, or the lease at risk (keeping the cause for a loss at the deadline), and says what next.
+    fn after_renewal(&self, outcome: Extension, valid_until: Instant) -> AfterRenewal {
         match outcome {
             Extension::Extended {
                 started,
                 wall_started,
                 valid_until,
             } => match self.apply(started, wall_started, valid_until, true) {
-                Ok(()) => {
-                    self.release_permit();
-                    self.entry(self.schedule().after_success(started, valid_until))
-                }
-                Err(LossReason::Released) => {
-                    self.release_permit();
-                    None
-                }
-                Err(reason) => {
-                    self.give_up_batched(reason, None);
-                    None
-                }
+                Ok(()) => AfterRenewal::Next(self.schedule().after_success(started, valid_until)),
+                Err(LossReason::Released) => AfterRenewal::Ended,
+                Err(reason) => AfterRenewal::GiveUp(reason),
             },
-            Extension::NotHeld => {
-                self.give_up_batched(LossReason::NotHeld, None);
-                None
-            }
+            Extension::NotHeld => AfterRenewal::GiveUp(LossReason::NotHeld),
             Extension::Failed(source) => {
                 let now = self.now();
                 self.note_at_risk(now, valid_until, source.as_ref());
@@ -721,8 +729,7 @@ impl Shared {
                     // Keep the cause: if nothing else extends the lease, it is lost at the deadline.
                     self.keep_loss_source(source);
                 }
-                self.release_permit();
-                self.entry(step)
+                AfterRenewal::Next(step)
             }
         }
     }
@@ -851,37 +858,13 @@ impl Shared {
             ));
             let round = crate::trace::instrument(span, self.extend_once(self.ttl, timeout, true));
             let outcome = Box::pin(round).await;
-            match outcome {
-                Extension::Extended {
-                    started,
-                    wall_started,
-                    valid_until,
-                } => {
-                    match self.apply(started, wall_started, valid_until, true) {
-                        Ok(()) => {}
-                        Err(LossReason::Released) => return,
-                        Err(reason) => {
-                            drop(permit);
-                            let _ = Box::pin(self.give_up(reason, None)).await;
-                            return;
-                        }
-                    }
-                    step = self.schedule().after_success(started, valid_until);
-                }
-                Extension::NotHeld => {
+            match self.after_renewal(outcome, valid_until) {
+                AfterRenewal::Next(next) => step = next,
+                AfterRenewal::Ended => return,
+                AfterRenewal::GiveUp(reason) => {
                     drop(permit);
-                    let _ = Box::pin(self.give_up(LossReason::NotHeld, None)).await;
+                    let _ = Box::pin(self.give_up(reason, None)).await;
                     return;
-                }
-                Extension::Failed(source) => {
-                    self.note_at_risk(self.now(), valid_until, source.as_ref());
-                    step = self.schedule().after_failure(self.now(), valid_until);
-                    if let RenewalStep::LostAt(_) = step {
-                        // Keep the cause: if nothing else extends the lease, it is lost at the deadline.
-                        if let Some(source) = source {
-                            self.keep_loss_source(source);
-                        }
-                    }
                 }
             }
         }
@@ -914,6 +897,16 @@ impl Shared {
             sleep: self.engine.timer.sleep_until(at),
         }
     }
+}
+
+/// What follows a renewal round (see [`Shared::after_renewal`]).
+enum AfterRenewal {
+    /// Renew (or give up) as planned by this step.
+    Next(RenewalStep),
+    /// The lease was released meanwhile: nothing more to renew.
+    Ended,
+    /// Lost for this reason: stop renewing, mark it lost and delete our token.
+    GiveUp(LossReason),
 }
 
 /// How a [`SleepUnlessEnded`] ended.
