@@ -424,7 +424,7 @@ impl Shared {
                 None => Extension::Failed(None),
             };
         }
-        if tally.no() > n - engine.quorum() {
+        if tally.refused() {
             return Extension::NotHeld;
         }
         Extension::Failed(Some(QuorumError::new(
@@ -1291,7 +1291,7 @@ impl Lease {
                 nodes: n,
                 failures: r.tally.errors(),
             })
-        } else if r.tally.no() > n - engine.quorum() {
+        } else if r.tally.refused() {
             Err(shared.lost_error(LossReason::NotHeld, None))
         } else {
             Err(QuorumError::new(

@@ -281,7 +281,7 @@ impl<'a> Acquisition<'a> {
         let s = &self.shape;
         let spare = s.n.saturating_sub(s.quorum) as usize;
         let errors = tally.errors();
-        if tally.no() > spare {
+        if tally.refused() {
             NotAcquiredReason::Contended
         } else if tally.permanent() > spare {
             NotAcquiredReason::Refused

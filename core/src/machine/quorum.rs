@@ -181,6 +181,13 @@ impl Tally {
         &self.replies
     }
 
+    /// Whether enough nodes definitively said no that a quorum of yes is impossible whatever the others
+    /// answer: held by another owner (acquire), not held by ours (extend, release). Unlike
+    /// [`Verdict::NoQuorum`], failures and missing replies do not count: they say nothing about the key.
+    pub fn refused(&self) -> bool {
+        self.no() > self.replies.len().saturating_sub(self.required)
+    }
+
     /// Whether the driver may stop waiting for replies.
     pub fn is_done(&self) -> bool {
         match self.wait {
@@ -197,6 +204,26 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_counts_only_definite_noes() {
+        let timeout = NodeError::timed_out(std::time::Duration::from_millis(1));
+        // (replies of 3 nodes, quorum 2; refused?)
+        let rows: [(&[Reply], bool); 4] = [
+            (&[Reply::No, Reply::No], true),
+            (&[Reply::No, Reply::Yes, Reply::No], true),
+            (&[Reply::No, Reply::Failed(timeout.clone())], false),
+            (&[Reply::No], false),
+        ];
+        for (replies, refused) in rows {
+            let mut t = Tally::new(3, 2, WaitFor::Decision);
+            for (i, r) in replies.iter().enumerate() {
+                t.handle_reply(i, r.clone());
+            }
+            t.handle_timeout(&timeout);
+            assert_eq!(t.refused(), refused, "{replies:?}");
+        }
+    }
     use crate::node::NodeErrorKind;
     use proptest::prelude::*;
 
