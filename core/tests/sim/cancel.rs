@@ -6,10 +6,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use redlease::{Lease, Timer};
 use redlease_testkit::cancel::{Cut, SimHost, each_poll};
-use redlease_testkit::{Fault, Op, RandomFaults, Sim, for_each_seed};
+use redlease_testkit::{Delivery, Fault, Op, RandomFaults, Sim, for_each_seed};
 
 use crate::support::*;
 
@@ -19,6 +20,8 @@ type Boxed = Pin<Box<dyn Future<Output = ()> + Send>>;
 struct Env {
     c: Cluster,
     lease: Option<Lease>,
+    /// A lease shared by the cut future and the check that uses it on afterwards.
+    kept: Option<Arc<Lease>>,
 }
 
 impl SimHost for Env {
@@ -73,6 +76,7 @@ fn held(seed: u64, spawner: bool, renew: bool) -> Env {
     Env {
         c,
         lease: Some(lease),
+        kept: None,
     }
 }
 
@@ -147,6 +151,7 @@ fn cancelling_a_single_attempt_acquisition_at_every_await_point_leaves_nothing_b
             || Env {
                 c: contended(1, spawner, 60_000),
                 lease: None,
+                kept: None,
             },
             |env| {
                 let lock = env.c.manager.lock("job");
@@ -162,6 +167,7 @@ fn cancelling_a_single_attempt_acquisition_at_every_await_point_leaves_nothing_b
             || Env {
                 c: contended(2, spawner, 0),
                 lease: None,
+                kept: None,
             },
             |env| {
                 let lock = env.c.manager.lock("job");
@@ -184,6 +190,7 @@ fn cancelling_a_three_attempt_acquisition_at_every_await_point_leaves_nothing_be
             || Env {
                 c: contended(3, spawner, 300),
                 lease: None,
+                kept: None,
             },
             |env| {
                 let lock = env.c.manager.lock("job");
@@ -343,7 +350,11 @@ fn cancelling_any_lease_future_at_every_await_point_under_hostile_faults_leaves_
                 for (i, f) in c.faults.iter().enumerate() {
                     f.random(RandomFaults::hostile(seed * 31 + i as u64));
                 }
-                Env { c, lease: None }
+                Env {
+                    c,
+                    lease: None,
+                    kept: None,
+                }
             },
             |env| victim(&env.c, kind, fenced, spawner),
         );
@@ -364,7 +375,11 @@ fn blackholed_clean_up(attempts: u32) {
             c.nodes[0].set("job", "someone-else", Some(secs(60)));
             c.faults[1].clear();
             c.faults[1].always(Op::Release, Fault::Hang);
-            Env { c, lease: None }
+            Env {
+                c,
+                lease: None,
+                kept: None,
+            }
         },
         |env| {
             let lock = env.c.manager.lock("job");
@@ -393,4 +408,85 @@ fn a_single_attempt_whose_clean_up_is_blackholed_is_cleaned_up_in_the_background
 fn three_attempts_whose_clean_ups_are_blackholed_are_cleaned_up_in_the_background_cut_or_completed()
 {
     blackholed_clean_up(3);
+}
+
+/// A lease believed held must be backed: its token on a quorum of nodes, each for at least as long as the
+/// lease believes it holds (the nodes here share the client's clock).
+fn assert_backed(name: &str, c: &Cluster, lease: &Lease) {
+    if !lease.is_held() {
+        return;
+    }
+    let remaining = lease.remaining();
+    let token = lease.token().as_str();
+    let backing = c
+        .nodes
+        .iter()
+        .filter(|node| {
+            node.get("job").as_deref() == Some(token.as_bytes())
+                && node
+                    .pttl("job")
+                    .flatten()
+                    .is_some_and(|ttl| ttl >= remaining)
+        })
+        .count();
+    let quorum = c.nodes.len() / 2 + 1;
+    assert!(
+        backing >= quorum,
+        "{name}: the lease believes it holds for {remaining:?}, but only {backing} node(s) back that"
+    );
+}
+
+/// Cancellation at every poll point, then the lock used on (issue 21): a shorter extension is cut at each
+/// of its await points while its requests are late or lost on some nodes; the lease is then extended
+/// longer, the late requests land, and whatever the lease believes must still be backed by a quorum.
+#[test]
+fn a_lease_used_on_after_a_shorter_extension_was_cut_anywhere_is_backed_by_a_quorum() {
+    for (n, spawner) in [(1usize, false), (3, false), (3, true)] {
+        let name = format!("n {n}, spawner {spawner}");
+        let polls = each_poll(
+            || {
+                let cfg = config().with_expiry(secs(30));
+                let mut c = if spawner {
+                    Cluster::with_spawner(n, 11, cfg)
+                } else {
+                    Cluster::new(n, 11, cfg)
+                };
+                let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+                // The short extension: late on the last node (applied 2 s after it was sent, after requests
+                // sent later: a pool), slow elsewhere.
+                let last = n - 1;
+                c.faults[last].delivery(Delivery::Pool);
+                c.faults[last].script(Op::Extend, [Fault::Late(secs(2))]);
+                for f in &c.faults[..last] {
+                    f.script(Op::Extend, [Fault::SlowReply(ms(40))]);
+                }
+                Env {
+                    c,
+                    lease: Some(lease),
+                    kept: None,
+                }
+            },
+            |env| {
+                let lease = Arc::new(env.lease.take().unwrap());
+                env.kept = Some(Arc::clone(&lease));
+                Box::pin(async move {
+                    let _ = lease.extend(secs(3)).await;
+                }) as Boxed
+            },
+            |env, cut| {
+                let lease = env.kept.take().unwrap();
+                let c = &mut env.c;
+                let clock = c.clock.clone();
+                let longer = Arc::clone(&lease);
+                c.sim.block_on(async move {
+                    clock.sleep_until(clock.now() + ms(100)).await;
+                    let _ = longer.extend(secs(30)).await;
+                });
+                // The late short extension lands (2 s after it was sent).
+                c.sim.run_for(secs(3));
+                assert_backed(&format!("{name}, {cut:?}"), c, &lease);
+            },
+        );
+        assert!(polls >= 2, "{name}: the extension completed at once");
+    }
 }
