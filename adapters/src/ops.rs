@@ -1715,8 +1715,7 @@ fn unknown_command(e: &NodeError) -> bool {
 // connection's writes.
 
 /// Runs the write `op` makes on `key` and records it when `wrote` says the key now holds our token. `op` is
-/// called after the generation is read; before that, only a new connection's `INFO` ([`learn_run_id`]) is
-/// sent.
+/// called after the generation is read, so nothing is sent before.
 ///
 /// `op` makes the future here rather than being one: a future passed in is kept twice in the future that
 /// awaits it (as captured, and as moved into the place it is polled from), and it is the whole operation, a
