@@ -698,7 +698,7 @@ impl<C: KeyRouted> FredNode<C> {
                     state.saw_errors();
                     state.heal();
                 }
-                self.probe.connected_afresh();
+                self.probe.forget();
             }
             // The first attempt failed and (with the client's `fail_fast`) fred's connection task ended:
             // start it again on the next call, one attempt per call.

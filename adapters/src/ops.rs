@@ -70,26 +70,9 @@ struct ProbeState {
     /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
     /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
     fences: std::collections::VecDeque<(String, String, Option<u64>)>,
-    /// The server's run id, learned with `INFO server` on this connection before its first lock command
-    /// ([`learn_run_id`]); forgotten with the capabilities (after a connection failure or a reconnect), so a
-    /// new server process is asked again.
+    /// The server's run id, learned with `INFO server` on this connection; forgotten with the capabilities
+    /// (after a connection failure or a reconnect), so a new server process is asked again.
     run_id: Option<RunId>,
-    /// Whether this user may not run `INFO` on this connection (restarts cannot be detected; once seen).
-    no_info: bool,
-    /// Counts what makes a run id asked before it stale ([`Probe::forget`], [`Probe::forget_checks`]): an
-    /// `INFO` answer is remembered only if this did not change while it was on its way, so that an answer of
-    /// the old server that arrives after a reconnect is never taken for the new connection's.
-    epoch: u64,
-    /// When this node saw its server's run id change (against `seen_run_id`), for
-    /// [`RunId::with_restarted_ago`].
-    restarted_at: Option<std::time::Instant>,
-    /// The `INFO`s on their way, `(ticket, epoch)`: each call removes its own when it returns, so what stays
-    /// was given up by its caller (the future dropped) and may have reached a server whose run id the node
-    /// then never saw. If the epoch moved on since (the connection was replaced), the next run id learned
-    /// cannot be compared with that server's and is taken for a restart, rather than for a first sight.
-    /// At most [`UNANSWERED_KEPT`].
-    unanswered: std::collections::VecDeque<(u64, u64)>,
-    next_ticket: u64,
     /// Whether the server lacks `WAITAOF` (an unknown command), once seen.
     no_waitaof: bool,
     /// The last run id learned on any connection (kept when the probe is forgotten): a new one means another
@@ -154,9 +137,6 @@ impl Writes {
     }
 }
 
-/// How many abandoned `INFO`s a node remembers (each run id learned judges and drops the older ones).
-const UNANSWERED_KEPT: usize = 64;
-
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
 /// within one acquisition; older entries are dropped first).
 const FENCES_KEPT: usize = 256;
@@ -191,28 +171,9 @@ impl Probe {
         let mut state = self.lock();
         state.caps = None;
         state.run_id = None;
-        state.no_info = false;
-        state.epoch += 1;
         state.no_waitaof = false;
         state.generation += 1;
         state.writes.replaced();
-    }
-
-    /// [`forget`](Self::forget) when a client opened its first connection after none (a lazy client's
-    /// start): an `INFO` on its way since the last forget waited for this connection and goes over it, so it
-    /// is this connection's.
-    pub(crate) fn connected_afresh(&self) {
-        let mut state = self.lock();
-        let before = state.epoch;
-        drop(state);
-        self.forget();
-        state = self.lock();
-        let now = state.epoch;
-        for (_, epoch) in state.unanswered.iter_mut() {
-            if *epoch == before {
-                *epoch = now;
-            }
-        }
     }
 
     /// Forgets the capabilities only (the connection is the same: a command it refused showed that they
@@ -221,8 +182,6 @@ impl Probe {
         let mut state = self.lock();
         state.caps = None;
         state.run_id = None;
-        state.no_info = false;
-        state.epoch += 1;
         state.no_waitaof = false;
     }
 
@@ -1173,7 +1132,6 @@ pub(crate) async fn release(
     token: &Token,
 ) -> Result<bool, NodeError> {
     t.probe().forget_fence(key, token);
-    learn_run_id(t, key).await?;
     let (caps, mode) = (t.probe().get(), t.probe().mode());
     let native = caps.map_or(!scripts_first(caps, mode), |c| c.native_release());
     if native {
@@ -1507,90 +1465,20 @@ fn not_on_a_cluster(what: &str) -> NodeError {
     )
 }
 
-/// The server's run id: remembered per connection, learned with `INFO server` before the connection's first
-/// lock command ([`learn_run_id`]; asked here if that did not happen) and again after a connection failure
-/// or reconnection. A user who may not run `INFO` gets [`NodeErrorKind::Unsupported`] (the core then cannot
-/// detect restarts of this node, and counts it as before).
-///
-/// Where this node saw the server's run id change (on any of its connections: it compares every new
-/// connection's with the last one it saw), the answer says how long ago
-/// ([`RunId::with_restarted_ago`]), so that a manager that never recorded the old one still quarantines it.
+/// The server's run id: remembered per connection, asked with `INFO server` on the first call and after a
+/// connection failure or reconnection. A user who may not run `INFO` gets [`NodeErrorKind::Unsupported`]
+/// (the core then cannot detect restarts of this node, and counts it as before).
 pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeError> {
     if t.clustered() {
         return Err(not_on_a_cluster("run_id"));
     }
     t.notice_reconnections();
-    {
-        let state = t.probe().lock();
-        if let Some(id) = &state.run_id {
-            return Ok(reported(id.clone(), state.restarted_at));
-        }
+    if let Some(id) = t.probe().lock().run_id.clone() {
+        return Ok(id);
     }
-    ask_run_id(t, key).await
-}
-
-fn reported(id: RunId, restarted_at: Option<std::time::Instant>) -> RunId {
-    match restarted_at {
-        Some(at) => id.with_restarted_ago(at.elapsed()),
-        None => id,
-    }
-}
-
-/// Learns the run id of the connection the next command goes over, before that command is sent, unless it
-/// is known (or `INFO` is refused to this user): so the node knows every server process it sent a lock
-/// command to, even when the caller gives up on the command's answer, and sees a restart on the first new
-/// connection to the new process. An error is the operation's, not sent.
-pub(crate) async fn learn_run_id(t: &impl Transport, key: &str) -> Result<(), NodeError> {
-    if t.clustered() {
-        return Ok(());
-    }
-    t.notice_reconnections();
-    {
-        let state = t.probe().lock();
-        if state.run_id.is_some() || state.no_info {
-            return Ok(());
-        }
-    }
-    match Box::pin(ask_run_id(t, key)).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == NodeErrorKind::Unsupported => Ok(()),
-        Err(e) if e.is_ambiguous() => Err(NodeError::not_applied(
-            e.kind(),
-            format!(
-                "{} (before the lock command, which was not sent)",
-                e.message()
-            ),
-        )
-        .with_source(e)),
-        Err(e) => Err(e),
-    }
-}
-
-/// Asks `INFO server` for the run id and remembers it (see [`run_id`]).
-async fn ask_run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeError> {
-    let (epoch, ticket) = {
-        let mut state = t.probe().lock();
-        let (epoch, ticket) = (state.epoch, state.next_ticket);
-        state.next_ticket += 1;
-        if state.unanswered.len() >= UNANSWERED_KEPT {
-            state.unanswered.pop_front();
-        }
-        state.unanswered.push_back((ticket, epoch));
-        (epoch, ticket)
-    };
-    let reply = t.command(&INFO, key, &["INFO", "server"]).await;
-    // Answered (or failed) here, not abandoned: no longer on its way.
-    t.probe()
-        .lock()
-        .unanswered
-        .retain(|(other, _)| *other != ticket);
-    let reply = match note(t, reply) {
+    let reply = match note(t, t.command(&INFO, key, &["INFO", "server"]).await) {
         Ok(reply) => reply,
         Err(e) if denied(&e) || e.kind() == NodeErrorKind::Auth => {
-            let mut state = t.probe().lock();
-            if state.epoch == epoch {
-                state.no_info = true;
-            }
             return Err(NodeError::not_applied(
                 NodeErrorKind::Unsupported,
                 format!("INFO is not permitted, so restarts cannot be detected: {e}"),
@@ -1616,23 +1504,15 @@ async fn ask_run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeError> {
         })?;
     let id = RunId::new(id);
     let mut state = t.probe().lock();
-    let current = state.epoch;
-    let unseen = state.unanswered.iter().any(|(_, e)| *e < current);
-    state.unanswered.retain(|(_, e)| *e >= current);
-    if unseen || state.seen_run_id.as_ref().is_some_and(|seen| *seen != id) {
+    if state.seen_run_id.as_ref().is_some_and(|seen| *seen != id) {
         // Another server process than the one seen before: what was learned may be about the old one (a
-        // connection replaced without a failed call in between), so the next call checks again; and the
-        // restart is remembered for managers that never saw the old one.
+        // connection replaced without a failed call in between), so the next call checks again.
         state.caps = None;
         state.no_waitaof = false;
-        state.restarted_at = Some(std::time::Instant::now());
     }
     state.seen_run_id = Some(id.clone());
-    // An answer from a connection the node has since seen replaced is not this connection's.
-    if state.epoch == epoch {
-        state.run_id = Some(id.clone());
-    }
-    Ok(reported(id, state.restarted_at))
+    state.run_id = Some(id.clone());
+    Ok(id)
 }
 
 /// `WAIT replicas timeout`, or `WAITAOF 0 replicas timeout`, on the connection that carries `key`'s
@@ -1736,7 +1616,6 @@ where
     F: Future<Output = Result<T, NodeError>>,
 {
     async move {
-        learn_run_id(t, key).await?;
         t.notice_reconnections();
         let generation = t.probe().generation();
         let r = op().await;
@@ -1806,9 +1685,6 @@ pub(crate) async fn extend_many(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
 ) -> Result<Vec<bool>, NodeError> {
-    if let Some(first) = items.first() {
-        learn_run_id(t, first.key).await?;
-    }
     t.notice_reconnections();
     let generation = t.probe().generation();
     let r = extend_many_unrecorded(t, items).await;
@@ -1947,7 +1823,6 @@ mod tests {
     #[test]
     fn a_batch_with_mixed_ttls_sends_each_key_its_own_ttl() {
         let t = ScriptCalls::default();
-        knows_run_id(&t.probe);
         t.probe.set_mode(Commands::Scripts);
         t.probe.set(Capabilities {
             lua: true,
@@ -1976,14 +1851,8 @@ mod tests {
         assert_eq!(sent_tokens, expected);
     }
 
-    /// The run id of the connection known, as after the first lock command: no `INFO` is sent first.
-    fn knows_run_id(probe: &Probe) {
-        probe.lock().run_id = Some(RunId::new("test-server"));
-    }
-
     fn native() -> Scripted {
         let t = Scripted::default();
-        knows_run_id(&t.probe);
         t.probe.set_mode(Commands::Native);
         t.probe.set(Capabilities {
             lua: false,
@@ -2064,7 +1933,6 @@ mod tests {
     #[test]
     fn a_new_run_id_forgets_the_capabilities_learned_before_it() {
         let t = native();
-        t.probe.lock().run_id = None;
         t.replies.lock().unwrap().push_back(info("aaaa"));
         assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
         assert!(t.probe.get().is_some(), "the same server: kept");
@@ -2081,93 +1949,6 @@ mod tests {
         // Answered from memory afterwards.
         assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
         assert_eq!(*t.sent.lock().unwrap(), ["INFO", "INFO"]);
-    }
-
-    /// The run id is learned before a connection's first lock command; a server seen with another run id
-    /// than before is reported as restarted (for managers that never saw the old one).
-    #[test]
-    fn the_run_id_is_learned_before_the_first_write_and_a_change_is_reported_as_a_restart() {
-        let t = native();
-        t.probe.forget();
-        t.probe.set(native().probe.get().unwrap());
-        let token = Token::random().unwrap();
-        t.replies
-            .lock()
-            .unwrap()
-            .extend([info("aaaa"), Ok(Reply::Int(1))]);
-        assert!(block_on(release(&t, "k", &token)).unwrap());
-        assert_eq!(*t.sent.lock().unwrap(), ["INFO", "DELIFEQ+PUBLISH"]);
-        let id = block_on(run_id(&t, "k")).unwrap();
-        assert_eq!((id.as_str(), id.restarted_ago()), ("aaaa", None));
-        // A reconnect to another process: learned again before the next write (whose capabilities are then
-        // checked again), and reported as a restart.
-        t.probe.forget();
-        t.probe.set(native().probe.get().unwrap());
-        t.replies.lock().unwrap().push_back(info("bbbb"));
-        block_on(learn_run_id(&t, "k")).unwrap();
-        assert!(t.probe.get().is_none(), "checked again");
-        let id = block_on(run_id(&t, "k")).unwrap();
-        assert_eq!(id.as_str(), "bbbb");
-        assert!(id.restarted_ago().is_some(), "{id:?}");
-    }
-
-    /// An `INFO` answer that arrives after the node saw its connection replaced is the old connection's:
-    /// not remembered for the new one.
-    #[test]
-    fn an_info_answer_from_a_replaced_connection_is_not_remembered() {
-        struct Reconnecting(Scripted);
-        impl Transport for Reconnecting {
-            async fn script_once(
-                &self,
-                v: Verb,
-                s: &Script,
-                k: &[&str],
-                a: &[&str],
-            ) -> Result<Reply, NodeError> {
-                self.0.script_once(v, s, k, a).await
-            }
-            async fn command(&self, w: &Script, k: &str, a: &[&str]) -> Result<Reply, NodeError> {
-                let reply = self.0.command(w, k, a).await;
-                // The connection is replaced while the answer is on its way.
-                self.0.probe.forget();
-                reply
-            }
-            async fn transaction(
-                &self,
-                w: &Script,
-                k: &str,
-                c: &[&[&str]],
-            ) -> Result<Vec<Reply>, NodeError> {
-                self.0.transaction(w, k, c).await
-            }
-            async fn command_and_publish(
-                &self,
-                w: &Script,
-                k: &str,
-                a: &[&str],
-                p: &[&str],
-            ) -> Result<Reply, NodeError> {
-                self.0.command_and_publish(w, k, a, p).await
-            }
-            fn clustered(&self) -> bool {
-                false
-            }
-            fn probe(&self) -> &Probe {
-                &self.0.probe
-            }
-        }
-        let t = Reconnecting(Scripted::default());
-        t.0.replies
-            .lock()
-            .unwrap()
-            .extend([info("aaaa"), info("bbbb")]);
-        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
-        assert!(
-            t.0.probe.lock().run_id.is_none(),
-            "not kept for the new connection"
-        );
-        // Asked again on the new connection.
-        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
     }
 
     #[test]

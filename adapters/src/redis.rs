@@ -1041,11 +1041,10 @@ impl LazyNode {
         // A concurrent call may have connected meanwhile: keep one connection.
         let conn = match &slot.conn {
             Some(existing) => existing.clone(),
-            // The probe was forgotten when the old connection was seen to drop (`dropped`), before this
-            // call asked anything of the new one.
             None => {
                 slot.conn = Some(conn.clone());
                 slot.generation += 1;
+                self.probe.forget();
                 conn
             }
         };
@@ -1063,12 +1062,10 @@ impl LazyNode {
         if let Err(e) = result
             && is_dropped(e)
         {
-            // Forget this connection (unless a newer one replaced it already) and what was learned about
-            // it; the next call reconnects.
+            // Forget this connection (unless a newer one replaced it already); the next call reconnects.
             let mut slot = self.slot();
             if slot.generation == generation {
                 slot.conn = None;
-                self.probe.forget();
             }
         }
     }

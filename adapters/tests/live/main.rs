@@ -24,7 +24,6 @@ mod redlock_stall;
 mod redundancy;
 mod renewal_loss;
 mod replicas;
-mod restarts;
 mod scripts;
 mod sentinel;
 mod single;
