@@ -455,18 +455,14 @@ async fn probe_set_option(
 /// The native commands a connection offers, probed with plain commands (no Lua needed): `DELIFEQ` first
 /// (it is not a `SET`), and only where it is offered the two `SET` options.
 async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 3], NodeError> {
-    // A value no key holds (160 random bits), so that the probe deletes nothing: a fixed string could be a
-    // user's value.
-    let never = Token::random().map_err(|e| {
-        NodeError::not_applied(
-            NodeErrorKind::Other,
-            format!("capability check: no random value for the DELIFEQ probe (not sent): {e}"),
-        )
-    })?;
     let delifeq = match note(
         t,
-        t.command(&scripts::DELIFEQ, key, &["DELIFEQ", key, never.as_str()])
-            .await,
+        t.command(
+            &scripts::DELIFEQ,
+            key,
+            &["DELIFEQ", key, "redlease:probe:never-a-token"],
+        )
+        .await,
     ) {
         Ok(Reply::Int(_)) => Found::Present,
         Err(e) if e.kind() == NodeErrorKind::WrongType => Found::Present,
@@ -1077,20 +1073,14 @@ async fn fenced_native(
     Err(undo(t, key, token, fence_error(refused)).await)
 }
 
-/// Whether an operation on a connection whose capabilities are not known (nothing checked since it was
-/// opened) goes by a script first. Releases and extensions never wait for the capability check: its probes
-/// would stand between them and the server (a `SET` probe is refused under `maxmemory`, where `DEL` and
-/// `PEXPIRE` still run), so they go by their script, and where a script cannot run (no Lua, or `EVAL` refused)
-/// by the native command, without probing.
-fn scripts_first(caps: Option<Capabilities>, mode: Commands) -> bool {
-    caps.map_or(mode != Commands::Native, |c| {
-        c.lua && c.commands != Commands::Native
-    })
-}
-
-/// Whether a script's refusal on an unchecked connection means "take the native command instead".
-fn script_unusable(caps: Option<Capabilities>, mode: Commands, err: &NodeError) -> bool {
-    caps.is_none() && mode == Commands::Automatic && (lua_absent(err) || scripts_denied(err))
+/// The capabilities to choose a release or extension path by: a scripts-only node needs no check (the
+/// scripts are the path), the others check an unchecked connection first.
+async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, NodeError> {
+    match t.probe().get() {
+        Some(caps) => Ok(Some(caps)),
+        None if t.probe().mode() == Commands::Scripts => Ok(None),
+        None => Box::pin(check(t, key, None)).await.map(Some),
+    }
 }
 
 /// The notification channel of `key` and the command that publishes on it: `SPUBLISH` (a sharded channel in
@@ -1132,29 +1122,27 @@ pub(crate) async fn release(
     token: &Token,
 ) -> Result<bool, NodeError> {
     t.probe().forget_fence(key, token);
-    let (caps, mode) = (t.probe().get(), t.probe().mode());
-    let native = caps.map_or(!scripts_first(caps, mode), |c| c.native_release());
-    if native {
+    if path(t, key).await?.is_some_and(|c| c.native_release()) {
         match release_native(t, key, token).await {
             // The server lacks `DELIFEQ` after all (it changed behind the connection; the check is forgotten):
-            // nothing was deleted, so the release goes by the script where scripts may run.
-            Err(e) if refused_command(&e) && mode != Commands::Native => {}
+            // nothing was deleted, so the release goes again by the path a new check finds.
+            Err(e) if refused_command(&e) => {
+                if path(t, key).await?.is_some_and(|c| c.native_release()) {
+                    return Err(e);
+                }
+            }
             other => return other,
         }
     }
     let (channel, command) = publish_args(t, key);
-    let sent = eval(
+    let reply = eval(
         t,
         &scripts::RELEASE,
         &[key],
         &[token.as_str(), &channel, command],
     )
-    .await;
-    match sent {
-        Ok(reply) => scripts::parse_flag(&scripts::RELEASE, reply),
-        Err(e) if !native && script_unusable(caps, mode, &e) => release_native(t, key, token).await,
-        Err(e) => Err(e),
-    }
+    .await?;
+    scripts::parse_flag(&scripts::RELEASE, reply)
 }
 
 /// An acquisition that reports the holder's TTL on contention. A fresh one is the usual fresh acquisition
@@ -1202,42 +1190,28 @@ async fn extend_unrecorded(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
-    let (caps, mode) = (t.probe().get(), t.probe().mode());
-    let native = caps.map_or(!scripts_first(caps, mode), |c| c.native_extend());
-    if native {
-        match extend_native(t, key, token, &ttl).await {
+    let caps = path(t, key).await?;
+    if let Some(caps) = caps.filter(Capabilities::native_extend) {
+        match set_ifeq(t, key, token, &ttl).await {
+            Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
             // `SET` grows memory, so a server at `maxmemory` refuses it (not applied); the script's
             // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script.
-            Err(e)
-                if e.kind() == NodeErrorKind::OutOfMemory
-                    && !e.is_ambiguous()
-                    && scripts_first(caps, mode) => {}
+            Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() && caps.lua => {}
             // The server lacks `SET … IFEQ` after all (it changed behind the connection; the check is
-            // forgotten): nothing was changed, so the extension goes by the script where scripts may run.
-            Err(e) if refused_command(&e) && mode != Commands::Native => {}
+            // forgotten): nothing was changed, so the extension goes again by the path a new check finds.
+            Err(e) if refused_command(&e) => {
+                if path(t, key)
+                    .await?
+                    .is_some_and(|c| c.native_extend() || !c.lua)
+                {
+                    return Err(e);
+                }
+            }
             other => return other,
         }
     }
-    match eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await {
-        Ok(reply) => scripts::parse_flag(&scripts::EXTEND, reply),
-        Err(e) if !native && script_unusable(caps, mode, &e) => {
-            extend_native(t, key, token, &ttl).await
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// Native extension: `SET key token IFEQ token PX ttl`; a key of another type is not ours (false).
-async fn extend_native(
-    t: &impl Transport,
-    key: &str,
-    token: &Token,
-    ttl: &str,
-) -> Result<bool, NodeError> {
-    match set_ifeq(t, key, token, ttl).await {
-        Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
-        other => other,
-    }
+    let reply = eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await?;
+    scripts::parse_flag(&scripts::EXTEND, reply)
 }
 
 async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
@@ -1314,11 +1288,12 @@ async fn extend_many_unrecorded(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
 ) -> Result<Vec<bool>, NodeError> {
-    if items.is_empty() {
+    let Some(first) = items.first() else {
         return Ok(Vec::new());
-    }
-    let (caps, mode) = (t.probe().get(), t.probe().mode());
-    let one_by_one = || {
+    };
+    let caps = path(t, first.key).await?;
+    let scripts_ok = caps.is_none_or(|c| c.lua && c.commands != Commands::Native);
+    if !scripts_ok {
         let calls = items
             .iter()
             .map(|i| {
@@ -1326,10 +1301,7 @@ async fn extend_many_unrecorded(
                     as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
             })
             .collect();
-        async move { join_all(calls).await.into_iter().collect() }
-    };
-    if !scripts_first(caps, mode) {
-        return one_by_one().await;
+        return join_all(calls).await.into_iter().collect();
     }
     // Group by slot on a cluster (a script's keys must share one); one group otherwise.
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
@@ -1369,13 +1341,6 @@ async fn extend_many_unrecorded(
         })
         .collect();
     let results: Vec<Result<Vec<bool>, NodeError>> = join_all(calls).await;
-    // An unchecked connection where scripts cannot run (nothing ran): each lease's own extension.
-    if results
-        .iter()
-        .any(|r| r.as_ref().is_err_and(|e| script_unusable(caps, mode, e)))
-    {
-        return Box::pin(one_by_one()).await;
-    }
     let mut out = vec![false; items.len()];
     for ((_, members), result) in groups.iter().zip(results) {
         // One slot's failure fails the call: the core counts the node as failed for every lease of it.

@@ -358,8 +358,8 @@ return {cur, redis.call('PTTL', KEYS[1])}
 /// The `SET` probes send `SET key probe NX GET PX 0` and `SET key redlease:probe IFEQ redlease:probe PX 0`: a
 /// server that accepts the option rejects the expiry (`invalid expire time`), one that does not rejects the
 /// syntax, and neither writes anything. The `DELIFEQ` probe sends `DELIFEQ key redlease:probe:never-a-token`
-/// (an integer or `WRONGTYPE` reply: present; an unknown command: absent), with a `:` appended where the key
-/// holds that very string, so it deletes nothing.
+/// (an integer or `WRONGTYPE` reply: present; an unknown command: absent), which deletes nothing unless the
+/// lock key holds that literal string, which no token is.
 pub const PROBE: Script = Script {
     name: "probe",
     source: r#"local denied = {}
@@ -401,17 +401,13 @@ if type(q) == 'table' and q.err and string.find(q.err, 'invalid expire') then
   ifeq = 1
 end
 local delifeq = 0
-local never = 'redlease:probe:never-a-token'
-if redis.pcall('GET', KEYS[1]) == never then
-  never = never .. ':'
-end
-local d = redis.pcall('DELIFEQ', KEYS[1], never)
+local d = redis.pcall('DELIFEQ', KEYS[1], 'redlease:probe:never-a-token')
 if type(d) == 'number' or (type(d) == 'table' and d.err and string.sub(d.err, 1, 9) == 'WRONGTYPE') then
   delifeq = 1
 end
 return {nxget, ifeq, delifeq}
 "#,
-    sha1: "7992784c8bcf7e49d1e59ff53c1f4ba8ea2563ec",
+    sha1: "0d6c043e636e4fd6be609be818d2e783b3cb7015",
 };
 
 impl Script {
@@ -470,11 +466,7 @@ if type(q) == 'table' and q.err and string.find(q.err, 'invalid expire') then
   ifeq = 1
 end
 local delifeq = 0
-local never = 'redlease:probe:never-a-token'
-if redis.pcall('GET', KEYS[1]) == never then
-  never = never .. ':'
-end
-local d = redis.pcall('DELIFEQ', KEYS[1], never)
+local d = redis.pcall('DELIFEQ', KEYS[1], 'redlease:probe:never-a-token')
 if type(d) == 'number' or (type(d) == 'table' and d.err and string.sub(d.err, 1, 9) == 'WRONGTYPE') then
   delifeq = 1
 end
@@ -491,7 +483,7 @@ if cur == false then
 end
 return {0, nxget, ifeq, delifeq}
 "#,
-    sha1: "e04e0e60299439656ce2db5511763016f1551233",
+    sha1: "58f8e2a9bf5ec9223aa2a37afd3071f3efd6360a",
 };
 
 /// What [`PROBE`] and [`PROBE_ACQUIRE`] found: `[set_nx_get, set_ifeq, delifeq]`.

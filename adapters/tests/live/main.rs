@@ -17,7 +17,6 @@ mod executor;
 mod long_job;
 mod matrix;
 mod permissions;
-mod probes;
 mod push;
 mod redlock;
 mod redlock_stall;
