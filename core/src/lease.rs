@@ -343,6 +343,7 @@ impl Shared {
             .engine
             .extend_round(&self.key, &self.token, ttl, timeout, &planned, self.id)
             .await;
+        self.undo_repair_if_ended(planned.missing).await;
         self.finish_extension(
             ttl,
             renewal,
@@ -460,25 +461,72 @@ impl Shared {
     /// acquisition; without one, the lease's next extension round does the same (see
     /// [`Engine::extend_round`]).
     pub(crate) async fn repair(self: Arc<Self>) {
-        let permit = self.extend_permit().await;
-        let now = self.now();
-        let Ok(valid_until) = self.current(now) else {
-            return;
-        };
-        if !self.needs_repair() {
-            // An extension round confirmed the key meanwhile.
+        let n = self.engine.nodes.len();
+        for attempt in 0..REPAIR_ATTEMPTS {
+            if attempt > 0 {
+                let at = crate::time::add(self.now(), self.engine.config.retry_delay());
+                self.engine.timer.sleep_until(at).await;
+            }
+            let permit = self.extend_permit().await;
+            let now = self.now();
+            let Ok(valid_until) = self.current(now) else {
+                return;
+            };
+            // Planned before anything is sent; only the missing nodes are asked.
+            let targets = {
+                let mut st = self.lock();
+                if st.missing.is_empty() {
+                    // An extension round confirmed the key meanwhile.
+                    return;
+                }
+                let targets = st.missing;
+                st.unconfirmed.plan_on(n, self.ttl, Some(targets));
+                targets
+            };
+            // Short: the permit it holds delays the holder's own extensions (which would ask the missing
+            // nodes too); a node that does not answer in time is asked again a retry delay later.
+            let timeout = crate::driver::grace_floor(self.op_timeout)
+                .saturating_mul(2)
+                .min(valid_until.saturating_duration_since(now));
+            let r = self
+                .engine
+                .repair_round(&self.key, &self.token, self.ttl, timeout, targets)
+                .await;
+            self.handle_round(n, &r.tally);
+            drop(permit);
+            self.undo_repair_if_ended(targets).await;
+            if r.tally.unsettled_indices().next().is_none() {
+                return;
+            }
+        }
+    }
+
+    /// After a round that asked `targets` with [`RedisNode::acquire`](crate::RedisNode::acquire) (a repair):
+    /// if the lease ended or was lost meanwhile, a write that landed after the release's compare-and-delete
+    /// must not outlive it: our token is deleted there again.
+    async fn undo_repair_if_ended(&self, targets: NodeSet) {
+        if targets.is_empty() {
             return;
         }
-        let planned = self.prepare_extension(self.ttl);
-        let timeout = self
-            .op_timeout
-            .min(valid_until.saturating_duration_since(now));
-        let r = self
+        {
+            let st = self.lock();
+            if !st.ended && st.lost.is_none() {
+                return;
+            }
+        }
+        let only: Vec<usize> = (0..self.engine.nodes.len())
+            .filter(|&i| targets.contains(i))
+            .collect();
+        let _ = self
             .engine
-            .repair_round(&self.key, &self.token, self.ttl, timeout, planned.missing)
+            .cleanup(
+                &self.key,
+                &self.token,
+                self.op_timeout,
+                Some(&only),
+                (self.id, CleanupCause::Lost),
+            )
             .await;
-        self.handle_round(self.engine.nodes.len(), &r.tally);
-        drop(permit);
     }
 
     /// Records a successful extension unless the lease was lost or expired meanwhile. A deadline that moves
@@ -898,6 +946,10 @@ impl Shared {
         }
     }
 }
+
+/// How many rounds [`Shared::repair`] makes at most (a retry delay apart) while a missing node does not
+/// answer; after that the lease's extension rounds ask it.
+const REPAIR_ATTEMPTS: u32 = 3;
 
 /// What follows a renewal round (see [`Shared::after_renewal`]).
 enum AfterRenewal {

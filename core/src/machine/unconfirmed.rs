@@ -1,6 +1,7 @@
 //! The record of a held lease's requests that may still be applied on a node after later ones.
 
 use super::Tally;
+use super::nodeset::NodeSet;
 use crate::node::Ttl;
 
 /// Per node, the requests of one lease whose outcome that node never confirmed, as far as a later extension
@@ -26,8 +27,9 @@ pub(crate) struct Unconfirmed {
     /// Per node, the smallest TTL (ms) of a request from a round that has ended (or was dropped) that may
     /// still be applied there; 0 for none. Allocated on the first such request.
     settled: Option<Box<[u64]>>,
-    /// The TTL (ms) of the round planned last, until its answers are handled: sent to every node.
-    open: Option<u64>,
+    /// The TTL (ms) of the round planned last, until its answers are handled, and the nodes it was sent to
+    /// (`None`: every node).
+    open: Option<(u64, Option<NodeSet>)>,
 }
 
 /// Whether a yes from node `index` may count toward a round with `ttl`, given the TTLs [`Unconfirmed::plan`]
@@ -52,18 +54,28 @@ impl Unconfirmed {
     /// per-node TTLs of earlier unconfirmed requests, for [`counts`].
     #[must_use]
     pub(crate) fn plan(&mut self, n: usize, ttl: Ttl) -> Option<Box<[u64]>> {
-        if let Some(open) = self.open.take() {
-            // The previous round never handled its answers (its future was dropped): any node may still apply
-            // it.
-            self.note(n, open, 0..n);
-        }
-        self.open = Some(ttl.as_millis());
+        self.plan_on(n, ttl, None);
         self.settled.clone()
+    }
+
+    /// Plans a round with `ttl` to the nodes in `targets` (`None`: all `n`), before any of its requests is
+    /// sent; see [`plan`](Self::plan).
+    pub(crate) fn plan_on(&mut self, n: usize, ttl: Ttl, targets: Option<NodeSet>) {
+        if let Some((open, on)) = self.open.take() {
+            // The previous round never handled its answers (its future was dropped): any node it was sent to
+            // may still apply it.
+            self.note(
+                n,
+                open,
+                (0..n).filter(|&i| on.is_none_or(|t| t.contains(i))),
+            );
+        }
+        self.open = Some((ttl.as_millis(), targets));
     }
 
     /// The round planned last ended with `tally` (of `n` nodes): the nodes that did not confirm it keep its TTL.
     pub(crate) fn handle_round(&mut self, n: usize, tally: &Tally) {
-        let Some(ttl) = self.open.take() else {
+        let Some((ttl, _)) = self.open.take() else {
             return;
         };
         let unconfirmed = tally
@@ -173,6 +185,19 @@ mod tests {
         );
         let s = u.plan(3, ttl(30_000));
         assert!((0..3).all(|i| !counts(s.as_deref(), i, ttl(30_000))));
+    }
+
+    #[test]
+    fn a_dropped_round_to_some_nodes_is_kept_on_those_only() {
+        let mut u = Unconfirmed::default();
+        u.plan_on(3, ttl(5_000), Some(NodeSet::of([2])));
+        let s = u.plan(3, ttl(30_000));
+        assert_eq!(
+            (0..3)
+                .map(|i| counts(s.as_deref(), i, ttl(30_000)))
+                .collect::<Vec<_>>(),
+            [true, true, false]
+        );
     }
 
     #[test]

@@ -36,7 +36,10 @@ fn a_lease_won_without_a_node_writes_its_key_there_right_after_the_acquisition()
     assert!(ttl > secs(29), "{ttl:?}");
     // Two nodes may now fail and the lease's key is still on a node... and the lease still extends on a
     // majority after one failure.
-    c.faults[0].script(Op::Extend, [Fault::Fail(redlease::NodeErrorKind::Connection)]);
+    c.faults[0].script(
+        Op::Extend,
+        [Fault::Fail(redlease::NodeErrorKind::Connection)],
+    );
     let lease = c.sim.block_on(async move {
         lease.extend(secs(30)).await.unwrap();
         lease
@@ -49,7 +52,11 @@ fn without_a_spawner_the_next_extension_writes_the_key_on_the_missing_node() {
     let (mut c, lease) = straggler(false);
     let token = lease.token().as_str().to_owned();
     c.sim.run_for(ms(600));
-    assert_eq!(c.holders("job", &token), [0, 1], "nothing runs in the background");
+    assert_eq!(
+        c.holders("job", &token),
+        [0, 1],
+        "nothing runs in the background"
+    );
     let lease = c.sim.block_on(async move {
         lease.extend(secs(30)).await.unwrap();
         lease
