@@ -240,17 +240,37 @@ mod wheel {
             .map_or(0, |d| d.as_millis() as u64)
     }
 
-    /// The wheel with a running thread, starting one if needed; `None` if no thread can be started now (or
-    /// another thread of this process is starting one this instant).
+    /// How one look at the current wheel ended.
+    enum Look {
+        Ready(&'static Wheel),
+        /// Another thread of this process is starting a wheel this instant: look again.
+        Busy,
+        /// No thread can be started now.
+        Unavailable,
+    }
+
+    /// The wheel with a running thread, starting one if needed; `None` if no thread can be started now.
     pub(super) fn current() -> Option<&'static Wheel> {
+        // A thread of this process that is starting a wheel is alive (same process): it finishes in moments.
+        for _ in 0..1_000 {
+            match look() {
+                Look::Ready(wheel) => return Some(wheel),
+                Look::Busy => std::thread::yield_now(),
+                Look::Unavailable => return None,
+            }
+        }
+        None
+    }
+
+    fn look() -> Look {
         let me = pid();
         let claimed = SLOT.load(Ordering::Acquire);
         let (slot, owner) = ((claimed >> 32) as usize, claimed as u32);
         let old = match WHEELS.get(slot).and_then(OnceLock::get) {
-            Some(wheel) if wheel.usable() => return Some(wheel),
+            Some(wheel) if wheel.usable() => return Look::Ready(wheel),
             Some(wheel) => Some(*wheel),
             // Being started by a thread of this process: it is usable in a moment.
-            None if owner == me && slot > 0 => return None,
+            None if owner == me && slot > 0 => return Look::Busy,
             None => None,
         };
         let last = LAST_TRY.load(Ordering::Relaxed);
@@ -258,13 +278,13 @@ mod wheel {
             // A previous start failed: retry at most once per millisecond.
             let now = wall_ms();
             if now == last {
-                return None;
+                return Look::Unavailable;
             }
             LAST_TRY.store(now, Ordering::Relaxed);
         }
         let next = slot + 1;
         if next >= MAX_WHEELS {
-            return None;
+            return Look::Unavailable;
         }
         // Claim the next slot; whoever loses the race polls again and finds the winner's wheel.
         let claim = ((next as u64) << 32) | u64::from(me);
@@ -272,7 +292,7 @@ mod wheel {
             .compare_exchange(claimed, claim, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
-            return None;
+            return Look::Busy;
         }
         let wheel: &'static Wheel = Box::leak(Box::new(Wheel {
             state: Mutex::new(State::default()),
@@ -296,7 +316,7 @@ mod wheel {
             // Give the slot back so that the next try can claim it again.
             let _ = SLOT.compare_exchange(claim, claimed, Ordering::AcqRel, Ordering::Relaxed);
             LAST_TRY.store(wall_ms().max(1), Ordering::Relaxed);
-            return None;
+            return Look::Unavailable;
         }
         LAST_TRY.store(0, Ordering::Relaxed);
         // Take over the sleeps of the wheel whose thread is gone: they keep their wakers and deadlines. Only if
@@ -315,7 +335,7 @@ mod wheel {
             wheel.wake.notify_one();
         }
         let _ = WHEELS[next].set(wheel);
-        Some(wheel)
+        Look::Ready(wheel)
     }
 
     /// A sleep registered in the current wheel while it waits.
