@@ -711,9 +711,12 @@ mod tests {
         let _ = a.begin_attempt(t0, OP);
         let _ = round(&mut a, t0, &[Reply::No]);
         assert_eq!(a.next(t0, false, None), Next::GiveUp);
+        assert_eq!((a.attempts(), a.contended(), a.deadline()), (2, true, None));
         assert_eq!(a.failure().0, NotAcquiredReason::Contended);
         // A pause that ends past the deadline: give up now (polling); notified, wait up to the deadline.
         let mut a = Acquisition::new(&cfg, shape(1), Limit::Until(t0 + ms(100)), 1, t0);
+        assert_eq!((a.attempts(), a.contended(), a.began()), (0, false, t0));
+        assert_eq!(a.deadline(), Some(t0 + ms(100)));
         let _ = a.begin_attempt(t0, OP);
         let _ = round(&mut a, t0, &[Reply::No]);
         assert_eq!(a.next(t0, false, None), Next::GiveUp);
