@@ -647,6 +647,18 @@ mod tests {
                 ..
             }
         ));
+        // A first attempt cut at the deadline: contention if a node said the lock is held, else node failure.
+        for (replies, want) in [
+            (vec![Reply::No], NotAcquiredReason::Contended),
+            (vec![], NotAcquiredReason::TooFewNodes),
+        ] {
+            let mut a = Acquisition::new(&cfg, shape(3), Limit::Until(t0 + ms(30)), 1, t0);
+            let _ = a.begin_attempt(t0, OP);
+            match round(&mut a, t0, &replies) {
+                Decision::Failed { reason, .. } => assert_eq!(reason, want, "{replies:?}"),
+                d => panic!("{d:?}"),
+            }
+        }
         // The same timeout within the operation timeout (not cut) is a node failure.
         let mut a = Acquisition::new(&cfg, shape(1), Limit::Attempts(2), 1, t0);
         let _ = a.begin_attempt(t0, OP);
@@ -698,6 +710,37 @@ mod tests {
                 n => panic!("{n:?}"),
             }
         }
+    }
+
+    #[test]
+    fn the_spread_after_a_holders_expiry_follows_the_jitter_within_its_bound() {
+        let t0 = Instant::now();
+        let cfg = config();
+        let spreads: Vec<Duration> = (0..200)
+            .map(|seed| {
+                let mut a =
+                    Acquisition::new(&cfg, shape(1), Limit::Until(t0 + ms(5_000)), seed, t0);
+                let _ = a.begin_attempt(t0, OP);
+                let _ = round(&mut a, t0, &[Reply::No]);
+                match a.next(t0, false, Some(ms(30))) {
+                    Next::Sleep(at) => at - (t0 + ms(31)),
+                    n => panic!("{n:?}"),
+                }
+            })
+            .collect();
+        let (min, max) = (spreads.iter().min(), spreads.iter().max());
+        // Spread over the whole bound, not piled at one end.
+        assert!(min.is_some_and(|d| *d < ms(1)), "{min:?}");
+        assert!(
+            max.is_some_and(|d| *d > ms(3) && *d <= EXPIRY_SPREAD),
+            "{max:?}"
+        );
+        // Without jitter, none.
+        let cfg = config().with_retry_jitter(0.0);
+        let mut a = Acquisition::new(&cfg, shape(1), Limit::Until(t0 + ms(5_000)), 1, t0);
+        let _ = a.begin_attempt(t0, OP);
+        let _ = round(&mut a, t0, &[Reply::No]);
+        assert_eq!(a.next(t0, false, Some(ms(30))), Next::Sleep(t0 + ms(31)));
     }
 
     #[test]
