@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use redlease::{EventKind as CoreEvent, LeaseEvent, Observer};
 
@@ -205,7 +205,7 @@ pub enum Violation {
     Overlap {
         /// The lock.
         lock: String,
-        /// The earlier holder and its believed interval, relative to the first event.
+        /// The earlier holder and its believed interval, relative to the history's [origin](History::origin).
         first: (u64, std::time::Duration, std::time::Duration),
         /// The later holder and its believed interval.
         second: (u64, std::time::Duration, std::time::Duration),
@@ -291,9 +291,56 @@ impl fmt::Display for Violation {
 impl std::error::Error for Violation {}
 
 /// A thread-safe log of [`Event`]s, shared by clones.
+///
+/// On a simulation, take it from [`Sim::history`](crate::Sim::history): then the simulation's client pauses
+/// ([`Sim::pause`](crate::Sim::pause)) are recorded in it by themselves, and its [origin](Self::origin) is the
+/// simulation's start, so [`timeline`](Self::timeline) compares across replays of a seed.
 #[derive(Clone, Default)]
 pub struct History {
     events: Arc<Mutex<Vec<Event>>>,
+    origin: Option<Instant>,
+}
+
+/// What happened, with every instant given as the time since the history's origin (see
+/// [`History::timeline`]): equal for equal runs, unlike raw `Instant`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Timed {
+    /// [`EventKind::Acquired`].
+    Acquired {
+        /// The validity deadline.
+        valid_until: Duration,
+        /// The fencing token, if the lock is fenced.
+        fence: Option<u64>,
+    },
+    /// [`EventKind::Extended`].
+    Extended {
+        /// The new validity deadline.
+        valid_until: Duration,
+    },
+    /// [`EventKind::Lost`].
+    Lost,
+    /// [`EventKind::Released`].
+    Released,
+    /// [`EventKind::Paused`].
+    Paused {
+        /// When the client ran again.
+        until: Duration,
+    },
+}
+
+/// One entry of [`History::timeline`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct TimedEvent {
+    /// Which client.
+    pub client: u64,
+    /// The lock key (empty for a pause, which stops the whole client).
+    pub lock: String,
+    /// When, since the history's origin.
+    pub at: Duration,
+    /// What.
+    pub kind: Timed,
 }
 
 impl fmt::Debug for History {
@@ -314,9 +361,79 @@ struct Interval {
 }
 
 impl History {
-    /// An empty history.
+    /// An empty history. Its [origin](Self::origin) is its earliest event.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty history whose [timeline](Self::timeline) counts from `origin` (for a simulation, its start:
+    /// [`Sim::history`](crate::Sim::history) does this).
+    pub fn starting_at(origin: Instant) -> Self {
+        Self {
+            events: Arc::default(),
+            origin: Some(origin),
+        }
+    }
+
+    /// Where the [timeline](Self::timeline) counts from: the origin given to
+    /// [`starting_at`](Self::starting_at), else the earliest event's instant (`None` while empty).
+    pub fn origin(&self) -> Option<Instant> {
+        self.origin
+            .or_else(|| self.events().iter().map(|e| e.at).min())
+    }
+
+    /// The events in recording order with every instant as the time since the [origin](Self::origin), so
+    /// that two runs of one seed compare equal (raw `Instant`s never do: each run's virtual clock starts at
+    /// the real instant it was created).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::Config;
+    /// use redlease_testkit::{MemoryNode, Sim, Timed};
+    ///
+    /// let run = |seed| {
+    ///     let mut sim = Sim::new(seed);
+    ///     let history = sim.history();
+    ///     let node = MemoryNode::with_timer(sim.clock());
+    ///     // Under a client number of the test's choosing (a bare `History` observer numbers managers
+    ///     // by a process-wide counter, which differs between runs).
+    ///     let manager = sim.single(node, Config::default()).unwrap().with_observer(history.recorder(1));
+    ///     let lock = manager.lock("job").expiry(Duration::from_secs(2));
+    ///     let lease = sim.block_on(lock.try_acquire()).unwrap();
+    ///     sim.block_on(lease.lost()); // it expires, unrenewed
+    ///     history.timeline()
+    /// };
+    /// let first = run(7);
+    /// assert_eq!(first[0].at, Duration::ZERO);
+    /// assert!(matches!(first[1].kind, Timed::Lost));
+    /// assert_eq!(run(7), first); // a replay gives the same timeline
+    /// ```
+    pub fn timeline(&self) -> Vec<TimedEvent> {
+        let events = self.events();
+        let Some(origin) = self.origin.or_else(|| events.iter().map(|e| e.at).min()) else {
+            return Vec::new();
+        };
+        let rel = |t: Instant| t.saturating_duration_since(origin);
+        events
+            .into_iter()
+            .map(|e| TimedEvent {
+                client: e.client,
+                at: rel(e.at),
+                kind: match e.kind {
+                    EventKind::Acquired { valid_until, fence } => Timed::Acquired {
+                        valid_until: rel(valid_until),
+                        fence,
+                    },
+                    EventKind::Extended { valid_until } => Timed::Extended {
+                        valid_until: rel(valid_until),
+                    },
+                    EventKind::Lost => Timed::Lost,
+                    EventKind::Released => Timed::Released,
+                    EventKind::Paused { until } => Timed::Paused { until: rel(until) },
+                },
+                lock: e.lock,
+            })
+            .collect()
     }
 
     /// Records an event.
@@ -405,7 +522,7 @@ impl History {
     /// The first [`Violation`] found.
     pub fn check(&self) -> Result<(), Violation> {
         let events = self.events();
-        let Some(origin) = events.iter().map(|e| e.at).min() else {
+        let Some(origin) = self.origin.or_else(|| events.iter().map(|e| e.at).min()) else {
             return Ok(());
         };
         let mut by_lock: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();

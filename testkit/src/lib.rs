@@ -36,7 +36,9 @@ mod sim;
 
 pub use clock::SkewedClock;
 pub use fault::{Delivery, Fault, Faults, FaultyNode, Op, RandomFaults};
-pub use history::{ClientRecorder, ClientView, Event, EventKind, History, Violation};
+pub use history::{
+    ClientRecorder, ClientView, Event, EventKind, History, Timed, TimedEvent, Violation,
+};
 pub use memory::MemoryNode;
 pub use sim::{Sim, SimSpawner, VirtualClock, block_on, for_each_seed};
 

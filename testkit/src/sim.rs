@@ -14,6 +14,8 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 use redlease::machine::Jitter;
+
+use crate::{EventKind, History};
 use redlease::{Config, ConfigError, LockManager, RedisNode, Sleep, Task, Timer};
 
 struct ClockState {
@@ -303,6 +305,10 @@ pub struct Sim {
     prune_at: Option<Instant>,
     /// Jitter seeds handed out by [`Sim::seeded`] so far.
     managers: std::sync::atomic::AtomicU64,
+    /// The histories of [`Sim::history`], told of every pause.
+    histories: Vec<History>,
+    /// Every pause so far as `(client, start, end)`, for a history taken after it.
+    pause_log: Vec<(u64, Instant, Instant)>,
 }
 
 impl std::fmt::Debug for Sim {
@@ -373,7 +379,53 @@ impl Sim {
             deferred: Vec::new(),
             prune_at: None,
             managers: std::sync::atomic::AtomicU64::new(0),
+            histories: Vec::new(),
+            pause_log: Vec::new(),
         }
+    }
+
+    /// A [`History`] that knows this simulation: every client pause ([`pause`](Self::pause),
+    /// [`pause_at`](Self::pause_at), [`random_pauses`](Self::random_pauses)), before or after this call, is
+    /// recorded in it as [`EventKind::Paused`](crate::EventKind::Paused) of that client, so that
+    /// [`History::check`] knows a paused client could not learn of its loss (no need to record pauses by
+    /// hand); and its [timeline](History::timeline) counts from the simulation's start. Record each
+    /// client's leases under the client number its manager's spawner pauses
+    /// ([`history.recorder(id)`](History::recorder) with [`Sim::client(id)`](Self::client)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::Config;
+    /// use redlease_testkit::{MemoryNode, Sim};
+    ///
+    /// let mut sim = Sim::new(3);
+    /// let history = sim.history();
+    /// let node = MemoryNode::with_timer(sim.clock());
+    /// let manager = sim
+    ///     .single(node, Config::default().with_expiry(Duration::from_secs(2)))
+    ///     .unwrap()
+    ///     .with_spawner(sim.client(1))
+    ///     .with_observer(history.recorder(1));
+    /// let lock = manager.lock("job").auto_renew(Duration::from_millis(500));
+    /// let lease = sim.block_on(lock.try_acquire()).unwrap();
+    /// // Client 1 stops for 5 s: its renewals stop, the lease expires on the server meanwhile, and the client
+    /// // learns of the loss only when it runs again — which the checker accepts, knowing of the pause.
+    /// sim.pause(1, Duration::from_secs(5));
+    /// sim.run_for(Duration::from_secs(6));
+    /// assert!(!lease.is_held());
+    /// assert_eq!(history.check(), Ok(()));
+    /// ```
+    pub fn history(&mut self) -> History {
+        let origin = self
+            .clock
+            .now()
+            .checked_sub(self.clock.elapsed())
+            .unwrap_or_else(|| self.clock.now());
+        let history = History::starting_at(origin);
+        for &(client, start, end) in &self.pause_log {
+            history.record(client, "", start, EventKind::Paused { until: end });
+        }
+        self.histories.push(history.clone());
+        history
     }
 
     /// `config` with its retry jitter seeded from the simulation's seed, unless it has a
@@ -461,7 +513,10 @@ impl Sim {
         self.spawner().spawn(task);
     }
 
-    /// Stops client `client` for `duration` from now: none of its tasks is polled until then.
+    /// Stops client `client` for `duration` from now: none of its tasks is polled until then. A history from
+    /// [`Sim::history`] records the pause by itself (one from [`History::new`] needs an
+    /// [`EventKind::Paused`] record by hand, or [`History::check`] reports the loss the client learns at
+    /// the pause's end as late).
     pub fn pause(&mut self, client: u64, duration: Duration) {
         let now = self.clock.now();
         self.pause_at(client, now, duration);
@@ -474,6 +529,10 @@ impl Sim {
         }
         let end = at.checked_add(duration).unwrap_or(at);
         self.pauses.entry(client).or_default().push((at, end));
+        self.pause_log.push((client, at, end));
+        for history in &self.histories {
+            history.record(client, "", at, EventKind::Paused { until: end });
+        }
         self.prune_at = Some(self.prune_at.map_or(end, |p| p.min(end)));
     }
 
