@@ -1,5 +1,5 @@
 //! Runs the demo binary: in memory, against temporary `redis-server`s (single node and Redlock), and with bad
-//! configurations. The live cases skip with a `SKIP live test …` line when no `redis-server` is installed
+//! configurations. The live cases skip with a `SKIP` line (one per binary and missing binary) when no `redis-server` is installed
 //! (and fail instead with `REDLEASE_REQUIRE_REDIS=1`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

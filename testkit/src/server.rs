@@ -154,13 +154,32 @@ impl Flavor {
                 self.name()
             );
         }
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIP live test {test} on {}: server binary not found ({hint})",
-            self.name()
+        let _ = skip_once(
+            &format!("{}: server binary not found ({hint})", self.name()),
+            test,
         );
         false
     }
+}
+
+/// Prints one `SKIP` line per reason and test binary, instead of one per test and flavor: the first test
+/// skipped for `reason` names it, the others skip silently for the same reason (a binary runs dozens of live
+/// tests on five setups; without Valkey that was hundreds of identical lines).
+/// Returns whether it printed.
+fn skip_once(reason: &str, test: &str) -> bool {
+    static SEEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.iter().any(|r| r == reason) {
+        return false;
+    }
+    seen.push(reason.to_owned());
+    // Straight to the process's stderr: the test harness captures `println!`/`eprintln!`, and a skip must be
+    // visible in a normal `cargo test` run.
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIP every live test of this binary that needs {reason} (first: {test}; {REQUIRE_ENV}=1 fails instead)"
+    );
+    true
 }
 
 impl fmt::Display for Flavor {
@@ -264,10 +283,7 @@ pub fn on_each_flavor(test: &str, flavors: &[Flavor], body: impl Fn(Flavor) + Sy
                 if selected(flavor) {
                     return flavor.available(test);
                 }
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "SKIP live test {test} on {flavor}: not in ${FLAVORS_ENV}"
-                );
+                let _ = skip_once(&format!("{flavor}, which ${FLAVORS_ENV} leaves out"), test);
                 false
             })
             .map(|flavor| {
@@ -309,8 +325,8 @@ pub fn redis_required() -> bool {
     std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1")
 }
 
-/// `true` when the live test `test` can run. Otherwise prints `SKIP live test <test>: redis-server not found`
-/// and returns `false`, or panics when `REDLEASE_REQUIRE_REDIS=1`.
+/// `true` when the live test `test` can run. Otherwise returns `false` (the first such test of the process
+/// prints one `SKIP` line naming the missing binary), or panics when `REDLEASE_REQUIRE_REDIS=1`.
 pub fn live_tests_enabled(test: &str) -> bool {
     check_binaries(test, false)
 }
@@ -331,9 +347,10 @@ fn check_binaries(test: &str, need_cli: bool) -> bool {
             )
         }
         Some(bin) => {
-            // Straight to the process's stderr: the test harness captures `println!`/`eprintln!`, and a skip
-            // must be visible in a normal `cargo test` run.
-            let _ = writeln!(std::io::stderr(), "SKIP live test {test}: {bin} not found");
+            let _ = skip_once(
+                &format!("{bin}: not found (set $REDIS_SERVER/$REDIS_CLI or PATH)"),
+                test,
+            );
             false
         }
     }
@@ -1357,6 +1374,15 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn a_skip_reason_is_printed_once_per_test_binary() {
+        let reason = "a binary no machine has (this test's own reason)";
+        assert!(skip_once(reason, "first_test"));
+        assert!(!skip_once(reason, "second_test"));
+        assert!(!skip_once(reason, "third_test"));
+        assert!(skip_once("another reason of this test", "second_test"));
+    }
 
     #[test]
     fn a_start_that_meets_another_server_on_its_port_moves_to_another_port() {

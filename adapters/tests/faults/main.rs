@@ -2,7 +2,7 @@
 //! SIGSTOP/SIGCONT, `CLIENT KILL` and the testkit's TCP fault proxy (latency, blackhole, dropped replies),
 //! for both adapters (redis-rs and fred), in single and Redlock mode.
 //!
-//! Each test skips with a `SKIP live test …` line when no `redis-server` is installed (and fails instead with
+//! Each test skips with a `SKIP` line (one per binary and missing binary) when no `redis-server` is installed (and fails instead with
 //! `REDLEASE_REQUIRE_REDIS=1`). The cancellation test is seeded: it prints its seed, and `REDLEASE_SEED`
 //! replays a failure.
 

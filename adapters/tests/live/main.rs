@@ -1,6 +1,6 @@
 //! Live tests against temporary `redis-server` processes (see `redlease_testkit::server`).
 //!
-//! Each test starts its own servers on free loopback ports and skips with a `SKIP live test …` line when no
+//! Each test starts its own servers on free loopback ports and skips with a `SKIP` line (one per binary and missing binary) when no
 //! `redis-server` is installed (fails instead with `REDLEASE_REQUIRE_REDIS=1`).
 
 // Test helpers outside `#[test]` functions (node builders, occupancy checks) must fail loudly too.
