@@ -745,7 +745,7 @@ impl<C: KeyRouted> FredNode<C> {
             return Err(NodeError::not_applied(
                 NodeErrorKind::Unsupported,
                 format!(
-                    "{}: fred runs on tokio only; call this node from within a tokio runtime (not sent)",
+                    "{}: fred needs a tokio runtime, and none is current; call this node from within one (not sent)",
                     what.name
                 ),
             ));

@@ -679,11 +679,11 @@ async fn checked(
 }
 
 /// The lock key holds another type: worded as the scripts word it.
-fn lock_wrong_type(what: &Script, key: &str, e: NodeError) -> NodeError {
+fn lock_wrong_type(what: &Script, _key: &str, e: NodeError) -> NodeError {
     NodeError::not_applied(
         NodeErrorKind::WrongType,
         format!(
-            "the {} command was refused: WRONGTYPE the lock key {key} holds a value of another type",
+            "the {} command was refused: WRONGTYPE the lock key holds a value of another type",
             what.name
         ),
     )

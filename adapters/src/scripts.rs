@@ -361,7 +361,7 @@ return {cur, redis.call('PTTL', KEYS[1])}
 /// (an integer or `WRONGTYPE` reply: present; an unknown command: absent), which deletes nothing unless the
 /// lock key holds that literal string, which no token is.
 pub const PROBE: Script = Script {
-    name: "probe",
+    name: "capability check",
     source: r#"local denied = {}
 if redis.acl_check_cmd then
   local checks = {
@@ -427,7 +427,7 @@ impl Script {
 /// when it exists (never touched); the other three as [`PROBE`] answers them. Error replies, all before any write: those of
 /// [`PROBE`] and of [`ACQUIRE_FRESH`].
 pub const PROBE_ACQUIRE: Script = Script {
-    name: "probe_acquire",
+    name: "first acquisition",
     source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
   return redis.error_reply('ERR redlease: invalid token argument (empty)')
 end

@@ -441,6 +441,29 @@ fn nonzero(field: &'static str, value: Duration) -> Result<(), ConfigError> {
     }
 }
 
+/// The longest lock or fence key redlease sends, in bytes: a longer one is refused with
+/// [`ConfigError::KeyTooLong`] before any command is sent. (Redis accepts keys up to 512 MB, but every
+/// command of a lease carries its key, and a lock name that long is a bug.)
+pub const MAX_KEY_BYTES: usize = 4096;
+
+/// Checks a lock or fence key (`which`) before anything is sent: not empty, at most [`MAX_KEY_BYTES`].
+pub(crate) fn check_key(which: &'static str, key: &str) -> Result<(), ConfigError> {
+    if key.is_empty() {
+        return Err(ConfigError::InvalidKey(match which {
+            "fence" => "the fence key is empty",
+            _ => "the lock key is empty",
+        }));
+    }
+    if key.len() > MAX_KEY_BYTES {
+        return Err(ConfigError::KeyTooLong {
+            which,
+            len: key.len(),
+            max: MAX_KEY_BYTES,
+        });
+    }
+    Ok(())
+}
+
 /// A setting, lock name or topology that cannot work. Raised before any command is sent.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -528,6 +551,17 @@ pub enum ConfigError {
     /// A lock or fence key is unusable.
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),
+    /// A lock or fence key is longer than [`MAX_KEY_BYTES`]. Checked before anything is sent, so that a key
+    /// built by mistake from a payload never reaches the servers (nor, whole, a log line).
+    #[error("the {which} key is {len} bytes long; the limit is {max} bytes")]
+    KeyTooLong {
+        /// `"lock"` or `"fence"`.
+        which: &'static str,
+        /// The key's length in bytes.
+        len: usize,
+        /// [`MAX_KEY_BYTES`].
+        max: usize,
+    },
     /// The node list does not form a valid topology for the chosen algorithm.
     #[error("invalid topology: {0}")]
     Topology(String),

@@ -80,7 +80,7 @@ mod trace;
 pub mod metrics;
 
 pub use async_trait::async_trait;
-pub use config::{Config, ConfigError, Durability};
+pub use config::{Config, ConfigError, Durability, MAX_KEY_BYTES};
 pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};

@@ -278,9 +278,7 @@ impl LockManager {
         if self.engine.mode != Mode::Single {
             return Err(Error::FencingUnsupported);
         }
-        if fence_key.is_empty() {
-            return Err(ConfigError::InvalidKey("the fence key is empty").into());
-        }
+        crate::config::check_key("fence", fence_key)?;
         if at_least >= i64::MAX as u64 {
             // Redis counters are signed 64-bit: the next INCR would overflow.
             return Err(ConfigError::FenceOutOfRange(at_least).into());
@@ -529,16 +527,12 @@ impl Lock {
 
     fn plan(&self) -> Result<Plan, Error> {
         let config = &self.engine.config;
-        if self.key.is_empty() {
-            return Err(ConfigError::InvalidKey("the lock key is empty").into());
-        }
+        crate::config::check_key("lock", &self.key)?;
         if let Some(fence_key) = &self.fence_key {
             if self.engine.mode == Mode::Redlock {
                 return Err(Error::FencingUnsupported);
             }
-            if fence_key.is_empty() {
-                return Err(ConfigError::InvalidKey("the fence key is empty").into());
-            }
+            crate::config::check_key("fence", fence_key)?;
             if fence_key.as_str() == &*self.key {
                 return Err(
                     ConfigError::InvalidKey("the fence key must differ from the lock key").into(),

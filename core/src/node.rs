@@ -1054,7 +1054,7 @@ impl NodeErrorKind {
             Self::Busy => "busy",
             Self::WrongType => "wrong type",
             Self::Fence => "fence counter",
-            Self::Unsupported => "unsupported by the server",
+            Self::Unsupported => "unsupported",
             Self::NotReplicated => "not replicated",
             Self::Restarted => "restarted node in quarantine",
             Self::FenceRegressed => "fence regression",

@@ -74,6 +74,16 @@ pub struct TokenError {
 }
 
 #[cfg(test)]
+impl TokenError {
+    /// A token error with `message`, for the error-message tests.
+    pub(crate) fn for_tests(message: &str) -> Self {
+        Self {
+            message: message.to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use std::collections::HashSet;

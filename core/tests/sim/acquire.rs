@@ -614,9 +614,13 @@ fn a_failed_extension_that_is_not_retried_is_lost_at_the_deadline_with_its_cause
         .block_on(async { lease.extend(secs(5)).await })
         .unwrap_err();
     assert!(matches!(err, Error::Quorum(_)), "{err:?}");
+    let cause = std::error::Error::source(&err)
+        .and_then(std::error::Error::source)
+        .map(ToString::to_string)
+        .unwrap_or_default();
     assert!(
-        err.to_string().contains("connection"),
-        "the message names the node error: {err}"
+        cause.contains("connection"),
+        "the source chain names the node error: {err}: {cause}"
     );
     let reason = c.sim.block_on(lease.lost());
     assert_eq!(reason, LossReason::Expired);

@@ -101,6 +101,45 @@ fn bad_lock_descriptions_fail_before_any_command_is_sent() {
 }
 
 #[test]
+fn a_key_over_the_size_limit_is_refused_before_any_command_is_sent() {
+    let mut c = Cluster::new(1, 32, config());
+    let huge = "k".repeat(2 << 20); // 2 MB
+    let at_limit = "k".repeat(redlease::MAX_KEY_BYTES);
+    let m = c.manager.clone();
+    for (lock, which) in [
+        (m.lock(huge.as_str()), "lock"),
+        (m.lock("k").fenced(huge.as_str()), "fence"),
+        (m.lock(format!("{at_limit}x")), "lock"),
+    ] {
+        let r = c.sim.block_on(async move { lock.try_acquire().await });
+        let Err(Error::Config(redlease::ConfigError::KeyTooLong { which: w, len, max })) = &r
+        else {
+            panic!("{which}: {r:?}")
+        };
+        assert_eq!((*w, *max), (which, redlease::MAX_KEY_BYTES));
+        assert!(*len > *max);
+        let text = r.unwrap_err().to_string();
+        assert!(text.len() < 100, "the message is short: {text}");
+    }
+    let r = c.sim.block_on(m.raise_fence(&huge, 7));
+    assert!(
+        matches!(
+            r,
+            Err(Error::Config(redlease::ConfigError::KeyTooLong { .. }))
+        ),
+        "{r:?}"
+    );
+    assert_eq!(c.calls(), 0, "nothing was sent");
+    // A key of exactly the limit is sent.
+    let lock = m.lock(at_limit);
+    assert!(
+        c.sim
+            .block_on(async move { lock.try_acquire().await })
+            .is_ok()
+    );
+}
+
+#[test]
 fn fencing_is_refused_in_redlock_mode() {
     let mut c = Cluster::new(3, 31, config());
     let lock = c.manager.lock("k").fenced("k:fence");

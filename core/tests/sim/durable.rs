@@ -66,7 +66,7 @@ fn required_durability_without_acknowledgement_fails_clearly_and_releases_the_ke
         ),
         "{err:?}"
     );
-    let text = err.to_string();
+    let text = crate::support::chain(&err);
     assert!(text.contains("0 of 1 required replica"), "{text}");
     assert!(c.nodes[0].get("jobs").is_none(), "the key was released");
     assert_eq!(
@@ -84,7 +84,7 @@ fn required_durability_without_acknowledgement_fails_clearly_and_releases_the_ke
 fn required_durability_on_a_node_that_cannot_wait_fails_with_the_cause() {
     let (mut c, _seen) = single(Durability::Required(wait()), None);
     let err = c.try_acquire(&c.manager.lock("jobs")).unwrap_err();
-    let text = err.to_string();
+    let text = crate::support::chain(&err);
     assert!(
         text.contains("waiting for replicas failed") && text.contains("unsupported"),
         "{text}"
@@ -182,7 +182,7 @@ fn a_fence_counter_that_went_backwards_is_detected_reported_and_refused() {
         } => assert_eq!(q.errors[0].1.kind(), NodeErrorKind::FenceRegressed),
         other => panic!("expected a refusal, got {other:?}"),
     }
-    assert!(err.to_string().contains("raise_fence"), "{err}");
+    assert!(crate::support::chain(&err).contains("raise_fence"), "{err}");
     assert!(c.nodes[0].get("jobs").is_none(), "the lock was released");
     let events = seen.0.lock().unwrap().clone();
     assert!(events.contains(&"restarted 0".to_string()), "{events:?}");
@@ -258,7 +258,7 @@ fn an_injected_acknowledgement_shortfall_is_refused_under_required_and_reported_
         c.now() - started >= ms(100),
         "a shortfall answers after the timeout"
     );
-    let text = err.to_string();
+    let text = crate::support::chain(&err);
     assert!(text.contains("1 of 2 required replica"), "{text}");
     assert!(c.nodes[0].get("jobs").is_none(), "the key was released");
     assert_eq!(

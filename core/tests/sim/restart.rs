@@ -109,7 +109,7 @@ fn with_quarantine_restarted_nodes_are_not_counted_and_the_checker_finds_nothing
         }
         other => panic!("expected too few nodes because of the quarantine, got {other}"),
     }
-    assert!(err.to_string().contains("restarted"), "{err}");
+    assert!(crate::support::chain(&err).contains("restarted"), "{err}");
     // The quarantined nodes' writes were cleaned up: nothing of client 2's is left behind.
     assert!(c.nodes[0].keys().is_empty() && c.nodes[1].keys().is_empty());
     let seen: Vec<usize> = restarts.0.lock().unwrap().iter().map(|r| r.0).collect();
@@ -194,7 +194,7 @@ fn run_id_lookups_that_hang_or_fail_are_bounded_and_never_counted_as_votes() {
             assert_eq!(failed, vec![0, 1], "{err}");
             assert!(q.errors.iter().all(|(_, e)| e.is_ambiguous()), "{err}");
             assert!(
-                err.to_string().contains("run_id could not be read"),
+                crate::support::chain(&err).contains("run_id could not be read"),
                 "{err}"
             );
         }

@@ -201,3 +201,16 @@ pub(crate) async fn value_of(node: &dyn RedisNode, key: &str) -> Option<Vec<u8>>
 pub(crate) fn sleep(clock: &VirtualClock, d: Duration) -> redlease::Sleep {
     clock.sleep_until(clock.now() + d)
 }
+
+/// An error printed with all its sources, as a logger that walks `source()` prints it: each level says only
+/// what it adds, so a message's cause is in the chain, not repeated at the top.
+pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        source = e.source();
+    }
+    out
+}
