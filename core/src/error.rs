@@ -100,6 +100,23 @@ impl QuorumError {
     }
 }
 
+/// An error with all its sources, joined by `": "`: how redlease's own log events print an error (each
+/// level says only what it adds, so the chain names the cause once).
+#[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            write!(f, ": {e}")?;
+            source = e.source();
+        }
+        Ok(())
+    }
+}
+
 /// How many bytes of a key an error message shows ([`ShortKey`]).
 const KEY_SHOWN: usize = 64;
 

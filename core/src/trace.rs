@@ -134,6 +134,7 @@ fn record(field: &'static str, value: &dyn tracing::Value) {
 /// | won attempts, `Extended`, extension rounds without failures | trace |
 #[cfg(feature = "tracing")]
 pub(crate) fn event(e: &LeaseEvent<'_>) {
+    use crate::error::Chain;
     use crate::error::NotAcquiredReason as R;
     use crate::observe::{AttemptOutcome, EventKind as K};
     use tracing::{debug, error, info, trace, warn};
@@ -289,7 +290,7 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
             let remaining = valid_until.saturating_duration_since(e.at);
             match (error, first) {
                 (Some(error), true) => {
-                    warn!(key, lease, ?remaining, %error, "lease at risk: renewal failed")
+                    warn!(key, lease, ?remaining, error = %Chain(*error), "lease at risk: renewal failed")
                 }
                 (None, true) => warn!(
                     key,
@@ -298,7 +299,7 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
                     "lease at risk: renewal ran out of time"
                 ),
                 (Some(error), false) => {
-                    debug!(key, lease, ?remaining, %error, "lease still at risk: renewal failed again")
+                    debug!(key, lease, ?remaining, error = %Chain(*error), "lease still at risk: renewal failed again")
                 }
                 (None, false) => debug!(key, lease, ?remaining, "lease still at risk"),
             }
@@ -386,7 +387,7 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
             error,
         } => match error {
             Some(error) => {
-                warn!(key, lease, wanted, %error, "write not acknowledged by replicas: the wait failed")
+                warn!(key, lease, wanted, error = %Chain(*error), "write not acknowledged by replicas: the wait failed")
             }
             None => warn!(
                 key,

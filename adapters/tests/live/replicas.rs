@@ -91,8 +91,7 @@ fn required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stoppe
                     "{backend:?}: {err:?}"
                 );
                 assert!(
-                    err.to_string()
-                        .contains("acknowledged by 0 of 1 required replica"),
+                    common::chain(&err).contains("acknowledged by 0 of 1 required replica"),
                     "{backend:?}: {err}"
                 );
                 assert_eq!(primary.cmd(&["EXISTS", &k]), "0", "{backend:?}: released");
@@ -176,7 +175,7 @@ async fn waitaof_is_detected_per_server() {
                 .unwrap();
                 let err = manager.lock(key("aof-policy", backend)).try_acquire().await;
                 let err = err.unwrap_err();
-                assert!(err.to_string().contains("WAITAOF"), "{err}");
+                assert!(common::chain(&err).contains("WAITAOF"), "{err}");
             }
         }
     }
