@@ -486,7 +486,6 @@ impl Shared {
             // Short: the permit it holds delays the holder's own extensions (which would ask the missing
             // nodes too); a node that does not answer in time is asked again a retry delay later.
             let timeout = crate::driver::grace_floor(self.op_timeout)
-                .saturating_mul(2)
                 .min(valid_until.saturating_duration_since(now));
             let r = self
                 .engine

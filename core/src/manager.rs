@@ -883,9 +883,10 @@ impl Lock {
         let shared = Shared::new(Arc::clone(&self.engine), grant);
         if let Some(spawner) = &self.engine.spawner {
             // Nodes that never confirmed the key get it now, with the lease's own token (Redlock: a lease held
-            // by a bare majority survives no further node failure). Without a spawner, the lease's next
-            // extension round does it.
-            if shared.needs_repair() {
+            // by a bare majority survives no further node failure). A lease renewed in the background gets it
+            // from its first renewal round (which asks those nodes too) instead of a repair round competing
+            // with it for the extension permit; without a spawner, the lease's next extension round does it.
+            if shared.needs_repair() && !self.background {
                 spawner.spawn(Box::pin(Arc::clone(&shared).repair()));
             }
         }

@@ -83,3 +83,27 @@ fn the_repair_never_overwrites_another_owners_key() {
     assert_eq!(c.nodes[2].get("job").as_deref(), Some(&b"someone-else"[..]));
     assert_eq!(lease.state(), LeaseState::Held);
 }
+
+#[test]
+fn a_lease_renewed_in_the_background_gets_the_missing_node_from_its_first_renewal() {
+    let cfg = config().with_expiry(secs(30));
+    let mut c = Cluster::with_spawner(3, 7, cfg);
+    c.faults[2].script(Op::Acquire, [Fault::Hang]);
+    let lease = c
+        .try_acquire(&c.manager.lock("job").auto_renew(secs(10)))
+        .unwrap();
+    let token = lease.token().as_str().to_owned();
+    c.sim.run_for(secs(5));
+    assert_eq!(
+        c.holders("job", &token),
+        [0, 1],
+        "no repair round of its own"
+    );
+    c.sim.run_for(secs(6));
+    assert_eq!(
+        c.holders("job", &token),
+        [0, 1, 2],
+        "written by the first renewal"
+    );
+    assert_eq!(lease.state(), LeaseState::Held);
+}
