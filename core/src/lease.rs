@@ -483,10 +483,16 @@ impl Shared {
                 st.unconfirmed.plan_on(n, self.ttl, Some(targets));
                 targets
             };
-            // Short: the permit it holds delays the holder's own extensions (which would ask the missing
-            // nodes too); a node that does not answer in time is asked again a retry delay later.
-            let timeout = crate::driver::grace_floor(self.op_timeout)
-                .min(valid_until.saturating_duration_since(now));
+            // The first round is short: the permit it holds delays the holder's own extensions (which would
+            // ask the missing nodes too), and a healthy node answers at once. A node that does not answer in
+            // time (a connection still being opened) is asked again a retry delay later, with the operation
+            // timeout.
+            let bound = if attempt == 0 {
+                crate::driver::grace_floor(self.op_timeout)
+            } else {
+                self.op_timeout
+            };
+            let timeout = bound.min(valid_until.saturating_duration_since(now));
             let r = self
                 .engine
                 .repair_round(&self.key, &self.token, self.ttl, timeout, targets)
@@ -494,7 +500,9 @@ impl Shared {
             self.handle_round(n, &r.tally);
             drop(permit);
             self.undo_repair_if_ended(targets).await;
-            if r.tally.unsettled_indices().next().is_none() {
+            // Done once every missing node answered (yes, or no: another owner holds it there); a node that
+            // failed (not connected yet, timed out) is asked again.
+            if !r.tally.errors().iter().any(|(i, _)| targets.contains(*i)) {
                 return;
             }
         }
@@ -948,7 +956,7 @@ impl Shared {
 
 /// How many rounds [`Shared::repair`] makes at most (a retry delay apart) while a missing node does not
 /// answer; after that the lease's extension rounds ask it.
-const REPAIR_ATTEMPTS: u32 = 3;
+const REPAIR_ATTEMPTS: u32 = 4;
 
 /// What follows a renewal round (see [`Shared::after_renewal`]).
 enum AfterRenewal {

@@ -107,3 +107,21 @@ fn a_lease_renewed_in_the_background_gets_the_missing_node_from_its_first_renewa
     );
     assert_eq!(lease.state(), LeaseState::Held);
 }
+
+#[test]
+fn a_repair_refused_by_a_node_not_yet_connected_is_tried_again() {
+    let cfg = config().with_expiry(secs(30));
+    let mut c = Cluster::with_spawner(3, 8, cfg);
+    // The acquisition's request is lost; the first repair is refused before it is sent (no connection yet).
+    c.faults[2].script(
+        Op::Acquire,
+        [
+            Fault::Hang,
+            Fault::Fail(redlease::NodeErrorKind::Connection),
+        ],
+    );
+    let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+    let token = lease.token().as_str().to_owned();
+    c.sim.run_for(secs(2));
+    assert_eq!(c.holders("job", &token), [0, 1, 2]);
+}
