@@ -338,3 +338,111 @@ fn a_wait_on_a_connection_that_replaced_the_writing_one_is_refused() {
         },
     );
 }
+
+/// Issue 22 #1: a durability `WAIT` blocks the connection it is sent on until it returns, so it must not go
+/// over the connection the node shares between its leases. With the replica stopped, several best-effort
+/// leases on one node (one multiplexed connection, or one fred client / pool) wait at once, each for its
+/// full wait: none is delayed beyond its own wait or lost, and an unrelated lock on the same node is taken
+/// while they wait. (Before the fix the `WAIT`s ran one after the other on the shared connection: the later
+/// leases' rounds ran out, and the unrelated lock timed out behind them.)
+#[test]
+fn a_durability_wait_holds_up_no_other_lease_or_lock_on_its_node() {
+    const LEASES: usize = 6;
+    on_every_server(
+        "a_durability_wait_holds_up_no_other_lease_or_lock_on_its_node",
+        |flavor| async move {
+            let primary = RedisServer::start_flavor(flavor, &[]);
+            let replica = primary.start_replica(&[]);
+            // Each WAIT lasts its full second (the replica acknowledges nothing); a round may take the
+            // operation timeout (2 s) plus that second. Run one after the other, the six would need 6 s.
+            let wait = ReplicaWait::new(1, Duration::from_secs(1));
+            let op = Duration::from_secs(2);
+            for backend in ALL_BACKENDS {
+                let node = common::node(backend, &primary.url()).await;
+                let seen = NotReplicated::default();
+                let manager = LockManager::single(
+                    Arc::clone(&node),
+                    config(TTL)
+                        .with_operation_timeout(op)
+                        .with_durability(Durability::BestEffort(wait)),
+                )
+                .unwrap()
+                .with_observer(seen.clone());
+                let plain =
+                    LockManager::single(node, config(TTL).with_operation_timeout(op)).unwrap();
+                replica.pause();
+                let mut acquisitions = tokio::task::JoinSet::new();
+                for i in 0..LEASES {
+                    let manager = manager.clone();
+                    let k = key(&format!("waits-apart-{i}"), backend);
+                    acquisitions.spawn(async move { manager.lock(&k).try_acquire().await });
+                }
+                // While the WAITs block (the server reports blocked clients), an unrelated lock on the
+                // same node, without durability: taken at once, not after any WAIT.
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while blocked_clients(&primary) == 0 {
+                    assert!(std::time::Instant::now() < deadline, "no WAIT blocked");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                let started = std::time::Instant::now();
+                let other = plain
+                    .lock(key("waits-apart-other", backend))
+                    .try_acquire()
+                    .await;
+                let took = started.elapsed();
+                let other = other.unwrap_or_else(|e| panic!("{backend:?}: unrelated lock: {e}"));
+                assert!(
+                    took < wait.timeout,
+                    "{backend:?}: the unrelated lock took {took:?}, as long as a WAIT"
+                );
+                let mut leases = Vec::new();
+                while let Some(joined) = acquisitions.join_next().await {
+                    leases.push(
+                        joined
+                            .unwrap()
+                            .unwrap_or_else(|e| panic!("{backend:?}: {e}")),
+                    );
+                }
+                assert_eq!(
+                    seen.0.lock().unwrap().as_slice(),
+                    [Some(0); LEASES],
+                    "{backend:?}: every lease's WAIT counted its write and saw no acknowledgement"
+                );
+                // Their extensions, all at once with the replica still stopped: none lost.
+                let mut extensions = tokio::task::JoinSet::new();
+                for lease in leases {
+                    extensions.spawn(async move {
+                        let r = lease.extend(TTL).await;
+                        (lease, r)
+                    });
+                }
+                let mut leases = Vec::new();
+                while let Some(joined) = extensions.join_next().await {
+                    let (lease, r) = joined.unwrap();
+                    r.unwrap_or_else(|e| panic!("{backend:?}: extension: {e}"));
+                    assert!(lease.is_held(), "{backend:?}");
+                    leases.push(lease);
+                }
+                assert_eq!(seen.0.lock().unwrap().len(), 2 * LEASES, "{backend:?}");
+                replica.resume();
+                for lease in leases {
+                    lease.release().await.unwrap();
+                }
+                other.release().await.unwrap();
+                primary
+                    .wait_for_replicas(1, Duration::from_secs(10))
+                    .unwrap();
+            }
+        },
+    );
+}
+
+/// The server's `blocked_clients` count (`INFO clients`).
+fn blocked_clients(server: &RedisServer) -> u64 {
+    server
+        .cmd(&["INFO", "clients"])
+        .lines()
+        .find_map(|l| l.strip_prefix("blocked_clients:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
