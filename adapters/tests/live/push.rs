@@ -2,8 +2,8 @@
 //! `SPUBLISH` on a cluster), one subscriber connection per node serves every waiter of a client, and nothing
 //! stays subscribed once the waiters are gone.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redlease::notify::channel;
@@ -73,14 +73,22 @@ pub(crate) async fn eventually(limit: Duration, mut done: impl FnMut() -> bool) 
     done()
 }
 
-/// Records each acquisition's attempt count.
+/// Counts acquisitions, and those that waited because an earlier attempt found the lock held by another
+/// owner (`Acquired { contended: true }`). An acquisition whose earlier attempt failed otherwise (a round
+/// that timed out under load) is retried without waiting for a notification, so it is not counted.
 #[derive(Default)]
-struct Attempts(Mutex<Vec<u32>>);
+struct Attempts {
+    acquired: AtomicU64,
+    contended: AtomicU64,
+}
 
 impl Observer for Attempts {
     fn event(&self, event: &LeaseEvent<'_>) {
-        if let EventKind::Acquired { attempts, .. } = event.kind {
-            self.0.lock().unwrap().push(attempts);
+        if let EventKind::Acquired { contended, .. } = event.kind {
+            self.acquired.fetch_add(1, Ordering::SeqCst);
+            if contended {
+                self.contended.fetch_add(1, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -133,22 +141,22 @@ async fn eight_waiters_on_one_key(flavor: Flavor, test: &str) {
         for t in tasks {
             t.await.unwrap();
         }
-        let attempts = attempts.0.lock().unwrap().clone();
         let stats = notifier.stats();
-        // Acquisitions that needed more than one attempt waited: with 30 s between polls, only a
-        // notification (or the confirmation of the subscription, once per subscription) could wake them
-        // within the 0.6 s.
-        let woken = attempts.iter().filter(|&&a| a > 1).count() as u64;
+        // Acquisitions that met contention waited: with 30 s between polls, only a notification (or the
+        // confirmation of the subscription, once per subscription) could wake them within the 0.6 s.
+        // (Counting acquisitions of more than one attempt also counted those whose earlier attempt timed
+        // out under load, which are retried without a wait: about one run in four failed.)
+        let woken = attempts.contended.load(Ordering::SeqCst);
         let distribution: Vec<u64> = wins.iter().map(|w| w.load(Ordering::SeqCst)).collect();
         eprintln!(
-            "push: {flavor} {backend:?}: {} acquisitions, {woken} after waiting; wins per task \
+            "push: {flavor} {backend:?}: {} acquisitions, {woken} after contention; wins per task \
              {distribution:?} (fairness is not promised); notifier {stats:?}",
-            attempts.len()
+            attempts.acquired.load(Ordering::SeqCst)
         );
         assert_eq!(overlaps.load(Ordering::SeqCst), 0, "{flavor} {backend:?}");
         assert!(
             woken >= 20,
-            "{flavor} {backend:?}: only {woken} acquisitions after waiting"
+            "{flavor} {backend:?}: only {woken} acquisitions after contention"
         );
         assert!(
             stats.wakeups >= woken,
