@@ -246,8 +246,6 @@ pub struct FredNode<C> {
     probe: Probe,
     /// Release notifications over a subscriber client of the node's own.
     notifier: Option<Notifier>,
-    /// Durability waits on clients of their own (see [`crate::waits`]).
-    waits: Option<Arc<FredLine>>,
 }
 
 /// A node over one fred [`Client`].
@@ -317,13 +315,8 @@ impl<C: KeyRouted> FredNode<C> {
                 notify::DEFAULT_MAX_CHANNELS,
             )
         });
-        let waits = client
-            .members()
-            .first()
-            .map(|member| Arc::new(FredLine::new(member)));
         Self {
             notifier,
-            waits,
             endpoint: config_endpoint(&config),
             cluster,
             timeout: None,
@@ -1106,24 +1099,6 @@ impl<C: KeyRouted> Transport for FredNode<C> {
             self.act_on_reconnection(&mut health.lock());
         }
     }
-
-    async fn wait_apart(
-        &self,
-        key: &str,
-        wait: &[&str],
-        timeout: Duration,
-        expected: &redlease::RunId,
-    ) -> Option<Result<Reply, NodeError>> {
-        let line = self.waits.as_deref().filter(|_| !self.cluster)?;
-        if tokio::runtime::Handle::try_current().is_err() {
-            return None;
-        }
-        // The node's command timeout, or else the client's connection timeout, for each round trip.
-        let allowance = self
-            .timeout
-            .unwrap_or(self.client.connection_config().connection_timeout);
-        crate::waits::wait(line, key, wait, expected, timeout, allowance).await
-    }
 }
 
 #[async_trait]
@@ -1192,8 +1167,7 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::run_id(self, key).await
     }
 
-    /// `WAIT` or `WAITAOF` counting the write of `key`, on a wait client of the node's own (built from the
-    /// first member's settings), so that it blocks no other call; unsupported on a cluster.
+    /// `WAIT` or `WAITAOF` on the connection that carries `key`; unsupported on a cluster.
     async fn wait_replicas(
         &self,
         key: &str,
@@ -1216,8 +1190,6 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
 
 mod sentinel;
 pub use sentinel::sentinel_builder;
-mod waits_line;
-use waits_line::FredLine;
 
 /// Not a script: names `SUBSCRIBE`/`SSUBSCRIBE` and their opposites in messages.
 const SUBSCRIBE: Script = Script {

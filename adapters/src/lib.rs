@@ -92,8 +92,6 @@
 mod commands;
 #[cfg(any(feature = "redis", feature = "fred"))]
 mod ops;
-#[cfg(any(feature = "redis", feature = "fred"))]
-mod waits;
 pub use commands::{Capabilities, Commands};
 mod setup;
 pub use setup::{SetupError, Timeouts};

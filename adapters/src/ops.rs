@@ -38,7 +38,6 @@ use redlease::{Claim, KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, To
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
-
 use crate::{Capabilities, Commands};
 
 /// Which script command to send.
@@ -319,22 +318,6 @@ pub(crate) trait Transport: Send + Sync {
 
     /// The capability state of the connection(s) this transport sends on.
     fn probe(&self) -> &Probe;
-
-    /// Sends `PUBLISH` on [`crate::waits::CHANNEL`] and the `WAIT`/`WAITAOF` command `wait` (server-side timeout
-    /// `timeout`) pipelined behind it, once, on a connection of the transport's own that carries nothing
-    /// else and reached the server process `expected`, to the server that carries `key`: see
-    /// [`crate::waits::wait`]. `None` when the transport has no such connection to offer: the wait then goes over
-    /// the shared connection.
-    fn wait_apart(
-        &self,
-        key: &str,
-        wait: &[&str],
-        timeout: std::time::Duration,
-        expected: &RunId,
-    ) -> impl Future<Output = Option<Result<Reply, NodeError>>> + Send {
-        let _ = (key, wait, timeout, expected);
-        async { None }
-    }
 
     /// Acts on reconnections the client announced since the last call (forgets the probe), before an answer
     /// is given from the probe's memory without sending anything ([`run_id`]) and before a write's connection
@@ -1497,10 +1480,8 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
     Ok(id)
 }
 
-/// `WAIT replicas timeout`, or `WAITAOF 0 replicas timeout`, counting the write of `key` made on the
-/// connection that carries `key`'s commands: on a wait connection of the node's own where the transport
-/// offers one (so the blocking `WAIT` holds up no other lease; see [`crate::waits`]), on that connection
-/// otherwise. A server without `WAITAOF` (Redis before 7.2) answers "unknown command": reported as
+/// `WAIT replicas timeout`, or `WAITAOF 0 replicas timeout`, on the connection that carries `key`'s
+/// commands. A server without `WAITAOF` (Redis before 7.2) answers "unknown command": reported as
 /// [`NodeErrorKind::Unsupported`] and remembered for the connection.
 pub(crate) async fn wait_replicas(
     t: &impl Transport,
@@ -1543,7 +1524,7 @@ pub(crate) async fn wait_replicas(
     } else {
         vec!["WAIT", &replicas, &millis]
     };
-    let reply = match wait_somewhere(t, key, &args, wait.timeout).await {
+    let reply = match note(t, t.command(&WAIT, key, &args).await) {
         Ok(reply) => reply,
         Err(e) if wait.aof && unknown_command(&e) => {
             t.probe().lock().no_waitaof = true;
@@ -1566,27 +1547,6 @@ pub(crate) async fn wait_replicas(
             format!("{}: unexpected reply", args[0]),
         )
     })
-}
-
-/// The reply of the `WAIT` command `args`: on a connection of its own where the transport opens one and it
-/// is shown to count the write (see [`crate::waits`]), over the shared connection otherwise.
-async fn wait_somewhere(
-    t: &impl Transport,
-    key: &str,
-    args: &[&str],
-    timeout: std::time::Duration,
-) -> Result<Reply, NodeError> {
-    t.notice_reconnections();
-    let learned = t.probe().lock().run_id.clone();
-    if let Some(learned) = learned
-        && let Some(answer) = t.wait_apart(key, args, timeout, &learned).await
-    {
-        return answer;
-    }
-    // No wait connection (the transport has none, none reached the server the node's connection learned,
-    // or its run id is unknown), or the PUBLISH refused (so the WAIT counted nothing of ours): the shared
-    // connection, which took the write.
-    note(t, t.command(&WAIT, key, args).await)
 }
 
 fn unknown_command(e: &NodeError) -> bool {

@@ -94,7 +94,6 @@ use redlease::{
 
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{self, Reply, Script};
-use crate::waits;
 use crate::{Capabilities, Commands, SetupError, Timeouts};
 
 /// The redis-rs client crate, re-exported so that versions match.
@@ -136,8 +135,6 @@ pub struct RedisRsNode<C> {
     probe: Probe,
     /// Release notifications over a subscriber connection of the node's own, if it has a client to open one.
     notifier: Option<Notifier>,
-    /// Durability waits on connections of their own, if the node has a client to open them.
-    waits: Option<Arc<RedisLine>>,
 }
 
 /// A node over one [`MultiplexedConnection`] (no reconnection; see [`MultiplexedNode::lazy`]).
@@ -177,27 +174,7 @@ impl<C> RedisRsNode<C> {
             dead: Arc::new(AtomicBool::new(false)),
             probe: Probe::default(),
             notifier: None,
-            waits: None,
         }
-    }
-
-    /// Sends durability waits (`WAIT`/`WAITAOF`, see [`RedisNode::wait_replicas`]) on connections of their
-    /// own, opened from `client` with `config`'s settings (without its response timeout), instead of the
-    /// node's connection, which the server would serve nothing else on while a wait blocks it. The `connect`
-    /// constructors do this with their client; use it for a node built with [`new`](RedisRsNode::new). No
-    /// effect on a Redis Cluster node (it cannot wait).
-    pub fn with_wait_connections(
-        mut self,
-        client: &redis::Client,
-        config: &AsyncConnectionConfig,
-    ) -> Self {
-        self.waits = Some(Arc::new(RedisLine::new(client, config, None)));
-        self
-    }
-
-    fn with_wait_line(mut self, line: RedisLine) -> Self {
-        self.waits = Some(Arc::new(line));
-        self
     }
 
     /// Enables release notifications for waiting acquisitions (see [`redlease::notify`]): a subscriber
@@ -369,9 +346,7 @@ impl MultiplexedNode {
         client: &redis::Client,
         timeouts: Timeouts,
     ) -> Result<Self, RedisError> {
-        let config = async_config(timeouts);
-        let node = Self::connect_with_config(client, &config).await?;
-        Ok(node.with_wait_line(RedisLine::new(client, &config, Some(timeouts.response()))))
+        Self::connect_with_config(client, &async_config(timeouts)).await
     }
 
     /// Opens a multiplexed connection with `config` (timeouts and other settings); the endpoint is taken
@@ -385,8 +360,7 @@ impl MultiplexedNode {
             .await?;
         Ok(Self::new(conn)
             .with_endpoint(client_endpoint(client))
-            .with_subscriber(client)
-            .with_wait_connections(client, config))
+            .with_subscriber(client))
     }
 
     /// A node that opens its multiplexed connection on first use and again after it dropped; see
@@ -419,19 +393,14 @@ impl ManagedNode {
         client: &redis::Client,
         timeouts: Timeouts,
     ) -> Result<Self, RedisError> {
-        let node = Self::connect_with_config(
+        Self::connect_with_config(
             client,
             ConnectionManagerConfig::new()
                 .set_number_of_retries(0)
                 .set_connection_timeout(Some(timeouts.connection()))
                 .set_response_timeout(Some(timeouts.response())),
         )
-        .await?;
-        Ok(node.with_wait_line(RedisLine::new(
-            client,
-            &async_config(timeouts),
-            Some(timeouts.response()),
-        )))
+        .await
     }
 
     /// Creates a [`ConnectionManager`] with `config` as given (timeouts, delays, retries); the endpoint is
@@ -473,8 +442,7 @@ impl ManagedNode {
             ..Self::new(conn)
         }
         .with_endpoint(client_endpoint(client))
-        .with_subscriber(client)
-        .with_wait_connections(client, &AsyncConnectionConfig::new()))
+        .with_subscriber(client))
     }
 }
 
@@ -851,17 +819,6 @@ where
     fn probe(&self) -> &Probe {
         &self.probe
     }
-
-    async fn wait_apart(
-        &self,
-        key: &str,
-        wait: &[&str],
-        timeout: std::time::Duration,
-        expected: &redlease::RunId,
-    ) -> Option<Result<Reply, NodeError>> {
-        let line = self.waits.as_deref().filter(|_| !self.cluster)?;
-        waits::wait(line, key, wait, expected, timeout, line.allowance()).await
-    }
 }
 
 /// Implements [`RedisNode`] for a node type through [`ops`] (the type implements [`Transport`] and has
@@ -937,8 +894,7 @@ macro_rules! impl_node {
                 ops::run_id(self, key).await
             }
 
-            /// `WAIT` or `WAITAOF` counting the write of `key`, on a wait connection of the node's own where it has
-            /// one (see `with_wait_connections`), so that it blocks no other call; unsupported on a cluster.
+            /// `WAIT` or `WAITAOF` on the connection that carries `key`; unsupported on a cluster.
             async fn wait_replicas(
                 &self,
                 key: &str,
@@ -979,8 +935,6 @@ pub struct LazyNode {
     /// The capability state of the current connection (forgotten with each new connection).
     probe: Probe,
     notifier: Option<Notifier>,
-    /// Durability waits on connections of their own (see [`crate::waits`]).
-    waits: Arc<RedisLine>,
 }
 
 /// The current connection of a [`LazyNode`] and a count of the connections opened so far.
@@ -1009,11 +963,7 @@ impl LazyNode {
     /// A lazy node whose connections are opened with `timeouts` (connection and response); the endpoint is
     /// taken from the client.
     pub fn with_timeouts(client: redis::Client, timeouts: Timeouts) -> Self {
-        let config = async_config(timeouts);
-        Self {
-            waits: Arc::new(RedisLine::new(&client, &config, Some(timeouts.response()))),
-            ..Self::with_config(client, config)
-        }
+        Self::with_config(client, async_config(timeouts))
     }
 
     /// A lazy node whose connections are opened with `config` (set its connection timeout to at most the
@@ -1022,7 +972,6 @@ impl LazyNode {
         Self {
             endpoint: Some(client_endpoint(&client)),
             notifier: Some(standalone_notifier(&client, notify::DEFAULT_MAX_CHANNELS)),
-            waits: Arc::new(RedisLine::new(&client, &config, None)),
             client,
             config,
             current: Arc::new(Mutex::new(Slot::default())),
@@ -1194,26 +1143,13 @@ impl Transport for LazyNode {
     fn probe(&self) -> &Probe {
         &self.probe
     }
-
-    async fn wait_apart(
-        &self,
-        key: &str,
-        wait: &[&str],
-        timeout: std::time::Duration,
-        expected: &redlease::RunId,
-    ) -> Option<Result<Reply, NodeError>> {
-        let line = &*self.waits;
-        waits::wait(line, key, wait, expected, timeout, line.allowance()).await
-    }
 }
 
 impl_node!([] LazyNode);
 
 // After `impl_node!` and with access to this module's private helpers.
 mod sentinel;
-mod waits_line;
 pub use sentinel::SentinelNode;
-use waits_line::RedisLine;
 
 /// The servers a redis-rs subscriber connection talks to.
 #[derive(Clone)]
