@@ -101,6 +101,7 @@ pub struct Config {
     durability: Durability,
     quarantine: Quarantine,
     renewal_batching: Option<(Duration, usize)>,
+    max_hold: Option<Duration>,
 }
 
 impl Default for Config {
@@ -118,6 +119,7 @@ impl Default for Config {
             durability: Durability::Off,
             quarantine: Quarantine::Expiry,
             renewal_batching: None,
+            max_hold: None,
         }
     }
 }
@@ -286,6 +288,21 @@ impl Config {
         self
     }
 
+    /// Sets the default hold limit of every lease: renewal stops `max_hold` after the acquisition, and the
+    /// lease ends there with [`LossReason::HoldLimit`](crate::LossReason::HoldLimit) (see
+    /// [`Lock::max_hold`](crate::Lock::max_hold), which overrides it per lock). `None` (the default): no
+    /// limit.
+    #[must_use]
+    pub fn with_max_hold(mut self, max_hold: Option<Duration>) -> Self {
+        self.max_hold = max_hold;
+        self
+    }
+
+    /// The default hold limit, if any.
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.max_hold
+    }
+
     /// The renewal batching window and batch size, if batching is on.
     pub fn renewal_batching(&self) -> Option<(Duration, usize)> {
         self.renewal_batching
@@ -366,6 +383,9 @@ impl Config {
         }
         if let Quarantine::For(d) = self.quarantine {
             nonzero("restart_quarantine", d)?;
+        }
+        if let Some(d) = self.max_hold {
+            nonzero("max_hold", d)?;
         }
         if let Some((window, max)) = self.renewal_batching {
             if !(1..=1000).contains(&max) {

@@ -159,6 +159,10 @@ pub enum LossReason {
     /// allowance): the servers' TTLs kept running meanwhile, so the lease cannot be trusted. See
     /// [`Timer::wall_now`](crate::Timer::wall_now).
     Suspended,
+    /// The lease reached its hold limit ([`Lock::max_hold`](crate::Lock::max_hold)): renewal stopped there
+    /// and the lease was given up (its token deleted from the nodes) although nothing failed. Not a fault:
+    /// the work outlived the time it was allowed.
+    HoldLimit,
 }
 
 impl fmt::Display for LossReason {
@@ -169,6 +173,7 @@ impl fmt::Display for LossReason {
             Self::ExtendFailed => "an extension failed",
             Self::Released => "it was released",
             Self::Suspended => "the machine was suspended while it was held",
+            Self::HoldLimit => "it reached its hold limit",
         })
     }
 }
@@ -503,6 +508,7 @@ mod tests {
                 LossReason::ExtendFailed,
                 LossReason::Released,
                 LossReason::Suspended,
+                LossReason::HoldLimit,
             ] {
                 for source in [None, Some(quorum(Operation::Extend, 1, vec![(0, oom())]))] {
                     errors.push(Error::Lost {

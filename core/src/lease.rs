@@ -109,6 +109,8 @@ pub(crate) struct Shared {
     pub(crate) renew_interval: Option<Duration>,
     pub(crate) id: LeaseId,
     acquired_at: Instant,
+    /// The hold limit ([`crate::Lock::max_hold`]): the lease is never believed valid past it.
+    hold_until: Option<Instant>,
     state: Mutex<State>,
 }
 
@@ -122,6 +124,8 @@ pub(crate) struct Grant {
     pub(crate) renew_interval: Option<Duration>,
     pub(crate) id: LeaseId,
     pub(crate) acquired_at: Instant,
+    /// The hold limit, if the lock has one.
+    pub(crate) hold_until: Option<Instant>,
     pub(crate) round_started: Instant,
     pub(crate) wall_started: Option<SystemTime>,
     pub(crate) valid_until: Instant,
@@ -155,8 +159,12 @@ impl Shared {
             renew_interval: grant.renew_interval,
             id: grant.id,
             acquired_at: grant.acquired_at,
+            hold_until: grant.hold_until,
             state: Mutex::new(State {
-                valid_until: grant.valid_until,
+                valid_until: match grant.hold_until {
+                    Some(limit) => grant.valid_until.min(limit),
+                    None => grant.valid_until,
+                },
                 round_started: grant.round_started,
                 wall_started: grant.wall_started,
                 lost: None,
@@ -253,8 +261,9 @@ impl Shared {
             return Err(LossReason::Released);
         }
         if now >= st.valid_until {
+            let reason = self.expiry_reason(st.valid_until);
             drop(st);
-            return Err(self.mark_lost(LossReason::Expired));
+            return Err(self.mark_lost(reason));
         }
         if st.wall_started.is_some() {
             let wall = (st.wall_started, self.engine.timer.wall_now());
@@ -264,6 +273,15 @@ impl Shared {
             }
         }
         Ok(st.valid_until)
+    }
+
+    /// Why a lease whose deadline `valid_until` passed is lost: it expired, or it reached its hold limit.
+    fn expiry_reason(&self, valid_until: Instant) -> LossReason {
+        if self.schedule().ends_at_hold_limit(valid_until) {
+            LossReason::HoldLimit
+        } else {
+            LossReason::Expired
+        }
     }
 
     /// The drift allowance of this lease's TTL.
@@ -554,9 +572,11 @@ impl Shared {
             return Err(LossReason::Released);
         }
         if now >= st.valid_until {
+            let reason = self.expiry_reason(st.valid_until);
             drop(st);
-            return Err(self.mark_lost(LossReason::Expired));
+            return Err(self.mark_lost(reason));
         }
+        let valid_until = self.schedule().cap(valid_until);
         let earlier = valid_until < st.valid_until;
         st.valid_until = valid_until;
         // Extended: an earlier failure is no longer the cause of anything.
@@ -731,7 +751,7 @@ impl Shared {
         match self.schedule().round_timeout(now, valid_until) {
             Some(timeout) => Some((timeout, valid_until)),
             None => {
-                self.give_up_batched(LossReason::Expired, None);
+                self.give_up_batched(self.expiry_reason(valid_until), None);
                 None
             }
         }
@@ -832,7 +852,7 @@ impl Shared {
             let mut st = self.lock();
             let unnoticed = st.lost.is_none() && now >= st.valid_until;
             if unnoticed {
-                st.lost = Some(LossReason::Expired);
+                st.lost = Some(self.expiry_reason(st.valid_until));
             }
             st.ended = true;
             (st.lost, unnoticed, st.valid_until, st.take_waiters())
@@ -901,7 +921,7 @@ impl Shared {
             }
             let Some(timeout) = self.schedule().round_timeout(now, valid_until) else {
                 drop(permit);
-                let _ = Box::pin(self.give_up(LossReason::Expired, None)).await;
+                let _ = Box::pin(self.give_up(self.expiry_reason(valid_until), None)).await;
                 return;
             };
             // Boxed: a lease spends nearly all its life asleep between rounds, and thousands may be held at once,
@@ -941,6 +961,7 @@ impl Shared {
             self.engine.config.retry_delay(),
             self.op_timeout,
         )
+        .with_hold_limit(self.hold_until)
     }
 
     /// Sleeps until `at`; resolves early if the lease ends or is lost, or its deadline moves earlier.
@@ -1606,8 +1627,9 @@ impl Future for LossSignal {
                     return Poll::Ready(LossReason::Released);
                 }
                 if now >= st.valid_until {
+                    let reason = this.shared.expiry_reason(st.valid_until);
                     drop(st);
-                    return Poll::Ready(this.shared.mark_lost(LossReason::Expired));
+                    return Poll::Ready(this.shared.mark_lost(reason));
                 }
                 if st.wall_started.is_some() {
                     // Woken after a resume (the default timer wakes every sleeper then): a suspend longer

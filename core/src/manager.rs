@@ -222,6 +222,7 @@ impl LockManager {
             renew_every: None,
             background: false,
             fence_key: None,
+            max_hold: None,
         }
     }
 
@@ -321,6 +322,8 @@ pub struct Lock {
     /// Renewal in the background on the manager's spawner ([`Lock::auto_renew`]).
     background: bool,
     fence_key: Option<String>,
+    /// [`Lock::max_hold`], if set (else the manager's default).
+    max_hold: Option<Duration>,
 }
 
 impl fmt::Debug for Lock {
@@ -331,6 +334,7 @@ impl fmt::Debug for Lock {
             .field("renew_every", &self.renew_every)
             .field("background_renewal", &self.background)
             .field("fence_key", &self.fence_key)
+            .field("max_hold", &self.effective_max_hold())
             .finish()
     }
 }
@@ -506,6 +510,51 @@ impl Lock {
         self
     }
 
+    /// Limits how long a lease of this lock may be held in all, renewals included: renewal stops `max_hold`
+    /// after the acquisition (counted from the start of the winning round), and the lease ends there — its
+    /// [loss signal](crate::Lease::lost) fires with [`LossReason::HoldLimit`](crate::LossReason::HoldLimit),
+    /// [`Lease::run`](crate::Lease::run) stops its work and returns that loss, and the renewer (if any)
+    /// deletes the token from the nodes so that the next holder need not wait for the TTL. A job stuck in a
+    /// loop cannot keep the lock for ever. Overrides the manager's [`Config::with_max_hold`].
+    ///
+    /// The lease's [`valid_until`](crate::Lease::valid_until) never lies past the limit. A lease that
+    /// nothing renews and nobody releases keeps its key on the nodes until its TTL runs out, as without a
+    /// limit; a node that does not answer the deletion keeps it for at most one TTL after the limit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Error, LockManager, LossReason};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager
+    ///     .lock("rebuild-cache")
+    ///     .expiry(Duration::from_millis(300))
+    ///     .max_hold(Duration::from_millis(500))
+    ///     .try_acquire()
+    ///     .await?;
+    /// // Renewed while the work runs, but never past half a second in all.
+    /// let stuck = std::future::pending::<()>();
+    /// match lease.run(stuck).await {
+    ///     Err(Error::Lost { reason: LossReason::HoldLimit, .. }) => {}
+    ///     other => panic!("expected the hold limit, got {other:?}"),
+    /// }
+    /// // The key was deleted at the limit: another holder gets the lock at once.
+    /// assert!(manager.lock("rebuild-cache").try_acquire().await.is_ok());
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The hold limit this lock uses: its own [`max_hold`](Self::max_hold), or the manager's default.
+    pub fn effective_max_hold(&self) -> Option<Duration> {
+        self.max_hold.or(self.engine.config.max_hold())
+    }
+
     /// The lock key.
     pub fn key(&self) -> &str {
         &self.key
@@ -546,6 +595,9 @@ impl Lock {
         }
         if self.background && self.engine.spawner.is_none() {
             return Err(ConfigError::AutoRenewWithoutSpawner.into());
+        }
+        if self.max_hold.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::ZeroDuration { field: "max_hold" }.into());
         }
         Ok(Plan {
             ttl,
@@ -871,6 +923,9 @@ impl Lock {
             renew_interval: self.renew_every,
             id,
             acquired_at: now,
+            hold_until: self
+                .effective_max_hold()
+                .and_then(|d| r.started.checked_add(d)),
             round_started: r.started,
             wall_started: r.wall.0,
             unconfirmed,

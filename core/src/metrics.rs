@@ -7,7 +7,7 @@
 //! | `redlease_acquired_total` | counter | – | acquisitions that got the lease |
 //! | `redlease_contended_total` | counter | `result`: `acquired`, `not_acquired` | acquisitions that found the lock held by another owner at least once |
 //! | `redlease_acquire_failed_total` | counter | `reason`: `contended`, `too_few_nodes`, `validity_exhausted`, `refused`, `deadline_passed`, `not_replicated` | acquisitions that gave up |
-//! | `redlease_lost_total` | counter | `reason`: `expired`, `not_held`, `extend_failed`, `suspended` | leases lost |
+//! | `redlease_lost_total` | counter | `reason`: `expired`, `not_held`, `extend_failed`, `suspended`, `hold_limit` | leases lost |
 //! | `redlease_renewals_total` | counter | `result`: `extended`, `at_risk` | automatic renewal rounds: succeeded, or failed without proving the lease gone |
 //! | `redlease_at_risk_total` | counter | – | leases that went at risk (the first failed renewal round of each at-risk period) |
 //! | `redlease_recovered_total` | counter | – | at-risk leases that a renewal saved |
@@ -87,8 +87,8 @@ static REASON_FAILED: [[Label; 1]; 6] = labels!(
     "not_replicated"
 );
 static RESULT_ACQUIRE: [[Label; 1]; 2] = labels!("result": "acquired", "not_acquired");
-static REASON_LOST: [[Label; 1]; 5] = labels!(
-    "reason": "expired", "not_held", "extend_failed", "released", "suspended"
+static REASON_LOST: [[Label; 1]; 6] = labels!(
+    "reason": "expired", "not_held", "extend_failed", "released", "suspended", "hold_limit"
 );
 static RESULT_RENEWAL: [[Label; 1]; 2] = labels!("result": "extended", "at_risk");
 static END: [[Label; 1]; 3] = labels!("end": "released", "dropped", "lost");
@@ -111,6 +111,7 @@ fn lost_index(reason: LossReason) -> usize {
         LossReason::ExtendFailed => 2,
         LossReason::Released => 3,
         LossReason::Suspended => 4,
+        LossReason::HoldLimit => 5,
     }
 }
 
@@ -365,6 +366,7 @@ mod tests {
             LossReason::ExtendFailed,
             LossReason::Released,
             LossReason::Suspended,
+            LossReason::HoldLimit,
         ] {
             assert_eq!(REASON_LOST[lost_index(reason)][0].value(), loss_str(reason));
         }

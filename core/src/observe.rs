@@ -451,6 +451,7 @@ pub(crate) fn loss_str(reason: LossReason) -> &'static str {
         LossReason::ExtendFailed => "extend_failed",
         LossReason::Released => "released",
         LossReason::Suspended => "suspended",
+        LossReason::HoldLimit => "hold_limit",
     }
 }
 

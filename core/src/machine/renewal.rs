@@ -19,11 +19,16 @@ pub enum RenewalStep {
 /// call [`after_failure`](Self::after_failure). Sleep until the returned instant, then act on the step. Each
 /// renewal round is bounded by [`round_timeout`](Self::round_timeout) so that its outcome is known before the
 /// validity deadline.
+///
+/// With a [hold limit](Self::with_hold_limit), the lease's deadline is capped at the limit (see
+/// [`cap`](Self::cap)): once a round leaves it valid up to the limit, no further renewal is planned and the
+/// next step is [`RenewalStep::LostAt`] the limit.
 #[derive(Debug, Clone, Copy)]
 pub struct RenewalSchedule {
     interval: Duration,
     retry_pause: Duration,
     operation_timeout: Duration,
+    hold_until: Option<Instant>,
 }
 
 impl RenewalSchedule {
@@ -34,7 +39,29 @@ impl RenewalSchedule {
             interval,
             retry_pause: retry_pause.min(interval),
             operation_timeout,
+            hold_until: None,
         }
+    }
+
+    /// This schedule for a lease that may be held until `hold_until` at the latest (`None`: no limit).
+    #[must_use]
+    pub fn with_hold_limit(mut self, hold_until: Option<Instant>) -> Self {
+        self.hold_until = hold_until;
+        self
+    }
+
+    /// A validity deadline as the lease may believe it: never past the hold limit.
+    pub fn cap(&self, valid_until: Instant) -> Instant {
+        match self.hold_until {
+            Some(limit) => valid_until.min(limit),
+            None => valid_until,
+        }
+    }
+
+    /// Whether a lease valid until `valid_until` (already [capped](Self::cap)) ends at its hold limit rather
+    /// than by expiring: the reason its loss is reported with.
+    pub fn ends_at_hold_limit(&self, valid_until: Instant) -> bool {
+        self.hold_until.is_some_and(|limit| valid_until >= limit)
     }
 
     /// The renewal interval.
@@ -48,7 +75,12 @@ impl RenewalSchedule {
     /// deadline, so that a renewal has a full round to complete while the lease is still valid — but never
     /// earlier than halfway to the deadline, so a lease whose validity is shorter than two rounds is not
     /// renewed in a tight loop.
+    ///
+    /// A lease valid up to its hold limit is not renewed again: the step is `LostAt` the limit.
     pub fn after_success(&self, started: Instant, valid_until: Instant) -> RenewalStep {
+        if self.ends_at_hold_limit(valid_until) {
+            return RenewalStep::LostAt(valid_until);
+        }
         let half = valid_until.saturating_duration_since(started) / 2;
         let halfway = started.checked_add(half).unwrap_or(started);
         let latest = valid_until
@@ -135,6 +167,38 @@ mod tests {
         assert_eq!(s.round_timeout(t0, t0 + ms(100)), Some(ms(100)));
         assert_eq!(s.round_timeout(t0 + ms(100), t0 + ms(100)), None);
         assert_eq!(s.round_timeout(t0 + ms(200), t0 + ms(100)), None);
+    }
+
+    #[test]
+    fn a_hold_limit_caps_the_deadline_and_stops_renewal_once_reached() {
+        let t0 = Instant::now();
+        let limit = t0 + ms(25_000);
+        let s = RenewalSchedule::new(ms(10_000), ms(200), ms(500)).with_hold_limit(Some(limit));
+        // Before the limit is in reach: renewed as usual.
+        assert_eq!(s.cap(t0 + ms(20_000)), t0 + ms(20_000));
+        assert!(!s.ends_at_hold_limit(t0 + ms(20_000)));
+        assert_eq!(
+            s.after_success(t0, t0 + ms(20_000)),
+            RenewalStep::RenewAt(t0 + ms(10_000))
+        );
+        // A round that would leave it valid past the limit leaves it valid up to the limit, and no renewal
+        // follows.
+        let capped = s.cap(t0 + ms(39_700));
+        assert_eq!(capped, limit);
+        assert!(s.ends_at_hold_limit(capped));
+        assert_eq!(
+            s.after_success(t0 + ms(10_000), capped),
+            RenewalStep::LostAt(limit)
+        );
+        // A failure before the limit still retries while validity remains.
+        assert_eq!(
+            s.after_failure(t0 + ms(20_000), capped),
+            RenewalStep::RenewAt(t0 + ms(20_200))
+        );
+        // Without a limit nothing is capped.
+        let free = RenewalSchedule::new(ms(10_000), ms(200), ms(500));
+        assert_eq!(free.cap(t0 + ms(39_700)), t0 + ms(39_700));
+        assert!(!free.ends_at_hold_limit(t0 + ms(39_700)));
     }
 
     proptest! {

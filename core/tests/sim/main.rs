@@ -10,6 +10,7 @@ mod defects;
 mod durable;
 mod fresh;
 mod history;
+mod hold;
 mod observe;
 mod push;
 mod redundancy;
