@@ -582,6 +582,10 @@ pub enum ConfigError {
         /// [`MAX_KEY_BYTES`].
         max: usize,
     },
+    /// A [`LeaseTicket`](crate::LeaseTicket) given to [`Lock::resume`](crate::Lock::resume) does not fit the
+    /// lock: another key, another mode or node count, or a fenced lock without a fence (or the reverse).
+    #[error("the lease ticket does not fit this lock: {0}")]
+    TicketMismatch(&'static str),
     /// The node list does not form a valid topology for the chosen algorithm.
     #[error("invalid topology: {0}")]
     Topology(String),

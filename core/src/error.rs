@@ -570,6 +570,7 @@ mod tests {
                 max: crate::MAX_KEY_BYTES,
             },
             ConfigError::Topology("3 nodes needed".into()),
+            ConfigError::TicketMismatch("the ticket is for another key"),
         ] {
             errors.push(Error::Config(config));
         }

@@ -18,6 +18,7 @@ use crate::machine::{RenewalSchedule, RenewalStep, Tally, Verdict};
 use crate::node::NodeError;
 use crate::node::Ttl;
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
+use crate::ticket::LeaseTicket;
 use crate::time::Sleep;
 use crate::token::Token;
 
@@ -51,6 +52,9 @@ struct State {
     /// Since when the lease is at risk (the first failed renewal round of this at-risk period), if it is.
     at_risk: Option<Instant>,
     ended: bool,
+    /// It ended by [`Lease::handoff`]: its key now belongs to whoever resumes the ticket, so nothing of this
+    /// lease may delete it any more.
+    handed_off: bool,
     /// A compare-and-delete of our token on every node has finished (after a loss): nobody needs to repeat it.
     cleaned: bool,
     renewing: bool,
@@ -171,6 +175,7 @@ impl Shared {
                 loss_source: None,
                 at_risk: None,
                 ended: false,
+                handed_off: false,
                 cleaned: false,
                 renewing: false,
                 batched: false,
@@ -305,9 +310,13 @@ impl Shared {
     }
 
     /// Deletes our token on every node (always safe: compare-and-delete touches only our own key), once.
+    /// Never after a handoff: the key is the resuming process's lease then.
     async fn clean_up(&self) {
-        if self.lock().cleaned {
-            return;
+        {
+            let st = self.lock();
+            if st.cleaned || st.handed_off {
+                return;
+            }
         }
         let _ = self
             .engine
@@ -528,14 +537,15 @@ impl Shared {
 
     /// After a round that asked `targets` with [`RedisNode::acquire`](crate::RedisNode::acquire) (a repair):
     /// if the lease ended or was lost meanwhile, a write that landed after the release's compare-and-delete
-    /// must not outlive it: our token is deleted there again.
+    /// must not outlive it: our token is deleted there again. Not after a handoff: the key is the resuming
+    /// process's lease now (the ticket carries the write as in flight).
     async fn undo_repair_if_ended(&self, targets: NodeSet) {
         if targets.is_empty() {
             return;
         }
         {
             let st = self.lock();
-            if !st.ended && st.lost.is_none() {
+            if st.handed_off || (!st.ended && st.lost.is_none()) {
                 return;
             }
         }
@@ -844,9 +854,9 @@ impl Shared {
         wake(waiters);
     }
 
-    /// Ends the lease locally (release or drop): stops renewal, resolves loss signals. Returns the loss
-    /// reason if the lease was already lost or expired.
-    fn end(&self, dropped: bool) -> Option<LossReason> {
+    /// Ends the lease locally (release, drop or handoff): stops renewal, resolves loss signals. Returns the
+    /// loss reason if the lease was already lost or expired.
+    fn end(&self, how: Ending) -> Option<LossReason> {
         let now = self.now();
         let (prior, unnoticed, valid_until, waiters) = {
             let mut st = self.lock();
@@ -855,6 +865,7 @@ impl Shared {
                 st.lost = Some(self.expiry_reason(st.valid_until));
             }
             st.ended = true;
+            st.handed_off = matches!(how, Ending::HandedOff) && st.lost.is_none();
             (st.lost, unnoticed, st.valid_until, st.take_waiters())
         };
         let kind = match prior {
@@ -865,9 +876,14 @@ impl Shared {
                 held_for: now.saturating_duration_since(self.acquired_at),
             }),
             Some(_) => None,
-            None => Some(EventKind::Released {
-                dropped,
-                held_for: now.saturating_duration_since(self.acquired_at),
+            None => Some(match how {
+                Ending::HandedOff => EventKind::HandedOff {
+                    held_for: now.saturating_duration_since(self.acquired_at),
+                },
+                Ending::Released | Ending::Dropped => EventKind::Released {
+                    dropped: matches!(how, Ending::Dropped),
+                    held_for: now.saturating_duration_since(self.acquired_at),
+                },
             }),
         };
         if let Some(kind) = kind {
@@ -978,6 +994,14 @@ impl Shared {
 /// How many rounds [`Shared::repair`] makes at most (a retry delay apart) while a missing node does not
 /// answer; after that the lease's extension rounds ask it.
 const REPAIR_ATTEMPTS: u32 = 4;
+
+/// How a lease ends locally (see [`Shared::end`]).
+#[derive(Clone, Copy)]
+enum Ending {
+    Released,
+    Dropped,
+    HandedOff,
+}
 
 /// What follows a renewal round (see [`Shared::after_renewal`]).
 enum AfterRenewal {
@@ -1335,7 +1359,7 @@ impl Lease {
         self.armed = false;
         let shared = Arc::clone(&self.shared);
         drop(self);
-        let prior = shared.end(false);
+        let prior = shared.end(Ending::Released);
         let engine = &shared.engine;
         let mut guard = CleanupOnDrop::new(
             engine,
@@ -1382,6 +1406,51 @@ impl Lease {
             )
             .into())
         }
+    }
+
+    /// Hands the lease to another process: ends it here without releasing it — renewal stops, loss signals
+    /// resolve with [`LossReason::Released`], the key stays on the nodes — and returns the
+    /// [`LeaseTicket`] that [`Lock::resume`](crate::Lock::resume) continues it with.
+    ///
+    /// Nothing renews the lease between the handoff and the resumption: resume it within its
+    /// [remaining](Self::remaining) validity, or the key expires and the resumption fails. The ticket
+    /// carries no validity; the resuming process proves ownership with an extension round of its own. It does
+    /// carry, per node, what this lease may still have in flight there (an extension whose answer never came),
+    /// so that a late, shorter extension cannot shorten the key under the resumed lease.
+    ///
+    /// # Errors
+    /// [`Error::Lost`] if the lease was already lost or expired (its token is then deleted in the background,
+    /// as when a lease is dropped).
+    pub fn handoff(mut self) -> Result<LeaseTicket, Error> {
+        self.armed = false;
+        let shared = Arc::clone(&self.shared);
+        drop(self);
+        let n = shared.engine.nodes.len();
+        let (pending, missing) = {
+            let st = shared.lock();
+            (st.unconfirmed.snapshot(n), st.missing.bits())
+        };
+        if let Some(reason) = shared.end(Ending::HandedOff) {
+            if !shared.lock().cleaned {
+                shared.engine.spawn_cleanup(
+                    &shared.key,
+                    &shared.token,
+                    shared.op_timeout,
+                    (shared.id, CleanupCause::Dropped),
+                );
+            }
+            return Err(shared
+                .loss_error()
+                .unwrap_or_else(|| shared.lost_error(reason, None)));
+        }
+        Ok(LeaseTicket {
+            key: shared.key.to_string(),
+            token: shared.token.clone(),
+            mode: shared.engine.mode,
+            fence: shared.fence,
+            pending,
+            missing,
+        })
     }
 
     /// Runs `work` while holding the lease, renewing it meanwhile (every
@@ -1509,7 +1578,7 @@ impl ReleaseReport {
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.end(true);
+            self.shared.end(Ending::Dropped);
             // Deleting our own token is always safe, lost or not (a lease lost at its deadline may still be on
             // the nodes for the drift allowance, one that lost a renewal race for its whole TTL).
             if !self.shared.lock().cleaned {

@@ -71,6 +71,7 @@ mod manager;
 mod node;
 pub mod notify;
 mod observe;
+mod ticket;
 mod time;
 mod token;
 mod trace;
@@ -92,6 +93,7 @@ pub use node::{
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,
 };
+pub use ticket::{LeaseTicket, TicketError};
 pub use time::{Sleep, SystemTimer, Timer};
 pub use token::{TOKEN_BYTES, Token, TokenError};
 

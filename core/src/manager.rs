@@ -7,15 +7,18 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigError};
-use crate::driver::{Engine, Mode, RoundResult, Spawn, TtlHint};
-use crate::error::{Error, NotAcquiredReason, Operation, QuorumError};
+use crate::driver::{Engine, Mode, Planned, RoundResult, Spawn, TtlHint};
+use crate::error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 use crate::lease::{Grant, Lease, Shared};
 use crate::machine::Jitter;
+use crate::machine::Verdict;
 use crate::machine::acquisition::{Acquisition, Decision, Limit, Next, Shape};
 use crate::machine::nodeset::NodeSet;
+use crate::machine::unconfirmed::Unconfirmed;
 use crate::node::{RedisNode, Ttl};
 use crate::notify::{Outcome, Watch};
 use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
+use crate::ticket::LeaseTicket;
 use crate::time::{SharedTimer, SystemTimer, Timer};
 use crate::token::Token;
 
@@ -932,6 +935,135 @@ impl Lock {
             missing,
             valid_until,
         })
+    }
+
+    /// Continues a lease another process handed over with [`Lease::handoff`](crate::Lease::handoff): proves
+    /// that the ticket's token still holds the key with an extension round (this lock's TTL), and returns a
+    /// lease whose validity counts from that round — never carried over from the ticket. The resumed lease is
+    /// renewed, limited ([`max_hold`](Self::max_hold), counted from the resumption) and released like an
+    /// acquired one, with this lock's settings.
+    ///
+    /// Resume a ticket once: two processes resuming one ticket hold one lease together, as two holders of
+    /// one token would.
+    ///
+    /// # Errors
+    /// - [`Error::Config`] ([`ConfigError::TicketMismatch`]) if the ticket is for another key, another mode
+    ///   or number of nodes, or a fenced lock where this one is not (or the reverse); the lock's own checks
+    ///   as for an acquisition; all before anything is sent;
+    /// - [`Error::Lost`] with [`LossReason::NotHeld`](crate::LossReason::NotHeld) if the key no longer holds
+    ///   the ticket's token (it expired before the resumption, or was taken over), or
+    ///   [`LossReason::ExtendFailed`](crate::LossReason::ExtendFailed) if the round left no validity;
+    /// - [`Error::Quorum`] if too few nodes answered to tell: the ticket may be tried again while the key's
+    ///   TTL lasts.
+    pub async fn resume(&self, ticket: &LeaseTicket) -> Result<Lease, Error> {
+        let plan = self.plan()?;
+        let engine = &self.engine;
+        let n = engine.nodes.len();
+        let mismatch = |why| Err(Error::Config(ConfigError::TicketMismatch(why)));
+        if ticket.key.as_str() != &*self.key {
+            return mismatch("the ticket is for another key");
+        }
+        if ticket.mode != engine.mode {
+            return mismatch("the ticket was made by a manager of the other mode");
+        }
+        if ticket.pending.len() != n {
+            return mismatch("the ticket was made by a manager with another number of nodes");
+        }
+        if ticket.fence.is_some() != self.fence_key.is_some() {
+            return mismatch(
+                "a fenced lock needs a fenced ticket, an unfenced lock an unfenced one",
+            );
+        }
+        let id = LeaseId::next();
+        // The ticket's in-flight record, with this round planned on top before anything is sent. (Dropped with
+        // this future, it leaves no lease behind to rely on it.)
+        let mut ledger = Unconfirmed::from_acquisition(Some(ticket.pending.clone()));
+        let planned = Planned {
+            unconfirmed: ledger.plan(n, plan.ttl),
+            missing: NodeSet::from_bits(ticket.missing),
+        };
+        let r = engine
+            .extend_round(
+                &self.key,
+                &ticket.token,
+                plan.ttl,
+                plan.op_timeout,
+                &planned,
+                id,
+            )
+            .await;
+        ledger.handle_round(n, &r.tally);
+        if engine.hook.active() {
+            engine.hook.emit(
+                &self.key,
+                id,
+                r.ended,
+                EventKind::Extension {
+                    renewal: false,
+                    nodes: crate::observe::Nodes::new(&r.tally),
+                    round: r.ended.saturating_duration_since(r.started),
+                },
+            );
+        }
+        let lost = |reason| Error::Lost {
+            key: self.key.to_string(),
+            reason,
+            source: None,
+        };
+        if r.tally.verdict() != Verdict::Quorum {
+            if r.tally.refused() {
+                return Err(lost(LossReason::NotHeld));
+            }
+            return Err(QuorumError::new(
+                Operation::Extend,
+                r.tally.yes(),
+                r.tally.required(),
+                r.tally.errors(),
+            )
+            .into());
+        }
+        let factor = engine.config.drift_factor();
+        let drift = crate::machine::validity::drift(plan.ttl, factor);
+        let suspended = r.suspended_by();
+        let Some(valid_until) =
+            crate::machine::validity::deadline_after_round(r.started, r.ended, plan.ttl, factor)
+                .filter(|_| !suspended(drift))
+        else {
+            return Err(lost(LossReason::ExtendFailed));
+        };
+        let mut missing = planned.missing;
+        for i in r.tally.yes_indices() {
+            missing.remove(i);
+        }
+        let now = engine.timer.now();
+        let hold_until = self
+            .effective_max_hold()
+            .and_then(|d| r.started.checked_add(d));
+        engine.hook.emit(
+            &self.key,
+            id,
+            now,
+            EventKind::Resumed {
+                valid_until: hold_until.map_or(valid_until, |h| valid_until.min(h)),
+                fence: ticket.fence,
+            },
+        );
+        Ok(self.lease(Grant {
+            key: self.key.clone(),
+            token: ticket.token.clone(),
+            ttl: plan.ttl,
+            op_timeout: plan.op_timeout,
+            fence: ticket.fence,
+            renew_interval: self.renew_every,
+            id,
+            acquired_at: now,
+            hold_until,
+            round_started: r.started,
+            wall_started: r.wall.0,
+            unconfirmed: Some(ledger.snapshot(n)),
+            missing,
+            valid_until,
+        }))
     }
 
     fn lease(&self, grant: Grant) -> Lease {

@@ -14,9 +14,9 @@
 //! | `redlease_node_errors_total` | counter | `op`: `acquire`, `extend`, `release`, `cleanup`; `kind`: the error kind's `as_str()` (`connection`, `timeout`, …) | node calls that failed (a round the quorum decided without a node's reply does not count it) |
 //! | `redlease_acquire_duration_seconds` | histogram | `result`: `acquired`, `not_acquired` | acquisition latency: from the call to its result, every attempt and pause included |
 //! | `redlease_acquire_wait_seconds` | histogram | – | contended acquisitions that got the lease: the time they waited for it |
-//! | `redlease_hold_seconds` | histogram | `end`: `released`, `dropped`, `lost` | from acquisition to release, drop or loss |
+//! | `redlease_hold_seconds` | histogram | `end`: `released`, `dropped`, `lost`, `handed_off` | from acquisition (or resumption) to release, drop, loss or handoff |
 //! | `redlease_renewal_duration_seconds` | histogram | – | one automatic renewal round |
-//! | `redlease_leases_held` | gauge | – | leases acquired and not yet released, dropped or lost |
+//! | `redlease_leases_held` | gauge | – | leases acquired or resumed and not yet released, dropped, lost or handed off |
 //!
 //! With [`with_key_label(true)`](MetricsObserver::with_key_label) every series above also carries
 //! `key` = the lock key. Off by default: each key is a new series, so only turn it on for a small, fixed set of
@@ -91,7 +91,7 @@ static REASON_LOST: [[Label; 1]; 6] = labels!(
     "reason": "expired", "not_held", "extend_failed", "released", "suspended", "hold_limit"
 );
 static RESULT_RENEWAL: [[Label; 1]; 2] = labels!("result": "extended", "at_risk");
-static END: [[Label; 1]; 3] = labels!("end": "released", "dropped", "lost");
+static END: [[Label; 1]; 4] = labels!("end": "released", "dropped", "lost", "handed_off");
 
 fn failed_index(reason: NotAcquiredReason) -> usize {
     match reason {
@@ -295,6 +295,11 @@ impl Observer for MetricsObserver {
                 self.observe(HOLD, end, k, held_for.as_secs_f64());
                 self.held(k, -1.0);
             }
+            EventKind::HandedOff { held_for } => {
+                self.observe(HOLD, &END[3], k, held_for.as_secs_f64());
+                self.held(k, -1.0);
+            }
+            EventKind::Resumed { .. } => self.held(k, 1.0),
             EventKind::ReleaseRound { nodes, .. } => self.node_errors("release", nodes, k),
             EventKind::Cleanup { nodes, .. } => self.node_errors("cleanup", nodes, k),
             _ => {}

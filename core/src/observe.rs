@@ -220,6 +220,22 @@ pub enum EventKind<'a> {
         /// Time from the acquisition until the release.
         held_for: Duration,
     },
+    /// The holder handed the lease to another process ([`Lease::handoff`](crate::Lease::handoff)): it ends
+    /// here without a release, and its key stays on the nodes for the process that resumes it.
+    #[non_exhaustive]
+    HandedOff {
+        /// Time from the acquisition (or resumption) until the handoff.
+        held_for: Duration,
+    },
+    /// A lease handed off by another process was resumed ([`Lock::resume`](crate::Lock::resume)): this
+    /// process holds it from now on, valid from the resuming extension round.
+    #[non_exhaustive]
+    Resumed {
+        /// The validity deadline (drift-adjusted, from the start of the resuming round).
+        valid_until: Instant,
+        /// The fencing token the lease was acquired with, for fenced locks.
+        fence: Option<u64>,
+    },
     /// The compare-and-delete round of [`Lease::release`](crate::Lease::release) ended (also for a lease
     /// lost before the release). Nodes that failed keep the key until its TTL runs out.
     #[non_exhaustive]

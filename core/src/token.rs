@@ -37,6 +37,15 @@ impl Token {
         Ok(Self { hex })
     }
 
+    /// A token from its 40-character lowercase hexadecimal text (a [`LeaseTicket`](crate::LeaseTicket)'s);
+    /// `None` for anything else.
+    pub(crate) fn from_hex(text: &str) -> Option<Self> {
+        let hex: [u8; TOKEN_BYTES * 2] = text.as_bytes().try_into().ok()?;
+        hex.iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+            .then_some(Self { hex })
+    }
+
     /// The full 40-character hexadecimal text, as stored in Redis.
     pub fn as_str(&self) -> &str {
         // Always ASCII hex digits, written by `hex::encode_to_slice`.

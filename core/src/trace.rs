@@ -332,6 +332,10 @@ pub(crate) fn event(e: &LeaseEvent<'_>) {
         K::Released { dropped, held_for } => {
             debug!(key, lease, dropped, ?held_for, "released");
         }
+        K::HandedOff { held_for } => debug!(key, lease, ?held_for, "handed off"),
+        K::Resumed { valid_until, fence } => {
+            debug!(key, lease, ?valid_until, fence, "resumed");
+        }
         K::ReleaseRound { nodes, round } => {
             let n = nodes.len();
             let outcome = if nodes.yes() >= nodes.required() {

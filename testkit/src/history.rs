@@ -20,6 +20,15 @@ pub enum EventKind {
         /// Fencing token, if the lock is fenced.
         fence: Option<u64>,
     },
+    /// The client resumed a lease another client handed off
+    /// ([`Lock::resume`](redlease::Lock::resume)): from here on it holds it, valid until the instant, with
+    /// the fencing token the lease was acquired with (equal to the handing client's, not larger).
+    Resumed {
+        /// Validity deadline reported by the resumed lease.
+        valid_until: Instant,
+        /// Fencing token, if the lock is fenced.
+        fence: Option<u64>,
+    },
     /// An extension or renewal succeeded, moving the validity deadline.
     Extended {
         /// The new validity deadline.
@@ -159,8 +168,11 @@ impl Observer for ClientRecorder {
             CoreEvent::Extended { valid_until, .. } | CoreEvent::Capped { valid_until } => {
                 (EventKind::Extended { valid_until }, Some(valid_until))
             }
+            CoreEvent::Resumed {
+                valid_until, fence, ..
+            } => (EventKind::Resumed { valid_until, fence }, Some(valid_until)),
             CoreEvent::Lost { .. } => (EventKind::Lost, None),
-            CoreEvent::Released { .. } => (EventKind::Released, None),
+            CoreEvent::Released { .. } | CoreEvent::HandedOff { .. } => (EventKind::Released, None),
             _ => return,
         };
         let Some(clock) = &self.clock else {
@@ -170,6 +182,10 @@ impl Observer for ClientRecorder {
         let global = |t: Instant| clock.base_at(t);
         let kind = match kind {
             EventKind::Acquired { valid_until, fence } => EventKind::Acquired {
+                valid_until: global(valid_until),
+                fence,
+            },
+            EventKind::Resumed { valid_until, fence } => EventKind::Resumed {
                 valid_until: global(valid_until),
                 fence,
             },
@@ -313,6 +329,13 @@ pub enum Timed {
         /// The fencing token, if the lock is fenced.
         fence: Option<u64>,
     },
+    /// [`EventKind::Resumed`].
+    Resumed {
+        /// The validity deadline.
+        valid_until: Duration,
+        /// The fencing token, if the lock is fenced.
+        fence: Option<u64>,
+    },
     /// [`EventKind::Extended`].
     Extended {
         /// The new validity deadline.
@@ -358,6 +381,8 @@ struct Interval {
     fence: Option<u64>,
     /// The validity deadline on the client's own clock, when the events carry a client view.
     local_end: Option<Instant>,
+    /// Continues a lease another client handed off: its fence equals that client's.
+    resumed: bool,
 }
 
 impl History {
@@ -421,6 +446,10 @@ impl History {
                 at: rel(e.at),
                 kind: match e.kind {
                     EventKind::Acquired { valid_until, fence } => Timed::Acquired {
+                        valid_until: rel(valid_until),
+                        fence,
+                    },
+                    EventKind::Resumed { valid_until, fence } => Timed::Resumed {
                         valid_until: rel(valid_until),
                         fence,
                     },
@@ -555,7 +584,8 @@ impl History {
             let mut closed: Vec<Interval> = Vec::new();
             for e in events {
                 match &e.kind {
-                    EventKind::Acquired { valid_until, fence } => {
+                    EventKind::Acquired { valid_until, fence }
+                    | EventKind::Resumed { valid_until, fence } => {
                         if open.contains_key(&e.client) {
                             return Err(Violation::Malformed(format!(
                                 "client {} acquired {lock:?} twice without losing or releasing it",
@@ -570,6 +600,7 @@ impl History {
                                 end: *valid_until,
                                 fence: *fence,
                                 local_end: e.client_view.and_then(|v| v.valid_until),
+                                resumed: matches!(e.kind, EventKind::Resumed { .. }),
                             },
                         );
                     }
@@ -628,7 +659,8 @@ impl History {
             for pair in closed.windows(2) {
                 let (a, b) = (pair[0], pair[1]);
                 if let (Some(previous), Some(next)) = (a.fence, b.fence) {
-                    if next <= previous {
+                    // A resumed lease keeps the fence of the lease handed to it.
+                    if next < previous || (next == previous && !b.resumed) {
                         return Err(Violation::FenceNotIncreasing {
                             lock: lock.to_owned(),
                             previous,

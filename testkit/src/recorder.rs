@@ -31,8 +31,11 @@ impl Observer for History {
             CoreEvent::Extended { valid_until, .. } | CoreEvent::Capped { valid_until } => {
                 EventKind::Extended { valid_until }
             }
+            CoreEvent::Resumed {
+                valid_until, fence, ..
+            } => EventKind::Resumed { valid_until, fence },
             CoreEvent::Lost { .. } => EventKind::Lost,
-            CoreEvent::Released { .. } => EventKind::Released,
+            CoreEvent::Released { .. } | CoreEvent::HandedOff { .. } => EventKind::Released,
             _ => return,
         };
         self.record(event.lease.get(), event.key, event.at, kind);

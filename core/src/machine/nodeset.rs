@@ -37,6 +37,16 @@ impl NodeSet {
         }
     }
 
+    /// The members as bits (bit `i`: node `i`), for a [`LeaseTicket`](crate::LeaseTicket).
+    pub(crate) fn bits(self) -> u64 {
+        self.0
+    }
+
+    /// The set whose members are the bits of `bits`.
+    pub(crate) fn from_bits(bits: u64) -> Self {
+        Self(bits)
+    }
+
     /// Whether no node is a member.
     pub(crate) fn is_empty(self) -> bool {
         self.0 == 0

@@ -73,6 +73,22 @@ impl Unconfirmed {
         self.open = Some((ttl.as_millis(), targets));
     }
 
+    /// Per node (of `n`), the smallest TTL (ms) of a request that may still be applied there (0: none), the
+    /// round planned last included: what a lease handed to another process carries.
+    pub(crate) fn snapshot(&self, n: usize) -> Box<[u64]> {
+        let mut copy = self.clone();
+        if let Some((open, on)) = copy.open.take() {
+            copy.note(
+                n,
+                open,
+                (0..n).filter(|&i| on.is_none_or(|t| t.contains(i))),
+            );
+        }
+        let mut slots = copy.settled.map(Vec::from).unwrap_or_default();
+        slots.resize(n, 0);
+        slots.into_boxed_slice()
+    }
+
     /// The round planned last ended with `tally` (of `n` nodes): the nodes that did not confirm it keep its TTL.
     pub(crate) fn handle_round(&mut self, n: usize, tally: &Tally) {
         let Some((ttl, _)) = self.open.take() else {
@@ -128,6 +144,18 @@ mod tests {
 
     fn refused() -> Reply {
         Reply::Failed(NodeError::not_applied(NodeErrorKind::Connection, "refused"))
+    }
+
+    #[test]
+    fn a_snapshot_includes_the_round_still_open() {
+        let mut u = Unconfirmed::default();
+        assert_eq!(&*u.snapshot(3), &[0, 0, 0]);
+        let _ = u.plan(3, ttl(30_000));
+        u.handle_round(3, &tally(&[(0, Reply::Yes)]));
+        assert_eq!(&*u.snapshot(3), &[0, 30_000, 30_000]);
+        // A round planned and not (yet) answered may land anywhere it was sent.
+        u.plan_on(3, ttl(5_000), Some(NodeSet::of([0])));
+        assert_eq!(&*u.snapshot(3), &[5_000, 30_000, 30_000]);
     }
 
     #[test]

@@ -845,3 +845,60 @@ fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_renewal_relies_on() 
         lease.remaining()
     );
 }
+
+/// Issue 24 (handoff): a manual 5 s extension is cut with its request still in the network, then the lease
+/// is handed off and resumed elsewhere with a 30 s TTL; the stale 5 s extension lands after the resuming
+/// round. The ticket carries the record of that request, so the resuming round does not count the node:
+/// without it, the resumed lease believes in 30 s while the key expires after 5 s and a third client
+/// acquires.
+fn handoff_with_a_shorter_extension_in_flight(fenced: bool) {
+    let mut s = setup(1, config(), false);
+    let mut lock = s.manager.lock("job").expiry(secs(30));
+    if fenced {
+        lock = lock.fenced("job:fence");
+    }
+    let lease = s
+        .sim
+        .block_on(async move { lock.try_acquire().await })
+        .unwrap();
+    s.nets[0].extend(&[Step::Hold]);
+    let clock = s.clock.clone();
+    let ticket = s.sim.block_on(async move {
+        clock.sleep_until(clock.now() + secs(1)).await;
+        let done = within(&clock, ms(10), lease.extend(secs(5))).await;
+        assert!(!done, "the extension was cut before any reply");
+        lease.handoff().unwrap()
+    });
+    // Another process resumes it over a connection of its own (no steering).
+    let mut resume = s.other.lock("job").expiry(secs(30));
+    if fenced {
+        resume = resume.fenced("job:fence");
+    }
+    let resumed = s.sim.block_on(async move { resume.resume(&ticket).await });
+    // The stale 5 s extension lands now; at t=9s the key has expired there.
+    assert_eq!(s.nets[0].deliver(&s.nodes[0]), 1);
+    let clock = s.clock.clone();
+    let mut third = s.other.lock("job").expiry(secs(30));
+    if fenced {
+        third = third.fenced("job:fence");
+    }
+    let second = s.sim.block_on(async move {
+        clock.sleep_until(clock.now() + secs(7)).await;
+        third.try_acquire().await
+    });
+    if let Ok(resumed) = &resumed {
+        assert!(
+            !(resumed.state() == LeaseState::Held && second.is_ok()),
+            "fenced={fenced}: two holders: the resumed lease is {:?} with {:?} left while a third client \
+             acquired",
+            resumed.state(),
+            resumed.remaining()
+        );
+    }
+}
+
+#[test]
+fn a_ticket_carries_a_shorter_extension_in_flight_so_the_resumed_lease_does_not_rely_on_the_key() {
+    handoff_with_a_shorter_extension_in_flight(false);
+    handoff_with_a_shorter_extension_in_flight(true);
+}

@@ -9,6 +9,7 @@ mod config;
 mod defects;
 mod durable;
 mod fresh;
+mod handoff;
 mod history;
 mod hold;
 mod observe;
