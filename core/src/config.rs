@@ -582,6 +582,15 @@ pub enum ConfigError {
         /// [`MAX_KEY_BYTES`].
         max: usize,
     },
+    /// [Holder info](crate::Lock::with_holder_info) longer than
+    /// [`MAX_HOLDER_INFO_BYTES`](crate::MAX_HOLDER_INFO_BYTES).
+    #[error("the holder info is {len} bytes long; the limit is {max} bytes")]
+    HolderInfoTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A [`LeaseTicket`](crate::LeaseTicket) given to [`Lock::resume`](crate::Lock::resume) does not fit the
     /// lock: another key, another mode or node count, or a fenced lock without a fence (or the reverse).
     #[error("the lease ticket does not fit this lock: {0}")]

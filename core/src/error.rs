@@ -19,6 +19,8 @@ pub enum Operation {
     Release,
     /// Raising a fence counter ([`LockManager::raise_fence`](crate::LockManager::raise_fence)).
     RaiseFence,
+    /// Reading who holds a lock ([`Lock::holder_info`](crate::Lock::holder_info)).
+    Inspect,
 }
 
 impl fmt::Display for Operation {
@@ -28,6 +30,7 @@ impl fmt::Display for Operation {
             Self::Extend => "extend",
             Self::Release => "release",
             Self::RaiseFence => "raise fence",
+            Self::Inspect => "inspect",
         })
     }
 }
@@ -343,6 +346,7 @@ impl fmt::Display for Error {
                 Operation::Extend => "the lease was not extended",
                 Operation::Release => "the release was not confirmed",
                 Operation::RaiseFence => "the fence was not raised",
+                Operation::Inspect => "the holder could not be read",
             }),
             Error::Token(e) => fmt::Display::fmt(e, f),
         }
@@ -524,6 +528,7 @@ mod tests {
             Operation::Extend,
             Operation::Release,
             Operation::RaiseFence,
+            Operation::Inspect,
         ] {
             let reset = NodeError::ambiguous(NodeErrorKind::Connection, "connection reset")
                 .with_source(std::io::Error::other("os error 104"));
@@ -571,6 +576,7 @@ mod tests {
             },
             ConfigError::Topology("3 nodes needed".into()),
             ConfigError::TicketMismatch("the ticket is for another key"),
+            ConfigError::HolderInfoTooLong { len: 300, max: 256 },
         ] {
             errors.push(Error::Config(config));
         }

@@ -85,7 +85,7 @@ pub use config::{Config, ConfigError, Durability, MAX_KEY_BYTES};
 pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
-pub use manager::{Lock, LockManager};
+pub use manager::{HolderInfo, Lock, LockManager, MAX_HOLDER_INFO_BYTES};
 pub use node::{
     Applied, Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper,
     RedisNode, ReplicaWait, RunId, Ttl,

@@ -12,10 +12,11 @@ use crate::error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError}
 use crate::lease::{Grant, Lease, Shared};
 use crate::machine::Jitter;
 use crate::machine::Verdict;
+use crate::machine::WaitFor;
 use crate::machine::acquisition::{Acquisition, Decision, Limit, Next, Shape};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::unconfirmed::Unconfirmed;
-use crate::node::{RedisNode, Ttl};
+use crate::node::{KeyState, RedisNode, Ttl};
 use crate::notify::{Outcome, Watch};
 use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
 use crate::ticket::LeaseTicket;
@@ -226,6 +227,7 @@ impl LockManager {
             background: false,
             fence_key: None,
             max_hold: None,
+            holder_info: None,
         }
     }
 
@@ -312,6 +314,36 @@ impl LockManager {
     }
 }
 
+/// The most bytes of [holder info](Lock::with_holder_info) a lock stores with its token.
+pub const MAX_HOLDER_INFO_BYTES: usize = 256;
+
+/// Who holds a lock, as [`Lock::holder_info`] read it from the nodes. Never carries the token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HolderInfo {
+    info: Option<String>,
+    remaining: Option<Duration>,
+    nodes: usize,
+}
+
+impl HolderInfo {
+    /// The holder's [info](Lock::with_holder_info); `None` if it stored none (or the value was not written
+    /// by redlease).
+    pub fn info(&self) -> Option<&str> {
+        self.info.as_deref()
+    }
+
+    /// The shortest time to live of the key among the agreeing nodes (`None` if they report no TTL).
+    pub fn remaining(&self) -> Option<Duration> {
+        self.remaining
+    }
+
+    /// How many nodes hold this value (at least a quorum).
+    pub fn nodes(&self) -> usize {
+        self.nodes
+    }
+}
+
 /// A description of a lock: its key and options. Acquiring it yields a [`Lease`].
 ///
 /// Cheap to clone; acquiring the same description from several tasks makes them contend.
@@ -327,6 +359,8 @@ pub struct Lock {
     fence_key: Option<String>,
     /// [`Lock::max_hold`], if set (else the manager's default).
     max_hold: Option<Duration>,
+    /// [`Lock::with_holder_info`], stored after the token.
+    holder_info: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Lock {
@@ -338,6 +372,7 @@ impl fmt::Debug for Lock {
             .field("background_renewal", &self.background)
             .field("fence_key", &self.fence_key)
             .field("max_hold", &self.effective_max_hold())
+            .field("holder_info", &self.holder_info)
             .finish()
     }
 }
@@ -348,8 +383,8 @@ impl fmt::Debug for Lock {
 /// Dropped before [`won`](Self::won) or [`failed`](Self::failed) — the acquisition future was cancelled — it
 /// deletes every token in the background (if the manager has a spawner).
 struct Tokens<'a> {
-    engine: &'a Arc<Engine>,
-    key: &'a str,
+    /// The lock acquired: its engine, key and holder info (one reference keeps the acquisition future small).
+    lock: &'a Lock,
     id: LeaseId,
     timeout: Duration,
     current: Token,
@@ -358,18 +393,12 @@ struct Tokens<'a> {
 }
 
 impl<'a> Tokens<'a> {
-    fn new(
-        engine: &'a Arc<Engine>,
-        key: &'a str,
-        id: LeaseId,
-        timeout: Duration,
-    ) -> Result<Self, Error> {
+    fn new(lock: &'a Lock, id: LeaseId, timeout: Duration) -> Result<Self, Error> {
         Ok(Self {
-            engine,
-            key,
+            lock,
             id,
             timeout,
-            current: Token::random()?,
+            current: Token::random()?.with_info(lock.holder_info.as_deref()),
             stale: Vec::new(),
             armed: true,
         })
@@ -377,7 +406,7 @@ impl<'a> Tokens<'a> {
 
     /// Retires the current token (its clean-up is unconfirmed somewhere) and draws a new one.
     fn rotate(&mut self) -> Result<(), Error> {
-        let next = Token::random()?;
+        let next = Token::random()?.with_info(self.lock.holder_info.as_deref());
         self.stale.push(std::mem::replace(&mut self.current, next));
         Ok(())
     }
@@ -386,8 +415,8 @@ impl<'a> Tokens<'a> {
     fn won(mut self) -> Token {
         self.armed = false;
         for token in std::mem::take(&mut self.stale) {
-            self.engine.spawn_cleanup(
-                self.key,
+            self.lock.engine.spawn_cleanup(
+                &self.lock.key,
                 &token,
                 self.timeout,
                 (self.id, CleanupCause::StaleToken),
@@ -402,8 +431,8 @@ impl<'a> Tokens<'a> {
     fn failed(&mut self) {
         self.armed = false;
         for token in &self.stale {
-            self.engine.spawn_cleanup(
-                self.key,
+            self.lock.engine.spawn_cleanup(
+                &self.lock.key,
                 token,
                 self.timeout,
                 (self.id, CleanupCause::StaleToken),
@@ -417,8 +446,8 @@ impl Drop for Tokens<'_> {
         if self.armed {
             // Cancelled, possibly in the middle of a round: the current token may be anywhere.
             self.failed();
-            self.engine.spawn_cleanup(
-                self.key,
+            self.lock.engine.spawn_cleanup(
+                &self.lock.key,
                 &self.current,
                 self.timeout,
                 (self.id, CleanupCause::Cancelled),
@@ -553,6 +582,85 @@ impl Lock {
         self
     }
 
+    /// Stores `info` — what the holder is: host, process id, job id — with every lease of this lock, for
+    /// operators and other clients to read with [`holder_info`](Self::holder_info) without the token.
+    ///
+    /// It lives in the lock's own value, after the token (`<token>:<info>`): written in the same atomic step
+    /// as the acquisition, with the same TTL, extended and deleted with it, and compared with it by every
+    /// compare-and-delete and compare-and-expire. At most [`MAX_HOLDER_INFO_BYTES`] bytes (checked before
+    /// anything is sent). Every process that locks the key should use redlease, or read values the same way.
+    ///
+    /// ```
+    /// use redlease::{Config, LockManager};
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// let lease = manager
+    ///     .lock("nightly-report")
+    ///     .with_holder_info("host=web-3 pid=4242 job=2026-12-02")
+    ///     .try_acquire()
+    ///     .await?;
+    /// // Anyone, without the token:
+    /// let holder = manager.lock("nightly-report").holder_info().await?.expect("held");
+    /// assert_eq!(holder.info(), Some("host=web-3 pid=4242 job=2026-12-02"));
+    /// lease.release().await?;
+    /// assert!(manager.lock("nightly-report").holder_info().await?.is_none());
+    /// # Ok::<(), redlease::Error>(())
+    /// # }).unwrap();
+    /// ```
+    #[must_use]
+    pub fn with_holder_info(mut self, info: impl Into<String>) -> Self {
+        self.holder_info = Some(Arc::from(info.into()));
+        self
+    }
+
+    /// Who holds the lock now, as far as a quorum of nodes agrees: the [holder info](Self::with_holder_info)
+    /// stored with the lease (never its token), the time its key has left, and on how many nodes. `None` when
+    /// no value is held by a quorum (free, or split between owners).
+    ///
+    /// One read of every node, bounded by the operation timeout. A snapshot: the lock may change hands the
+    /// moment after.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an invalid key; [`Error::Quorum`] if too few nodes answered.
+    pub async fn holder_info(&self) -> Result<Option<HolderInfo>, Error> {
+        crate::config::check_key("lock", &self.key)?;
+        let engine = &self.engine;
+        let timeout = engine.config.operation_timeout_for(self.effective_expiry());
+        let key = &*self.key;
+        let r = engine
+            .round(
+                WaitFor::All,
+                false,
+                timeout,
+                move |_, node| node.inspect(key),
+                |_| true,
+            )
+            .await;
+        if r.tally.yes() < engine.quorum() {
+            return Err(QuorumError::new(
+                Operation::Inspect,
+                r.tally.yes(),
+                r.tally.required(),
+                r.tally.errors(),
+            )
+            .into());
+        }
+        let states: Vec<KeyState> = r.values.into_iter().flatten().flatten().collect();
+        let Some(state) = states
+            .iter()
+            .find(|s| states.iter().filter(|o| o.value == s.value).count() >= engine.quorum())
+        else {
+            return Ok(None);
+        };
+        let agreeing: Vec<&KeyState> = states.iter().filter(|o| o.value == state.value).collect();
+        Ok(Some(HolderInfo {
+            info: Token::info_in(&state.value).map(str::to_owned),
+            remaining: agreeing.iter().filter_map(|s| s.ttl).min(),
+            nodes: agreeing.len(),
+        }))
+    }
+
     /// The hold limit this lock uses: its own [`max_hold`](Self::max_hold), or the manager's default.
     pub fn effective_max_hold(&self) -> Option<Duration> {
         self.max_hold.or(self.engine.config.max_hold())
@@ -598,6 +706,15 @@ impl Lock {
         }
         if self.background && self.engine.spawner.is_none() {
             return Err(ConfigError::AutoRenewWithoutSpawner.into());
+        }
+        if let Some(info) = &self.holder_info {
+            if info.len() > MAX_HOLDER_INFO_BYTES {
+                return Err(ConfigError::HolderInfoTooLong {
+                    len: info.len(),
+                    max: MAX_HOLDER_INFO_BYTES,
+                }
+                .into());
+            }
         }
         if self.max_hold.is_some_and(|d| d.is_zero()) {
             return Err(ConfigError::ZeroDuration { field: "max_hold" }.into());
@@ -712,7 +829,7 @@ impl Lock {
             return Err(self.not_acquired(&mut acq, LeaseId::next(), began));
         }
         let id = LeaseId::next();
-        let mut tokens = Tokens::new(engine, &self.key, id, plan.op_timeout)?;
+        let mut tokens = Tokens::new(self, id, plan.op_timeout)?;
         // Waiting with release notifications: a watch per notifying node, registered before the first
         // attempt (nothing is sent until an attempt finds the lock held; see `crate::notify`).
         let mut watches = match limit {

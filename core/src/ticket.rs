@@ -93,12 +93,17 @@ impl LeaseTicket {
             .map(u64::to_string)
             .collect::<Vec<_>>()
             .join(",");
-        format!(
+        let mut text = format!(
             "{PREFIX}.{mode}.{fence}.{:x}.{pending}.{}.{}",
             self.missing,
-            self.token.as_str(),
+            self.token.hex_str(),
             hex::encode(self.key.as_bytes())
-        )
+        );
+        if let Some(info) = self.token.info() {
+            text.push('.');
+            text.push_str(&hex::encode(info.as_bytes()));
+        }
+        text
     }
 }
 
@@ -171,6 +176,16 @@ impl FromStr for LeaseTicket {
             .ok()
             .and_then(|k| String::from_utf8(k).ok())
             .ok_or(TicketError("bad key"))?;
+        let info = match parts.next() {
+            Some(info) => Some(
+                hex::decode(info)
+                    .ok()
+                    .and_then(|i| String::from_utf8(i).ok())
+                    .ok_or(TicketError("bad holder info"))?,
+            ),
+            None => None,
+        };
+        let token = token.with_info(info.as_deref());
         if parts.next().is_some() {
             return Err(TicketError("trailing data"));
         }
@@ -206,6 +221,12 @@ mod tests {
             ticket("job:42", Mode::Single, Some(7), &[0]),
             ticket("a.b.c:{x}", Mode::Redlock, None, &[0, 30_000, 5]),
             ticket("ünïcode key", Mode::Single, Some(u64::MAX), &[1]),
+            LeaseTicket {
+                token: Token::random()
+                    .unwrap_or_else(|_| unreachable!())
+                    .with_info(Some("host=a.b pid=1")),
+                ..ticket("k", Mode::Single, None, &[0])
+            },
         ] {
             let text = t.encode();
             assert_eq!(text.parse::<LeaseTicket>(), Ok(t));

@@ -13,10 +13,16 @@ pub const TOKEN_BYTES: usize = 20;
 ///
 /// A token is a capability: whoever knows it can release or extend the lease. `Debug` and `Display` therefore
 /// show only its first four characters (`Token(1a2b…)`); [`Token::as_str`] gives the full text to nodes.
+///
+/// A lock with [holder info](crate::Lock::with_holder_info) stores it after the hex digits, separated by a
+/// `:` (`1a2b…:host=web-1 pid=42`): the info is then written, expires and is deleted with the lock in the
+/// same atomic steps, and every compare-and-delete or compare-and-expire compares the whole value.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Token {
     // Inline rather than a `String`: every held lease keeps one, and thousands may be held at once.
     hex: [u8; TOKEN_BYTES * 2],
+    /// The whole value with holder info (`hex:info`), if the lock has any.
+    value: Option<Box<str>>,
 }
 
 impl Token {
@@ -34,7 +40,39 @@ impl Token {
         hex::encode_to_slice(bytes, &mut hex).map_err(|e| TokenError {
             message: e.to_string(),
         })?;
-        Ok(Self { hex })
+        Ok(Self { hex, value: None })
+    }
+
+    /// This token with `info` stored after it (see [holder info](crate::Lock::with_holder_info)).
+    pub(crate) fn with_info(mut self, info: Option<&str>) -> Self {
+        self.value = info.map(|info| format!("{}:{info}", self.hex_str()).into_boxed_str());
+        self
+    }
+
+    /// The 40 hexadecimal digits alone.
+    pub(crate) fn hex_str(&self) -> &str {
+        // Always ASCII hex digits, written by `hex::encode_to_slice` or checked by `from_hex`.
+        std::str::from_utf8(&self.hex).unwrap_or_default()
+    }
+
+    /// The holder info stored with this token, if any.
+    pub fn info(&self) -> Option<&str> {
+        self.value
+            .as_deref()
+            .and_then(|v| v.get(TOKEN_BYTES * 2 + 1..))
+    }
+
+    /// The holder info in a lock's stored value (`None` when the value is no token of ours or has no info).
+    /// Never returns the token itself.
+    pub(crate) fn info_in(value: &[u8]) -> Option<&str> {
+        let (hex, rest) = value.split_at_checked(TOKEN_BYTES * 2)?;
+        if !hex
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+        {
+            return None;
+        }
+        std::str::from_utf8(rest.strip_prefix(b":")?).ok()
     }
 
     /// A token from its 40-character lowercase hexadecimal text (a [`LeaseTicket`](crate::LeaseTicket)'s);
@@ -43,23 +81,25 @@ impl Token {
         let hex: [u8; TOKEN_BYTES * 2] = text.as_bytes().try_into().ok()?;
         hex.iter()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
-            .then_some(Self { hex })
+            .then_some(Self { hex, value: None })
     }
 
-    /// The full 40-character hexadecimal text, as stored in Redis.
+    /// The full text as stored in Redis: the 40 hexadecimal digits, and the holder info if the lock has any.
     pub fn as_str(&self) -> &str {
-        // Always ASCII hex digits, written by `hex::encode_to_slice`.
-        std::str::from_utf8(&self.hex).unwrap_or_default()
+        match &self.value {
+            Some(value) => value,
+            None => self.hex_str(),
+        }
     }
 
     /// Whether a value read back from Redis is this token.
     pub fn matches(&self, value: &[u8]) -> bool {
-        self.hex.as_slice() == value
+        self.as_str().as_bytes() == value
     }
 
     /// A short, non-secret prefix for logs and error messages.
     pub fn redacted(&self) -> &str {
-        self.as_str().get(..4).unwrap_or("")
+        self.hex_str().get(..4).unwrap_or("")
     }
 }
 

@@ -394,3 +394,50 @@ fn raise_fence_restores_fence_order_after_a_restart_without_persistence() {
         },
     );
 }
+
+/// Holder info lives in the lock's value after the token: every server path (scripts, native `SET IFEQ`,
+/// `DELIFEQ`, no Lua at all) writes, extends, fences and deletes it with the lock, and `holder_info` reads it
+/// back without the token.
+#[test]
+fn holder_info_is_stored_extended_and_deleted_with_the_lock_on_every_server() {
+    on_every_server(
+        "holder_info_is_stored_extended_and_deleted_with_the_lock_on_every_server",
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for backend in ALL_BACKENDS {
+                let node = common::node(backend, &server.url()).await;
+                let manager = LockManager::single(node, config(TTL)).unwrap();
+                let k = key("holder-info", backend);
+                let f = fence_of(&k);
+                for fenced in [false, true] {
+                    let lock = manager
+                        .lock(&k)
+                        .with_holder_info("host=web-3 pid=42 job=a:b.c");
+                    let lock = if fenced { lock.fenced(&f) } else { lock };
+                    let lease = lock.try_acquire().await.unwrap();
+                    let stored = server.cmd(&["GET", &k]);
+                    assert_eq!(
+                        stored,
+                        lease.token().as_str(),
+                        "{backend:?} fenced={fenced}"
+                    );
+                    assert!(stored.ends_with(":host=web-3 pid=42 job=a:b.c"), "{stored}");
+                    let holder = manager.lock(&k).holder_info().await.unwrap().expect("held");
+                    assert_eq!(holder.info(), Some("host=web-3 pid=42 job=a:b.c"));
+                    lease.extend(TTL * 4).await.unwrap();
+                    assert!(
+                        pttl(&server, &k) > TTL.as_millis() as i64,
+                        "{backend:?}: extended"
+                    );
+                    lease.release().await.unwrap();
+                    assert_eq!(
+                        server.cmd(&["EXISTS", &k]),
+                        "0",
+                        "{backend:?} fenced={fenced}"
+                    );
+                    assert!(manager.lock(&k).holder_info().await.unwrap().is_none());
+                }
+            }
+        },
+    );
+}

@@ -12,6 +12,7 @@ mod fresh;
 mod handoff;
 mod history;
 mod hold;
+mod holder;
 mod observe;
 mod push;
 mod redundancy;
