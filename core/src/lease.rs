@@ -12,6 +12,7 @@ use crate::driver::Engine;
 use crate::driver::Planned;
 use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::nodeset::NodeSet;
+use crate::machine::slots::Slots;
 use crate::machine::unconfirmed::Unconfirmed;
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{RenewalSchedule, RenewalStep, Tally, Verdict};
@@ -1489,19 +1490,30 @@ impl Lease {
     /// # }).unwrap();
     /// ```
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, Error> {
-        let shared = &self.shared;
-        let mut signal = self.lost();
-        // In an `Option`, so that it can be dropped in place (stopped) the moment the lease is lost.
-        let mut work = pin!(Some(work));
-        let mut claim = RenewalClaim {
-            shared,
-            held: false,
-        };
-        let mut renewal: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
-        let lost = std::future::poll_fn(|cx| {
+        run_all(std::slice::from_ref(self), work).await
+    }
+}
+
+/// [`Lease::run`] over several leases at once (a [`MultiLease`](crate::MultiLease)'s parts): renews each
+/// (where no other renewal runs for it) and stops `work` as soon as any of them is lost.
+pub(crate) async fn run_all<F: Future>(leases: &[Lease], work: F) -> Result<F::Output, Error> {
+    type Renewal = Pin<Box<dyn Future<Output = ()> + Send>>;
+    let n = leases.len();
+    // Inline for one lease: `Lease::run` allocates nothing more than before.
+    let mut signals = Slots::from_fn(n, |i| leases[i].lost());
+    let mut claims = Slots::from_fn(n, |i| RenewalClaim {
+        shared: &leases[i].shared,
+        held: false,
+    });
+    let mut renewals: Slots<Option<Renewal>> = Slots::from_fn(n, |_| None);
+    // In an `Option`, so that it can be dropped in place (stopped) the moment a lease is lost.
+    let mut work = pin!(Some(work));
+    let lost = std::future::poll_fn(|cx| {
+        for ((renewal, claim), lease) in renewals.iter_mut().zip(claims.iter_mut()).zip(leases) {
+            let shared = &lease.shared;
             if let Some(r) = renewal.as_mut() {
                 if r.as_mut().poll(cx).is_ready() {
-                    renewal = None;
+                    *renewal = None;
                 }
             } else if !claim.held && shared.claim_renewal() {
                 // No renewal runs (none yet, or another `run` that renewed has returned): take it over.
@@ -1510,39 +1522,43 @@ impl Lease {
                     // Renewed by the manager's shared renewer, in batches, until the claim is dropped.
                     shared.renew_batched();
                 } else {
-                    let mut r: Pin<Box<dyn Future<Output = ()> + Send>> =
-                        Box::pin(Arc::clone(shared).renew());
+                    let mut r: Renewal = Box::pin(Arc::clone(shared).renew());
                     if r.as_mut().poll(cx).is_pending() {
-                        renewal = Some(r);
+                        *renewal = Some(r);
                     }
                 }
             }
-            if let Poll::Ready(reason) = Pin::new(&mut signal).poll(cx) {
-                return Poll::Ready(Err(reason));
-            }
-            match work.as_mut().as_pin_mut() {
-                Some(w) => w.poll(cx).map(Ok),
-                None => Poll::Pending,
-            }
-        })
-        .await;
-        let reason = match lost {
-            Ok(out) => return Ok(out),
-            Err(reason) => reason,
-        };
-        // Lost: stop the work at once (it must no longer act as the owner), but let this lease's own renewal
-        // finish giving up — its compare-and-delete is bounded by the operation timeout — and delete our token
-        // ourselves if nobody did (the loss may have come from an `extend` inside the work we just dropped).
-        work.set(None);
-        if let Some(r) = renewal.take() {
-            r.await;
         }
-        shared.clean_up().await;
-        drop(claim);
-        Err(shared
-            .loss_error()
-            .unwrap_or_else(|| shared.lost_error(reason, None)))
+        for (i, signal) in signals.iter_mut().enumerate() {
+            if let Poll::Ready(reason) = Pin::new(signal).poll(cx) {
+                return Poll::Ready(Err((i, reason)));
+            }
+        }
+        match work.as_mut().as_pin_mut() {
+            Some(w) => w.poll(cx).map(Ok),
+            None => Poll::Pending,
+        }
+    })
+    .await;
+    let (i, reason) = match lost {
+        Ok(out) => return Ok(out),
+        Err(lost) => lost,
+    };
+    // Lost: stop the work at once (it must no longer act as the owner), but let the lost lease's own renewal
+    // finish giving up — its compare-and-delete is bounded by the operation timeout — and delete our token
+    // ourselves if nobody did (the loss may have come from an `extend` inside the work we just dropped).
+    // The other leases' renewals stop here (their rounds were recorded when planned); they stay held.
+    work.set(None);
+    if let Some(r) = renewals.get_mut(i).and_then(Option::take) {
+        r.await;
     }
+    drop(renewals);
+    let shared = &leases[i].shared;
+    shared.clean_up().await;
+    drop(claims);
+    Err(shared
+        .loss_error()
+        .unwrap_or_else(|| shared.lost_error(reason, None)))
 }
 
 /// What [`Lease::release`] achieved.

@@ -68,6 +68,7 @@ mod error;
 mod lease;
 pub mod machine;
 mod manager;
+mod multi;
 mod node;
 pub mod notify;
 mod observe;
@@ -86,6 +87,7 @@ pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{HolderInfo, Lock, LockManager, MAX_HOLDER_INFO_BYTES};
+pub use multi::{MultiLease, MultiLock};
 pub use node::{
     Applied, Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper,
     RedisNode, ReplicaWait, RunId, Ttl,

@@ -16,6 +16,7 @@ use crate::machine::WaitFor;
 use crate::machine::acquisition::{Acquisition, Decision, Limit, Next, Shape};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::unconfirmed::Unconfirmed;
+use crate::multi::MultiLock;
 use crate::node::{KeyState, RedisNode, Ttl};
 use crate::notify::{Outcome, Watch};
 use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
@@ -229,6 +230,15 @@ impl LockManager {
             max_hold: None,
             holder_info: None,
         }
+    }
+
+    /// Describes several locks to be acquired all or nothing and held as one; see [`MultiLock`].
+    pub fn lock_all<I, K>(&self, keys: I) -> MultiLock
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        MultiLock::new(keys.into_iter().map(|k| self.lock(k)).collect())
     }
 
     /// Single authority or Redlock.
@@ -659,6 +669,11 @@ impl Lock {
             remaining: agreeing.iter().filter_map(|s| s.ttl).min(),
             nodes: agreeing.len(),
         }))
+    }
+
+    /// Now, on the manager's timer.
+    pub(crate) fn now(&self) -> Instant {
+        self.engine.timer.now()
     }
 
     /// The hold limit this lock uses: its own [`max_hold`](Self::max_hold), or the manager's default.

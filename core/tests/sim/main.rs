@@ -13,6 +13,7 @@ mod handoff;
 mod history;
 mod hold;
 mod holder;
+mod multi;
 mod observe;
 mod push;
 mod redundancy;
