@@ -62,6 +62,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod batch;
+mod check;
 mod config;
 mod driver;
 mod error;
@@ -80,6 +81,7 @@ mod trace;
 pub mod metrics;
 
 pub use async_trait::async_trait;
+pub use check::{CheckReport, CommandPaths, NodeCheck, Path, Readiness};
 pub use config::{Config, ConfigError, Durability, MAX_KEY_BYTES};
 pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};

@@ -245,6 +245,11 @@ impl LockManager {
         &self.engine.config
     }
 
+    /// The engine, for the start-up check (`crate::check`).
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// Raises the fence counter at `fence_key` to at least `at_least` (never lowering it) and returns its
     /// value afterwards: every fencing token issued from then on is larger than `at_least`. Single mode only.
     ///
