@@ -577,6 +577,7 @@ pub type NodeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> +
 /// # Example: counting releases
 ///
 /// ```
+/// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use redlease::{NodeError, NodeWrapper, RedisNode, Token, async_trait};
 ///
@@ -599,7 +600,7 @@ pub type NodeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> +
 ///     }
 /// }
 ///
-/// # fn node() -> redlease_testkit::MemoryNode { redlease_testkit::MemoryNode::new() }
+/// # fn node() -> MapNode { MapNode::default() }
 /// let counted = CountReleases { inner: node(), releases: AtomicU64::new(0) };
 /// // Everything else (acquire, extend, the fast path, the endpoint) is the inner node's. (With both traits
 /// // in scope, name the trait: the wrapper has each method twice.)
