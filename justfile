@@ -16,6 +16,10 @@ lint:
 test:
     cargo test --all-features
 
+# The fast tier: the simulation (in-memory nodes, injected faults, virtual time; no servers), seconds.
+sim:
+    cargo test -p redlease --all-features --test sim
+
 # The Valkey 8.1 and 9.1 binaries the live matrix also runs on, into .cache/valkey (as .ci/run does).
 valkey:
     bash scripts/fetch-valkey.sh
@@ -39,10 +43,15 @@ deps:
 rust-version:
     python3 scripts/check-rust-version.py
 
-# Package the three published crates (each tarball is built once).
+# Publish dry-run of the three published crates (each tarball is built once), as CI does.
 package:
     rm -rf target/package-check "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/redlease-*   # see .ci/run
-    CARGO_TARGET_DIR=target/package-check cargo package -p redlease -p redlease-testkit -p redlease-adapters
+    CARGO_TARGET_DIR=target/package-check cargo publish --dry-run -p redlease -p redlease-testkit -p redlease-adapters
+
+# ...and the three crates' tests from their tarballs alone (CI runs the first two; the adapters' builds both
+# clients again, a few minutes).
+package-test: package
+    CARGO_TARGET_DIR=target/package-check bash scripts/test-tarballs.sh redlease redlease-testkit redlease-adapters
 
 demo:
     cargo run -p redlease-demo

@@ -98,8 +98,8 @@ use fred::types::config::{Options, Server, ServerConfig};
 use fred::types::{ClientState, ClusterHash, CustomCommand, Value};
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Claim, Config, KeyState, LockManager, NodeError, NodeErrorKind, RedisNode, Token, Ttl,
-    async_trait,
+    Claim, Config, KeyState, LockManager, NodeError, NodeErrorKind, Readiness, RedisNode, Token,
+    Ttl, async_trait,
 };
 
 use crate::ops::{self, Probe, Transport, Verb};
@@ -708,6 +708,27 @@ impl<C: KeyRouted> FredNode<C> {
         }
     }
 
+    /// For the start-up check of a lazy node: starts the connection as a call would ([`start`](Self::start))
+    /// and returns the first connection error fred reports before it connects (or gives up waiting).
+    async fn connect_for_check(&self) -> Option<NodeError> {
+        let reported = async {
+            loop {
+                if let Some(err) = self.health.iter().find_map(Health::last_error) {
+                    return node_error(&err);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        let (mut start, mut reported) = (Box::pin(self.start()), Box::pin(reported));
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(err) = reported.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Some(err));
+            }
+            start.as_mut().poll(cx).map(|()| None)
+        })
+        .await
+    }
+
     /// Acts on a reconnection fred announced for `health`'s member since the last call: whatever the new
     /// connection offers (it may be another server now: a restart, a failover behind one address) is checked
     /// again and its run_id asked again (with or without `fail_fast`), and a broken member is healed (the
@@ -1103,6 +1124,24 @@ impl<C: KeyRouted> Transport for FredNode<C> {
 
 #[async_trait]
 impl<C: KeyRouted> RedisNode for FredNode<C> {
+    /// The capability check, run now (see `probe`): reachability, login, permissions and paths. A lazy node
+    /// connects first; a connection error fred reports meanwhile (a refused login, a refused connection) is
+    /// the answer, since fred keeps trying to connect by its policy and a command would only learn "not
+    /// connected".
+    async fn readiness(&self, key: &str) -> Readiness {
+        if self.must_start()
+            && tokio::runtime::Handle::try_current().is_ok()
+            && let Some(err) = self.connect_for_check().await
+        {
+            return if err.kind() == NodeErrorKind::Auth {
+                Readiness::LoginRefused(err)
+            } else {
+                Readiness::from_error(err)
+            };
+        }
+        ops::readiness(self, key).await
+    }
+
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         ops::acquire(self, key, token, ttl).await
     }

@@ -121,13 +121,7 @@ compile_error!(
      support: add `tokio` or `smol` to the features (for example `features = [\"redis\", \"tokio\"]`)"
 );
 
-/// The README's examples, compiled as doctests (they need a client and a runtime feature).
-#[cfg(all(doctest, feature = "redis", feature = "tokio"))]
+/// The README's examples, compiled as doctests (they need both clients and a runtime feature).
+#[cfg(all(doctest, feature = "redis", feature = "fred", feature = "tokio"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
-
-/// The workspace README's examples (the `redlease` crate's page), compiled and run as doctests here, where
-/// both clients and the testkit are at hand.
-#[cfg(all(doctest, feature = "redis", feature = "fred", feature = "tokio"))]
-#[doc = include_str!("../../README.md")]
-pub struct WorkspaceReadmeDoctests;

@@ -34,7 +34,10 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use redlease::{Claim, KeyState, NodeError, NodeErrorKind, ReplicaWait, RunId, Token, Ttl, notify};
+use redlease::{
+    Claim, CommandPaths, KeyState, NodeError, NodeErrorKind, Path, Readiness, ReplicaWait, RunId,
+    Token, Ttl, notify,
+};
 
 use crate::scripts::{self, Reply, Script};
 use crate::slot;
@@ -662,6 +665,53 @@ pub(crate) async fn check(
     };
     t.probe().set(caps);
     Ok(caps)
+}
+
+/// The start-up check ([`redlease::RedisNode::readiness`]): the capability check, run now (connecting
+/// first if needed), and what it found. A refused login is told from a refused command by the server's
+/// words (`WRONGPASS`, `NOAUTH`) or the client's ("authentication failed"); every other `Auth` refusal comes
+/// from the ACL.
+pub(crate) async fn readiness(t: &impl Transport, key: &str) -> Readiness {
+    match check(t, key, None).await {
+        Ok(caps) => Readiness::Ready(paths(caps)),
+        Err(e) if e.kind() == NodeErrorKind::Auth && login_refused(&e) => {
+            Readiness::LoginRefused(e)
+        }
+        Err(e) if e.kind() == NodeErrorKind::Auth => Readiness::NotPermitted(e),
+        Err(e) => Readiness::from_error(e),
+    }
+}
+
+/// The paths each operation takes with these capabilities (see [`Commands`]).
+fn paths(caps: Capabilities) -> CommandPaths {
+    let native = |yes: bool| if yes { Path::Native } else { Path::Script };
+    CommandPaths::scripts()
+        .with_acquire(native(caps.set_nx_get || caps.native_acquire()))
+        .with_retry_and_fence(native(caps.native_acquire()))
+        .with_release(native(caps.native_release()))
+        .with_extend(native(caps.native_extend()))
+}
+
+/// Whether an `Auth` error is a refused login rather than a refused command: its message or a source's
+/// names the login.
+fn login_refused(err: &NodeError) -> bool {
+    let mut texts = vec![err.message().to_owned()];
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        texts.push(s.to_string());
+        source = s.source();
+    }
+    texts.iter().any(|t| {
+        let t = t.to_ascii_uppercase();
+        [
+            "WRONGPASS",
+            "NOAUTH",
+            "AUTHENTICATION FAILED",
+            "INVALID USERNAME-PASSWORD",
+        ]
+        .iter()
+        .any(|w| t.contains(w))
+    })
 }
 
 /// The capability check runs once per connection: it is boxed where an operation may run it (here, in

@@ -88,8 +88,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, PushInfo, PushKind, RedisError, Value};
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Claim, Config, KeyState, LockManager, NodeError, NodeErrorKind, RedisNode, Token, Ttl,
-    async_trait,
+    Claim, Config, KeyState, LockManager, NodeError, NodeErrorKind, Readiness, RedisNode, Token,
+    Ttl, async_trait,
 };
 
 use crate::ops::{self, Probe, Transport, Verb};
@@ -827,6 +827,11 @@ macro_rules! impl_node {
     ([$($generics:tt)*] $ty:ty $(where $($bounds:tt)*)?) => {
         #[async_trait]
         impl<$($generics)*> RedisNode for $ty $(where $($bounds)*)? {
+            /// The capability check, run now (see `probe`): reachability, login, permissions and paths.
+            async fn readiness(&self, key: &str) -> Readiness {
+                ops::readiness(self, key).await
+            }
+
             async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
                 ops::acquire(self, key, token, ttl).await
             }

@@ -246,11 +246,12 @@ fn plural(n: u32) -> &'static str {
 /// Match on the variants; never on the message text. Variants may be added.
 ///
 /// ```
+/// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
 /// use std::time::Duration;
 /// use redlease::{Config, Error, LockManager, LossReason};
 ///
-/// # redlease_testkit::block_on(async {
-/// # let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default()).unwrap();
+/// # block_on(async {
+/// # let manager = LockManager::single(MapNode::default(), Config::default()).unwrap();
 /// match manager.lock("report").try_acquire().await {
 ///     Ok(lease) => {
 ///         match lease.run(async { /* the work */ }).await {

@@ -1172,9 +1172,10 @@ impl Lease {
     /// with a larger number is the only way to get `None` from a fenced lease), `None` for an unfenced one.
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// # use redlease::{Config, LockManager};
-    /// # redlease_testkit::block_on(async {
-    /// # let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// # block_on(async {
+    /// # let manager = LockManager::single(MapNode::default(), Config::default())?;
     /// let lease = manager.lock("orders:{42}:lock").fenced("orders:{42}:fence").try_acquire().await?;
     /// let fence: i64 = lease.fencing_token_i64().expect("a fenced lease");
     /// // e.g. sqlx::query("UPDATE orders SET …, last_fence = $1 WHERE id = 42 AND last_fence <= $1").bind(fence)
@@ -1223,11 +1224,12 @@ impl Lease {
     /// For work that cannot run inside [`run`](Self::run), race it against the signal yourself:
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// use std::time::Duration;
     /// use redlease::{Config, LockManager, LossReason};
     ///
-    /// # redlease_testkit::block_on(async {
-    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// # block_on(async {
+    /// let manager = LockManager::single(MapNode::default(), Config::default())?;
     /// let lease = manager.lock("leader").expiry(Duration::from_millis(200)).try_acquire().await?;
     /// let lost = lease.lost();
     /// assert!(!lost.has_ended());
@@ -1265,11 +1267,12 @@ impl Lease {
     ///   may still hold it.
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// use std::time::Duration;
     /// use redlease::{Config, Error, LeaseState, LockManager};
     ///
-    /// # redlease_testkit::block_on(async {
-    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// # block_on(async {
+    /// let manager = LockManager::single(MapNode::default(), Config::default())?;
     /// let lease = manager.lock("report").try_acquire().await?;
     /// match lease.extend(Duration::from_secs(60)).await {
     ///     Ok(()) => {}
@@ -1470,11 +1473,12 @@ impl Lease {
     /// before it returns, so that no node keeps our key for a whole TTL.
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// use std::time::Duration;
     /// use redlease::{Config, LockManager};
     ///
-    /// # redlease_testkit::block_on(async {
-    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// # block_on(async {
+    /// let manager = LockManager::single(MapNode::default(), Config::default())?;
     /// let lease = manager
     ///     .lock("nightly")
     ///     .renew_every(Duration::from_secs(10))

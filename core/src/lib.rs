@@ -3,10 +3,11 @@
 //! runtime), deterministic tests (through `redlease-testkit`).
 //!
 //! ```
+//! # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
 //! use std::time::Duration;
 //! use redlease::{Config, LockManager};
-//! # redlease_testkit::block_on(async {
-//! # let node = redlease_testkit::MemoryNode::new();
+//! # block_on(async {
+//! # let node = MapNode::default();
 //! // `node` is any RedisNode: redlease-adapters has redis-rs and fred ones; the testkit an in-memory one.
 //! let manager = LockManager::single(node, Config::default())?;
 //! let lock = manager
@@ -62,6 +63,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod batch;
+mod check;
 mod config;
 mod driver;
 mod error;
@@ -82,6 +84,7 @@ mod trace;
 pub mod metrics;
 
 pub use async_trait::async_trait;
+pub use check::{CheckReport, CommandPaths, NodeCheck, Path, Readiness};
 pub use config::{Config, ConfigError, Durability, MAX_KEY_BYTES};
 pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
@@ -106,63 +109,25 @@ pub use token::{TOKEN_BYTES, Token, TokenError};
 #[doc = include_str!("safety.md")]
 pub mod safety {}
 
+/// The README's examples (the crate's registry page), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 #[cfg(test)]
 mod readme {
-    /// The README's "Safety model" section, up to its table of faults.
+    /// The README's "Safety model" section, up to the next section.
     fn readme_section() -> String {
-        let readme = include_str!("../../README.md");
+        let readme = include_str!("../README.md");
         let start = readme
             .find("## Safety model")
             .expect("the README has a safety model section");
         let section = &readme[start..];
-        let end = section
-            .find("\n### ")
-            .expect("the section ends at its table of faults");
+        let end = section[1..]
+            .find("\n## ")
+            .map_or(section.len(), |end| end + 1);
         let body = section[..end].split_once('\n').map_or("", |(_, b)| b);
         format!("{}\n", body.trim_matches('\n'))
-    }
-
-    /// Lines of `text`'s Rust code blocks that rustdoc would hide (`# …`): they would show on GitHub and on
-    /// the registry page as stray `#` lines, and hide what the example needs from its readers.
-    fn hidden_lines(text: &str) -> Vec<String> {
-        // `None` outside code blocks, else whether the block is Rust.
-        let mut block: Option<bool> = None;
-        let mut hidden = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            let trimmed = line.trim_start();
-            if let Some(fence) = trimmed.strip_prefix("```") {
-                block = match block {
-                    Some(_) => None,
-                    None => Some(fence.is_empty() || fence.starts_with("rust")),
-                };
-                continue;
-            }
-            let in_rust = block == Some(true);
-            if in_rust && (trimmed == "#" || trimmed.starts_with("# ")) {
-                hidden.push(format!("line {}: {line}", i + 1));
-            }
-        }
-        hidden
-    }
-
-    #[test]
-    fn no_readme_example_has_hidden_lines() {
-        for (name, text) in [
-            ("README.md", include_str!("../../README.md")),
-            (
-                "adapters/README.md",
-                include_str!("../../adapters/README.md"),
-            ),
-            ("testkit/README.md", include_str!("../../testkit/README.md")),
-        ] {
-            assert_eq!(hidden_lines(text), Vec::<String>::new(), "{name}");
-        }
-        let sample =
-            "```toml\n# a comment\n```\n```rust\n# let x = 1;\n#[derive(Debug)]\n```\n# Title\n";
-        assert_eq!(
-            hidden_lines(sample),
-            vec!["line 5: # let x = 1;".to_owned()]
-        );
     }
 
     #[test]

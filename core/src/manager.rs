@@ -29,8 +29,9 @@ use crate::token::Token;
 /// Cheap to clone (all clones share nodes, configuration, timer and spawner).
 ///
 /// ```
+/// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
 /// # use redlease::{Config, LockManager};
-/// # fn nodes() -> Vec<redlease_testkit::MemoryNode> { (0..3).map(|_| redlease_testkit::MemoryNode::new()).collect() }
+/// # fn nodes() -> Vec<MapNode> { (0..3).map(|_| MapNode::default()).collect() }
 /// // Three independent primaries: quorum 2.
 /// let manager = LockManager::redlock(nodes(), Config::default()).unwrap();
 /// assert_eq!(manager.quorum(), 2);
@@ -188,20 +189,20 @@ impl LockManager {
     /// `SmolSpawner`; without a runtime, a thread per task with any `block_on` works:
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// use std::time::Duration;
     /// use redlease::{Config, LockManager, Task};
-    /// use redlease_testkit::MemoryNode;
     ///
-    /// let node = MemoryNode::new(); // any RedisNode
+    /// let node = MapNode::default(); // any RedisNode
     /// let config = Config::default().with_expiry(Duration::from_secs(1));
     /// let manager = LockManager::single(node, config)?.with_spawner(|task: Task| {
-    ///     std::thread::spawn(move || redlease_testkit::block_on(task));
+    ///     std::thread::spawn(move || block_on(task));
     /// });
     /// let lock = manager.lock("jobs:nightly").auto_renew(Duration::from_millis(250));
-    /// let lease = redlease_testkit::block_on(lock.acquire())?;
+    /// let lease = block_on(lock.acquire())?;
     /// std::thread::sleep(Duration::from_millis(2_500)); // past two TTLs: renewed on the spawned thread
     /// assert!(lease.is_held());
-    /// redlease_testkit::block_on(lease.release())?;
+    /// block_on(lease.release())?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     #[must_use]
@@ -261,6 +262,11 @@ impl LockManager {
         &self.engine.config
     }
 
+    /// The engine, for the start-up check (`crate::check`).
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// Raises the fence counter at `fence_key` to at least `at_least` (never lowering it) and returns its
     /// value afterwards: every fencing token issued from then on is larger than `at_least`. Single mode only.
     ///
@@ -270,10 +276,11 @@ impl LockManager {
     /// Bounded by the operation timeout of the default expiry.
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// use redlease::{Config, LockManager};
     ///
-    /// # redlease_testkit::block_on(async {
-    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// # block_on(async {
+    /// let manager = LockManager::single(MapNode::default(), Config::default())?;
     /// // The resource's largest accepted fence, e.g. `SELECT max(fence) FROM orders_log`.
     /// let resource_max = 4_711;
     /// manager.raise_fence("orders:{42}:fence", resource_max).await?;
@@ -564,11 +571,12 @@ impl Lock {
     /// limit; a node that does not answer the deletion keeps it for at most one TTL after the limit.
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// use std::time::Duration;
     /// use redlease::{Config, Error, LockManager, LossReason};
     ///
-    /// # redlease_testkit::block_on(async {
-    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// # block_on(async {
+    /// let manager = LockManager::single(MapNode::default(), Config::default())?;
     /// let lease = manager
     ///     .lock("rebuild-cache")
     ///     .expiry(Duration::from_millis(300))
@@ -601,10 +609,11 @@ impl Lock {
     /// anything is sent). Every process that locks the key should use redlease, or read values the same way.
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// use redlease::{Config, LockManager};
     ///
-    /// # redlease_testkit::block_on(async {
-    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// # block_on(async {
+    /// let manager = LockManager::single(MapNode::default(), Config::default())?;
     /// let lease = manager
     ///     .lock("nightly-report")
     ///     .with_holder_info("host=web-3 pid=4242 job=2026-12-02")
@@ -770,11 +779,12 @@ impl Lock {
     /// Keeps trying for `patience` from now; see [`acquire_until`](Self::acquire_until).
     ///
     /// ```
+    /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
     /// use std::time::Duration;
     /// use redlease::{Config, Error, LockManager};
     ///
-    /// # redlease_testkit::block_on(async {
-    /// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+    /// # block_on(async {
+    /// let manager = LockManager::single(MapNode::default(), Config::default())?;
     /// let holder = manager.lock("migration").try_acquire().await?;
     /// // Someone holds it: wait up to 300 ms, retrying every `retry_delay` (+ jitter).
     /// match manager.lock("migration").acquire_within(Duration::from_millis(300)).await {

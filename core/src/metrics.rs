@@ -26,12 +26,13 @@
 //! the key label, each event builds its key (allocates). Node errors, rare by nature, build theirs either way.
 //!
 //! ```
+//! # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
 //! use std::sync::Arc;
 //! use redlease::{Config, LockManager, metrics::MetricsObserver};
 //!
-//! # redlease_testkit::block_on(async {
+//! # block_on(async {
 //! // Install a `metrics` recorder (an exporter) first; without one the series go nowhere.
-//! let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?
+//! let manager = LockManager::single(MapNode::default(), Config::default())?
 //!     .with_observer(MetricsObserver::new());
 //! manager.lock("job").try_acquire().await?.release().await?;
 //! # Ok::<(), redlease::Error>(())
@@ -323,7 +324,7 @@ mod tests {
     #[test]
     fn the_readme_table_is_the_module_table() {
         let module = rows(include_str!("metrics.rs"));
-        let readme = rows(include_str!("../../README.md"));
+        let readme = rows(include_str!("../README.md"));
         assert_eq!(module.len(), 14);
         assert_eq!(readme, module);
         // Every series name used in the code is in the table.

@@ -28,11 +28,12 @@ use crate::manager::Lock;
 /// [`fenced`](Self::fenced), are issued per key, each in its own key's atomic step, not all in one step.
 ///
 /// ```
+/// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
 /// use std::time::Duration;
 /// use redlease::{Config, LockManager};
 ///
-/// # redlease_testkit::block_on(async {
-/// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?;
+/// # block_on(async {
+/// let manager = LockManager::single(MapNode::default(), Config::default())?;
 /// let transfer = manager.lock_all(["stock:{berlin}", "stock:{paris}"]);
 /// let both = transfer.acquire_within(Duration::from_secs(5)).await?;
 /// both.run(async { /* move the stock */ }).await?;

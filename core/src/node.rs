@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::check::Readiness;
 use crate::notify::Notifier;
 use crate::token::Token;
 
@@ -522,6 +523,17 @@ pub trait RedisNode: Send + Sync {
     fn extend_many_limit(&self) -> usize {
         0
     }
+
+    /// The node's start-up check, for [`LockManager::check`](crate::LockManager::check): connect if not
+    /// connected, and find out whether the login is accepted, whether the user may run what a lease needs
+    /// (on keys like `key`), and which commands each operation will use. Writes nothing.
+    ///
+    /// An optional capability: the default answers [`Readiness::Unknown`] without sending anything, and the
+    /// manager then only reads `key` through [`inspect`](Self::inspect).
+    async fn readiness(&self, key: &str) -> Readiness {
+        let _ = key;
+        Readiness::Unknown
+    }
 }
 
 /// One lease's part of a batched extension ([`RedisNode::extend_many`]).
@@ -565,6 +577,7 @@ pub type NodeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> +
 /// # Example: counting releases
 ///
 /// ```
+/// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use redlease::{NodeError, NodeWrapper, RedisNode, Token, async_trait};
 ///
@@ -587,7 +600,7 @@ pub type NodeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> +
 ///     }
 /// }
 ///
-/// # fn node() -> redlease_testkit::MemoryNode { redlease_testkit::MemoryNode::new() }
+/// # fn node() -> MapNode { MapNode::default() }
 /// let counted = CountReleases { inner: node(), releases: AtomicU64::new(0) };
 /// // Everything else (acquire, extend, the fast path, the endpoint) is the inner node's. (With both traits
 /// // in scope, name the trait: the wrapper has each method twice.)
@@ -771,6 +784,19 @@ pub trait NodeWrapper: Send + Sync {
     fn extend_many_limit(&self) -> usize {
         self.inner().extend_many_limit()
     }
+
+    /// See [`RedisNode::readiness`]; forwards by default.
+    fn readiness<'a, 'b, 'f>(
+        &'a self,
+        key: &'b str,
+    ) -> Pin<Box<dyn Future<Output = Readiness> + Send + 'f>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        self.inner().readiness(key)
+    }
 }
 
 impl<W: NodeWrapper> RedisNode for W {
@@ -925,6 +951,18 @@ impl<W: NodeWrapper> RedisNode for W {
 
     fn extend_many_limit(&self) -> usize {
         NodeWrapper::extend_many_limit(self)
+    }
+
+    fn readiness<'a, 'b, 'f>(
+        &'a self,
+        key: &'b str,
+    ) -> Pin<Box<dyn Future<Output = Readiness> + Send + 'f>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::readiness(self, key)
     }
 }
 

@@ -28,6 +28,7 @@ use crate::node::NodeError;
 /// its own), so keep it short: count, log, or push into a channel. It must not block.
 ///
 /// ```
+/// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 /// use std::sync::Arc;
 /// use redlease::{Config, EventKind, LeaseEvent, LockManager, Observer};
@@ -43,9 +44,9 @@ use crate::node::NodeError;
 ///     }
 /// }
 ///
-/// # redlease_testkit::block_on(async {
+/// # block_on(async {
 /// let counter = Arc::new(Acquisitions::default());
-/// let manager = LockManager::single(redlease_testkit::MemoryNode::new(), Config::default())?
+/// let manager = LockManager::single(MapNode::default(), Config::default())?
 ///     .with_observer(Arc::clone(&counter));
 /// manager.lock("job").try_acquire().await?.release().await?;
 /// assert_eq!(counter.0.load(Ordering::Relaxed), 1);

@@ -19,12 +19,13 @@ use crate::token::{TOKEN_BYTES, Token};
 /// makes two holders of one lease, as sharing a token would.
 ///
 /// ```
-/// use std::time::Duration;
+/// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
+/// use std::sync::Arc;
 /// use redlease::{Config, LeaseTicket, LockManager};
 ///
-/// # redlease_testkit::block_on(async {
-/// let node = redlease_testkit::MemoryNode::new();
-/// let dispatcher = LockManager::single(node.clone(), Config::default())?;
+/// # block_on(async {
+/// let node = Arc::new(MapNode::default());
+/// let dispatcher = LockManager::single(Arc::clone(&node), Config::default())?;
 /// let lease = dispatcher.lock("job:42").try_acquire().await?;
 /// let wire: String = lease.handoff()?.encode();
 ///

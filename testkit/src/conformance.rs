@@ -261,7 +261,8 @@ pub async fn run_with_reader(
 
 /// Checks a wrapper node (a decorator around `inner`): that it reports the inner node's capabilities — the
 /// [`endpoint`](RedisNode::endpoint), whether [`acquire_fresh`](RedisNode::acquire_fresh) is a plain
-/// `SET NX`, the inner node's [`notifier`](RedisNode::notifier), and the holder's TTL where the inner node's
+/// `SET NX`, the start-up check's [`readiness`](RedisNode::readiness), the inner node's
+/// [`notifier`](RedisNode::notifier), and the holder's TTL where the inner node's
 /// [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports it — and that every case of [`run`] passes through
 /// it, with each state read from `inner` directly.
 ///
@@ -387,6 +388,13 @@ pub async fn run_wrapper(
             )));
         }
         _ => {}
+    }
+    // The start-up check's answer (the default says nothing: `Unknown`).
+    let (w, i) = (wrapper.readiness(&key).await, inner.readiness(&key).await);
+    if std::mem::discriminant(&w) != std::mem::discriminant(&i) || w.paths() != i.paths() {
+        return Err(fail(format!(
+            "readiness() is {w:?}, the inner node's is {i:?}"
+        )));
     }
     run_with_reader(wrapper, &InnerReader(inner), timer).await
 }

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use redlease::machine::Jitter;
 use redlease::notify::Notifier;
 use redlease::{
-    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, Spawn,
-    Timer, Token, Ttl, async_trait,
+    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, Readiness, RedisNode, ReplicaWait,
+    RunId, Spawn, Timer, Token, Ttl, async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -1035,6 +1035,21 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             Box::pin(async move { n.inspect(&key).await })
         };
         self.run(Op::Inspect, self.inner.inspect(key), detach).await
+    }
+
+    /// Counted and faulted as one [`Op::Inspect`] call (the check writes nothing): an injected error is
+    /// reported as the check reports a node error ([`Readiness::from_error`]), a hang or a partition makes
+    /// the node unreachable when the caller gives up; otherwise the inner node's answer.
+    async fn readiness(&self, key: &str) -> Readiness {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<Readiness>> {
+            let key = key.to_owned();
+            Box::pin(async move { Ok(n.readiness(&key).await) })
+        };
+        let inline = async { Ok(self.inner.readiness(key).await) };
+        match self.run(Op::Inspect, inline, detach).await {
+            Ok(readiness) => readiness,
+            Err(e) => Readiness::from_error(e),
+        }
     }
 
     /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own implementation.

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId,
-    SystemTimer, Timer, Token, Ttl, async_trait,
+    Claim, CommandPaths, ExtendItem, KeyState, NodeError, NodeErrorKind, Path, Readiness,
+    RedisNode, ReplicaWait, RunId, SystemTimer, Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -631,6 +631,12 @@ impl RedisNode for MemoryNode {
 
     fn endpoint(&self) -> Option<String> {
         Some(format!("memory://{}", self.id))
+    }
+
+    /// Ready, with the paths of a Redis 7 server (whose semantics this node has): a first acquisition by
+    /// `SET … NX GET`, everything else by script.
+    async fn readiness(&self, _key: &str) -> Readiness {
+        Readiness::Ready(CommandPaths::scripts().with_acquire(Path::Native))
     }
 
     async fn run_id(&self, _key: &str) -> Result<RunId, NodeError> {

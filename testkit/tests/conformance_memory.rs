@@ -328,3 +328,35 @@ fn a_wrapper_that_drops_the_notifier_or_the_holders_ttl_is_caught() {
         assert!(failure.message.contains(missing), "{missing}: {failure}");
     }
 }
+
+/// A wrapper that answers the start-up check itself instead of asking its inner node.
+struct HidesReadiness(MemoryNode);
+
+#[async_trait]
+impl redlease::NodeWrapper for HidesReadiness {
+    type Inner = MemoryNode;
+
+    fn inner(&self) -> &MemoryNode {
+        &self.0
+    }
+
+    async fn readiness(&self, _key: &str) -> redlease::Readiness {
+        redlease::Readiness::Unknown
+    }
+}
+
+#[test]
+fn a_wrapper_that_does_not_forward_the_start_up_check_is_caught() {
+    let inner = MemoryNode::new();
+    let failure = block_on(conformance::run_wrapper(
+        &HidesReadiness(inner.clone()),
+        &inner,
+        &SystemTimer,
+    ))
+    .unwrap_err();
+    assert_eq!(failure.case, "wrapper_forwards_capabilities", "{failure}");
+    assert!(failure.message.contains("readiness"), "{failure}");
+    // The testkit's fault injector forwards it.
+    let (faulty, _faults) = FaultyNode::new(inner.clone(), SystemTimer);
+    block_on(conformance::run_wrapper(&faulty, &inner, &SystemTimer)).unwrap();
+}

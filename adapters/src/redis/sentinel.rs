@@ -9,8 +9,8 @@ use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
 use redlease::{
-    ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, ReplicaWait, RunId, Token, Ttl,
-    async_trait,
+    ExtendItem, KeyState, NodeError, NodeErrorKind, Readiness, RedisNode, ReplicaWait, RunId,
+    Token, Ttl, async_trait,
 };
 
 use redis::RedisError;
@@ -459,6 +459,11 @@ impl Transport for Pinned<'_> {
 
 #[async_trait]
 impl RedisNode for SentinelNode {
+    /// The capability check, run now (see `probe`): reachability, login, permissions and paths.
+    async fn readiness(&self, key: &str) -> Readiness {
+        ops::readiness(self, key).await
+    }
+
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         ops::acquire(self, key, token, ttl).await
     }

@@ -9,6 +9,7 @@
 mod ambiguity;
 mod auth;
 mod batch;
+mod check;
 mod cluster;
 mod common;
 mod conformance;

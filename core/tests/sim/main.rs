@@ -4,6 +4,7 @@
 mod acquire;
 mod batch;
 mod cancel;
+mod check;
 mod clock_jump;
 mod config;
 mod defects;
