@@ -582,6 +582,10 @@ pub enum ConfigError {
         /// [`MAX_KEY_BYTES`].
         max: usize,
     },
+    /// A [`Semaphore`](crate::Semaphore) that cannot work: zero permits, or no quorum of the nodes bounds
+    /// its holders.
+    #[error("invalid semaphore: {0}")]
+    Semaphore(&'static str),
     /// [Holder info](crate::Lock::with_holder_info) longer than
     /// [`MAX_HOLDER_INFO_BYTES`](crate::MAX_HOLDER_INFO_BYTES).
     #[error("the holder info is {len} bytes long; the limit is {max} bytes")]

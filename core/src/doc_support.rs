@@ -9,13 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
-use redlease::{KeyState, NodeError, RedisNode, Token, Ttl, async_trait};
+use redlease::{KeyState, NodeError, PermitOp, PermitReply, RedisNode, Token, Ttl, async_trait};
 
 /// A single-process "Redis": key → (value, expiry), and fence counters.
 #[derive(Default)]
 pub struct MapNode {
     keys: Mutex<HashMap<String, (String, Instant)>>,
     fences: Mutex<HashMap<String, u64>>,
+    permits: Mutex<HashMap<String, Vec<(String, Instant)>>>,
 }
 
 impl MapNode {
@@ -124,6 +125,39 @@ impl RedisNode for MapNode {
 
     fn endpoint(&self) -> Option<String> {
         Some(format!("map://{:p}", self))
+    }
+
+    async fn permit(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        op: PermitOp,
+    ) -> Result<PermitReply, NodeError> {
+        let mut all = self.permits.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let set = all.entry(key.into()).or_default();
+        set.retain(|(_, at)| *at > now);
+        let mine = set.iter().position(|(t, _)| t == token.as_str());
+        let until = now + ttl.as_duration();
+        Ok(match (op, mine) {
+            (PermitOp::Acquire { .. } | PermitOp::Extend, Some(i)) => {
+                set[i].1 = until;
+                PermitReply::Done
+            }
+            (PermitOp::Acquire { permits }, None) if set.len() < permits as usize => {
+                set.push((token.as_str().into(), until));
+                PermitReply::Done
+            }
+            (PermitOp::Acquire { .. }, None) => PermitReply::Full {
+                next_expiry: set.iter().map(|(_, at)| *at - now).min(),
+            },
+            (PermitOp::Release, Some(i)) => {
+                set.remove(i);
+                PermitReply::Done
+            }
+            _ => PermitReply::NotHeld,
+        })
     }
 }
 

@@ -58,6 +58,8 @@ pub(crate) struct Planned {
 /// Everything a manager, its locks and its leases share.
 pub(crate) struct Engine {
     pub(crate) nodes: Vec<Arc<dyn RedisNode>>,
+    /// How many nodes decide a round: a majority, or more for a Redlock semaphore (see `crate::semaphore`).
+    pub(crate) quorum: usize,
     pub(crate) mode: Mode,
     pub(crate) config: Config,
     pub(crate) timer: SharedTimer,
@@ -275,7 +277,7 @@ pub(crate) fn grace_floor(timeout: Duration) -> Duration {
 
 impl Engine {
     pub(crate) fn quorum(&self) -> usize {
-        crate::machine::quorum(self.nodes.len())
+        self.quorum
     }
 
     /// A [`Watch`](crate::notify::Watch) for `key` on every node that offers notifications (one per

@@ -578,6 +578,7 @@ mod tests {
             ConfigError::Topology("3 nodes needed".into()),
             ConfigError::TicketMismatch("the ticket is for another key"),
             ConfigError::HolderInfoTooLong { len: 300, max: 256 },
+            ConfigError::Semaphore("a semaphore needs at least one permit"),
         ] {
             errors.push(Error::Config(config));
         }

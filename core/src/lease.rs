@@ -353,6 +353,33 @@ impl Shared {
         }
     }
 
+    /// The extension permit if no round of this lease is in flight, else after waiting at most `bound` for it
+    /// (`None`: still busy then).
+    async fn permit_within(self: &Arc<Self>, bound: Duration) -> Option<ExtendPermit> {
+        {
+            let mut st = self.lock();
+            if !st.extending {
+                st.extending = true;
+                drop(st);
+                return Some(ExtendPermit {
+                    shared: Arc::clone(self),
+                });
+            }
+        }
+        let mut sleep = self
+            .engine
+            .timer
+            .sleep_until(crate::time::add(self.now(), bound));
+        let mut permit = pin!(self.extend_permit());
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(p) = permit.as_mut().poll(cx) {
+                return Poll::Ready(Some(p));
+            }
+            sleep.as_mut().poll(cx).map(|()| None)
+        })
+        .await
+    }
+
     /// One extension round with `ttl`, bounded by `timeout`.
     ///
     /// An extension whose outcome is unknown on a node may still be carried out there later, after later
@@ -1364,6 +1391,9 @@ impl Lease {
         let shared = Arc::clone(&self.shared);
         drop(self);
         let prior = shared.end(Ending::Released);
+        // A round of this lease in flight (a renewal, or a repair writing the key where it was missing) may
+        // still write the key: its end is awaited (bounded), so that the deletion comes after it.
+        let permit = shared.permit_within(shared.op_timeout).await;
         let engine = &shared.engine;
         let mut guard = CleanupOnDrop::new(
             engine,
@@ -1375,6 +1405,7 @@ impl Lease {
         let r = engine
             .release_round(&shared.key, &shared.token, shared.op_timeout, None)
             .await;
+        drop(permit);
         guard.disarm();
         if engine.hook.active() {
             engine.hook.emit(

@@ -74,6 +74,7 @@ mod multi;
 mod node;
 pub mod notify;
 mod observe;
+mod semaphore;
 mod ticket;
 mod time;
 mod token;
@@ -93,11 +94,12 @@ pub use manager::{HolderInfo, Lock, LockManager, MAX_HOLDER_INFO_BYTES};
 pub use multi::{MultiLease, MultiLock};
 pub use node::{
     Applied, Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper,
-    RedisNode, ReplicaWait, RunId, Ttl,
+    PermitOp, PermitReply, RedisNode, ReplicaWait, RunId, Ttl,
 };
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,
 };
+pub use semaphore::{Semaphore, semaphore_quorum};
 pub use ticket::{LeaseTicket, TicketError};
 pub use time::{Sleep, SystemTimer, Timer};
 pub use token::{TOKEN_BYTES, Token, TokenError};

@@ -139,6 +139,7 @@ impl LockManager {
         };
         Ok(Self {
             engine: Arc::new(Engine {
+                quorum: crate::machine::quorum(nodes.len()),
                 nodes,
                 mode,
                 config,
@@ -152,7 +153,7 @@ impl LockManager {
         })
     }
 
-    fn rebuild(&self, f: impl FnOnce(&mut Engine)) -> Self {
+    pub(crate) fn rebuild(&self, f: impl FnOnce(&mut Engine)) -> Self {
         let e = &self.engine;
         let jitter = match e.jitter.lock() {
             Ok(j) => j.clone(),
@@ -160,6 +161,7 @@ impl LockManager {
         };
         let mut engine = Engine {
             nodes: e.nodes.clone(),
+            quorum: e.quorum,
             mode: e.mode,
             config: e.config.clone(),
             timer: e.timer.clone(),

@@ -534,6 +534,68 @@ pub trait RedisNode: Send + Sync {
         let _ = key;
         Readiness::Unknown
     }
+
+    /// One atomic operation on the leased semaphore at `key` (see
+    /// [`LockManager::semaphore`](crate::LockManager::semaphore)): a set of permits, each a `token` with an
+    /// expiry **timed by the server's own clock** (`TIME`), expired permits purged in the same step. The
+    /// adapters keep it in a sorted set scored by expiry; the key itself expires with its last permit.
+    ///
+    /// - [`PermitOp::Acquire`]: if `token` holds a permit, set its expiry to `ttl` from now and answer
+    ///   [`PermitReply::Done`]; else if fewer than `permits` unexpired permits are held, add one for `token`
+    ///   (`Done`); else change nothing and answer [`PermitReply::Full`] with the time until the earliest
+    ///   permit expires.
+    /// - [`PermitOp::Extend`]: if `token` holds an unexpired permit, set its expiry to `ttl` from now
+    ///   (`Done`); else [`PermitReply::NotHeld`], changing nothing.
+    /// - [`PermitOp::Release`]: remove `token`'s permit (`Done`; [`NotHeld`](PermitReply::NotHeld) if it held
+    ///   none or it had expired), and publish a release notification on
+    ///   [`notify::channel(key)`](crate::notify::channel) when it held one, as a lock release does.
+    ///
+    /// `ttl` is ignored by `Release`. An optional capability: the default answers
+    /// [`NodeErrorKind::Unsupported`] without sending anything.
+    async fn permit(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        op: PermitOp,
+    ) -> Result<PermitReply, NodeError> {
+        let _ = (key, token, ttl, op);
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node has no leased semaphores (RedisNode::permit is not implemented)",
+        ))
+    }
+}
+
+/// A leased-semaphore operation ([`RedisNode::permit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PermitOp {
+    /// Take (or refresh) a permit if fewer than `permits` are held.
+    Acquire {
+        /// How many permits the semaphore has (for this acquisition: a changed count applies to new
+        /// acquisitions only).
+        permits: u32,
+    },
+    /// Refresh a held permit.
+    Extend,
+    /// Give a permit back.
+    Release,
+}
+
+/// The answer of [`RedisNode::permit`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PermitReply {
+    /// Taken, refreshed or released.
+    Done,
+    /// [`PermitOp::Acquire`]: every permit is held; the earliest expires in `next_expiry` (`None`: unknown).
+    Full {
+        /// Time until the earliest permit expires, by the server's clock.
+        next_expiry: Option<Duration>,
+    },
+    /// [`PermitOp::Extend`] or [`PermitOp::Release`]: `token` holds no unexpired permit.
+    NotHeld,
 }
 
 /// One lease's part of a batched extension ([`RedisNode::extend_many`]).
@@ -797,6 +859,23 @@ pub trait NodeWrapper: Send + Sync {
     {
         self.inner().readiness(key)
     }
+
+    /// See [`RedisNode::permit`]; forwards by default.
+    fn permit<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+        op: PermitOp,
+    ) -> NodeFuture<'f, PermitReply>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().permit(key, token, ttl, op)
+    }
 }
 
 impl<W: NodeWrapper> RedisNode for W {
@@ -963,6 +1042,22 @@ impl<W: NodeWrapper> RedisNode for W {
         Self: 'f,
     {
         NodeWrapper::readiness(self, key)
+    }
+
+    fn permit<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+        op: PermitOp,
+    ) -> NodeFuture<'f, PermitReply>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::permit(self, key, token, ttl, op)
     }
 }
 

@@ -93,6 +93,7 @@ pub const CASES: &[&str] = &[
     "extend_many_answers_each_item_as_extend_would",
     "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
     "a_node_that_notifies_publishes_each_release_and_unsubscribes",
+    "permits_admit_at_most_n_and_expire_by_the_servers_clock",
 ];
 
 /// How long a notification case waits for a subscription or a message (real time on a live server).
@@ -658,6 +659,85 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             })?;
             c.ok("release", node.release(&k, &t).await)?;
             Ok(())
+        }
+        "permits_admit_at_most_n_and_expire_by_the_servers_clock" => {
+            // An optional capability (leased semaphores): a node that claims it must keep these contracts.
+            use redlease::{PermitOp, PermitReply};
+            let k = c.key("semaphore");
+            let (a, b, x) = (token()?, token()?, token()?);
+            let two = PermitOp::Acquire { permits: 2 };
+            match node.permit(&k, &a, ttl(LONG), two).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => {
+                    let r = c.ok("permit acquire", other)?;
+                    c.ensure(r == PermitReply::Done, || {
+                        format!("the first of 2 permits: {r:?}")
+                    })?;
+                }
+            }
+            let r = c.ok("permit acquire", node.permit(&k, &b, ttl(300), two).await)?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("the second of 2 permits: {r:?}")
+            })?;
+            let r = c.ok("permit acquire", node.permit(&k, &x, ttl(LONG), two).await)?;
+            match r {
+                PermitReply::Full {
+                    next_expiry: Some(next),
+                } => c.ensure(next <= Duration::from_millis(300), || {
+                    format!("the earliest permit expires in 300 ms, reported {next:?}")
+                })?,
+                other => return Err(c.fail(format!("a third of 2 permits: {other:?}"))),
+            }
+            // A holder's own acquisition refreshes its permit; a stranger cannot extend or release.
+            let r = c.ok("permit acquire", node.permit(&k, &a, ttl(LONG), two).await)?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("re-acquiring a held permit: {r:?}")
+            })?;
+            for op in [PermitOp::Extend, PermitOp::Release] {
+                let r = c.ok("permit", node.permit(&k, &x, ttl(LONG), op).await)?;
+                c.ensure(r == PermitReply::NotHeld, || {
+                    format!("{op:?} by a stranger: {r:?}")
+                })?;
+            }
+            // The short permit expires by itself (the server's clock), and its place is free again.
+            c.sleep(Duration::from_millis(400)).await;
+            let r = c.ok(
+                "permit extend",
+                node.permit(&k, &b, ttl(LONG), PermitOp::Extend).await,
+            )?;
+            c.ensure(r == PermitReply::NotHeld, || {
+                format!("extending an expired permit: {r:?}")
+            })?;
+            let r = c.ok("permit acquire", node.permit(&k, &x, ttl(LONG), two).await)?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("a permit after one expired: {r:?}")
+            })?;
+            // A raised count admits more, for new acquisitions only.
+            let r = c.ok(
+                "permit acquire",
+                node.permit(&k, &b, ttl(LONG), PermitOp::Acquire { permits: 3 })
+                    .await,
+            )?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("a third of 3 permits: {r:?}")
+            })?;
+            for t in [&a, &b, &x] {
+                let r = c.ok(
+                    "permit release",
+                    node.permit(&k, t, ttl(LONG), PermitOp::Release).await,
+                )?;
+                c.ensure(r == PermitReply::Done, || {
+                    format!("releasing a held permit: {r:?}")
+                })?;
+                let r = c.ok(
+                    "permit release",
+                    node.permit(&k, t, ttl(LONG), PermitOp::Release).await,
+                )?;
+                c.ensure(r == PermitReply::NotHeld, || {
+                    format!("releasing twice: {r:?}")
+                })?;
+            }
+            c.expect_absent(&k).await
         }
         "run_id_is_stable_between_calls" => {
             // An optional capability: a node that claims it must report one id while its server runs.

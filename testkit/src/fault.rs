@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use redlease::machine::Jitter;
 use redlease::notify::Notifier;
 use redlease::{
-    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, Readiness, RedisNode, ReplicaWait,
-    RunId, Spawn, Timer, Token, Ttl, async_trait,
+    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, PermitOp, PermitReply, Readiness,
+    RedisNode, ReplicaWait, RunId, Spawn, Timer, Token, Ttl, async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -1035,6 +1035,28 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             Box::pin(async move { n.inspect(&key).await })
         };
         self.run(Op::Inspect, self.inner.inspect(key), detach).await
+    }
+
+    /// Counted and faulted as the lock operation it stands for: [`Op::Acquire`], [`Op::Extend`] or
+    /// [`Op::Release`], so every fault and partition applies to a semaphore's permits as to a lock.
+    async fn permit(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        op: PermitOp,
+    ) -> Result<PermitReply, NodeError> {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<PermitReply>> {
+            let (key, token) = (key.to_owned(), token.clone());
+            Box::pin(async move { n.permit(&key, &token, ttl, op).await })
+        };
+        let counted = match op {
+            PermitOp::Extend => Op::Extend,
+            PermitOp::Release => Op::Release,
+            _ => Op::Acquire,
+        };
+        self.run(counted, self.inner.permit(key, token, ttl, op), detach)
+            .await
     }
 
     /// Counted and faulted as one [`Op::Inspect`] call (the check writes nothing): an injected error is

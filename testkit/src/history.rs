@@ -550,6 +550,32 @@ impl History {
     /// # Errors
     /// The first [`Violation`] found.
     pub fn check(&self) -> Result<(), Violation> {
+        self.check_holders(1)
+    }
+
+    /// [`check`](Self::check) for locks that admit up to `holders` believed holders at once (a
+    /// [semaphore](redlease::Semaphore)'s permits): one more at any instant is an
+    /// [`Overlap`](Violation::Overlap) naming the newest and the active holder that believed longest. Fencing
+    /// tokens are compared only when `holders` is 1. Late losses are checked as for a lock.
+    ///
+    /// ```
+    /// use std::time::{Duration, Instant};
+    /// use redlease_testkit::{EventKind, History, Violation};
+    ///
+    /// let (t0, s) = (Instant::now(), Duration::from_secs);
+    /// let history = History::new();
+    /// for client in 1..=3 {
+    ///     let at = t0 + s(client);
+    ///     history.record(client, "api", at, EventKind::Acquired { valid_until: at + s(10), fence: None });
+    /// }
+    /// assert_eq!(history.check_holders(3), Ok(()));
+    /// assert!(matches!(history.check_holders(2), Err(Violation::Overlap { .. })));
+    /// ```
+    ///
+    /// # Errors
+    /// The first [`Violation`] found.
+    pub fn check_holders(&self, holders: usize) -> Result<(), Violation> {
+        let holders = holders.max(1);
         let events = self.events();
         let Some(origin) = self.origin.or_else(|| events.iter().map(|e| e.at).min()) else {
             return Ok(());
@@ -656,7 +682,7 @@ impl History {
             closed.extend(open.into_values());
             closed.sort_by_key(|iv| (iv.start, iv.client));
             let rel = |t: Instant| t.saturating_duration_since(origin);
-            for pair in closed.windows(2) {
+            for pair in closed.windows(2).filter(|_| holders == 1) {
                 let (a, b) = (pair[0], pair[1]);
                 if let (Some(previous), Some(next)) = (a.fence, b.fence) {
                     // A resumed lease keeps the fence of the lease handed to it.
@@ -669,13 +695,15 @@ impl History {
                     }
                 }
             }
-            let mut latest: Option<Interval> = None;
+            // Believed holders at each start, in start order: at most `holders` at once.
+            let mut active: Vec<Interval> = Vec::new();
             for iv in closed {
                 if iv.end <= iv.start {
                     continue;
                 }
-                if let Some(prev) = latest {
-                    if iv.start < prev.end {
+                active.retain(|a| a.end > iv.start);
+                if active.len() >= holders {
+                    if let Some(prev) = active.iter().max_by_key(|a| a.end) {
                         return Err(Violation::Overlap {
                             lock: lock.to_owned(),
                             first: (prev.client, rel(prev.start), rel(prev.end)),
@@ -683,9 +711,7 @@ impl History {
                         });
                     }
                 }
-                if latest.is_none_or(|p| iv.end > p.end) {
-                    latest = Some(iv);
-                }
+                active.push(iv);
             }
         }
         Ok(())

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Claim, CommandPaths, ExtendItem, KeyState, NodeError, NodeErrorKind, Path, Readiness,
-    RedisNode, ReplicaWait, RunId, SystemTimer, Timer, Token, Ttl, async_trait,
+    Claim, CommandPaths, ExtendItem, KeyState, NodeError, NodeErrorKind, Path, PermitOp,
+    PermitReply, Readiness, RedisNode, ReplicaWait, RunId, SystemTimer, Timer, Token, Ttl,
+    async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -32,6 +33,9 @@ struct Store {
     runs: u64,
     /// What `wait_replicas` answers (see [`MemoryNode::set_replicas`]).
     replicas: Option<u32>,
+    /// Leased semaphores: per key, each permit's token value and expiry (a sorted set scored by expiry on
+    /// the node's clock, in the adapters).
+    permits: HashMap<String, Vec<(Vec<u8>, Instant)>>,
 }
 
 impl Store {
@@ -370,6 +374,7 @@ impl MemoryNode {
         let lost: Vec<Inbox> = {
             let mut store = self.lock();
             store.keys.clear();
+            store.permits.clear();
             store.runs += 1;
             // Every connection is gone, subscriber connections too.
             std::mem::take(&mut store.subs)
@@ -635,6 +640,54 @@ impl RedisNode for MemoryNode {
 
     /// Ready, with the paths of a Redis 7 server (whose semantics this node has): a first acquisition by
     /// `SET … NX GET`, everything else by script.
+    /// The semaphore at `key`, with its node's clock: expired permits purged first, as the adapters' scripts
+    /// do in the same step.
+    async fn permit(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        op: PermitOp,
+    ) -> Result<PermitReply, NodeError> {
+        let now = self.now();
+        let released = {
+            let mut store = self.lock();
+            let set = store.permits.entry(key.to_owned()).or_default();
+            set.retain(|(_, at)| *at > now);
+            let mine = set.iter().position(|(t, _)| token.matches(t));
+            let until = now + ttl.as_duration();
+            let reply = match (op, mine) {
+                (PermitOp::Acquire { .. } | PermitOp::Extend, Some(i)) => {
+                    set[i].1 = until;
+                    PermitReply::Done
+                }
+                (PermitOp::Acquire { permits }, None) => {
+                    if set.len() < permits as usize {
+                        set.push((token.as_str().as_bytes().to_vec(), until));
+                        PermitReply::Done
+                    } else {
+                        PermitReply::Full {
+                            next_expiry: set.iter().map(|(_, at)| *at - now).min(),
+                        }
+                    }
+                }
+                (PermitOp::Release, Some(i)) => {
+                    set.remove(i);
+                    PermitReply::Done
+                }
+                _ => PermitReply::NotHeld,
+            };
+            if set.is_empty() {
+                store.permits.remove(key);
+            }
+            reply
+        };
+        if op == PermitOp::Release && released == PermitReply::Done {
+            self.publish(key, token);
+        }
+        Ok(released)
+    }
+
     async fn readiness(&self, _key: &str) -> Readiness {
         Readiness::Ready(CommandPaths::scripts().with_acquire(Path::Native))
     }

@@ -20,5 +20,6 @@ mod push;
 mod redundancy;
 mod renewal;
 mod restart;
+mod semaphore;
 mod support;
 mod waiting;

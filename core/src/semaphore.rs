@@ -1,0 +1,406 @@
+//! Leased semaphores: at most N holders, each permit a lease with a TTL kept by the server.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::ConfigError;
+use crate::error::Error;
+use crate::lease::Lease;
+use crate::manager::{Lock, LockManager};
+use crate::node::{
+    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper, PermitOp,
+    PermitReply, RedisNode, Ttl,
+};
+use crate::token::Token;
+
+/// The least quorum with which a semaphore of `permits` over `n` independent nodes never has more than
+/// `permits` holders: `q` with `(permits + 1) · q > permits · n` (any `permits + 1` permits, each held on `q`
+/// of `n` nodes, would need some node to hold `permits + 1` of them). `None` when even all `n` nodes are too
+/// few (never: `q = n` always satisfies it).
+pub fn semaphore_quorum(n: usize, permits: u32) -> Option<usize> {
+    let p = u128::from(permits);
+    let n128 = n as u128;
+    let q = (p * n128) / (p + 1) + 1;
+    usize::try_from(q).ok().filter(|q| *q <= n)
+}
+
+/// A leased semaphore: at most `permits` holders at once, each holding a permit that is a [`Lease`] — its
+/// own random token, a TTL timed by the **server's** clock (an expired permit comes back by itself, also
+/// when its holder died), renewal, release, loss signal, `run`, hold limits and handoff, exactly as for a
+/// lock. Made by [`LockManager::semaphore`]; cheap to clone.
+///
+/// The permits live in one server-side structure under the key (the adapters: a sorted set scored by each
+/// permit's expiry on the server's clock, expired permits purged in the same atomic step as every
+/// acquisition). A changed permit count applies to acquisitions made after it; permits already held stay.
+///
+/// On Redlock a permit counts only when it is held on `q` nodes with `(permits + 1) · q > permits · n`
+/// ([`semaphore_quorum`]), more than a majority: with a bare majority, `permits + 1` holders could each
+/// hold a different majority.
+///
+/// ```
+/// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
+/// use std::time::Duration;
+/// use redlease::{Config, LockManager};
+///
+/// # block_on(async {
+/// # let manager = LockManager::single(MapNode::default(), Config::default())?;
+/// // At most 2 workers call the partner API at once.
+/// let api = manager.semaphore("partner-api", 2)?;
+/// let first = api.try_acquire().await?;
+/// let second = api.try_acquire().await?;
+/// assert!(api.try_acquire().await.unwrap_err().is_contended());
+/// first.release().await?;
+/// let third = api.acquire_within(Duration::from_secs(1)).await?;
+/// # second.release().await?;
+/// # third.release().await?;
+/// # Ok::<(), redlease::Error>(())
+/// # }).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    lock: Lock,
+    permits: u32,
+}
+
+impl fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("key", &self.lock.key())
+            .field("permits", &self.permits)
+            .finish()
+    }
+}
+
+impl LockManager {
+    /// A leased semaphore of `permits` at `key`; see [`Semaphore`].
+    ///
+    /// # Errors
+    /// [`Error::Config`] for zero permits, or a Redlock whose node count no quorum can protect (see
+    /// [`semaphore_quorum`]; never for an odd count ≥ 3), before anything is sent.
+    pub fn semaphore(&self, key: impl Into<String>, permits: u32) -> Result<Semaphore, Error> {
+        if permits == 0 {
+            return Err(ConfigError::Semaphore("a semaphore needs at least one permit").into());
+        }
+        let n = self.nodes();
+        let quorum = semaphore_quorum(n, permits).ok_or(ConfigError::Semaphore(
+            "no quorum of these nodes bounds the holders by the permits",
+        ))?;
+        let nodes: Vec<Arc<dyn RedisNode>> = self
+            .engine()
+            .nodes
+            .iter()
+            .map(|inner| -> Arc<dyn RedisNode> {
+                Arc::new(PermitNode {
+                    inner: Arc::clone(inner),
+                    permits,
+                })
+            })
+            .collect();
+        let manager = self.rebuild(|e| {
+            e.nodes = nodes;
+            e.quorum = quorum;
+        });
+        Ok(Semaphore {
+            lock: manager.lock(key),
+            permits,
+        })
+    }
+}
+
+impl Semaphore {
+    fn map(&self, f: impl FnOnce(Lock) -> Lock) -> Self {
+        Self {
+            lock: f(self.lock.clone()),
+            permits: self.permits,
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &str {
+        self.lock.key()
+    }
+
+    /// How many holders it admits.
+    pub fn permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// Sets each permit's TTL; see [`Lock::expiry`].
+    #[must_use]
+    pub fn expiry(&self, expiry: Duration) -> Self {
+        self.map(|l| l.expiry(expiry))
+    }
+
+    /// Sets how often [`Lease::run`] renews a permit; see [`Lock::renew_every`].
+    #[must_use]
+    pub fn renew_every(&self, interval: Duration) -> Self {
+        self.map(|l| l.renew_every(interval))
+    }
+
+    /// Renews each permit in the background; see [`Lock::auto_renew`].
+    #[must_use]
+    pub fn auto_renew(&self, interval: Duration) -> Self {
+        self.map(|l| l.auto_renew(interval))
+    }
+
+    /// Limits how long a permit may be held in all; see [`Lock::max_hold`].
+    #[must_use]
+    pub fn max_hold(&self, max_hold: Duration) -> Self {
+        self.map(|l| l.max_hold(max_hold))
+    }
+
+    /// Takes a permit if one is free (one attempt).
+    ///
+    /// # Errors
+    /// As [`Lock::try_acquire`]: every permit held is contention ([`Error::is_contended`]).
+    pub async fn try_acquire(&self) -> Result<Lease, Error> {
+        self.lock.try_acquire().await
+    }
+
+    /// Tries up to [`Config::attempts`](crate::Config::attempts) times; see [`Lock::acquire`].
+    ///
+    /// # Errors
+    /// As [`Lock::acquire`].
+    pub async fn acquire(&self) -> Result<Lease, Error> {
+        self.lock.acquire().await
+    }
+
+    /// Waits for a permit until `deadline`, woken by a release where the node can subscribe, and otherwise
+    /// at the earliest permit's expiry; see [`Lock::acquire_until`].
+    ///
+    /// # Errors
+    /// As [`Lock::acquire_until`].
+    pub async fn acquire_until(&self, deadline: Instant) -> Result<Lease, Error> {
+        self.lock.acquire_until(deadline).await
+    }
+
+    /// Waits for a permit for `patience`; see [`acquire_until`](Self::acquire_until).
+    ///
+    /// # Errors
+    /// As [`Lock::acquire_within`].
+    pub async fn acquire_within(&self, patience: Duration) -> Result<Lease, Error> {
+        self.lock.acquire_within(patience).await
+    }
+
+    /// Continues a permit another process handed over ([`Lease::handoff`]); see [`Lock::resume`].
+    ///
+    /// # Errors
+    /// As [`Lock::resume`].
+    pub async fn resume(&self, ticket: &crate::LeaseTicket) -> Result<Lease, Error> {
+        self.lock.resume(ticket).await
+    }
+}
+
+/// A node whose lock operations act on the permits of the semaphore at the same key
+/// ([`RedisNode::permit`]): the whole lease machinery then serves permits unchanged.
+struct PermitNode {
+    inner: Arc<dyn RedisNode>,
+    permits: u32,
+}
+
+impl PermitNode {
+    fn unsupported<T: Send + 'static>(what: &'static str) -> NodeFuture<'static, T> {
+        Box::pin(std::future::ready(Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            what,
+        ))))
+    }
+}
+
+impl NodeWrapper for PermitNode {
+    type Inner = dyn RedisNode;
+
+    fn inner(&self) -> &(dyn RedisNode + 'static) {
+        &*self.inner
+    }
+
+    fn acquire<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        let op = PermitOp::Acquire {
+            permits: self.permits,
+        };
+        Box::pin(async move {
+            Ok(RedisNode::permit(&*self.inner, key, token, ttl, op).await? == PermitReply::Done)
+        })
+    }
+
+    fn acquire_fresh<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::acquire(self, key, token, ttl)
+    }
+
+    fn acquire_fresh_is_nx(&self) -> bool {
+        false
+    }
+
+    fn acquire_or_ttl<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+        _fresh: bool,
+    ) -> NodeFuture<'f, Claim>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        let op = PermitOp::Acquire {
+            permits: self.permits,
+        };
+        Box::pin(async move {
+            Ok(
+                match RedisNode::permit(&*self.inner, key, token, ttl, op).await? {
+                    PermitReply::Done => Claim::Taken,
+                    PermitReply::Full { next_expiry } => Claim::Held {
+                        remaining: next_expiry,
+                    },
+                    _ => Claim::Held { remaining: None },
+                },
+            )
+        })
+    }
+
+    fn acquire_fenced<'a, 'b, 'c, 'd, 'f>(
+        &'a self,
+        _key: &'b str,
+        _fence_key: &'c str,
+        _token: &'d Token,
+        _ttl: Ttl,
+    ) -> NodeFuture<'f, Option<u64>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        'd: 'f,
+        Self: 'f,
+    {
+        Self::unsupported("a semaphore's permits are not fenced")
+    }
+
+    fn release<'a, 'b, 'c, 'f>(&'a self, key: &'b str, token: &'c Token) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        Box::pin(async move {
+            let ttl = Ttl::from_millis(1).unwrap_or(Ttl::MAX);
+            Ok(
+                RedisNode::permit(&*self.inner, key, token, ttl, PermitOp::Release).await?
+                    == PermitReply::Done,
+            )
+        })
+    }
+
+    fn extend<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c Token,
+        ttl: Ttl,
+    ) -> NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        Box::pin(async move {
+            Ok(
+                RedisNode::permit(&*self.inner, key, token, ttl, PermitOp::Extend).await?
+                    == PermitReply::Done,
+            )
+        })
+    }
+
+    fn inspect<'a, 'b, 'f>(&'a self, _key: &'b str) -> NodeFuture<'f, Option<KeyState>>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        Self::unsupported("a semaphore has no single holder to inspect")
+    }
+
+    fn raise_fence<'a, 'b, 'f>(&'a self, _fence_key: &'b str, _at_least: u64) -> NodeFuture<'f, u64>
+    where
+        'a: 'f,
+        'b: 'f,
+        Self: 'f,
+    {
+        Self::unsupported("a semaphore's permits are not fenced")
+    }
+
+    fn extend_many<'a, 'b, 'c, 'f>(
+        &'a self,
+        _items: &'b [ExtendItem<'c>],
+    ) -> NodeFuture<'f, Vec<bool>>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        Self::unsupported("permits are renewed one by one")
+    }
+
+    fn extend_many_limit(&self) -> usize {
+        0
+    }
+
+    fn endpoint(&self) -> Option<String> {
+        RedisNode::endpoint(&*self.inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quorum_bounds_the_holders_by_pigeonhole() {
+        // A single node: itself.
+        assert_eq!(semaphore_quorum(1, 5), Some(1));
+        // One permit is a lock: a majority.
+        assert_eq!(semaphore_quorum(3, 1), Some(2));
+        assert_eq!(semaphore_quorum(5, 1), Some(3));
+        // More permits need more of the nodes.
+        assert_eq!(semaphore_quorum(3, 2), Some(3));
+        assert_eq!(semaphore_quorum(5, 2), Some(4));
+        assert_eq!(semaphore_quorum(5, 4), Some(5));
+        for n in 1..=9usize {
+            for permits in 1..=50u32 {
+                let q = semaphore_quorum(n, permits).unwrap_or(0);
+                let (p, n, q) = (u64::from(permits), n as u64, q as u64);
+                assert!((p + 1) * q > p * n, "n={n} permits={p} q={q}");
+                assert!(
+                    q == 0 || (p + 1) * (q - 1) <= p * n,
+                    "q={q} is not the least"
+                );
+            }
+        }
+    }
+}

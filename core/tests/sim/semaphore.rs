@@ -1,0 +1,277 @@
+//! Leased semaphores (`LockManager::semaphore`): at most N holders, permits timed by the node's clock,
+//! renewed, released and lost like leases, and the Redlock quorum rule.
+
+use std::time::Duration;
+
+use redlease::{
+    ConfigError, Error, LeaseState, NotAcquiredReason, PermitOp, PermitReply, RedisNode, Timer,
+    Token, Ttl, semaphore_quorum,
+};
+use redlease_testkit::{History, MemoryNode, Op};
+
+use crate::support::*;
+
+#[test]
+fn at_most_n_hold_a_permit_and_a_released_one_is_taken_again() {
+    for n in [1, 5] {
+        let mut c = Cluster::new(n, 111, config());
+        let api = c.manager.semaphore("api", 3).unwrap();
+        let mut held = Vec::new();
+        let mut refused = 0;
+        for _ in 0..10 {
+            match c.sim.block_on({
+                let api = api.clone();
+                async move { api.try_acquire().await }
+            }) {
+                Ok(lease) => held.push(lease),
+                Err(e) => {
+                    assert!(e.is_contended(), "n={n}: {e}");
+                    refused += 1;
+                }
+            }
+        }
+        assert_eq!((held.len(), refused), (3, 7), "n={n}");
+        let first = held.remove(0);
+        c.sim
+            .block_on(async move { first.release().await })
+            .unwrap();
+        let again = c.sim.block_on({
+            let api = api.clone();
+            async move { api.try_acquire().await }
+        });
+        assert!(again.is_ok(), "n={n}: a released permit is free again");
+    }
+}
+
+#[test]
+fn a_dead_holders_permit_comes_back_at_its_ttl_by_the_nodes_clock() {
+    let mut c = Cluster::new(1, 112, config());
+    let api = c.manager.semaphore("api", 1).unwrap().expiry(secs(5));
+    let lease = c
+        .sim
+        .block_on({
+            let api = api.clone();
+            async move { api.try_acquire().await }
+        })
+        .unwrap();
+    // The holder dies: nothing releases or renews its permit.
+    std::mem::forget(lease);
+    c.sim.run_for(secs(5) - ms(1));
+    let r = c.sim.block_on({
+        let api = api.clone();
+        async move { api.try_acquire().await }
+    });
+    assert!(r.unwrap_err().is_contended());
+    c.sim.run_for(ms(1));
+    let r = c.sim.block_on(async move { api.try_acquire().await });
+    assert!(r.is_ok(), "the permit expired on the node's clock");
+}
+
+#[test]
+fn a_permit_is_renewed_and_lost_like_a_lease() {
+    let mut c = Cluster::with_spawner(3, 113, config().with_expiry(secs(3)));
+    let api = c.manager.semaphore("api", 1).unwrap().auto_renew(secs(1));
+    let lease = c
+        .sim
+        .block_on({
+            let api = api.clone();
+            async move { api.try_acquire().await }
+        })
+        .unwrap();
+    c.sim.run_for(secs(30));
+    assert_eq!(lease.state(), LeaseState::Held, "renewed for ten TTLs");
+    assert!(c.faults[0].calls(Op::Extend) >= 29);
+    // The permits vanish from every node (a restart without persistence): the next renewal finds it gone.
+    for node in &c.nodes {
+        node.restart();
+    }
+    c.sim.run_for(secs(2));
+    assert!(
+        matches!(lease.state(), LeaseState::Lost(_)),
+        "{:?}",
+        lease.state()
+    );
+}
+
+#[test]
+fn a_waiter_is_woken_by_a_permits_release() {
+    let mut c = Cluster::new(1, 114, config());
+    let api = c.manager.semaphore("api", 1).unwrap();
+    let holder = c
+        .sim
+        .block_on({
+            let api = api.clone();
+            async move { api.try_acquire().await }
+        })
+        .unwrap();
+    let clock = c.clock.clone();
+    let result = std::sync::Arc::new(std::sync::Mutex::new(None));
+    c.sim.spawn({
+        let result = result.clone();
+        async move {
+            let r = api.acquire_within(secs(20)).await;
+            *result.lock().unwrap() = Some((r.is_ok(), clock.now()));
+        }
+    });
+    c.sim.run_for(secs(5));
+    assert!(result.lock().unwrap().is_none(), "still waiting");
+    let released = c.now();
+    c.sim
+        .block_on(async move { holder.release().await })
+        .unwrap();
+    c.sim.run_for(ms(100));
+    let (won, at) = result.lock().unwrap().take().expect("woken");
+    assert!(won);
+    assert!(
+        at - released < ms(50),
+        "woken {:?} after the release",
+        at - released
+    );
+}
+
+#[test]
+fn a_redlock_semaphore_counts_a_permit_only_on_a_pigeonhole_quorum() {
+    // The rule: (permits + 1) · q > permits · n.
+    assert_eq!(semaphore_quorum(3, 1), Some(2));
+    assert_eq!(semaphore_quorum(3, 2), Some(3));
+    assert_eq!(semaphore_quorum(5, 2), Some(4));
+    // Why a majority is not enough: three clients, two permits, three nodes, each node holding two permits
+    // (its capacity) — yet every client holds a permit on a majority of the nodes. Three holders.
+    let nodes: Vec<MemoryNode> = (0..3).map(|_| MemoryNode::new()).collect();
+    let tokens: Vec<Token> = (0..3).map(|_| Token::random().unwrap()).collect();
+    let ttl = Ttl::from_millis(60_000).unwrap();
+    let placement = [[0, 1], [1, 2], [0, 2]];
+    let majorities = redlease_testkit::block_on(async {
+        for (node, clients) in nodes.iter().zip(placement) {
+            for c in clients {
+                let r = node
+                    .permit("api", &tokens[c], ttl, PermitOp::Acquire { permits: 2 })
+                    .await
+                    .unwrap();
+                assert_eq!(r, PermitReply::Done);
+            }
+        }
+        let mut majorities = 0;
+        for token in &tokens {
+            let mut on = 0;
+            for node in &nodes {
+                if node
+                    .permit("api", token, ttl, PermitOp::Extend)
+                    .await
+                    .unwrap()
+                    == PermitReply::Done
+                {
+                    on += 1;
+                }
+            }
+            if on >= 2 {
+                majorities += 1;
+            }
+        }
+        majorities
+    });
+    assert_eq!(majorities, 3, "a bare majority lets 3 hold 2 permits");
+    // The manager asks for all three nodes here: with one down, no permit is handed out at all.
+    let mut c = Cluster::new(3, 115, config());
+    let api = c.manager.semaphore("api", 2).unwrap();
+    c.faults[2].partition();
+    match c.sim.block_on(async move { api.try_acquire().await }) {
+        Err(Error::NotAcquired {
+            reason: NotAcquiredReason::TooFewNodes,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn zero_permits_is_refused_before_anything_is_sent() {
+    let c = Cluster::new(1, 116, config());
+    assert!(matches!(
+        c.manager.semaphore("api", 0),
+        Err(Error::Config(ConfigError::Semaphore(_)))
+    ));
+    assert_eq!(c.calls(), 0);
+}
+
+/// One hostile client of a semaphore: waits for a permit, holds it a while (renewed in the background or
+/// not, sometimes with a hold limit), then releases or drops it.
+async fn permit_client(
+    api: redlease::Semaphore,
+    clock: redlease_testkit::SkewedClock,
+    mut rng: redlease::machine::Jitter,
+    horizon: Duration,
+) {
+    let end = clock.now() + horizon;
+    while clock.now() < end {
+        let mut api = api.clone();
+        if rng.next_u64() % 2 == 0 {
+            api = api.auto_renew(ms(400 + rng.next_u64() % 400));
+        }
+        if rng.next_u64() % 5 == 0 {
+            api = api.max_hold(ms(500 + rng.next_u64() % 2_000));
+        }
+        let Ok(lease) = api.acquire_within(ms(100 + rng.next_u64() % 1_500)).await else {
+            clock
+                .sleep_until(clock.now() + ms(1 + rng.next_u64() % 200))
+                .await;
+            continue;
+        };
+        let mut lost = std::pin::pin!(lease.lost());
+        let mut sleep = clock.sleep_until(clock.now() + ms(rng.next_u64() % 2_000));
+        std::future::poll_fn(|cx| {
+            if lost.as_mut().poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+            sleep.as_mut().poll(cx)
+        })
+        .await;
+        if rng.next_u64() % 4 == 0 {
+            drop(lease);
+        } else {
+            let _ = lease.release().await;
+        }
+    }
+}
+
+/// Five hostile clients (skewed clocks, pauses, late and reordered requests, every random fault) share a
+/// semaphore of 2 permits on 1, 3 or 5 nodes: never more than 2 believed holders, every loss reported by
+/// its deadline. `REDLEASE_SEMAPHORE_SEEDS` runs more seeds.
+#[test]
+fn a_semaphore_never_has_more_holders_than_permits_under_hostile_faults() {
+    let seeds = std::env::var("REDLEASE_SEMAPHORE_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let mut total = 0;
+    redlease_testkit::for_each_seed(0..seeds, |seed| {
+        let n = [1usize, 3, 5][(seed % 3) as usize];
+        let config = config()
+            .with_expiry(secs(2))
+            .with_retry_delay(ms(50))
+            .with_jitter_seed(seed);
+        let mut c = Cluster::hostile(n, seed, config);
+        let history = History::new();
+        let horizon = secs(8);
+        for id in 0..5u64 {
+            let (manager, clock) = c.hostile_client(id, &history, horizon, 2);
+            let api = manager.semaphore("api", 2).unwrap();
+            let rng = c.sim.rng();
+            c.sim
+                .client(id)
+                .spawn(permit_client(api, clock, rng, horizon));
+        }
+        assert!(
+            c.sim.run_until_idle(secs(120)),
+            "seed {seed}: clients stuck"
+        );
+        if let Err(v) = history.check_holders(2) {
+            panic!("seed {seed}: {v}");
+        }
+        total += history.acquisitions();
+    });
+    assert!(
+        total > seeds as usize * 3,
+        "only {total} permits over {seeds} seeds"
+    );
+}
