@@ -82,6 +82,27 @@ struct ProbeState {
     generation: u64,
     /// Which keys were last written over a connection the node has since seen replaced.
     writes: Writes,
+    /// Whether a call is running the capability check, and the calls waiting for its answer.
+    checking: bool,
+    check_waiters: Vec<std::task::Waker>,
+}
+
+/// The turn of the one call that runs a connection's capability check while the others wait for its answer
+/// (so that N calls made at once on an unchecked connection send one check, not N). Given back when dropped,
+/// also when the call is cut: a waiter then runs the check itself if no answer was remembered.
+pub(crate) struct CheckTurn<'a>(&'a Probe);
+
+impl Drop for CheckTurn<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut state = self.0.lock();
+            state.checking = false;
+            std::mem::take(&mut state.check_waiters)
+        };
+        for waker in waiters {
+            waker.wake();
+        }
+    }
 }
 
 /// How many keys each set of [`Writes`] holds before it is replaced by a fresh one.
@@ -163,6 +184,27 @@ impl Probe {
 
     fn set(&self, caps: Capabilities) {
         self.lock().caps = Some(caps);
+    }
+
+    /// Waits until the capability check may run: `None` once an answer is remembered (another call's check
+    /// gave it), else the turn to run the check.
+    pub(crate) async fn check_turn(&self) -> Option<CheckTurn<'_>> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.lock();
+            if state.caps.is_some() {
+                return std::task::Poll::Ready(false);
+            }
+            if !state.checking {
+                state.checking = true;
+                return std::task::Poll::Ready(true);
+            }
+            if !state.check_waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                state.check_waiters.push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        })
+        .await
+        .then_some(CheckTurn(self))
     }
 
     /// Forgets what was learned about the connection, which failed or was replaced: the next call checks
@@ -672,9 +714,13 @@ async fn checked(
     key: &str,
     fence_key: Option<&str>,
 ) -> Result<Capabilities, NodeError> {
-    match t.probe().get() {
-        Some(caps) => Ok(caps),
-        None => Box::pin(check(t, key, fence_key)).await,
+    loop {
+        if let Some(caps) = t.probe().get() {
+            return Ok(caps);
+        }
+        if let Some(_turn) = t.probe().check_turn().await {
+            return Box::pin(check(t, key, fence_key)).await;
+        }
     }
 }
 
@@ -777,6 +823,11 @@ async fn acquire_fresh_unrecorded(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
+    // One check at a time: the calls made meanwhile wait for its answer (and then take the path it found).
+    let turn = match t.probe().get() {
+        Some(_) => None,
+        None => t.probe().check_turn().await,
+    };
     let caps = match t.probe().get() {
         Some(caps) => caps,
         None if t.probe().mode() == Commands::Native => Box::pin(check(t, key, None)).await?,
@@ -801,6 +852,7 @@ async fn acquire_fresh_unrecorded(
             }
         }
     };
+    drop(turn);
     if !caps.set_nx_get {
         if !caps.lua || caps.commands == Commands::Native {
             return set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], &ttl).await;
@@ -1079,7 +1131,7 @@ async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, Nod
     match t.probe().get() {
         Some(caps) => Ok(Some(caps)),
         None if t.probe().mode() == Commands::Scripts => Ok(None),
-        None => Box::pin(check(t, key, None)).await.map(Some),
+        None => checked(t, key, None).await.map(Some),
     }
 }
 
