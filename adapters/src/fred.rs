@@ -1032,7 +1032,7 @@ macro_rules! static_words {
 
 static_words!(
     "SET" "GET" "PTTL" "DEL" "DELIFEQ" "PUBLISH" "SPUBLISH" "INCR" "INCRBY" "INFO" "WAIT" "WAITAOF" "NX" "PX"
-    "IFEQ" "server" "0"
+    "IFEQ" "server" "0" "WATCH" "UNWATCH" "PEXPIRE"
 );
 
 /// `s` as an argument: without a copy when it is one of the [`static_word`]s.
@@ -1143,6 +1143,8 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         }
         match self.send_multi(request, key, what).await? {
             Reply::Array(items) if items.len() == cmds.len() => Ok(items),
+            // EXEC aborted by a WATCH (the watched key was touched): nothing ran.
+            Reply::Nil => Ok(Vec::new()),
             other => Err(scripts::unexpected_reply(what, &other)),
         }
     }

@@ -85,6 +85,25 @@ struct ProbeState {
     /// Whether a call is running the capability check, and the calls waiting for its answer.
     checking: bool,
     check_waiters: Vec<std::task::Waker>,
+    /// Whether a call holds the transaction gate ([`Probe::tx_gate`]), and the calls waiting for it.
+    tx_busy: bool,
+    tx_waiters: Vec<std::task::Waker>,
+}
+
+/// The node's transaction gate, held by one call at a time (see [`Probe::tx_gate`]); given back when dropped.
+pub(crate) struct TxGate<'a>(&'a Probe);
+
+impl Drop for TxGate<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut state = self.0.lock();
+            state.tx_busy = false;
+            std::mem::take(&mut state.tx_waiters)
+        };
+        for waker in waiters {
+            waker.wake();
+        }
+    }
 }
 
 /// The turn of the one call that runs a connection's capability check while the others wait for its answer
@@ -205,6 +224,25 @@ impl Probe {
         })
         .await
         .then_some(CheckTurn(self))
+    }
+
+    /// Waits for the node's transaction gate: every `MULTI … EXEC` this node sends holds it, and so does the
+    /// watched extension ([`extend_watched`]) from its `WATCH` to its `EXEC`, so that no other `EXEC` of the
+    /// node (which ends every `WATCH` of its connection) comes in between.
+    pub(crate) async fn tx_gate(&self) -> TxGate<'_> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.lock();
+            if !state.tx_busy {
+                state.tx_busy = true;
+                return std::task::Poll::Ready(());
+            }
+            if !state.tx_waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                state.tx_waiters.push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        })
+        .await;
+        TxGate(self)
     }
 
     /// Forgets what was learned about the connection, which failed or was replaced: the next call checks
@@ -378,6 +416,23 @@ fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeEr
     result
 }
 
+/// [`Transport::transaction`] behind the node's transaction gate ([`Probe::tx_gate`]).
+async fn tx(
+    t: &impl Transport,
+    what: &Script,
+    key: &str,
+    cmds: &[&[&str]],
+) -> Result<Vec<Reply>, NodeError> {
+    let _gate = t.probe().tx_gate().await;
+    t.transaction(what, key, cmds).await
+}
+
+/// [`Transport::probe_transaction`] behind the node's transaction gate ([`Probe::tx_gate`]).
+async fn probe_tx(t: &impl Transport, what: &Script, key: &str) -> Result<(), NodeError> {
+    let _gate = t.probe().tx_gate().await;
+    t.probe_transaction(what, key).await
+}
+
 /// Whether `err` is a definite "unknown command" or "syntax error" reply: a server that lacks a command or
 /// an option (`DELIFEQ`, `SET … IFEQ`, `SET … NX GET`, `EVAL` without Lua).
 fn refused_command(err: &NodeError) -> bool {
@@ -536,15 +591,12 @@ async fn transactions_refused(
     key: &str,
 ) -> Result<Option<NodeError>, NodeError> {
     let what = &scripts::TRANSACTION;
-    match note(t, t.probe_transaction(what, key).await) {
+    match note(t, probe_tx(t, what, key).await) {
         Ok(()) => {}
         Err(e) if denied(&e) => return Ok(Some(e)),
         Err(e) => return Err(e),
     }
-    match note(
-        t,
-        t.transaction(what, key, &[&["INCR", key], &["INCR"]]).await,
-    ) {
+    match note(t, tx(t, what, key, &[&["INCR", key], &["INCR"]]).await) {
         Err(e) if denied(&e) => Ok(Some(e)),
         // The malformed INCR's refusal (arity): the transaction was discarded, INCR key is permitted.
         Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => {
@@ -1016,8 +1068,7 @@ async fn fenced_native(
     let what = &scripts::TRANSACTION;
     let before = note(
         t,
-        t.transaction(what, key, &[&["GET", fence_key], &["PTTL", fence_key]])
-            .await,
+        tx(t, what, key, &[&["GET", fence_key], &["PTTL", fence_key]]).await,
     )
     .map_err(|e| match e.kind() {
         NodeErrorKind::WrongType => fence_error(format!(
@@ -1085,7 +1136,8 @@ async fn fenced_native(
     }
     let issued = note(
         t,
-        t.transaction(
+        tx(
+            t,
             what,
             key,
             &[&["INCR", fence_key], &["GET", key], &["PTTL", fence_key]],
@@ -1247,8 +1299,12 @@ async fn extend_unrecorded(
         match set_ifeq(t, key, token, &ttl).await {
             Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
             // `SET` grows memory, so a server at `maxmemory` refuses it (not applied); the script's
-            // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script.
+            // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script, and
+            // where they cannot, by a watched transaction around `PEXPIRE`.
             Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() && caps.lua => {}
+            Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() => {
+                return extend_watched(t, key, token, &ttl).await;
+            }
             // The server lacks `SET … IFEQ` after all (it changed behind the connection; the check is
             // forgotten): nothing was changed, so the extension goes again by the path a new check finds.
             Err(e) if refused_command(&e) => {
@@ -1266,11 +1322,77 @@ async fn extend_unrecorded(
     scripts::parse_flag(&scripts::EXTEND, reply)
 }
 
+/// Extension without Lua where `SET … IFEQ` was refused for want of memory (a server at `maxmemory` refuses
+/// every command that may grow memory; it runs `PEXPIRE`, also inside `MULTI … EXEC`): `WATCH key`, `GET
+/// key`, and only if the key holds our token `MULTI PEXPIRE key ttl EXEC`, which the server runs only if
+/// nothing touched the key since the `WATCH` (so the compare and the expire are one atomic step, as in the
+/// extend script); otherwise `UNWATCH`. From the `WATCH` to the `EXEC` the call holds the node's transaction
+/// gate, so that no other `EXEC` of this node ends the `WATCH` in between, and a reconnect noticed in between
+/// fails the call before the transaction is sent (a new connection has no `WATCH`). A transaction aborted by
+/// the `WATCH` extended nothing: "not extended".
+///
+/// What it cannot exclude: commands the application itself sends on the same connection (a shared client's
+/// own `EXEC` or `UNWATCH` between the two steps), and fred's replay of a transaction after a reconnect
+/// (issue 22 #9), on a connection without the `WATCH`.
+async fn extend_watched(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: &str,
+) -> Result<bool, NodeError> {
+    let what = &scripts::WATCHED_EXTEND;
+    let _gate = t.probe().tx_gate().await;
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    note(t, t.command(what, key, &["WATCH", key]).await)?;
+    let ours = match note(t, t.command(what, key, &["GET", key]).await) {
+        Ok(Reply::Bytes(value)) => value == token.as_str().as_bytes(),
+        Ok(Reply::Nil) => false,
+        Err(e) if e.kind() == NodeErrorKind::WrongType => false,
+        other => {
+            // Nothing to extend with: the WATCH is ended (also by the connection's end, if it failed).
+            let _ = t.command(what, key, &["UNWATCH"]).await;
+            return match other {
+                Ok(reply) => Err(scripts::unexpected_reply(what, &reply)),
+                Err(e) => Err(e),
+            };
+        }
+    };
+    if !ours {
+        let _ = note(t, t.command(what, key, &["UNWATCH"]).await);
+        return Ok(false);
+    }
+    t.notice_reconnections();
+    if t.probe().generation() != generation {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Connection,
+            format!(
+                "{}: the connection was replaced between WATCH and EXEC, so the extension could not be made \
+                 conditional (not sent)",
+                what.name
+            ),
+        ));
+    }
+    let replies = note(t, t.transaction(what, key, &[&["PEXPIRE", key, ttl]]).await)?;
+    match replies.as_slice() {
+        // EXEC aborted: the key was touched since the WATCH.
+        [] => Ok(false),
+        [Reply::Int(1)] => Ok(true),
+        [Reply::Int(0)] => Ok(false),
+        _ => Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
+    }
+}
+
 async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
     let replies = note(
         t,
-        t.transaction(&scripts::TRANSACTION, key, &[&["GET", key], &["PTTL", key]])
-            .await,
+        tx(
+            t,
+            &scripts::TRANSACTION,
+            key,
+            &[&["GET", key], &["PTTL", key]],
+        )
+        .await,
     )?;
     scripts::parse_inspect_tx(replies)
 }
@@ -1279,7 +1401,7 @@ async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState
 /// ([`Transport::probe_transaction`]), so that a user who may not run `MULTI` gets that refusal, not a
 /// confused client.
 async fn inspect_unchecked(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
-    note(t, t.probe_transaction(&scripts::TRANSACTION, key).await)?;
+    note(t, probe_tx(t, &scripts::TRANSACTION, key).await)?;
     inspect_native(t, key).await
 }
 
@@ -2050,6 +2172,45 @@ mod tests {
         assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
         assert!(err.message().contains("TTL"), "{err}");
         assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ+PUBLISH");
+    }
+
+    fn oom() -> Result<Reply, NodeError> {
+        Err(NodeError::not_applied(
+            NodeErrorKind::OutOfMemory,
+            "OOM command not allowed when used memory > 'maxmemory'.",
+        ))
+    }
+
+    /// Without Lua under OOM: the watched transaction extends only a key holding our token, and reports an
+    /// `EXEC` the `WATCH` aborted as "not extended".
+    #[test]
+    fn an_extension_refused_for_memory_without_lua_is_a_watched_pexpire_of_our_key_only() {
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let token = Token::random().unwrap();
+        let ours = || Ok(Reply::Bytes(token.as_str().as_bytes().to_vec()));
+        let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
+        // Ours: extended by the transaction.
+        let t = native();
+        t.replies.lock().unwrap().extend([oom(), ok(), ours()]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(1)]));
+        assert!(block_on(extend(&t, "l", &token, ttl)).unwrap());
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["SET", "WATCH", "GET", "MULTI PEXPIRE"]
+        );
+        // Touched between WATCH and EXEC: aborted, not extended.
+        let t = native();
+        t.replies.lock().unwrap().extend([oom(), ok(), ours()]);
+        t.txs.lock().unwrap().push_back(Ok(vec![]));
+        assert!(!block_on(extend(&t, "l", &token, ttl)).unwrap());
+        // Another's: no transaction at all.
+        let t = native();
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([oom(), ok(), Ok(Reply::Bytes(b"theirs".to_vec())), ok()]);
+        assert!(!block_on(extend(&t, "l", &token, ttl)).unwrap());
+        assert_eq!(*t.sent.lock().unwrap(), ["SET", "WATCH", "GET", "UNWATCH"]);
     }
 
     #[test]

@@ -353,7 +353,9 @@ impl Transport for SentinelNode {
 
     async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         // Reads and waits are not writes: the WAIT for a key must follow the connection of its last write.
-        let reads = ["INFO", "WAIT", "WAITAOF", "GET", "PTTL", "PING"];
+        let reads = [
+            "INFO", "WAIT", "WAITAOF", "GET", "PTTL", "PING", "WATCH", "UNWATCH",
+        ];
         let write = !args
             .first()
             .is_some_and(|c| reads.iter().any(|r| c.eq_ignore_ascii_case(r)));
