@@ -178,7 +178,8 @@ impl Writes {
 }
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
-/// within one acquisition; older entries are dropped first).
+/// within one acquisition; the oldest confirmed entries are dropped first, unconfirmed ones never: a node
+/// with this many unconfirmed in flight refuses the next, before writing).
 const FENCES_KEPT: usize = 256;
 
 impl std::fmt::Debug for ProbeState {
@@ -303,17 +304,27 @@ impl Probe {
             .map(|(_, _, n)| *n)
     }
 
-    fn record_fence(&self, key: &str, token: &Token, fence: Option<u64>) {
+    /// Records a native fenced acquisition. Room is made by dropping the oldest confirmed record (a number
+    /// issued: its retry would need it only if the whole acquisition failed after it); an unconfirmed one is
+    /// never dropped, since its retry could then not recognise the lock as its own. `false` (nothing
+    /// recorded) when all [`FENCES_KEPT`] records are unconfirmed: the acquisition must not write its lock.
+    fn record_fence(&self, key: &str, token: &Token, fence: Option<u64>) -> bool {
         let mut state = self.lock();
         state
             .fences
             .retain(|(k, t, _)| !(k == key && t == token.as_str()));
         if state.fences.len() >= FENCES_KEPT {
-            state.fences.pop_front();
+            match state.fences.iter().position(|(_, _, n)| n.is_some()) {
+                Some(confirmed) => {
+                    state.fences.remove(confirmed);
+                }
+                None => return false,
+            }
         }
         state
             .fences
             .push_back((key.to_owned(), token.as_str().to_owned(), fence));
+        true
     }
 
     fn forget_fence(&self, key: &str, token: &Token) {
@@ -1092,8 +1103,14 @@ async fn fenced_native(
         }
     }
     // Recorded before the SET is sent: a SET NX applied whose reply is lost is ours on the retry.
-    if recorded.is_none() {
-        t.probe().record_fence(key, token, None);
+    if recorded.is_none() && !t.probe().record_fence(key, token, None) {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Busy,
+            format!(
+                "FENCE the node has {FENCES_KEPT} fenced acquisitions without Lua in flight whose numbers are \
+                 not confirmed yet; this one is refused before its lock is written (not sent)"
+            ),
+        ));
     }
     let written = match set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], ttl).await {
         Ok(written) => written,
@@ -1167,6 +1184,7 @@ async fn fenced_native(
         match scripts::parse_integer(what, &fence)? {
             n if n >= 1 => {
                 let n = n.unsigned_abs();
+                // Replaces this acquisition's own unconfirmed record: never refused.
                 t.probe().record_fence(key, token, Some(n));
                 return Ok(Some(n));
             }
@@ -1225,7 +1243,21 @@ pub(crate) async fn release(
     key: &str,
     token: &Token,
 ) -> Result<bool, NodeError> {
-    t.probe().forget_fence(key, token);
+    let released = release_unforgotten(t, key, token).await;
+    // What this node recorded of a native fenced acquisition of the lock is forgotten only once the release
+    // ran: a refused or failed one (a clean-up refused by the ACL, say) may leave the lock holding our token,
+    // and the acquisition's retry must then recognise it as ours (as the script path does).
+    if released.is_ok() {
+        t.probe().forget_fence(key, token);
+    }
+    released
+}
+
+async fn release_unforgotten(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+) -> Result<bool, NodeError> {
     if path(t, key).await?.is_some_and(|c| c.native_release()) {
         match release_native(t, key, token).await {
             // The server lacks `DELIFEQ` after all (it changed behind the connection; the check is forgotten):
@@ -2172,6 +2204,45 @@ mod tests {
         assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
         assert!(err.message().contains("TTL"), "{err}");
         assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ+PUBLISH");
+    }
+
+    /// The record of native fenced acquisitions never drops an unconfirmed entry: confirmed ones make room,
+    /// and with every entry unconfirmed a new acquisition is refused before it writes.
+    #[test]
+    fn the_fence_record_keeps_every_unconfirmed_acquisition() {
+        let probe = Probe::default();
+        let tokens: Vec<Token> = (0..=FENCES_KEPT)
+            .map(|_| Token::random().unwrap())
+            .collect();
+        assert!(probe.record_fence("confirmed", &tokens[0], Some(7)));
+        for (i, token) in tokens[1..FENCES_KEPT].iter().enumerate() {
+            assert!(probe.record_fence(&format!("k{i}"), token, None));
+        }
+        // Full: the confirmed entry makes room, and every unconfirmed one is still known.
+        let last = &tokens[FENCES_KEPT];
+        assert!(probe.record_fence("last", last, None));
+        assert_eq!(probe.fence("confirmed", &tokens[0]), None);
+        assert_eq!(probe.fence("k0", &tokens[1]), Some(None));
+        // Full of unconfirmed entries: refused, nothing dropped; confirming one's own entry still works.
+        let more = Token::random().unwrap();
+        assert!(!probe.record_fence("more", &more, None));
+        assert_eq!(probe.fence("k0", &tokens[1]), Some(None));
+        assert!(probe.record_fence("last", last, Some(9)));
+        assert_eq!(probe.fence("last", last), Some(Some(9)));
+        // A native fenced acquisition at the limit is refused before its lock is written.
+        let t = native();
+        for (i, token) in tokens[..FENCES_KEPT].iter().enumerate() {
+            assert!(t.probe.record_fence(&format!("k{i}"), token, None));
+        }
+        t.txs
+            .lock()
+            .unwrap()
+            .push_back(Ok(vec![Reply::Nil, Reply::Int(-2)]));
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let err = block_on(acquire_fenced(&t, "l", "f", &more, ttl)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Busy, "{err}");
+        assert!(!err.is_ambiguous(), "{err}");
+        assert_eq!(*t.sent.lock().unwrap(), ["MULTI GET PTTL"], "no SET");
     }
 
     fn oom() -> Result<Reply, NodeError> {
