@@ -85,6 +85,9 @@ struct ProbeState {
     /// Whether a call is running the capability check, and the calls waiting for its answer.
     checking: bool,
     check_waiters: Vec<std::task::Waker>,
+    /// Fence keys this connection's user was found allowed to write (Lua-less fenced acquisition), forgotten
+    /// with the capabilities; at most [`WRITES_KEPT`].
+    writable_fences: std::collections::HashSet<String>,
     /// Whether a call holds the transaction gate ([`Probe::tx_gate`]), and the calls waiting for it.
     tx_busy: bool,
     tx_waiters: Vec<std::task::Waker>,
@@ -251,6 +254,7 @@ impl Probe {
     pub(crate) fn forget(&self) {
         let mut state = self.lock();
         state.caps = None;
+        state.writable_fences.clear();
         state.run_id = None;
         state.no_waitaof = false;
         state.generation += 1;
@@ -262,6 +266,7 @@ impl Probe {
     fn forget_checks(&self) {
         let mut state = self.lock();
         state.caps = None;
+        state.writable_fences.clear();
         state.run_id = None;
         state.no_waitaof = false;
     }
@@ -1044,6 +1049,39 @@ async fn undo(t: &impl Transport, key: &str, token: &Token, err: NodeError) -> N
     }
 }
 
+/// Whether the user may write `fence_key` (an ACL may let it read the counter but not write it), proved once
+/// per connection and fence key, before the lock is written: `MULTI`, `INCR fence_key` and a malformed `INCR`,
+/// whose refusal aborts the transaction, so nothing runs; a refusal of `INCR fence_key` itself (`NOPERM`, at
+/// queueing) is the ACL's. Without it the lock would be written, the `INCR` of step 3 refused, and the lock
+/// removed again.
+async fn fence_writable(t: &impl Transport, key: &str, fence_key: &str) -> Result<(), NodeError> {
+    if t.probe().lock().writable_fences.contains(fence_key) {
+        return Ok(());
+    }
+    let what = &scripts::TRANSACTION;
+    match note(t, tx(t, what, key, &[&["INCR", fence_key], &["INCR"]]).await) {
+        Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => {
+            let mut state = t.probe().lock();
+            if state.writable_fences.len() >= WRITES_KEPT {
+                state.writable_fences.clear();
+            }
+            state.writable_fences.insert(fence_key.to_owned());
+            Ok(())
+        }
+        Err(e) if denied(&e) => Err(NodeError::not_applied(
+            NodeErrorKind::Auth,
+            format!(
+                "the user may not write the fence key {fence_key} (INCR refused: {}); refused before the lock \
+                 {key} was written",
+                e.message()
+            ),
+        )
+        .with_source(e)),
+        Err(e) => Err(e),
+        Ok(replies) => Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
+    }
+}
+
 /// Fenced acquisition without Lua, in three steps on one connection:
 ///
 /// 1. `MULTI GET fence PTTL fence EXEC`: the counter must be absent or a non-negative integer below
@@ -1091,6 +1129,7 @@ async fn fenced_native(
     let [value, pttl] = <[Reply; 2]>::try_from(before)
         .map_err(|items| scripts::unexpected_reply(what, &Reply::Array(items)))?;
     check_fence(fence_key, &value, &pttl)?;
+    fence_writable(t, key, fence_key).await?;
     let recorded = t.probe().fence(key, token);
     if let Some(Some(issued)) = recorded {
         if value == Reply::Nil {
@@ -2025,6 +2064,8 @@ mod tests {
     fn native() -> Scripted {
         let t = Scripted::default();
         t.probe.set_mode(Commands::Native);
+        // The fence key "f" known writable (its check is `fence_writable`'s own transaction).
+        t.probe.lock().writable_fences.insert("f".to_owned());
         t.probe.set(Capabilities {
             lua: false,
             set_nx_get: true,
