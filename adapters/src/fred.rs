@@ -243,8 +243,6 @@ struct LazyStart {
     abandoned: AtomicBool,
     /// Held by the call that makes the attempt; the others wait on it.
     gate: tokio::sync::Mutex<()>,
-    /// Whether a connection was made before (a later one replaces it).
-    connected_once: AtomicBool,
 }
 
 /// Ends an attempt of [`LazyStart`]: finished, or abandoned when the call making it is dropped first.
@@ -755,8 +753,9 @@ impl<C: KeyRouted> FredNode<C> {
                     state.saw_errors();
                     state.heal();
                 }
-                lazy.connected_once.store(true, Ordering::Release);
-                self.probe.forget();
+                // A first connection: the calls waiting for it write on it, and their `WAIT`s count those
+                // writes ([`Probe::opened`]).
+                self.probe.opened();
             }
             // The first attempt failed and (with the client's `fail_fast`) fred's connection task ended:
             // start it again on the next call, one attempt per call.

@@ -78,8 +78,10 @@ struct ProbeState {
     /// The last run id learned on any connection (kept when the probe is forgotten): a new one means another
     /// server process, whose capabilities are checked again.
     seen_run_id: Option<RunId>,
-    /// Counts the connection changes the node noticed ([`Probe::forget`]).
+    /// Counts the connection changes the node noticed ([`Probe::forget`], [`Probe::opened`]).
     generation: u64,
+    /// The generation in which the node last opened a connection ([`Probe::opened`]).
+    opened_in: Option<u64>,
     /// Which keys were last written over a connection the node has since seen replaced.
     writes: Writes,
     /// Whether a call is running the capability check, and the calls waiting for its answer.
@@ -259,6 +261,25 @@ impl Probe {
         state.no_waitaof = false;
         state.generation += 1;
         state.writes.replaced();
+    }
+
+    /// The node opened a new connection (a lazy node's first, or its next after one was lost): what was learned
+    /// is forgotten, as by [`forget`](Self::forget). The generation moves on only if a connection was opened
+    /// before in this generation (one replaced with no loss noticed: the writes on it no longer count for
+    /// `WAIT`); otherwise the connection lost before already moved it on, or there was none, and a write whose
+    /// generation was taken before this connection was opened (the call that opened it) went on this one, so
+    /// its `WAIT` counts it.
+    pub(crate) fn opened(&self) {
+        let mut state = self.lock();
+        state.caps = None;
+        state.run_id = None;
+        state.no_waitaof = false;
+        state.writable_fences.clear();
+        if state.opened_in == Some(state.generation) {
+            state.generation += 1;
+            state.writes.replaced();
+        }
+        state.opened_in = Some(state.generation);
     }
 
     /// Forgets the capabilities only (the connection is the same: a command it refused showed that they
@@ -2132,6 +2153,27 @@ mod tests {
                 .iter()
                 .all(|set| set.len() <= WRITES_KEPT)
         );
+    }
+
+    /// A write whose generation was taken before the call opened the node's first connection went on that
+    /// connection: it counts for `WAIT`. A connection lost (noticed) or replaced unnoticed does not.
+    #[test]
+    fn the_first_write_on_a_newly_opened_connection_counts_for_wait() {
+        let probe = Probe::default();
+        let before = probe.generation();
+        probe.opened();
+        probe.wrote("first", before);
+        assert!(!probe.written_before_a_reconnect("first"));
+        // Lost, then opened again: the write on the lost one is stale, one made after the loss is not.
+        probe.forget();
+        let after_loss = probe.generation();
+        probe.opened();
+        probe.wrote("second", after_loss);
+        assert!(probe.written_before_a_reconnect("first"));
+        assert!(!probe.written_before_a_reconnect("second"));
+        // Opened again with no loss noticed (replaced): the writes before are stale.
+        probe.opened();
+        assert!(probe.written_before_a_reconnect("second"));
     }
 
     fn info(run_id: &str) -> Result<Reply, NodeError> {

@@ -281,7 +281,7 @@ impl SentinelNode {
             None => {
                 current.conn = Some(conn.clone());
                 current.generation += 1;
-                self.probe.forget();
+                self.probe.opened();
                 conn
             }
         };
@@ -296,6 +296,7 @@ impl SentinelNode {
             let gone = is_dropped(e) || e.kind() == NodeErrorKind::ReadOnly;
             if gone && current.generation == generation {
                 current.conn = None;
+                self.probe.forget();
             }
         }
         if let Some(key) = key {
