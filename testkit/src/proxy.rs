@@ -187,9 +187,9 @@ impl FaultProxy {
     }
 
     /// Forwards everything until a request chunk contains `request` (e.g. `b"\r\nSET\r\n"`, a `SET`
-    /// command), then switches to [`ProxyMode::LoseNextReply`] as [`lose_next_reply_then`]
-    /// (Self::lose_next_reply_then) does: the next reply, that request's for a client with one request in
-    /// flight, is lost. For a call of several steps whose reply to lose is not the first.
+    /// command), then switches to [`ProxyMode::LoseNextReply`] as
+    /// [`lose_next_reply_then`](Self::lose_next_reply_then) does: the next reply, that request's for a client
+    /// with one request in flight, is lost. For a call of several steps whose reply to lose is not the first.
     pub fn lose_reply_to_then(&self, request: &[u8], then: ProxyMode) {
         *self
             .shared
