@@ -87,7 +87,7 @@
 //! `EVAL`, so it runs at most once. On a cluster each command is routed to the lock key's slot.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -227,6 +227,40 @@ impl HealthState {
     }
 }
 
+/// How a lazy node starts fred's connection task: one call at a time makes a connection attempt, and the
+/// calls made while it is under way wait for it and take its outcome (so that concurrent first calls do not
+/// fail as "not connected" while the first connection is being made).
+#[derive(Default)]
+struct LazyStart {
+    /// Whether `connect()` was called already (and fred's task may still be running).
+    started: AtomicBool,
+    /// Whether an attempt is under way (set before `started`, cleared after `attempts` counted it).
+    in_progress: AtomicBool,
+    /// Attempts finished so far.
+    attempts: AtomicU64,
+    /// Whether the last attempt was dropped before it finished (its call was cut by a timeout, or its quorum
+    /// was reached without it): the next call, or one waiting, takes it over.
+    abandoned: AtomicBool,
+    /// Held by the call that makes the attempt; the others wait on it.
+    gate: tokio::sync::Mutex<()>,
+}
+
+/// Ends an attempt of [`LazyStart`]: finished, or abandoned when the call making it is dropped first.
+struct Attempt<'a> {
+    lazy: &'a LazyStart,
+    finished: bool,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            self.lazy.attempts.fetch_add(1, Ordering::AcqRel);
+        }
+        self.lazy.abandoned.store(!self.finished, Ordering::Release);
+        self.lazy.in_progress.store(false, Ordering::Release);
+    }
+}
+
 /// A [`RedisNode`] over a fred client `C`: a [`Client`] ([`ClientNode`]) or a [`Pool`] ([`PoolNode`]).
 ///
 /// Built with [`new`](Self::new) for a connected client, or [`lazy`](Self::lazy) for one that connects on
@@ -239,8 +273,8 @@ pub struct FredNode<C> {
     cluster: bool,
     timeout: Option<Duration>,
     fail_fast: bool,
-    /// For [`lazy`](Self::lazy) nodes: whether `connect()` was called already.
-    connect_started: Option<Arc<AtomicBool>>,
+    /// For [`lazy`](Self::lazy) nodes: the state of the first connection.
+    connect_started: Option<Arc<LazyStart>>,
     /// One per member client, in [`KeyRouted::members`] order.
     health: Arc<Vec<Health>>,
     probe: Probe,
@@ -332,11 +366,13 @@ impl<C: KeyRouted> FredNode<C> {
     /// (`connect()`) and waits for the connection up to the client's connection timeout. If that first
     /// connection fails, fred's task ends (with the client's default `fail_fast`) and the next call starts it
     /// again: one connection attempt per call while the server is down, each failing the call definitely.
+    /// Calls made while that connection is being made wait for it (up to the same timeout) rather than fail
+    /// as "not connected", so N calls made at once on a fresh node behave as N calls on a connected one.
     /// Once connected, fred reconnects by the client's `ReconnectPolicy`. Building the node sends nothing,
     /// so a Redlock service can start while some servers are down.
     pub fn lazy(client: C) -> Self {
         let mut node = Self::new(client);
-        node.connect_started = Some(Arc::new(AtomicBool::new(false)));
+        node.connect_started = Some(Arc::default());
         node
     }
 
@@ -661,11 +697,19 @@ impl<C: KeyRouted> FredNode<C> {
     }
 
     /// For a lazy node, starts fred's connection task (once, or again after it ended without connecting) and
-    /// waits for the connection, bounded by the client's connection timeout.
+    /// waits for the connection, bounded by the client's connection timeout. A call made while another call's
+    /// attempt is under way waits for that attempt and takes its outcome.
     async fn start(&self) {
-        let Some(started) = &self.connect_started else {
+        let Some(lazy) = &self.connect_started else {
             return;
         };
+        let seen = lazy.attempts.load(Ordering::Acquire);
+        let _gate = lazy.gate.lock().await;
+        if lazy.attempts.load(Ordering::Acquire) != seen {
+            // Another call's attempt ended while this one waited: its outcome stands (connected, or failed:
+            // then this call fails at once rather than waiting out another connection timeout).
+            return;
+        }
         let clients = self.client.members();
         // Started before, but fred's connection task ended without a connection: with `fail_fast` it gives up
         // after its first attempt, which can end after the wait below timed out (a handshake that is slow to
@@ -673,9 +717,18 @@ impl<C: KeyRouted> FredNode<C> {
         let gave_up = clients
             .iter()
             .all(|c| c.state() == ClientState::Disconnected);
-        if started.swap(true, Ordering::AcqRel) && !gave_up {
+        if lazy.started.load(Ordering::Acquire)
+            && !gave_up
+            && !lazy.abandoned.load(Ordering::Acquire)
+        {
             return;
         }
+        lazy.in_progress.store(true, Ordering::Release);
+        let mut attempt = Attempt {
+            lazy,
+            finished: false,
+        };
+        lazy.started.store(true, Ordering::Release);
         let wait = self.client.connection_config().connection_timeout;
         for client in clients {
             if client.state() == ClientState::Disconnected {
@@ -689,7 +742,9 @@ impl<C: KeyRouted> FredNode<C> {
             }
             all
         };
-        match tokio::time::timeout(wait, connected).await {
+        let outcome = tokio::time::timeout(wait, connected).await;
+        attempt.finished = true;
+        match outcome {
             Ok(true) => {
                 // Connected now: nothing learned before this connection applies to it.
                 for health in self.health.iter() {
@@ -698,11 +753,13 @@ impl<C: KeyRouted> FredNode<C> {
                     state.saw_errors();
                     state.heal();
                 }
-                self.probe.forget();
+                // A first connection: the calls waiting for it write on it, and their `WAIT`s count those
+                // writes ([`Probe::opened`]).
+                self.probe.opened();
             }
             // The first attempt failed and (with the client's `fail_fast`) fred's connection task ended:
             // start it again on the next call, one attempt per call.
-            Ok(false) => started.store(false, Ordering::Release),
+            Ok(false) => lazy.started.store(false, Ordering::Release),
             // Still trying (a client built with `fail_fast: false` keeps trying by its policy).
             Err(_) => {}
         }
@@ -743,10 +800,13 @@ impl<C: KeyRouted> FredNode<C> {
         true
     }
 
-    /// Whether a lazy node must (re)start fred's connection task before sending (see [`start`](Self::start)).
+    /// Whether a lazy node must (re)start fred's connection task before sending, or wait for another call's
+    /// attempt (see [`start`](Self::start)).
     fn must_start(&self) -> bool {
-        self.connect_started.as_ref().is_some_and(|started| {
-            !started.load(Ordering::Acquire)
+        self.connect_started.as_ref().is_some_and(|lazy| {
+            !lazy.started.load(Ordering::Acquire)
+                || lazy.in_progress.load(Ordering::Acquire)
+                || lazy.abandoned.load(Ordering::Acquire)
                 || self
                     .client
                     .members()
@@ -992,7 +1052,7 @@ macro_rules! static_words {
 
 static_words!(
     "SET" "GET" "PTTL" "DEL" "DELIFEQ" "PUBLISH" "SPUBLISH" "INCR" "INCRBY" "INFO" "WAIT" "WAITAOF" "NX" "PX"
-    "IFEQ" "server" "0"
+    "IFEQ" "server" "0" "WATCH" "UNWATCH" "PEXPIRE"
 );
 
 /// `s` as an argument: without a copy when it is one of the [`static_word`]s.
@@ -1103,6 +1163,8 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         }
         match self.send_multi(request, key, what).await? {
             Reply::Array(items) if items.len() == cmds.len() => Ok(items),
+            // EXEC aborted by a WATCH (the watched key was touched): nothing ran.
+            Reply::Nil => Ok(Vec::new()),
             other => Err(scripts::unexpected_reply(what, &other)),
         }
     }

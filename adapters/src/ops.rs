@@ -81,10 +81,55 @@ struct ProbeState {
     /// The last run id learned on any connection (kept when the probe is forgotten): a new one means another
     /// server process, whose capabilities are checked again.
     seen_run_id: Option<RunId>,
-    /// Counts the connection changes the node noticed ([`Probe::forget`]).
+    /// Counts the connection changes the node noticed ([`Probe::forget`], [`Probe::opened`]).
     generation: u64,
+    /// The generation in which the node last opened a connection ([`Probe::opened`]).
+    opened_in: Option<u64>,
     /// Which keys were last written over a connection the node has since seen replaced.
     writes: Writes,
+    /// Whether a call is running the capability check, and the calls waiting for its answer.
+    checking: bool,
+    check_waiters: Vec<std::task::Waker>,
+    /// Fence keys this connection's user was found allowed to write (Lua-less fenced acquisition), forgotten
+    /// with the capabilities; at most [`WRITES_KEPT`].
+    writable_fences: std::collections::HashSet<String>,
+    /// Whether a call holds the transaction gate ([`Probe::tx_gate`]), and the calls waiting for it.
+    tx_busy: bool,
+    tx_waiters: Vec<std::task::Waker>,
+}
+
+/// The node's transaction gate, held by one call at a time (see [`Probe::tx_gate`]); given back when dropped.
+pub(crate) struct TxGate<'a>(&'a Probe);
+
+impl Drop for TxGate<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut state = self.0.lock();
+            state.tx_busy = false;
+            std::mem::take(&mut state.tx_waiters)
+        };
+        for waker in waiters {
+            waker.wake();
+        }
+    }
+}
+
+/// The turn of the one call that runs a connection's capability check while the others wait for its answer
+/// (so that N calls made at once on an unchecked connection send one check, not N). Given back when dropped,
+/// also when the call is cut: a waiter then runs the check itself if no answer was remembered.
+pub(crate) struct CheckTurn<'a>(&'a Probe);
+
+impl Drop for CheckTurn<'_> {
+    fn drop(&mut self) {
+        let waiters = {
+            let mut state = self.0.lock();
+            state.checking = false;
+            std::mem::take(&mut state.check_waiters)
+        };
+        for waker in waiters {
+            waker.wake();
+        }
+    }
 }
 
 /// How many keys each set of [`Writes`] holds before it is replaced by a fresh one.
@@ -141,7 +186,8 @@ impl Writes {
 }
 
 /// How many native fenced acquisitions a node remembers for their retries (a retry follows its first attempt
-/// within one acquisition; older entries are dropped first).
+/// within one acquisition; the oldest confirmed entries are dropped first, unconfirmed ones never: a node
+/// with this many unconfirmed in flight refuses the next, before writing).
 const FENCES_KEPT: usize = 256;
 
 impl std::fmt::Debug for ProbeState {
@@ -168,15 +214,75 @@ impl Probe {
         self.lock().caps = Some(caps);
     }
 
+    /// Waits until the capability check may run: `None` once an answer is remembered (another call's check
+    /// gave it), else the turn to run the check.
+    pub(crate) async fn check_turn(&self) -> Option<CheckTurn<'_>> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.lock();
+            if state.caps.is_some() {
+                return std::task::Poll::Ready(false);
+            }
+            if !state.checking {
+                state.checking = true;
+                return std::task::Poll::Ready(true);
+            }
+            if !state.check_waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                state.check_waiters.push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        })
+        .await
+        .then_some(CheckTurn(self))
+    }
+
+    /// Waits for the node's transaction gate: every `MULTI … EXEC` this node sends holds it, and so does the
+    /// watched extension ([`extend_watched`]) from its `WATCH` to its `EXEC`, so that no other `EXEC` of the
+    /// node (which ends every `WATCH` of its connection) comes in between.
+    pub(crate) async fn tx_gate(&self) -> TxGate<'_> {
+        std::future::poll_fn(|cx| {
+            let mut state = self.lock();
+            if !state.tx_busy {
+                state.tx_busy = true;
+                return std::task::Poll::Ready(());
+            }
+            if !state.tx_waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                state.tx_waiters.push(cx.waker().clone());
+            }
+            std::task::Poll::Pending
+        })
+        .await;
+        TxGate(self)
+    }
+
     /// Forgets what was learned about the connection, which failed or was replaced: the next call checks
     /// again, and a `WAIT` for a key written before fails.
     pub(crate) fn forget(&self) {
         let mut state = self.lock();
         state.caps = None;
+        state.writable_fences.clear();
         state.run_id = None;
         state.no_waitaof = false;
         state.generation += 1;
         state.writes.replaced();
+    }
+
+    /// The node opened a new connection (a lazy node's first, or its next after one was lost): what was learned
+    /// is forgotten, as by [`forget`](Self::forget). The generation moves on only if a connection was opened
+    /// before in this generation (one replaced with no loss noticed: the writes on it no longer count for
+    /// `WAIT`); otherwise the connection lost before already moved it on, or there was none, and a write whose
+    /// generation was taken before this connection was opened (the call that opened it) went on this one, so
+    /// its `WAIT` counts it.
+    pub(crate) fn opened(&self) {
+        let mut state = self.lock();
+        state.caps = None;
+        state.run_id = None;
+        state.no_waitaof = false;
+        state.writable_fences.clear();
+        if state.opened_in == Some(state.generation) {
+            state.generation += 1;
+            state.writes.replaced();
+        }
+        state.opened_in = Some(state.generation);
     }
 
     /// Forgets the capabilities only (the connection is the same: a command it refused showed that they
@@ -184,6 +290,7 @@ impl Probe {
     fn forget_checks(&self) {
         let mut state = self.lock();
         state.caps = None;
+        state.writable_fences.clear();
         state.run_id = None;
         state.no_waitaof = false;
     }
@@ -226,17 +333,27 @@ impl Probe {
             .map(|(_, _, n)| *n)
     }
 
-    fn record_fence(&self, key: &str, token: &Token, fence: Option<u64>) {
+    /// Records a native fenced acquisition. Room is made by dropping the oldest confirmed record (a number
+    /// issued: its retry would need it only if the whole acquisition failed after it); an unconfirmed one is
+    /// never dropped, since its retry could then not recognise the lock as its own. `false` (nothing
+    /// recorded) when all [`FENCES_KEPT`] records are unconfirmed: the acquisition must not write its lock.
+    fn record_fence(&self, key: &str, token: &Token, fence: Option<u64>) -> bool {
         let mut state = self.lock();
         state
             .fences
             .retain(|(k, t, _)| !(k == key && t == token.as_str()));
         if state.fences.len() >= FENCES_KEPT {
-            state.fences.pop_front();
+            match state.fences.iter().position(|(_, _, n)| n.is_some()) {
+                Some(confirmed) => {
+                    state.fences.remove(confirmed);
+                }
+                None => return false,
+            }
         }
         state
             .fences
             .push_back((key.to_owned(), token.as_str().to_owned(), fence));
+        true
     }
 
     fn forget_fence(&self, key: &str, token: &Token) {
@@ -337,6 +454,23 @@ fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeEr
         t.probe().forget();
     }
     result
+}
+
+/// [`Transport::transaction`] behind the node's transaction gate ([`Probe::tx_gate`]).
+async fn tx(
+    t: &impl Transport,
+    what: &Script,
+    key: &str,
+    cmds: &[&[&str]],
+) -> Result<Vec<Reply>, NodeError> {
+    let _gate = t.probe().tx_gate().await;
+    t.transaction(what, key, cmds).await
+}
+
+/// [`Transport::probe_transaction`] behind the node's transaction gate ([`Probe::tx_gate`]).
+async fn probe_tx(t: &impl Transport, what: &Script, key: &str) -> Result<(), NodeError> {
+    let _gate = t.probe().tx_gate().await;
+    t.probe_transaction(what, key).await
 }
 
 /// Whether `err` is a definite "unknown command" or "syntax error" reply: a server that lacks a command or
@@ -497,15 +631,12 @@ async fn transactions_refused(
     key: &str,
 ) -> Result<Option<NodeError>, NodeError> {
     let what = &scripts::TRANSACTION;
-    match note(t, t.probe_transaction(what, key).await) {
+    match note(t, probe_tx(t, what, key).await) {
         Ok(()) => {}
         Err(e) if denied(&e) => return Ok(Some(e)),
         Err(e) => return Err(e),
     }
-    match note(
-        t,
-        t.transaction(what, key, &[&["INCR", key], &["INCR"]]).await,
-    ) {
+    match note(t, tx(t, what, key, &[&["INCR", key], &["INCR"]]).await) {
         Err(e) if denied(&e) => Ok(Some(e)),
         // The malformed INCR's refusal (arity): the transaction was discarded, INCR key is permitted.
         Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => {
@@ -722,9 +853,13 @@ async fn checked(
     key: &str,
     fence_key: Option<&str>,
 ) -> Result<Capabilities, NodeError> {
-    match t.probe().get() {
-        Some(caps) => Ok(caps),
-        None => Box::pin(check(t, key, fence_key)).await,
+    loop {
+        if let Some(caps) = t.probe().get() {
+            return Ok(caps);
+        }
+        if let Some(_turn) = t.probe().check_turn().await {
+            return Box::pin(check(t, key, fence_key)).await;
+        }
     }
 }
 
@@ -827,6 +962,11 @@ async fn acquire_fresh_unrecorded(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
+    // One check at a time: the calls made meanwhile wait for its answer (and then take the path it found).
+    let turn = match t.probe().get() {
+        Some(_) => None,
+        None => t.probe().check_turn().await,
+    };
     let caps = match t.probe().get() {
         Some(caps) => caps,
         None if t.probe().mode() == Commands::Native => Box::pin(check(t, key, None)).await?,
@@ -851,6 +991,7 @@ async fn acquire_fresh_unrecorded(
             }
         }
     };
+    drop(turn);
     if !caps.set_nx_get {
         if !caps.lua || caps.commands == Commands::Native {
             return set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], &ttl).await;
@@ -979,6 +1120,39 @@ async fn undo(t: &impl Transport, key: &str, token: &Token, err: NodeError) -> N
     }
 }
 
+/// Whether the user may write `fence_key` (an ACL may let it read the counter but not write it), proved once
+/// per connection and fence key, before the lock is written: `MULTI`, `INCR fence_key` and a malformed `INCR`,
+/// whose refusal aborts the transaction, so nothing runs; a refusal of `INCR fence_key` itself (`NOPERM`, at
+/// queueing) is the ACL's. Without it the lock would be written, the `INCR` of step 3 refused, and the lock
+/// removed again.
+async fn fence_writable(t: &impl Transport, key: &str, fence_key: &str) -> Result<(), NodeError> {
+    if t.probe().lock().writable_fences.contains(fence_key) {
+        return Ok(());
+    }
+    let what = &scripts::TRANSACTION;
+    match note(t, tx(t, what, key, &[&["INCR", fence_key], &["INCR"]]).await) {
+        Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => {
+            let mut state = t.probe().lock();
+            if state.writable_fences.len() >= WRITES_KEPT {
+                state.writable_fences.clear();
+            }
+            state.writable_fences.insert(fence_key.to_owned());
+            Ok(())
+        }
+        Err(e) if denied(&e) => Err(NodeError::not_applied(
+            NodeErrorKind::Auth,
+            format!(
+                "the user may not write the fence key {fence_key} (INCR refused: {}); refused before the lock \
+                 {key} was written",
+                e.message()
+            ),
+        )
+        .with_source(e)),
+        Err(e) => Err(e),
+        Ok(replies) => Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
+    }
+}
+
 /// Fenced acquisition without Lua, in three steps on one connection:
 ///
 /// 1. `MULTI GET fence PTTL fence EXEC`: the counter must be absent or a non-negative integer below
@@ -1014,8 +1188,7 @@ async fn fenced_native(
     let what = &scripts::TRANSACTION;
     let before = note(
         t,
-        t.transaction(what, key, &[&["GET", fence_key], &["PTTL", fence_key]])
-            .await,
+        tx(t, what, key, &[&["GET", fence_key], &["PTTL", fence_key]]).await,
     )
     .map_err(|e| match e.kind() {
         NodeErrorKind::WrongType => fence_error(format!(
@@ -1027,6 +1200,7 @@ async fn fenced_native(
     let [value, pttl] = <[Reply; 2]>::try_from(before)
         .map_err(|items| scripts::unexpected_reply(what, &Reply::Array(items)))?;
     check_fence(fence_key, &value, &pttl)?;
+    fence_writable(t, key, fence_key).await?;
     let recorded = t.probe().fence(key, token);
     if let Some(Some(issued)) = recorded {
         if value == Reply::Nil {
@@ -1039,8 +1213,14 @@ async fn fenced_native(
         }
     }
     // Recorded before the SET is sent: a SET NX applied whose reply is lost is ours on the retry.
-    if recorded.is_none() {
-        t.probe().record_fence(key, token, None);
+    if recorded.is_none() && !t.probe().record_fence(key, token, None) {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Busy,
+            format!(
+                "FENCE the node has {FENCES_KEPT} fenced acquisitions without Lua in flight whose numbers are \
+                 not confirmed yet; this one is refused before its lock is written (not sent)"
+            ),
+        ));
     }
     let written = match set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], ttl).await {
         Ok(written) => written,
@@ -1083,7 +1263,8 @@ async fn fenced_native(
     }
     let issued = note(
         t,
-        t.transaction(
+        tx(
+            t,
             what,
             key,
             &[&["INCR", fence_key], &["GET", key], &["PTTL", fence_key]],
@@ -1113,6 +1294,7 @@ async fn fenced_native(
         match scripts::parse_integer(what, &fence)? {
             n if n >= 1 => {
                 let n = n.unsigned_abs();
+                // Replaces this acquisition's own unconfirmed record: never refused.
                 t.probe().record_fence(key, token, Some(n));
                 return Ok(Some(n));
             }
@@ -1129,7 +1311,7 @@ async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, Nod
     match t.probe().get() {
         Some(caps) => Ok(Some(caps)),
         None if t.probe().mode() == Commands::Scripts => Ok(None),
-        None => Box::pin(check(t, key, None)).await.map(Some),
+        None => checked(t, key, None).await.map(Some),
     }
 }
 
@@ -1171,7 +1353,21 @@ pub(crate) async fn release(
     key: &str,
     token: &Token,
 ) -> Result<bool, NodeError> {
-    t.probe().forget_fence(key, token);
+    let released = release_unforgotten(t, key, token).await;
+    // What this node recorded of a native fenced acquisition of the lock is forgotten only once the release
+    // ran: a refused or failed one (a clean-up refused by the ACL, say) may leave the lock holding our token,
+    // and the acquisition's retry must then recognise it as ours (as the script path does).
+    if released.is_ok() {
+        t.probe().forget_fence(key, token);
+    }
+    released
+}
+
+async fn release_unforgotten(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+) -> Result<bool, NodeError> {
     if path(t, key).await?.is_some_and(|c| c.native_release()) {
         match release_native(t, key, token).await {
             // The server lacks `DELIFEQ` after all (it changed behind the connection; the check is forgotten):
@@ -1245,8 +1441,12 @@ async fn extend_unrecorded(
         match set_ifeq(t, key, token, &ttl).await {
             Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
             // `SET` grows memory, so a server at `maxmemory` refuses it (not applied); the script's
-            // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script.
+            // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script, and
+            // where they cannot, by a watched transaction around `PEXPIRE`.
             Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() && caps.lua => {}
+            Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() => {
+                return extend_watched(t, key, token, &ttl).await;
+            }
             // The server lacks `SET … IFEQ` after all (it changed behind the connection; the check is
             // forgotten): nothing was changed, so the extension goes again by the path a new check finds.
             Err(e) if refused_command(&e) => {
@@ -1264,11 +1464,77 @@ async fn extend_unrecorded(
     scripts::parse_flag(&scripts::EXTEND, reply)
 }
 
+/// Extension without Lua where `SET … IFEQ` was refused for want of memory (a server at `maxmemory` refuses
+/// every command that may grow memory; it runs `PEXPIRE`, also inside `MULTI … EXEC`): `WATCH key`, `GET
+/// key`, and only if the key holds our token `MULTI PEXPIRE key ttl EXEC`, which the server runs only if
+/// nothing touched the key since the `WATCH` (so the compare and the expire are one atomic step, as in the
+/// extend script); otherwise `UNWATCH`. From the `WATCH` to the `EXEC` the call holds the node's transaction
+/// gate, so that no other `EXEC` of this node ends the `WATCH` in between, and a reconnect noticed in between
+/// fails the call before the transaction is sent (a new connection has no `WATCH`). A transaction aborted by
+/// the `WATCH` extended nothing: "not extended".
+///
+/// What it cannot exclude: commands the application itself sends on the same connection (a shared client's
+/// own `EXEC` or `UNWATCH` between the two steps), and fred's replay of a transaction after a reconnect
+/// (issue 22 #9), on a connection without the `WATCH`.
+async fn extend_watched(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: &str,
+) -> Result<bool, NodeError> {
+    let what = &scripts::WATCHED_EXTEND;
+    let _gate = t.probe().tx_gate().await;
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    note(t, t.command(what, key, &["WATCH", key]).await)?;
+    let ours = match note(t, t.command(what, key, &["GET", key]).await) {
+        Ok(Reply::Bytes(value)) => value == token.as_str().as_bytes(),
+        Ok(Reply::Nil) => false,
+        Err(e) if e.kind() == NodeErrorKind::WrongType => false,
+        other => {
+            // Nothing to extend with: the WATCH is ended (also by the connection's end, if it failed).
+            let _ = t.command(what, key, &["UNWATCH"]).await;
+            return match other {
+                Ok(reply) => Err(scripts::unexpected_reply(what, &reply)),
+                Err(e) => Err(e),
+            };
+        }
+    };
+    if !ours {
+        let _ = note(t, t.command(what, key, &["UNWATCH"]).await);
+        return Ok(false);
+    }
+    t.notice_reconnections();
+    if t.probe().generation() != generation {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Connection,
+            format!(
+                "{}: the connection was replaced between WATCH and EXEC, so the extension could not be made \
+                 conditional (not sent)",
+                what.name
+            ),
+        ));
+    }
+    let replies = note(t, t.transaction(what, key, &[&["PEXPIRE", key, ttl]]).await)?;
+    match replies.as_slice() {
+        // EXEC aborted: the key was touched since the WATCH.
+        [] => Ok(false),
+        [Reply::Int(1)] => Ok(true),
+        [Reply::Int(0)] => Ok(false),
+        _ => Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
+    }
+}
+
 async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
     let replies = note(
         t,
-        t.transaction(&scripts::TRANSACTION, key, &[&["GET", key], &["PTTL", key]])
-            .await,
+        tx(
+            t,
+            &scripts::TRANSACTION,
+            key,
+            &[&["GET", key], &["PTTL", key]],
+        )
+        .await,
     )?;
     scripts::parse_inspect_tx(replies)
 }
@@ -1277,7 +1543,7 @@ async fn inspect_native(t: &impl Transport, key: &str) -> Result<Option<KeyState
 /// ([`Transport::probe_transaction`]), so that a user who may not run `MULTI` gets that refusal, not a
 /// confused client.
 async fn inspect_unchecked(t: &impl Transport, key: &str) -> Result<Option<KeyState>, NodeError> {
-    note(t, t.probe_transaction(&scripts::TRANSACTION, key).await)?;
+    note(t, probe_tx(t, &scripts::TRANSACTION, key).await)?;
     inspect_native(t, key).await
 }
 
@@ -1869,6 +2135,8 @@ mod tests {
     fn native() -> Scripted {
         let t = Scripted::default();
         t.probe.set_mode(Commands::Native);
+        // The fence key "f" known writable (its check is `fence_writable`'s own transaction).
+        t.probe.lock().writable_fences.insert("f".to_owned());
         t.probe.set(Capabilities {
             lua: false,
             set_nx_get: true,
@@ -1935,6 +2203,27 @@ mod tests {
                 .iter()
                 .all(|set| set.len() <= WRITES_KEPT)
         );
+    }
+
+    /// A write whose generation was taken before the call opened the node's first connection went on that
+    /// connection: it counts for `WAIT`. A connection lost (noticed) or replaced unnoticed does not.
+    #[test]
+    fn the_first_write_on_a_newly_opened_connection_counts_for_wait() {
+        let probe = Probe::default();
+        let before = probe.generation();
+        probe.opened();
+        probe.wrote("first", before);
+        assert!(!probe.written_before_a_reconnect("first"));
+        // Lost, then opened again: the write on the lost one is stale, one made after the loss is not.
+        probe.forget();
+        let after_loss = probe.generation();
+        probe.opened();
+        probe.wrote("second", after_loss);
+        assert!(probe.written_before_a_reconnect("first"));
+        assert!(!probe.written_before_a_reconnect("second"));
+        // Opened again with no loss noticed (replaced): the writes before are stale.
+        probe.opened();
+        assert!(probe.written_before_a_reconnect("second"));
     }
 
     fn info(run_id: &str) -> Result<Reply, NodeError> {
@@ -2048,6 +2337,84 @@ mod tests {
         assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
         assert!(err.message().contains("TTL"), "{err}");
         assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ+PUBLISH");
+    }
+
+    /// The record of native fenced acquisitions never drops an unconfirmed entry: confirmed ones make room,
+    /// and with every entry unconfirmed a new acquisition is refused before it writes.
+    #[test]
+    fn the_fence_record_keeps_every_unconfirmed_acquisition() {
+        let probe = Probe::default();
+        let tokens: Vec<Token> = (0..=FENCES_KEPT)
+            .map(|_| Token::random().unwrap())
+            .collect();
+        assert!(probe.record_fence("confirmed", &tokens[0], Some(7)));
+        for (i, token) in tokens[1..FENCES_KEPT].iter().enumerate() {
+            assert!(probe.record_fence(&format!("k{i}"), token, None));
+        }
+        // Full: the confirmed entry makes room, and every unconfirmed one is still known.
+        let last = &tokens[FENCES_KEPT];
+        assert!(probe.record_fence("last", last, None));
+        assert_eq!(probe.fence("confirmed", &tokens[0]), None);
+        assert_eq!(probe.fence("k0", &tokens[1]), Some(None));
+        // Full of unconfirmed entries: refused, nothing dropped; confirming one's own entry still works.
+        let more = Token::random().unwrap();
+        assert!(!probe.record_fence("more", &more, None));
+        assert_eq!(probe.fence("k0", &tokens[1]), Some(None));
+        assert!(probe.record_fence("last", last, Some(9)));
+        assert_eq!(probe.fence("last", last), Some(Some(9)));
+        // A native fenced acquisition at the limit is refused before its lock is written.
+        let t = native();
+        for (i, token) in tokens[..FENCES_KEPT].iter().enumerate() {
+            assert!(t.probe.record_fence(&format!("k{i}"), token, None));
+        }
+        t.txs
+            .lock()
+            .unwrap()
+            .push_back(Ok(vec![Reply::Nil, Reply::Int(-2)]));
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let err = block_on(acquire_fenced(&t, "l", "f", &more, ttl)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Busy, "{err}");
+        assert!(!err.is_ambiguous(), "{err}");
+        assert_eq!(*t.sent.lock().unwrap(), ["MULTI GET PTTL"], "no SET");
+    }
+
+    fn oom() -> Result<Reply, NodeError> {
+        Err(NodeError::not_applied(
+            NodeErrorKind::OutOfMemory,
+            "OOM command not allowed when used memory > 'maxmemory'.",
+        ))
+    }
+
+    /// Without Lua under OOM: the watched transaction extends only a key holding our token, and reports an
+    /// `EXEC` the `WATCH` aborted as "not extended".
+    #[test]
+    fn an_extension_refused_for_memory_without_lua_is_a_watched_pexpire_of_our_key_only() {
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let token = Token::random().unwrap();
+        let ours = || Ok(Reply::Bytes(token.as_str().as_bytes().to_vec()));
+        let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
+        // Ours: extended by the transaction.
+        let t = native();
+        t.replies.lock().unwrap().extend([oom(), ok(), ours()]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(1)]));
+        assert!(block_on(extend(&t, "l", &token, ttl)).unwrap());
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["SET", "WATCH", "GET", "MULTI PEXPIRE"]
+        );
+        // Touched between WATCH and EXEC: aborted, not extended.
+        let t = native();
+        t.replies.lock().unwrap().extend([oom(), ok(), ours()]);
+        t.txs.lock().unwrap().push_back(Ok(vec![]));
+        assert!(!block_on(extend(&t, "l", &token, ttl)).unwrap());
+        // Another's: no transaction at all.
+        let t = native();
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([oom(), ok(), Ok(Reply::Bytes(b"theirs".to_vec())), ok()]);
+        assert!(!block_on(extend(&t, "l", &token, ttl)).unwrap());
+        assert_eq!(*t.sent.lock().unwrap(), ["SET", "WATCH", "GET", "UNWATCH"]);
     }
 
     #[test]

@@ -1049,7 +1049,7 @@ impl LazyNode {
             None => {
                 slot.conn = Some(conn.clone());
                 slot.generation += 1;
-                self.probe.forget();
+                self.probe.opened();
                 conn
             }
         };
@@ -1067,10 +1067,12 @@ impl LazyNode {
         if let Err(e) = result
             && is_dropped(e)
         {
-            // Forget this connection (unless a newer one replaced it already); the next call reconnects.
+            // Forget this connection (unless a newer one replaced it already); the next call reconnects. The
+            // writes on it no longer count for `WAIT`.
             let mut slot = self.slot();
             if slot.generation == generation {
                 slot.conn = None;
+                self.probe.forget();
             }
         }
     }

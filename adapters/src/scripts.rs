@@ -644,6 +644,14 @@ pub(crate) const TRANSACTION: Script = Script {
     sha1: "",
 };
 
+/// Not a script: names the watched extension without Lua under `maxmemory` (`WATCH`, `GET`, `MULTI PEXPIRE
+/// EXEC`).
+pub(crate) const WATCHED_EXTEND: Script = Script {
+    name: "WATCH/GET/MULTI PEXPIRE EXEC (extend under OOM)",
+    source: "",
+    sha1: "",
+};
+
 /// The reply of a conditional `SET` (`NX` or `IFEQ`, without `GET`): `OK` when it was set, nil when not.
 pub(crate) fn parse_set_ok(script: &Script, reply: Reply) -> Result<bool, NodeError> {
     match &reply {

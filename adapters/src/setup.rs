@@ -54,15 +54,21 @@ impl Timeouts {
         })
     }
 
-    /// Both timeouts equal to the operation timeout that `config` applies to its default expiry (the bound
-    /// redlease puts on every round of node calls).
+    /// The operation timeout that `config` applies to its default expiry (the bound redlease puts on every
+    /// round of node calls) as the connection timeout, and as the response timeout that plus the durability
+    /// policy's wait, if any: a `WAIT` may take that long (redlease allows a round the operation timeout plus
+    /// the wait), and a response timeout shorter than it would cut the `WAIT` into an ambiguous error.
     ///
     /// # Errors
     /// [`SetupError::Config`] if `config` is invalid.
     pub fn for_config(config: &Config) -> Result<Self, SetupError> {
         config.validate()?;
         let timeout = config.operation_timeout_for(config.expiry());
-        Self::new(timeout, timeout)
+        let wait = config
+            .durability()
+            .wait()
+            .map_or(std::time::Duration::ZERO, |w| w.timeout);
+        Self::new(timeout, timeout.saturating_add(wait))
     }
 
     /// The connection timeout.

@@ -45,6 +45,9 @@ struct Shared {
     upstream: Mutex<SocketAddr>,
     /// The mode after [`ProxyMode::LoseNextReply`] lost its reply.
     after_lost_reply: Mutex<ProxyMode>,
+    /// Set by [`FaultProxy::lose_reply_to_then`]: the request bytes that switch to
+    /// [`ProxyMode::LoseNextReply`] when a request chunk contains them.
+    lose_after: Mutex<Option<Vec<u8>>>,
     /// Request chunks swallowed by [`ProxyMode::Blackhole`].
     swallowed: AtomicU64,
     /// Reply chunks thrown away ([`ProxyMode::DropReplies`], [`ProxyMode::LoseNextReply`], blackhole).
@@ -68,6 +71,18 @@ impl Shared {
     }
     fn streams(&self) -> MutexGuard<'_, Vec<TcpStream>> {
         self.streams.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Switches to [`ProxyMode::LoseNextReply`] if `request` contains the bytes armed by
+    /// [`FaultProxy::lose_reply_to_then`].
+    fn arm(&self, request: &[u8]) {
+        let mut armed = self.lose_after.lock().unwrap_or_else(|p| p.into_inner());
+        let hit = armed
+            .as_deref()
+            .is_some_and(|pattern| request.windows(pattern.len()).any(|w| w == pattern));
+        if hit {
+            *armed = None;
+            *self.mode.lock().unwrap_or_else(|p| p.into_inner()) = ProxyMode::LoseNextReply;
+        }
     }
     /// In [`ProxyMode::LoseNextReply`], claims the one reply to lose and switches to the next mode; `false`
     /// when another connection claimed it first (the mode has changed since the chunk was read).
@@ -113,6 +128,7 @@ impl FaultProxy {
             mode: Mutex::new(ProxyMode::Forward),
             upstream: Mutex::new(upstream),
             after_lost_reply: Mutex::new(ProxyMode::Forward),
+            lose_after: Mutex::new(None),
             swallowed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -168,6 +184,23 @@ impl FaultProxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = then;
         *self.shared.mode.lock().unwrap_or_else(|p| p.into_inner()) = ProxyMode::LoseNextReply;
+    }
+
+    /// Forwards everything until a request chunk contains `request` (e.g. `b"\r\nSET\r\n"`, a `SET`
+    /// command), then switches to [`ProxyMode::LoseNextReply`] as
+    /// [`lose_next_reply_then`](Self::lose_next_reply_then) does: the next reply, that request's for a client
+    /// with one request in flight, is lost. For a call of several steps whose reply to lose is not the first.
+    pub fn lose_reply_to_then(&self, request: &[u8], then: ProxyMode) {
+        *self
+            .shared
+            .after_lost_reply
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = then;
+        *self
+            .shared
+            .lose_after
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(request.to_vec());
     }
 
     /// Request chunks swallowed by [`ProxyMode::Blackhole`] so far.
@@ -392,6 +425,9 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, direction: Dire
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
+        if direction == Direction::Request && shared.mode() == ProxyMode::Forward {
+            shared.arm(&buf[..n]);
+        }
         match (shared.mode(), direction) {
             (ProxyMode::Refuse, _) => break,
             (ProxyMode::Forward, _) => {}
@@ -621,6 +657,7 @@ mod tests {
             mode: Mutex::new(ProxyMode::Forward),
             upstream: Mutex::new(SocketAddr::from(([127, 0, 0, 1], 1))),
             after_lost_reply: Mutex::new(ProxyMode::Forward),
+            lose_after: Mutex::new(None),
             swallowed: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             refused: AtomicU64::new(0),

@@ -281,7 +281,7 @@ impl SentinelNode {
             None => {
                 current.conn = Some(conn.clone());
                 current.generation += 1;
-                self.probe.forget();
+                self.probe.opened();
                 conn
             }
         };
@@ -296,6 +296,7 @@ impl SentinelNode {
             let gone = is_dropped(e) || e.kind() == NodeErrorKind::ReadOnly;
             if gone && current.generation == generation {
                 current.conn = None;
+                self.probe.forget();
             }
         }
         if let Some(key) = key {
@@ -353,7 +354,9 @@ impl Transport for SentinelNode {
 
     async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         // Reads and waits are not writes: the WAIT for a key must follow the connection of its last write.
-        let reads = ["INFO", "WAIT", "WAITAOF", "GET", "PTTL", "PING"];
+        let reads = [
+            "INFO", "WAIT", "WAITAOF", "GET", "PTTL", "PING", "WATCH", "UNWATCH",
+        ];
         let write = !args
             .first()
             .is_some_and(|c| reads.iter().any(|r| c.eq_ignore_ascii_case(r)));

@@ -208,8 +208,14 @@ fn a_wrong_type_lock_key_gives_the_same_wrong_type_answer_with_one_attempt_or_th
                     );
                     assert_eq!(attempts_of(&err), Some(1), "{what}: {err}");
                     // One attempt's commands: one, except for a fenced acquisition without Lua, which reads
-                    // the counter in a transaction before its `SET NX` meets the key (then a plain `GET`).
-                    let one_attempt = if fenced && !has_lua(flavor) { 2 } else { 1 };
+                    // the counter in a transaction before its `SET NX` meets the key (then a plain `GET`), and
+                    // on the connection's first one (attempts=1 comes first) proves the counter writable in a
+                    // transaction that runs nothing.
+                    let one_attempt = match (fenced && !has_lua(flavor), attempts) {
+                        (false, _) => 1,
+                        (true, 1) => 3,
+                        (true, _) => 2,
+                    };
                     assert_eq!(seen.lock_commands(), one_attempt, "{what}: {seen:?}");
                     assert!(took < RETRY_DELAY, "{what}: {took:?}");
                     assert_eq!(server.cmd(&["TYPE", &k]), "hash", "{what}");
@@ -278,6 +284,65 @@ fn an_unusable_fence_counter_is_refused_once_by_name_and_nothing_is_written() {
                     );
                     server.cmd(&["DEL", &f]);
                 }
+            }
+        },
+    );
+}
+
+/// Without Lua, a user who may read the fence key but not write it is refused before the lock is written,
+/// with an `Auth` error naming the fence key (not a lock written, an `INCR` refused and the lock deleted).
+#[test]
+fn a_fence_key_the_user_may_read_but_not_write_is_refused_by_name_before_the_lock_is_written() {
+    common::on_servers(
+        "a_fence_key_the_user_may_read_but_not_write_is_refused_by_name_before_the_lock_is_written",
+        &[Flavor::Valkey91NoLua],
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let url = acl_user(
+                &server,
+                "readfence",
+                &["+@all", "resetkeys", "~*:lock", "%R~*:fence"],
+            );
+            for backend in ALL_BACKENDS {
+                let what = format!("{backend:?}");
+                let node = common::unprobed(backend, &url).await;
+                let k = common::key("read-only-fence", backend);
+                let f = common::fence_of(&k);
+                server.cmd(&["SET", &f, "5"]);
+                let manager = LockManager::single(node, config()).unwrap();
+                // The capability check (its probes include SETs that write nothing) runs here.
+                manager
+                    .lock(&k)
+                    .try_acquire()
+                    .await
+                    .unwrap()
+                    .release()
+                    .await
+                    .unwrap();
+                let before = Stats::of(&server);
+                let err = manager.lock(&k).fenced(&f).acquire().await.unwrap_err();
+                let seen = Stats::of(&server).since(&before);
+                let node_err = first_node_error(&err).unwrap_or_else(|| panic!("{what}: {err}"));
+                assert_eq!(
+                    node_err.kind(),
+                    NodeErrorKind::Auth,
+                    "{what}: {}",
+                    chain(&err)
+                );
+                assert!(!node_err.is_ambiguous(), "{what}");
+                assert!(
+                    node_err.message().contains(&f),
+                    "{what}: the fence key is not named: {node_err}"
+                );
+                assert_eq!(attempts_of(&err), Some(1), "{what}: {err}");
+                assert_eq!(
+                    seen.sent("set"),
+                    0,
+                    "{what}: the lock was written: {seen:?}"
+                );
+                assert_eq!(seen.sent("delifeq"), 0, "{what}: a write undone: {seen:?}");
+                assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{what}");
+                assert_eq!(server.cmd(&["GET", &f]), "5", "{what}");
             }
         },
     );

@@ -104,6 +104,138 @@ fn required_durability_waits_for_the_replica_and_fails_clearly_when_it_is_stoppe
     );
 }
 
+/// `Durability::Required` on nodes that open their connection at first use (lazy redis-rs and fred nodes, and
+/// the one-line URL managers built on them): the first acquisition and extension, written on the connection
+/// the call itself opened, are waited for there and succeed.
+#[test]
+fn required_durability_holds_on_lazy_nodes_and_url_managers_from_their_first_write() {
+    on_every_server(
+        "required_durability_holds_on_lazy_nodes_and_url_managers_from_their_first_write",
+        |flavor| async move {
+            use redlease_adapters::fred::{self as fred_adapter, FredNode};
+            use redlease_adapters::redis::{self as redis_adapter, LazyNode, redis};
+            let primary = RedisServer::start_flavor(flavor, &[]);
+            let _replica = primary.start_replica(&[]);
+            primary
+                .wait_for_replicas(1, Duration::from_secs(10))
+                .unwrap();
+            let url = primary.url();
+            let durable = || {
+                config(TTL).with_durability(Durability::Required(ReplicaWait::new(
+                    1,
+                    Duration::from_secs(2),
+                )))
+            };
+            let managers: Vec<(&str, LockManager)> = vec![
+                (
+                    "redis::single",
+                    redis_adapter::single(&url, durable()).unwrap(),
+                ),
+                (
+                    "fred::single",
+                    fred_adapter::single(&url, durable()).unwrap(),
+                ),
+                (
+                    "LazyNode",
+                    LockManager::single(
+                        LazyNode::new(redis::Client::open(url.as_str()).unwrap()),
+                        durable(),
+                    )
+                    .unwrap(),
+                ),
+                (
+                    "FredNode::lazy",
+                    LockManager::single(FredNode::lazy(common::fred_client(&url)), durable())
+                        .unwrap(),
+                ),
+            ];
+            for (what, manager) in managers {
+                let k = format!("live:{{lazy-durable:{what}}}:lock");
+                let lease =
+                    manager.lock(&k).try_acquire().await.unwrap_or_else(|e| {
+                        panic!("{what}: first acquisition: {}", common::chain(&e))
+                    });
+                lease
+                    .extend(TTL)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: first extension: {}", common::chain(&e)));
+                lease.release().await.unwrap();
+            }
+        },
+    );
+}
+
+/// A durability wait longer than the operation timeout, on the URL managers: a replica that acknowledges
+/// after the operation timeout but within the wait is waited for (the client's response timeout covers the
+/// wait), not cut into an ambiguous failure.
+#[test]
+fn url_managers_wait_for_a_replica_longer_than_the_operation_timeout() {
+    on_every_server(
+        "url_managers_wait_for_a_replica_longer_than_the_operation_timeout",
+        |flavor| async move {
+            use redlease_adapters::fred as fred_adapter;
+            use redlease_adapters::redis as redis_adapter;
+            let primary = RedisServer::start_flavor(flavor, &[]);
+            let replica = primary.start_replica(&[]);
+            primary
+                .wait_for_replicas(1, Duration::from_secs(10))
+                .unwrap();
+            let op = Duration::from_millis(300);
+            let late = Duration::from_millis(900);
+            let durable = || {
+                config(TTL)
+                    .with_operation_timeout(op)
+                    .with_durability(Durability::Required(ReplicaWait::new(
+                        1,
+                        Duration::from_secs(3),
+                    )))
+            };
+            let url = primary.url();
+            let managers = [
+                (
+                    "redis::single",
+                    redis_adapter::single(&url, durable()).unwrap(),
+                ),
+                (
+                    "fred::single",
+                    fred_adapter::single(&url, durable()).unwrap(),
+                ),
+            ];
+            for (what, manager) in managers {
+                let k = format!("live:{{long-wait:{what}}}:lock");
+                // Connected and checked first, so that the acquisition below is one write and its WAIT.
+                manager
+                    .lock(format!("{k}:warm"))
+                    .try_acquire()
+                    .await
+                    .unwrap();
+                replica.pause();
+                let resume = {
+                    let pid = replica.pid().unwrap();
+                    std::thread::spawn(move || {
+                        std::thread::sleep(late);
+                        let _ = std::process::Command::new("kill")
+                            .args(["-CONT", &pid.to_string()])
+                            .status();
+                    })
+                };
+                let started = std::time::Instant::now();
+                let acquired = manager.lock(&k).try_acquire().await;
+                let took = started.elapsed();
+                resume.join().unwrap();
+                let lease = acquired
+                    .unwrap_or_else(|e| panic!("{what}: after {took:?}: {}", common::chain(&e)));
+                assert!(
+                    took >= late,
+                    "{what}: {took:?}: the replica was not waited for"
+                );
+                assert_eq!(replica.cmd(&["GET", &k]), lease.token().as_str(), "{what}");
+                lease.release().await.unwrap();
+            }
+        },
+    );
+}
+
 #[test]
 fn best_effort_durability_reports_a_stopped_replica_and_keeps_the_lease() {
     on_every_server(

@@ -24,6 +24,12 @@ mod with_a_client {
             .with_attempts(1)
     }
 
+    /// [`config`] with rounds of 2 s (a 10 s expiry), for tests whose point is not latency: a hundred calls
+    /// made at once on a loaded machine must not fail by timing out.
+    fn patient() -> Config {
+        config().with_expiry(Duration::from_secs(10))
+    }
+
     /// Connections the server has accepted so far.
     fn connections(server: &RedisServer) -> u64 {
         let info = server.cmd(&["INFO", "stats"]);
@@ -59,6 +65,50 @@ mod with_a_client {
             servers.len()
         );
         assert!(lease.release().await.unwrap().deleted() > servers.len() / 2);
+    }
+
+    /// `n` acquisitions of one key made at once on a freshly built `manager` (nothing connected yet): every
+    /// one but the winner reports contention, none fails because the connection was not up yet. One wins on a
+    /// single server; on Redlock at most one (`n` calls at once may split the vote, so that none has a quorum:
+    /// contention too).
+    async fn first_use_at_once(manager: LockManager, key: &str, n: usize) {
+        let redlock = manager.quorum() > 1;
+        let manager = std::sync::Arc::new(manager);
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let (manager, key) = (std::sync::Arc::clone(&manager), key.to_owned());
+                tokio::spawn(async move { manager.lock(&key).try_acquire().await })
+            })
+            .collect();
+        let mut won = Vec::new();
+        let mut failed = Vec::new();
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(lease) => won.push(lease),
+                Err(redlease::Error::NotAcquired {
+                    reason: redlease::NotAcquiredReason::Contended,
+                    ..
+                }) => {}
+                Err(e) => failed.push(crate::chain(&e)),
+            }
+        }
+        let mut kinds = failed.clone();
+        kinds.sort();
+        kinds.dedup();
+        assert!(
+            failed.is_empty(),
+            "{} of {n} concurrent first acquisitions failed: {}",
+            failed.len(),
+            kinds.join("\n    ")
+        );
+        if redlock {
+            assert!(won.len() <= 1, "{} of {n} won", won.len());
+        } else {
+            assert_eq!(won.len(), 1, "exactly one of {n} wins");
+        }
+        for lease in won {
+            lease.release().await.unwrap();
+        }
     }
 
     #[cfg(all(feature = "redis", feature = "tokio"))]
@@ -210,6 +260,25 @@ mod with_a_client {
             );
         }
 
+        /// 100 acquisitions at once on freshly built one-line managers (single and Redlock): one wins, the
+        /// rest meet contention.
+        #[test]
+        fn one_line_managers_take_concurrent_first_use() {
+            on_each_flavor(
+                "one_line_managers_take_concurrent_first_use (redis-rs)",
+                &Flavor::ALL,
+                |flavor| {
+                    let servers = RedisServers::start_flavor(flavor, 3);
+                    let single = redis::single(&servers.urls()[0], patient()).unwrap();
+                    let redlock = redis::redlock(servers.urls(), patient()).unwrap();
+                    rt().block_on(async {
+                        first_use_at_once(single, "urls:{first-single}", 100).await;
+                        first_use_at_once(redlock, "urls:{first-redlock}", 100).await;
+                    });
+                },
+            );
+        }
+
         #[test]
         fn url_managers_refuse_one_server_twice_and_an_even_count() {
             let url = "redis://127.0.0.1:7/0";
@@ -300,6 +369,25 @@ mod with_a_client {
                     let manager = fred::redlock(servers.urls(), config()).unwrap();
                     let all: Vec<&RedisServer> = servers.iter().collect();
                     rt().block_on(hold(&manager, &all, "urls:{fred-redlock}"));
+                },
+            );
+        }
+
+        /// 100 acquisitions at once on freshly built one-line managers (single and Redlock): one wins, the
+        /// rest meet contention; none is refused because fred was still connecting.
+        #[test]
+        fn one_line_managers_take_concurrent_first_use() {
+            on_each_flavor(
+                "one_line_managers_take_concurrent_first_use (fred)",
+                &Flavor::ALL,
+                |flavor| {
+                    let servers = RedisServers::start_flavor(flavor, 3);
+                    let single = fred::single(&servers.urls()[0], patient()).unwrap();
+                    let redlock = fred::redlock(servers.urls(), patient()).unwrap();
+                    rt().block_on(async {
+                        first_use_at_once(single, "urls:{first-single}", 100).await;
+                        first_use_at_once(redlock, "urls:{first-redlock}", 100).await;
+                    });
                 },
             );
         }
