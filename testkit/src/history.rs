@@ -36,6 +36,15 @@ pub enum EventKind {
         /// When the client ran again.
         until: Instant,
     },
+    /// The lock's only server lost its data at this instant (a restart without persistence, see
+    /// [`MemoryNode::restart`](crate::MemoryNode::restart)): the lock named by the event, or every lock
+    /// when the name is empty; the client number is not used. A single-node lock cannot survive that, so a
+    /// lease acquired before the wipe may overlap one acquired after it without a violation: its belief
+    /// counts only up to the wipe for the overlap check. Its loss must still be signalled by its validity
+    /// deadline ([`Violation::LateLoss`]), and holders that both started before (or both after) a wipe are
+    /// checked as usual. Not for a Redlock cluster, which must survive the restart of its nodes (the
+    /// restart quarantine).
+    Wiped,
 }
 
 /// What the client's own clock read at an event, when the client runs on a clock other than the one the
@@ -327,6 +336,8 @@ pub enum Timed {
         /// When the client ran again.
         until: Duration,
     },
+    /// [`EventKind::Wiped`].
+    Wiped,
 }
 
 /// One entry of [`History::timeline`].
@@ -430,6 +441,7 @@ impl History {
                     EventKind::Lost => Timed::Lost,
                     EventKind::Released => Timed::Released,
                     EventKind::Paused { until } => Timed::Paused { until: rel(until) },
+                    EventKind::Wiped => Timed::Wiped,
                 },
                 lock: e.lock,
             })
@@ -527,11 +539,14 @@ impl History {
         };
         let mut by_lock: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
         let mut pauses: BTreeMap<u64, Vec<(Instant, Instant)>> = BTreeMap::new();
+        // When the server of a lock ("": of every lock) lost its data.
+        let mut wipes: Vec<(&str, Instant)> = Vec::new();
         for e in &events {
             match e.kind {
                 EventKind::Paused { until } => {
                     pauses.entry(e.client).or_default().push((e.at, until));
                 }
+                EventKind::Wiped => wipes.push((&e.lock, e.at)),
                 _ => by_lock.entry(&e.lock).or_default().push(e),
             }
         }
@@ -619,10 +634,23 @@ impl History {
                         iv.end = iv.end.min(e.at);
                         closed.push(iv);
                     }
-                    EventKind::Paused { .. } => {}
+                    EventKind::Paused { .. } | EventKind::Wiped => {}
                 }
             }
             closed.extend(open.into_values());
+            // A belief held across a wipe of the server rests on nothing after it: it counts up to the wipe.
+            for iv in &mut closed {
+                if let Some(w) = wipes
+                    .iter()
+                    .filter(|(l, at)| {
+                        (l.is_empty() || *l == lock) && iv.start < *at && *at < iv.end
+                    })
+                    .map(|(_, at)| *at)
+                    .min()
+                {
+                    iv.end = w;
+                }
+            }
             closed.sort_by_key(|iv| (iv.start, iv.client));
             let rel = |t: Instant| t.saturating_duration_since(origin);
             for pair in closed.windows(2) {
@@ -942,6 +970,55 @@ mod tests {
         );
         h.record(1, "k", t0 + ms(101), EventKind::Lost);
         assert!(matches!(h.check(), Err(Violation::LateLoss { .. })));
+    }
+
+    #[test]
+    fn a_wiped_server_excuses_only_holders_on_either_side_of_the_wipe() {
+        let t0 = Instant::now();
+        let history = |wipe: Option<(&str, u64)>, second_at: u64, lost_at: u64| {
+            let h = History::new();
+            h.record(
+                1,
+                "k",
+                t0,
+                EventKind::Acquired {
+                    valid_until: t0 + ms(100),
+                    fence: None,
+                },
+            );
+            if let Some((lock, at)) = wipe {
+                h.record(0, lock, t0 + ms(at), EventKind::Wiped);
+            }
+            h.record(
+                2,
+                "k",
+                t0 + ms(second_at),
+                EventKind::Acquired {
+                    valid_until: t0 + ms(second_at + 100),
+                    fence: None,
+                },
+            );
+            h.record(1, "k", t0 + ms(lost_at), EventKind::Lost);
+            h
+        };
+        // Client 2 acquired after the wipe: client 1's belief counts up to the wipe only.
+        assert_eq!(history(Some(("k", 30)), 40, 90).check(), Ok(()));
+        assert_eq!(history(Some(("", 30)), 40, 90).check(), Ok(()));
+        // No wipe, a wipe of another lock, or a second holder from before the wipe: two holders.
+        for (wipe, second_at) in [(None, 40), (Some(("other", 30)), 40), (Some(("k", 50)), 40)] {
+            assert!(
+                matches!(
+                    history(wipe, second_at, 90).check(),
+                    Err(Violation::Overlap { .. })
+                ),
+                "{wipe:?}"
+            );
+        }
+        // The wipe excuses no late loss.
+        assert!(matches!(
+            history(Some(("k", 30)), 40, 101).check(),
+            Err(Violation::LateLoss { .. })
+        ));
     }
 
     #[test]
