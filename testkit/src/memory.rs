@@ -30,6 +30,8 @@ struct Store {
     published: u64,
     /// Restarts so far: part of the run id.
     runs: u64,
+    /// When the last restart happened, on the node's clock.
+    restarted_at: Option<Instant>,
     /// What `wait_replicas` answers (see [`MemoryNode::set_replicas`]).
     replicas: Option<u32>,
 }
@@ -448,12 +450,16 @@ impl MemoryNode {
     }
 
     /// A restart without persistence: every key is forgotten, every subscriber connection is dropped (its
-    /// notifier subscribes again) and the [`run_id`](RedisNode::run_id) changes.
+    /// notifier subscribes again) and the [`run_id`](RedisNode::run_id) changes. From then on the run id
+    /// also tells how long ago the restart was ([`RunId::restarted_ago`], as a server's uptime tells), so a
+    /// manager that first meets the node after the restart still quarantines it.
     pub fn restart(&self) {
+        let now = self.now();
         let lost: Vec<Inbox> = {
             let mut store = self.lock();
             store.keys.clear();
             store.runs += 1;
+            store.restarted_at = Some(now);
             // Every connection is gone, subscriber connections too.
             std::mem::take(&mut store.subs)
                 .into_values()
@@ -789,9 +795,19 @@ impl RedisNode for MemoryNode {
         Some(format!("memory://{}", self.id))
     }
 
+    /// `memory-<node>-run-<restarts>`, with [`restarted_ago`](RunId::restarted_ago) after a
+    /// [`restart`](MemoryNode::restart).
     async fn run_id(&self, _key: &str) -> Result<RunId, NodeError> {
-        let runs = self.lock().runs;
-        Ok(RunId::new(format!("memory-{}-run-{runs}", self.id)))
+        let now = self.now();
+        let (runs, restarted_at) = {
+            let store = self.lock();
+            (store.runs, store.restarted_at)
+        };
+        let id = RunId::new(format!("memory-{}-run-{runs}", self.id));
+        Ok(match restarted_at {
+            Some(at) => id.with_restarted_ago(now.saturating_duration_since(at)),
+            None => id,
+        })
     }
 
     async fn wait_replicas(&self, _key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {
