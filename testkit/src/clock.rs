@@ -135,10 +135,7 @@ impl SkewedClock {
         let sleepers = {
             let mut steps = self.lock_steps();
             let total = steps.forward.last().map_or(Duration::ZERO, |s| s.1) + by;
-            match steps.forward.last_mut() {
-                Some(last) if last.0 == at => last.1 = total,
-                _ => steps.forward.push((at, total)),
-            }
+            steps.forward.push((at, total));
             std::mem::take(&mut steps.sleepers)
                 .into_values()
                 .collect::<Vec<_>>()
@@ -288,9 +285,13 @@ impl Timer for SkewedClock {
                 }
             };
             while this.now() < deadline {
+                // A jump moves the base instant at which the deadline is reached: sleep again from there.
+                let jumps = this.lock_steps().forward.len();
                 let mut sleep = this.base.sleep_until(this.base_at(deadline));
                 std::future::poll_fn(|cx| {
-                    if sleep.as_mut().poll(cx).is_ready() || this.now() >= deadline {
+                    if sleep.as_mut().poll(cx).is_ready()
+                        || this.lock_steps().forward.len() != jumps
+                    {
                         return Poll::Ready(());
                     }
                     // Woken by a forward jump too.
@@ -327,6 +328,7 @@ impl Timer for SkewedClock {
 mod tests {
     use super::*;
     use crate::{MemoryNode, Sim, VirtualClock};
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn reads_scale_and_offset_the_base_and_stay_monotonic() {
@@ -379,6 +381,36 @@ mod tests {
         });
         assert!(reached);
         assert_eq!(slept_base, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_forward_jump_ends_the_sleeps_it_makes_due_and_brings_the_others_forward() {
+        let mut sim = Sim::new(9);
+        let base = sim.clock();
+        let clock = SkewedClock::new(base.clone(), 0.0);
+        let t0 = base.now();
+        let ended = Arc::new(Mutex::new(Vec::new()));
+        for (name, after) in [("short", 1_000u64), ("long", 5_000)] {
+            let (c, ended) = (clock.clone(), ended.clone());
+            let b = base.clone();
+            sim.spawn(async move {
+                c.sleep_until(c.now() + Duration::from_millis(after)).await;
+                ended.lock().unwrap().push((name, b.now() - t0));
+            });
+        }
+        let jump = clock.clone();
+        sim.at(t0 + Duration::from_millis(500), move || {
+            jump.step_forward(Duration::from_millis(2_000))
+        });
+        sim.run_until_idle(Duration::from_secs(10));
+        let ms = Duration::from_millis;
+        // The short sleep was due at the jump; the long one 2 s earlier than without it.
+        assert_eq!(
+            *ended.lock().unwrap(),
+            vec![("short", ms(500)), ("long", ms(3_000))]
+        );
+        assert_eq!(clock.base_at(t0 + ms(5_000)), t0 + ms(3_000));
+        assert_eq!(clock.local_at(t0 + ms(499)), t0 + ms(499));
     }
 
     #[test]

@@ -58,12 +58,28 @@ pub struct ClientView {
     /// For [`EventKind::Acquired`] and [`EventKind::Extended`]: the validity deadline on the client's clock
     /// (what [`Lease::valid_until`](redlease::Lease::valid_until) reports there).
     pub valid_until: Option<Instant>,
+    /// For [`EventKind::Lost`]: when (on the history's clock) the client's clock reached the lease's
+    /// deadline, as far as the client's clock knew at the loss — earlier than the deadline recorded with the
+    /// acquisition or extension if the client's clock jumped ahead meanwhile. A loss whose deadline the
+    /// client's clock reached during a pause of the client is checked against the pause's end.
+    pub deadline_at: Option<Instant>,
 }
 
 impl ClientView {
     /// The client's clock read `at`; `valid_until` is its deadline for acquisitions and extensions.
     pub fn new(at: Instant, valid_until: Option<Instant>) -> Self {
-        Self { at, valid_until }
+        Self {
+            at,
+            valid_until,
+            deadline_at: None,
+        }
+    }
+
+    /// Adds, for a loss, when (on the history's clock) the client's clock reached the deadline.
+    #[must_use]
+    pub fn with_deadline_at(mut self, deadline_at: Instant) -> Self {
+        self.deadline_at = Some(deadline_at);
+        self
     }
 }
 
@@ -188,7 +204,9 @@ impl Observer for ClientRecorder {
             other => other,
         };
         let mut local_at = event.at;
+        let mut deadline_at = None;
         if let CoreEvent::Lost { valid_until, .. } = event.kind {
+            deadline_at = Some(global(valid_until));
             // A fast clock advances by more than 1 ns of its own time per base nanosecond, so its readings
             // can step over the deadline: a loss seen at the first reading past it was seen as early as this
             // clock allows, which is at the deadline.
@@ -196,13 +214,12 @@ impl Observer for ClientRecorder {
                 local_at = valid_until;
             }
         }
-        self.history.record_with_view(
-            self.client,
-            event.key,
-            global(event.at),
-            kind,
-            ClientView::new(local_at, local_until),
-        );
+        let mut view = ClientView::new(local_at, local_until);
+        if let Some(at) = deadline_at {
+            view = view.with_deadline_at(at);
+        }
+        self.history
+            .record_with_view(self.client, event.key, global(event.at), kind, view);
     }
 }
 
@@ -611,6 +628,10 @@ impl History {
                                 e.client
                             )));
                         };
+                        let paused_at_local_deadline = e
+                            .client_view
+                            .and_then(|v| v.deadline_at)
+                            .is_some_and(|at| due(e.client, at).1);
                         let (due, paused) = due(e.client, iv.end);
                         if e.kind == EventKind::Lost && e.at > due {
                             return Err(Violation::LateLoss {
@@ -619,7 +640,10 @@ impl History {
                                 late_by: e.at - due,
                             });
                         }
-                        // A pause is measured on the history's clock only.
+                        // A pause is measured on the history's clock only: one in which the client's clock
+                        // reached the deadline (which a jump of that clock may have brought forward) excuses
+                        // the client's clock from the check.
+                        let paused = paused || paused_at_local_deadline;
                         if let (EventKind::Lost, Some(view), Some(end), false) =
                             (&e.kind, e.client_view, iv.local_end, paused)
                         {
