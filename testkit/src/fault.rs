@@ -176,6 +176,8 @@ pub struct RandomFaults {
     pub notification_lost: f64,
     /// Probability of a [`Fault::Duplicated`] request, whose copy lands up to `max_late` later (uniform).
     pub duplicate: f64,
+    /// Operations never duplicated (their draw of a duplicate goes through undisturbed).
+    pub duplicate_except: Vec<Op>,
 }
 
 impl RandomFaults {
@@ -195,6 +197,7 @@ impl RandomFaults {
             delivery: Delivery::Fifo,
             notification_lost: 0.0,
             duplicate: 0.0,
+            duplicate_except: Vec::new(),
         }
     }
 
@@ -261,6 +264,14 @@ impl RandomFaults {
     #[must_use]
     pub fn duplicate(mut self, p: f64) -> Self {
         self.duplicate = p;
+        self
+    }
+
+    /// Leaves the calls of `ops` out of [`duplicate`](Self::duplicate): a duplicate drawn for one of them is
+    /// sent once, normally.
+    #[must_use]
+    pub fn duplicate_except(mut self, ops: impl IntoIterator<Item = Op>) -> Self {
+        self.duplicate_except = ops.into_iter().collect();
         self
     }
 
@@ -583,6 +594,10 @@ impl Faults {
                     fault = Some(f);
                     break;
                 }
+            }
+            if matches!(fault, Some(Fault::Duplicated(_))) && random.duplicate_except.contains(&op)
+            {
+                fault = None;
             }
             return (fault, latency, delivery, seq);
         }

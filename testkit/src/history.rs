@@ -97,6 +97,11 @@ pub struct Event {
     pub kind: EventKind,
     /// The same event seen on the client's own clock, if it has one.
     pub client_view: Option<ClientView>,
+    /// For [`EventKind::Acquired`]: when the acquisition began (on the history's clock), the earliest its
+    /// requests can have written the key. A lease whose acquisition began before a wipe
+    /// ([`EventKind::Wiped`]) and was granted after it (its reply was on its way) rests on a write the wipe
+    /// lost: the checker counts none of its belief.
+    pub began: Option<Instant>,
 }
 
 impl Event {
@@ -108,7 +113,15 @@ impl Event {
             at,
             kind,
             client_view: None,
+            began: None,
         }
+    }
+
+    /// Adds when the acquisition began (see [`began`](Self::began)).
+    #[must_use]
+    pub fn with_began(mut self, began: Instant) -> Self {
+        self.began = Some(began);
+        self
     }
 
     /// Adds what the client's own clock read.
@@ -174,6 +187,10 @@ impl ClientRecorder {
 
 impl Observer for ClientRecorder {
     fn event(&self, event: &LeaseEvent<'_>) {
+        let began = match event.kind {
+            CoreEvent::Acquired { waited, .. } => event.at.checked_sub(waited),
+            _ => None,
+        };
         let (kind, local_until) = match event.kind {
             CoreEvent::Acquired {
                 valid_until, fence, ..
@@ -189,7 +206,11 @@ impl Observer for ClientRecorder {
             _ => return,
         };
         let Some(clock) = &self.clock else {
-            self.history.record(self.client, event.key, event.at, kind);
+            let mut e = Event::new(self.client, event.key, event.at, kind);
+            if let Some(began) = began {
+                e = e.with_began(began);
+            }
+            self.history.push(e);
             return;
         };
         let global = |t: Instant| clock.base_at(t);
@@ -218,8 +239,12 @@ impl Observer for ClientRecorder {
         if let Some(at) = deadline_at {
             view = view.with_deadline_at(at);
         }
-        self.history
-            .record_with_view(self.client, event.key, global(event.at), kind, view);
+        let mut e =
+            Event::new(self.client, event.key, global(event.at), kind).with_client_view(view);
+        if let Some(began) = began {
+            e = e.with_began(global(began));
+        }
+        self.history.push(e);
     }
 }
 
@@ -381,6 +406,8 @@ impl fmt::Debug for History {
 #[derive(Debug, Clone, Copy)]
 struct Interval {
     client: u64,
+    /// When its acquisition began (`start` if unknown).
+    began: Instant,
     start: Instant,
     end: Instant,
     fence: Option<u64>,
@@ -598,6 +625,7 @@ impl History {
                             e.client,
                             Interval {
                                 client: e.client,
+                                began: e.began.unwrap_or(e.at).min(e.at),
                                 start: e.at,
                                 end: *valid_until,
                                 fence: *fence,
@@ -662,19 +690,26 @@ impl History {
                 }
             }
             closed.extend(open.into_values());
-            // A belief held across a wipe of the server rests on nothing after it: it counts up to the wipe.
-            for iv in &mut closed {
-                if let Some(w) = wipes
+            // A belief held across a wipe of the server rests on nothing after it: it counts up to the wipe
+            // (nothing, if the acquisition began before the wipe and was granted after it). Such a lease's
+            // fence may have been issued before fences of leases granted earlier: not compared.
+            closed.retain_mut(|iv| {
+                let wipe = wipes
                     .iter()
                     .filter(|(l, at)| {
-                        (l.is_empty() || *l == lock) && iv.start < *at && *at < iv.end
+                        (l.is_empty() || *l == lock) && iv.began < *at && *at < iv.end
                     })
                     .map(|(_, at)| *at)
-                    .min()
-                {
-                    iv.end = w;
+                    .min();
+                match wipe {
+                    Some(w) if w <= iv.start => false,
+                    Some(w) => {
+                        iv.end = w;
+                        true
+                    }
+                    None => true,
                 }
-            }
+            });
             closed.sort_by_key(|iv| (iv.start, iv.client));
             let rel = |t: Instant| t.saturating_duration_since(origin);
             for pair in closed.windows(2) {
@@ -1043,6 +1078,34 @@ mod tests {
             history(Some(("k", 30)), 40, 101).check(),
             Err(Violation::LateLoss { .. })
         ));
+        // A lease granted after the wipe to an acquisition that began before it (fence 1, issued before the
+        // wipe) counts for nothing, nor does its fence; one that began after the wipe counts in full.
+        for (began, ok) in [(25, true), (35, false)] {
+            let h = History::new();
+            h.record(0, "", t0 + ms(30), EventKind::Wiped);
+            h.record(
+                2,
+                "k",
+                t0 + ms(40),
+                EventKind::Acquired {
+                    valid_until: t0 + ms(140),
+                    fence: Some(2),
+                },
+            );
+            h.push(
+                Event::new(
+                    1,
+                    "k",
+                    t0 + ms(50),
+                    EventKind::Acquired {
+                        valid_until: t0 + ms(120),
+                        fence: Some(1),
+                    },
+                )
+                .with_began(t0 + ms(began)),
+            );
+            assert_eq!(h.check().is_ok(), ok, "began at {began} ms");
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ mod cancel;
 mod clock_jump;
 mod config;
 mod defects;
+mod duplicates;
 mod durable;
 mod fresh;
 mod history;
