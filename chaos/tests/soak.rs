@@ -1080,9 +1080,10 @@ fn a_redlock_acquisition_retry_after_a_script_flush_writes_every_healthy_server(
             for (n, s) in servers.iter().enumerate() {
                 let sent = eval_calls(s) - evals[n];
                 if n == free {
-                    // The clean-up's release script and the retry's acquire script.
+                    // The clean-up's release script (the retry, with a new token since a clean-up was sent,
+                    // asks with a plain `SET NX`).
                     assert!(
-                        sent >= 2,
+                        sent >= 1,
                         "iteration {i}: server {n} saw {sent} EVAL(s): the NOSCRIPT path was not taken"
                     );
                 } else {

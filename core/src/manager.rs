@@ -178,10 +178,18 @@ impl LockManager {
     }
 
     /// Uses `timer` for every clock reading and sleep (virtual time in tests, a runtime's timer in production).
+    ///
+    /// The manager returned starts a record of its nodes of its own (the run ids behind the restart
+    /// quarantine, the fences behind fence regression detection), not shared with the manager it derives
+    /// from as the other `with_*` managers share it: a quarantine ends at an instant of the timer that saw
+    /// the restart, which another timer's instants cannot be compared with.
     #[must_use]
     pub fn with_timer(self, timer: impl Timer) -> Self {
         let timer = SharedTimer(Arc::new(timer));
-        self.rebuild(|e| e.timer = timer)
+        self.rebuild(|e| {
+            e.timer = timer;
+            e.watch = Arc::default();
+        })
     }
 
     /// Lets redlease run background tasks through `spawner`: automatic renewal of leases whose lock has

@@ -1,8 +1,9 @@
 //! A clock that runs at a different rate and offset from another: each node (or client) on its own clock.
 
 use std::fmt;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant, SystemTime};
 
 use redlease::machine::Jitter;
 use redlease::{Sleep, Timer};
@@ -30,6 +31,31 @@ const RATE_RANGE: (f64, f64) = (-0.9, 10.0);
 /// assert_eq!(fast.now() - t0, Duration::from_secs(15)); // runs 50 % fast
 /// assert_eq!(fast.base_at(t0 + Duration::from_secs(30)), base.now() + Duration::from_secs(10));
 /// ```
+///
+/// # Steps and a wall clock
+///
+/// A client's monotonic clock never goes back, but it may jump ahead (a VM resumed on another host):
+/// [`step_forward`](Self::step_forward) moves it, and wakes the sleeps that the jump has made due. Its wall
+/// clock, which redlease reads only to notice a suspend ([`Timer::wall_now`]), is off unless
+/// [`with_wall_clock`](Self::with_wall_clock) turns it on; it follows the base clock (as an NTP-disciplined
+/// wall clock follows real time) and steps either way with [`step_wall`](Self::step_wall). Clones share the
+/// steps.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use redlease::Timer;
+/// use redlease_testkit::{SkewedClock, VirtualClock};
+///
+/// let base = VirtualClock::new();
+/// let clock = SkewedClock::new(base.clone(), 0.0).with_wall_clock(SystemTime::UNIX_EPOCH);
+/// let t0 = clock.now();
+/// clock.step_forward(Duration::from_secs(2));
+/// assert_eq!(clock.now() - t0, Duration::from_secs(2), "the monotonic clock jumped");
+/// assert_eq!(clock.base_at(t0 + Duration::from_secs(1)), base.now(), "reached at the jump");
+/// clock.step_wall(Duration::from_secs(5), false); // the wall clock is set 5 s back
+/// base.advance(Duration::from_secs(10));
+/// assert_eq!(clock.wall_now(), Some(SystemTime::UNIX_EPOCH + Duration::from_secs(5)));
+/// ```
 #[derive(Clone)]
 pub struct SkewedClock {
     base: Arc<dyn Timer>,
@@ -37,6 +63,37 @@ pub struct SkewedClock {
     /// The skewed reading at `origin` (origin shifted by the offset).
     start: Instant,
     rate: f64,
+    steps: Arc<Mutex<Steps>>,
+}
+
+/// The steps of a [`SkewedClock`], shared by its clones.
+#[derive(Default)]
+struct Steps {
+    /// Forward jumps of the monotonic reading: `(base instant, total jumped from then on)`, in order.
+    forward: Vec<(Instant, Duration)>,
+    /// The wall clock's reading at `origin`, if it has one.
+    wall_epoch: Option<SystemTime>,
+    /// The wall clock's steps so far, in nanoseconds (negative: back).
+    wall_offset: i128,
+    /// Sleeps to wake at the next forward jump, by id (each removes itself when it ends).
+    sleepers: std::collections::BTreeMap<u64, Waker>,
+    next_sleeper: u64,
+}
+
+/// Removes a sleep's registration for forward jumps when the sleep ends or is dropped.
+struct Sleeper {
+    steps: Arc<Mutex<Steps>>,
+    id: u64,
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        self.steps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .sleepers
+            .remove(&self.id);
+    }
 }
 
 impl fmt::Debug for SkewedClock {
@@ -63,7 +120,62 @@ impl SkewedClock {
             origin,
             start: origin,
             rate,
+            steps: Arc::default(),
         }
+    }
+
+    fn lock_steps(&self) -> MutexGuard<'_, Steps> {
+        self.steps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the monotonic reading `by` ahead, now (see [the type's docs](Self#steps-and-a-wall-clock)),
+    /// waking every sleep on this clock so that the ones now due end.
+    pub fn step_forward(&self, by: Duration) {
+        let at = self.base.now();
+        let sleepers = {
+            let mut steps = self.lock_steps();
+            let total = steps.forward.last().map_or(Duration::ZERO, |s| s.1) + by;
+            steps.forward.push((at, total));
+            std::mem::take(&mut steps.sleepers)
+                .into_values()
+                .collect::<Vec<_>>()
+        };
+        for w in sleepers {
+            w.wake();
+        }
+    }
+
+    /// The total of the forward jumps so far.
+    pub fn stepped(&self) -> Duration {
+        self.lock_steps()
+            .forward
+            .last()
+            .map_or(Duration::ZERO, |s| s.1)
+    }
+
+    /// This clock with a wall clock ([`Timer::wall_now`]) that read `epoch` when the base clock read what it
+    /// did at this clock's creation, and runs with the base clock (shared by clones).
+    #[must_use]
+    pub fn with_wall_clock(self, epoch: SystemTime) -> Self {
+        self.lock_steps().wall_epoch = Some(epoch);
+        self
+    }
+
+    /// Steps the wall clock `by`, forward or back (an NTP step, an operator's `date -s`). Does nothing
+    /// without [`with_wall_clock`](Self::with_wall_clock).
+    pub fn step_wall(&self, by: Duration, forward: bool) {
+        let ns = by.as_nanos() as i128;
+        let mut steps = self.lock_steps();
+        steps.wall_offset += if forward { ns } else { -ns };
+    }
+
+    /// The total forward jump at base instant `base`.
+    fn jumped_at(&self, base: Instant) -> Duration {
+        let steps = self.lock_steps();
+        let k = steps.forward.partition_point(|(at, _)| *at <= base);
+        k.checked_sub(1)
+            .and_then(|k| steps.forward.get(k))
+            .map_or(Duration::ZERO, |s| s.1)
     }
 
     /// A clock with a rate error uniform in `[-max_rate, max_rate]` and an offset uniform in
@@ -115,12 +227,30 @@ impl SkewedClock {
     pub fn local_at(&self, base: Instant) -> Instant {
         let elapsed = base.saturating_duration_since(self.origin);
         self.start
-            .checked_add(self.scale(elapsed))
+            .checked_add(self.scale(elapsed) + self.jumped_at(base))
             .unwrap_or(self.start)
     }
 
     /// The earliest base instant at which this clock reads at least `local`.
     pub fn base_at(&self, local: Instant) -> Instant {
+        let forward = self.lock_steps().forward.clone();
+        // Between two jumps the clock runs as an unstepped one shifted by the jumps so far.
+        let (mut from, mut jumped) = (self.origin, Duration::ZERO);
+        for k in 0..=forward.len() {
+            let b = local
+                .checked_sub(jumped)
+                .map_or(from, |l| self.base_at_unstepped(l))
+                .max(from);
+            match forward.get(k) {
+                Some(&(at, total)) if b >= at => (from, jumped) = (at, total),
+                _ => return b,
+            }
+        }
+        from
+    }
+
+    /// [`base_at`](Self::base_at) ignoring the forward jumps.
+    fn base_at_unstepped(&self, local: Instant) -> Instant {
         let Some(target) = local.checked_duration_since(self.start) else {
             return self.origin;
         };
@@ -146,11 +276,51 @@ impl Timer for SkewedClock {
     fn sleep_until(&self, deadline: Instant) -> Sleep {
         let this = self.clone();
         Box::pin(async move {
+            let sleeper = {
+                let mut steps = this.lock_steps();
+                steps.next_sleeper += 1;
+                Sleeper {
+                    steps: Arc::clone(&this.steps),
+                    id: steps.next_sleeper,
+                }
+            };
             while this.now() < deadline {
-                let at = this.base_at(deadline);
-                this.base.sleep_until(at).await;
+                // A jump moves the base instant at which the deadline is reached: sleep again from there.
+                let jumps = this.lock_steps().forward.len();
+                let mut sleep = this.base.sleep_until(this.base_at(deadline));
+                std::future::poll_fn(|cx| {
+                    if sleep.as_mut().poll(cx).is_ready()
+                        || this.lock_steps().forward.len() != jumps
+                    {
+                        return Poll::Ready(());
+                    }
+                    // Woken by a forward jump too.
+                    this.lock_steps()
+                        .sleepers
+                        .insert(sleeper.id, cx.waker().clone());
+                    Poll::Pending
+                })
+                .await;
             }
+            drop(sleeper);
         })
+    }
+
+    fn wall_now(&self) -> Option<SystemTime> {
+        let steps = self.lock_steps();
+        let epoch = steps.wall_epoch?;
+        let ns = self
+            .base
+            .now()
+            .saturating_duration_since(self.origin)
+            .as_nanos() as i128
+            + steps.wall_offset;
+        let by = Duration::from_nanos(u64::try_from(ns.unsigned_abs()).unwrap_or(u64::MAX));
+        if ns >= 0 {
+            epoch.checked_add(by)
+        } else {
+            epoch.checked_sub(by)
+        }
     }
 }
 
@@ -158,6 +328,7 @@ impl Timer for SkewedClock {
 mod tests {
     use super::*;
     use crate::{MemoryNode, Sim, VirtualClock};
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn reads_scale_and_offset_the_base_and_stay_monotonic() {
@@ -210,6 +381,36 @@ mod tests {
         });
         assert!(reached);
         assert_eq!(slept_base, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn a_forward_jump_ends_the_sleeps_it_makes_due_and_brings_the_others_forward() {
+        let mut sim = Sim::new(9);
+        let base = sim.clock();
+        let clock = SkewedClock::new(base.clone(), 0.0);
+        let t0 = base.now();
+        let ended = Arc::new(Mutex::new(Vec::new()));
+        for (name, after) in [("short", 1_000u64), ("long", 5_000)] {
+            let (c, ended) = (clock.clone(), ended.clone());
+            let b = base.clone();
+            sim.spawn(async move {
+                c.sleep_until(c.now() + Duration::from_millis(after)).await;
+                ended.lock().unwrap().push((name, b.now() - t0));
+            });
+        }
+        let jump = clock.clone();
+        sim.at(t0 + Duration::from_millis(500), move || {
+            jump.step_forward(Duration::from_millis(2_000))
+        });
+        sim.run_until_idle(Duration::from_secs(10));
+        let ms = Duration::from_millis;
+        // The short sleep was due at the jump; the long one 2 s earlier than without it.
+        assert_eq!(
+            *ended.lock().unwrap(),
+            vec![("short", ms(500)), ("long", ms(3_000))]
+        );
+        assert_eq!(clock.base_at(t0 + ms(5_000)), t0 + ms(3_000));
+        assert_eq!(clock.local_at(t0 + ms(499)), t0 + ms(499));
     }
 
     #[test]

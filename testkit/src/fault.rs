@@ -104,6 +104,14 @@ pub enum Fault {
     /// The caller at once gets an ambiguous I/O error (a connection reset after the request was written),
     /// but the request is still applied after this long, as with [`Late`](Self::Late).
     LateAfterError(Duration),
+    /// The request is applied twice: once as usual (the caller gets that reply), and an identical copy
+    /// this long after it was sent, whatever happened meanwhile — a retry that a client library or a proxy
+    /// sent on another connection while the first copy was still on its way, so that the caller's answer
+    /// comes from one copy and the other lands later. The copy travels on its own (as on a
+    /// [`Delivery::Pool`], whatever the node's delivery): it may land after requests sent later, after the
+    /// lease was extended again or released. Its reply goes nowhere. Needs a node built with
+    /// [`FaultyNode::with_spawner`] (without one the call fails with a not-applied error that says so).
+    Duplicated(Duration),
     /// [`Op::RunId`] only: answer this run id instead of the inner node's (a server restarted, or a failover
     /// to another process, as the client sees it). The inner node is not asked.
     RunId(RunId),
@@ -166,6 +174,10 @@ pub struct RandomFaults {
     pub delivery: Delivery,
     /// Probability that a release notification is lost (see [`Faults::drop_notifications`]).
     pub notification_lost: f64,
+    /// Probability of a [`Fault::Duplicated`] request, whose copy lands up to `max_late` later (uniform).
+    pub duplicate: f64,
+    /// Operations never duplicated (their draw of a duplicate goes through undisturbed).
+    pub duplicate_except: Vec<Op>,
 }
 
 impl RandomFaults {
@@ -184,6 +196,8 @@ impl RandomFaults {
             max_late: Duration::ZERO,
             delivery: Delivery::Fifo,
             notification_lost: 0.0,
+            duplicate: 0.0,
+            duplicate_except: Vec::new(),
         }
     }
 
@@ -237,6 +251,30 @@ impl RandomFaults {
         self
     }
 
+    /// Sets the probability of a [`Fault::Duplicated`] request; its copy lands up to `max_late` (see
+    /// [`late`](Self::late)) after it was sent. Not part of [`hostile`](Self::hostile) (seeded runs stay as
+    /// they were): add it to that mix with this method.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease_testkit::RandomFaults;
+    /// let faults = RandomFaults::hostile(1).duplicate(0.03);
+    /// assert_eq!((faults.duplicate, faults.max_late), (0.03, Duration::from_millis(1500)));
+    /// ```
+    #[must_use]
+    pub fn duplicate(mut self, p: f64) -> Self {
+        self.duplicate = p;
+        self
+    }
+
+    /// Leaves the calls of `ops` out of [`duplicate`](Self::duplicate): a duplicate drawn for one of them is
+    /// sent once, normally.
+    #[must_use]
+    pub fn duplicate_except(mut self, ops: impl IntoIterator<Item = Op>) -> Self {
+        self.duplicate_except = ops.into_iter().collect();
+        self
+    }
+
     /// Sets the probability that a release notification is lost.
     #[must_use]
     pub fn notification_lost(mut self, p: f64) -> Self {
@@ -263,6 +301,8 @@ struct Plan {
     calls: [u64; OPS],
     applied: [u64; OPS],
     applied_after_caller_left: [u64; OPS],
+    /// Copies of [`Fault::Duplicated`] requests applied, per operation.
+    duplicates_applied: [u64; OPS],
     in_flight: u64,
     next_seq: u64,
     highest_applied_seq: Option<u64>,
@@ -472,6 +512,11 @@ impl Faults {
         self.lock().applied_after_caller_left[op.index()]
     }
 
+    /// Second copies of [`Fault::Duplicated`] requests of `op` that reached the inner node.
+    pub fn duplicates_applied(&self, op: Op) -> u64 {
+        self.lock().duplicates_applied[op.index()]
+    }
+
     /// Requests sent but not yet applied (sitting in the network).
     pub fn in_flight(&self) -> u64 {
         self.lock().in_flight
@@ -538,6 +583,8 @@ impl Faults {
                 (random.slow_reply, Fault::SlowReply(random.max_latency)),
                 (random.late, Fault::Late(late)),
                 (random.late_after_error, Fault::LateAfterError(late)),
+                // Last, so that without duplicates the draws of a seed are what they always were.
+                (random.duplicate, Fault::Duplicated(late)),
             ];
             let mut edge = 0.0;
             let mut fault = None;
@@ -547,6 +594,10 @@ impl Faults {
                     fault = Some(f);
                     break;
                 }
+            }
+            if matches!(fault, Some(Fault::Duplicated(_))) && random.duplicate_except.contains(&op)
+            {
+                fault = None;
             }
             return (fault, latency, delivery, seq);
         }
@@ -875,13 +926,40 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
         }
     }
 
+    /// Sends the second copy of a [`Fault::Duplicated`] request: applied `delay` from now on its own (as
+    /// on a pool), its reply dropped.
+    fn send_copy<T, A>(&self, op: Op, seq: u64, delay: Duration, detach: A) -> Result<(), NodeError>
+    where
+        T: Send + 'static,
+        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
+    {
+        let Some(spawner) = &self.spawner else {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Other,
+                "FaultyNode: a duplicated request needs a node built with FaultyNode::with_spawner",
+            ));
+        };
+        let apply = detach(Arc::clone(&self.inner));
+        let faults = self.faults.clone();
+        faults.lock().in_flight += 1;
+        let timer = Arc::clone(&self.timer);
+        let at = timer.now() + delay;
+        spawner.spawn(Box::pin(async move {
+            timer.sleep_until(at).await;
+            let _ = apply.await;
+            faults.count_applied(op, seq, true, true);
+            faults.lock().duplicates_applied[op.index()] += 1;
+        }));
+        Ok(())
+    }
+
     /// Runs one call of `op`: `inline` is the call on the inner node, `detach` builds an owned copy of it for
     /// a late apply (only invoked when one is needed, so a plain call clones nothing).
     async fn run<T, F, A>(&self, op: Op, inline: F, detach: A) -> Reply<T>
     where
         T: Send + 'static,
         F: Future<Output = Reply<T>>,
-        A: FnOnce(Arc<N>) -> BoxFuture<Reply<T>>,
+        A: Fn(Arc<N>) -> BoxFuture<Reply<T>>,
     {
         let (fault, latency, delivery, seq) = self.faults.next(op);
         let call = (op, seq, delivery);
@@ -911,6 +989,11 @@ impl<N: RedisNode + 'static> FaultyNode<N> {
                 result
             }
             Some(Fault::Late(d)) => self.deliver(call, d, inline, detach).await,
+            Some(Fault::Duplicated(d)) => {
+                // Both copies leave now; the second one lands `d` later, on its own.
+                self.send_copy(op, seq, d.max(Duration::from_nanos(1)), &detach)?;
+                self.deliver(call, Duration::ZERO, inline, &detach).await
+            }
             Some(answer @ (Fault::RunId(_) | Fault::Acknowledged(_))) => {
                 Err(NodeError::not_applied(
                     NodeErrorKind::Other,
@@ -1013,6 +1096,7 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             .map(|i| (i.key.to_owned(), i.token.clone(), i.ttl))
             .collect();
         let detach = move |n: Arc<N>| -> BoxFuture<Reply<Vec<bool>>> {
+            let owned = owned.clone();
             Box::pin(async move {
                 let items: Vec<ExtendItem<'_>> = owned
                     .iter()

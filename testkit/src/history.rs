@@ -45,6 +45,15 @@ pub enum EventKind {
         /// When the client ran again.
         until: Instant,
     },
+    /// The lock's only server lost its data at this instant (a restart without persistence, see
+    /// [`MemoryNode::restart`](crate::MemoryNode::restart)): the lock named by the event, or every lock
+    /// when the name is empty; the client number is not used. A single-node lock cannot survive that, so a
+    /// lease acquired before the wipe may overlap one acquired after it without a violation: its belief
+    /// counts only up to the wipe for the overlap check. Its loss must still be signalled by its validity
+    /// deadline ([`Violation::LateLoss`]), and holders that both started before (or both after) a wipe are
+    /// checked as usual. Not for a Redlock cluster, which must survive the restart of its nodes (the
+    /// restart quarantine).
+    Wiped,
 }
 
 /// What the client's own clock read at an event, when the client runs on a clock other than the one the
@@ -58,12 +67,28 @@ pub struct ClientView {
     /// For [`EventKind::Acquired`] and [`EventKind::Extended`]: the validity deadline on the client's clock
     /// (what [`Lease::valid_until`](redlease::Lease::valid_until) reports there).
     pub valid_until: Option<Instant>,
+    /// For [`EventKind::Lost`]: when (on the history's clock) the client's clock reached the lease's
+    /// deadline, as far as the client's clock knew at the loss — earlier than the deadline recorded with the
+    /// acquisition or extension if the client's clock jumped ahead meanwhile. A loss whose deadline the
+    /// client's clock reached during a pause of the client is checked against the pause's end.
+    pub deadline_at: Option<Instant>,
 }
 
 impl ClientView {
     /// The client's clock read `at`; `valid_until` is its deadline for acquisitions and extensions.
     pub fn new(at: Instant, valid_until: Option<Instant>) -> Self {
-        Self { at, valid_until }
+        Self {
+            at,
+            valid_until,
+            deadline_at: None,
+        }
+    }
+
+    /// Adds, for a loss, when (on the history's clock) the client's clock reached the deadline.
+    #[must_use]
+    pub fn with_deadline_at(mut self, deadline_at: Instant) -> Self {
+        self.deadline_at = Some(deadline_at);
+        self
     }
 }
 
@@ -81,6 +106,11 @@ pub struct Event {
     pub kind: EventKind,
     /// The same event seen on the client's own clock, if it has one.
     pub client_view: Option<ClientView>,
+    /// For [`EventKind::Acquired`]: when the acquisition began (on the history's clock), the earliest its
+    /// requests can have written the key. A lease whose acquisition began before a wipe
+    /// ([`EventKind::Wiped`]) and was granted after it (its reply was on its way) rests on a write the wipe
+    /// lost: the checker counts none of its belief.
+    pub began: Option<Instant>,
 }
 
 impl Event {
@@ -92,7 +122,15 @@ impl Event {
             at,
             kind,
             client_view: None,
+            began: None,
         }
+    }
+
+    /// Adds when the acquisition began (see [`began`](Self::began)).
+    #[must_use]
+    pub fn with_began(mut self, began: Instant) -> Self {
+        self.began = Some(began);
+        self
     }
 
     /// Adds what the client's own clock read.
@@ -158,6 +196,10 @@ impl ClientRecorder {
 
 impl Observer for ClientRecorder {
     fn event(&self, event: &LeaseEvent<'_>) {
+        let began = match event.kind {
+            CoreEvent::Acquired { waited, .. } => event.at.checked_sub(waited),
+            _ => None,
+        };
         let (kind, local_until) = match event.kind {
             CoreEvent::Acquired {
                 valid_until, fence, ..
@@ -176,7 +218,11 @@ impl Observer for ClientRecorder {
             _ => return,
         };
         let Some(clock) = &self.clock else {
-            self.history.record(self.client, event.key, event.at, kind);
+            let mut e = Event::new(self.client, event.key, event.at, kind);
+            if let Some(began) = began {
+                e = e.with_began(began);
+            }
+            self.history.push(e);
             return;
         };
         let global = |t: Instant| clock.base_at(t);
@@ -195,7 +241,9 @@ impl Observer for ClientRecorder {
             other => other,
         };
         let mut local_at = event.at;
+        let mut deadline_at = None;
         if let CoreEvent::Lost { valid_until, .. } = event.kind {
+            deadline_at = Some(global(valid_until));
             // A fast clock advances by more than 1 ns of its own time per base nanosecond, so its readings
             // can step over the deadline: a loss seen at the first reading past it was seen as early as this
             // clock allows, which is at the deadline.
@@ -203,13 +251,16 @@ impl Observer for ClientRecorder {
                 local_at = valid_until;
             }
         }
-        self.history.record_with_view(
-            self.client,
-            event.key,
-            global(event.at),
-            kind,
-            ClientView::new(local_at, local_until),
-        );
+        let mut view = ClientView::new(local_at, local_until);
+        if let Some(at) = deadline_at {
+            view = view.with_deadline_at(at);
+        }
+        let mut e =
+            Event::new(self.client, event.key, global(event.at), kind).with_client_view(view);
+        if let Some(began) = began {
+            e = e.with_began(global(began));
+        }
+        self.history.push(e);
     }
 }
 
@@ -350,6 +401,8 @@ pub enum Timed {
         /// When the client ran again.
         until: Duration,
     },
+    /// [`EventKind::Wiped`].
+    Wiped,
 }
 
 /// One entry of [`History::timeline`].
@@ -376,6 +429,8 @@ impl fmt::Debug for History {
 #[derive(Debug, Clone, Copy)]
 struct Interval {
     client: u64,
+    /// When its acquisition began (`start` if unknown).
+    began: Instant,
     start: Instant,
     end: Instant,
     fence: Option<u64>,
@@ -459,6 +514,7 @@ impl History {
                     EventKind::Lost => Timed::Lost,
                     EventKind::Released => Timed::Released,
                     EventKind::Paused { until } => Timed::Paused { until: rel(until) },
+                    EventKind::Wiped => Timed::Wiped,
                 },
                 lock: e.lock,
             })
@@ -582,11 +638,14 @@ impl History {
         };
         let mut by_lock: BTreeMap<&str, Vec<&Event>> = BTreeMap::new();
         let mut pauses: BTreeMap<u64, Vec<(Instant, Instant)>> = BTreeMap::new();
+        // When the server of a lock ("": of every lock) lost its data.
+        let mut wipes: Vec<(&str, Instant)> = Vec::new();
         for e in &events {
             match e.kind {
                 EventKind::Paused { until } => {
                     pauses.entry(e.client).or_default().push((e.at, until));
                 }
+                EventKind::Wiped => wipes.push((&e.lock, e.at)),
                 _ => by_lock.entry(&e.lock).or_default().push(e),
             }
         }
@@ -622,6 +681,7 @@ impl History {
                             e.client,
                             Interval {
                                 client: e.client,
+                                began: e.began.unwrap_or(e.at).min(e.at),
                                 start: e.at,
                                 end: *valid_until,
                                 fence: *fence,
@@ -653,6 +713,10 @@ impl History {
                                 e.client
                             )));
                         };
+                        let paused_at_local_deadline = e
+                            .client_view
+                            .and_then(|v| v.deadline_at)
+                            .is_some_and(|at| due(e.client, at).1);
                         let (due, paused) = due(e.client, iv.end);
                         if e.kind == EventKind::Lost && e.at > due {
                             return Err(Violation::LateLoss {
@@ -661,7 +725,10 @@ impl History {
                                 late_by: e.at - due,
                             });
                         }
-                        // A pause is measured on the history's clock only.
+                        // A pause is measured on the history's clock only: one in which the client's clock
+                        // reached the deadline (which a jump of that clock may have brought forward) excuses
+                        // the client's clock from the check.
+                        let paused = paused || paused_at_local_deadline;
                         if let (EventKind::Lost, Some(view), Some(end), false) =
                             (&e.kind, e.client_view, iv.local_end, paused)
                         {
@@ -676,10 +743,30 @@ impl History {
                         iv.end = iv.end.min(e.at);
                         closed.push(iv);
                     }
-                    EventKind::Paused { .. } => {}
+                    EventKind::Paused { .. } | EventKind::Wiped => {}
                 }
             }
             closed.extend(open.into_values());
+            // A belief held across a wipe of the server rests on nothing after it: it counts up to the wipe
+            // (nothing, if the acquisition began before the wipe and was granted after it). Such a lease's
+            // fence may have been issued before fences of leases granted earlier: not compared.
+            closed.retain_mut(|iv| {
+                let wipe = wipes
+                    .iter()
+                    .filter(|(l, at)| {
+                        (l.is_empty() || *l == lock) && iv.began < *at && *at < iv.end
+                    })
+                    .map(|(_, at)| *at)
+                    .min();
+                match wipe {
+                    Some(w) if w <= iv.start => false,
+                    Some(w) => {
+                        iv.end = w;
+                        true
+                    }
+                    None => true,
+                }
+            });
             closed.sort_by_key(|iv| (iv.start, iv.client));
             let rel = |t: Instant| t.saturating_duration_since(origin);
             for pair in closed.windows(2).filter(|_| holders == 1) {
@@ -1000,6 +1087,83 @@ mod tests {
         );
         h.record(1, "k", t0 + ms(101), EventKind::Lost);
         assert!(matches!(h.check(), Err(Violation::LateLoss { .. })));
+    }
+
+    #[test]
+    fn a_wiped_server_excuses_only_holders_on_either_side_of_the_wipe() {
+        let t0 = Instant::now();
+        let history = |wipe: Option<(&str, u64)>, second_at: u64, lost_at: u64| {
+            let h = History::new();
+            h.record(
+                1,
+                "k",
+                t0,
+                EventKind::Acquired {
+                    valid_until: t0 + ms(100),
+                    fence: None,
+                },
+            );
+            if let Some((lock, at)) = wipe {
+                h.record(0, lock, t0 + ms(at), EventKind::Wiped);
+            }
+            h.record(
+                2,
+                "k",
+                t0 + ms(second_at),
+                EventKind::Acquired {
+                    valid_until: t0 + ms(second_at + 100),
+                    fence: None,
+                },
+            );
+            h.record(1, "k", t0 + ms(lost_at), EventKind::Lost);
+            h
+        };
+        // Client 2 acquired after the wipe: client 1's belief counts up to the wipe only.
+        assert_eq!(history(Some(("k", 30)), 40, 90).check(), Ok(()));
+        assert_eq!(history(Some(("", 30)), 40, 90).check(), Ok(()));
+        // No wipe, a wipe of another lock, or a second holder from before the wipe: two holders.
+        for (wipe, second_at) in [(None, 40), (Some(("other", 30)), 40), (Some(("k", 50)), 40)] {
+            assert!(
+                matches!(
+                    history(wipe, second_at, 90).check(),
+                    Err(Violation::Overlap { .. })
+                ),
+                "{wipe:?}"
+            );
+        }
+        // The wipe excuses no late loss.
+        assert!(matches!(
+            history(Some(("k", 30)), 40, 101).check(),
+            Err(Violation::LateLoss { .. })
+        ));
+        // A lease granted after the wipe to an acquisition that began before it (fence 1, issued before the
+        // wipe) counts for nothing, nor does its fence; one that began after the wipe counts in full.
+        for (began, ok) in [(25, true), (35, false)] {
+            let h = History::new();
+            h.record(0, "", t0 + ms(30), EventKind::Wiped);
+            h.record(
+                2,
+                "k",
+                t0 + ms(40),
+                EventKind::Acquired {
+                    valid_until: t0 + ms(140),
+                    fence: Some(2),
+                },
+            );
+            h.push(
+                Event::new(
+                    1,
+                    "k",
+                    t0 + ms(50),
+                    EventKind::Acquired {
+                        valid_until: t0 + ms(120),
+                        fence: Some(1),
+                    },
+                )
+                .with_began(t0 + ms(began)),
+            );
+            assert_eq!(h.check().is_ok(), ok, "began at {began} ms");
+        }
     }
 
     #[test]

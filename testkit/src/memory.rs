@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,8 @@ struct Store {
     published: u64,
     /// Restarts so far: part of the run id.
     runs: u64,
+    /// When the last restart happened, on the node's clock.
+    restarted_at: Option<Instant>,
     /// What `wait_replicas` answers (see [`MemoryNode::set_replicas`]).
     replicas: Option<u32>,
     /// Leased semaphores: per key, each permit's token value and expiry (a sorted set scored by expiry on
@@ -107,7 +109,7 @@ impl Store {
 #[derive(Clone)]
 pub struct MemoryNode {
     store: Arc<Mutex<Store>>,
-    timer: Arc<dyn Timer>,
+    clock: Arc<NodeClock>,
     id: u64,
     notifier: Option<Notifier>,
 }
@@ -203,7 +205,11 @@ impl MemoryNode {
         Self {
             notifier: Some(Self::notifier_for(&store)),
             store,
-            timer: Arc::new(timer),
+            clock: Arc::new(NodeClock {
+                timer: Arc::new(timer),
+                offset_ns: AtomicI64::new(0),
+                ms_epoch: Mutex::new(None),
+            }),
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
         }
     }
@@ -300,13 +306,92 @@ impl MemoryNode {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The node's clock now: its timer's reading moved by the [steps](Self::step_clock_forward) so far.
     fn now(&self) -> Instant {
-        self.timer.now()
+        self.clock.now()
+    }
+
+    /// Steps the node's clock `by` forward, as an NTP step or an operator does to a server's wall clock
+    /// (which is what Redis expires keys by): every key's remaining time shrinks by `by` at once. Clones
+    /// share the clock. Only the node's expiry clock moves, not its timer.
+    ///
+    /// A forward step expires keys early, so no client can prevent a second holder once the step exceeds
+    /// what its drift allowance leaves (see `core/tests/sim/clock_jump.rs`); a step back only keeps keys
+    /// longer.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease_testkit::{MemoryNode, VirtualClock};
+    ///
+    /// let clock = VirtualClock::new();
+    /// let node = MemoryNode::with_timer(clock.clone());
+    /// node.set("k", "v", Some(Duration::from_secs(10)));
+    /// node.step_clock_back(Duration::from_secs(5));
+    /// assert_eq!(node.pttl("k"), Some(Some(Duration::from_secs(15))));
+    /// node.step_clock_forward(Duration::from_secs(15));
+    /// assert_eq!(node.get("k"), None, "expired by the node's clock, without the timer moving");
+    /// ```
+    pub fn step_clock_forward(&self, by: Duration) {
+        self.clock
+            .step(i64::try_from(by.as_nanos()).unwrap_or(i64::MAX));
+    }
+
+    /// Steps the node's clock `by` back (see [`step_clock_forward`](Self::step_clock_forward)): every key's
+    /// remaining time grows by `by`.
+    pub fn step_clock_back(&self, by: Duration) {
+        self.clock
+            .step(-i64::try_from(by.as_nanos()).unwrap_or(i64::MAX));
+    }
+
+    /// The sum of the clock steps so far (forward minus back), and whether it is forward.
+    pub fn clock_steps(&self) -> (Duration, bool) {
+        let ns = self.clock.offset_ns.load(Ordering::SeqCst);
+        (Duration::from_nanos(ns.unsigned_abs()), ns >= 0)
+    }
+
+    /// This node (and its clones) with Redis' millisecond expiry: the node keeps a clock of whole
+    /// milliseconds (its own clock's reading truncated, counted from an epoch `phase` before now, so that
+    /// the millisecond ticks need not line up with the clients' clock), a TTL sets the expiry to *that
+    /// millisecond + TTL*, and a key is expired once the millisecond clock is past it — as `SET … PX`,
+    /// `PEXPIRE` and Redis' `keyIsExpired` (`now > when`) do. So a key lives a little longer than its TTL
+    /// (up to 1 ms), and `PTTL` (and the remaining TTL reported on contention) is the whole milliseconds left,
+    /// 0 in a key's last millisecond. Without it, keys expire exactly their TTL after they were written.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease_testkit::{MemoryNode, VirtualClock};
+    ///
+    /// let clock = VirtualClock::new();
+    /// let node = MemoryNode::with_timer(clock.clone()).with_millisecond_expiry(Duration::from_micros(400));
+    /// // Written 0.4 ms into the node's current millisecond: expiry at that millisecond + 10.
+    /// node.set("k", "v", Some(Duration::from_millis(10)));
+    /// clock.advance(Duration::from_micros(9_700)); // 10.1 ms into the millisecond count: the 10th, alive
+    /// assert_eq!(node.pttl("k"), Some(Some(Duration::ZERO)));
+    /// clock.advance(Duration::from_micros(899));
+    /// assert!(node.get("k").is_some(), "10.999 ms: still the 10th millisecond");
+    /// clock.advance(Duration::from_micros(1));
+    /// assert_eq!(node.get("k"), None, "10.6 ms after it was written");
+    /// ```
+    #[must_use]
+    pub fn with_millisecond_expiry(self, phase: Duration) -> Self {
+        let now = self.now();
+        let epoch = now
+            .checked_sub(Duration::from_nanos(u64::from(
+                phase.subsec_nanos() % 1_000_000,
+            )))
+            .unwrap_or(now);
+        *self
+            .clock
+            .ms_epoch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(epoch);
+        self
     }
 
     /// `SET key value [PX ttl]`, overwriting whatever is there (to plant a foreign owner in tests).
     pub fn set(&self, key: &str, value: impl Into<Vec<u8>>, ttl: Option<Duration>) {
-        let expires_at = ttl.map(|ttl| self.now() + ttl);
+        let now = self.now();
+        let expires_at = ttl.and_then(|ttl| self.clock.expiry(now, ttl));
         self.lock().keys.insert(
             key.to_owned(),
             Entry {
@@ -336,7 +421,7 @@ impl MemoryNode {
         let now = self.now();
         self.lock()
             .live(key, now)
-            .map(|e| e.expires_at.map(|at| at.saturating_duration_since(now)))
+            .map(|e| e.expires_at.map(|at| self.clock.remaining(at, now)))
     }
 
     /// Live keys that have no expiry (only fence counters should appear here).
@@ -369,13 +454,17 @@ impl MemoryNode {
     }
 
     /// A restart without persistence: every key is forgotten, every subscriber connection is dropped (its
-    /// notifier subscribes again) and the [`run_id`](RedisNode::run_id) changes.
+    /// notifier subscribes again) and the [`run_id`](RedisNode::run_id) changes. From then on the run id
+    /// also tells how long ago the restart was ([`RunId::restarted_ago`], as a server's uptime tells), so a
+    /// manager that first meets the node after the restart still quarantines it.
     pub fn restart(&self) {
+        let now = self.now();
         let lost: Vec<Inbox> = {
             let mut store = self.lock();
             store.keys.clear();
             store.permits.clear();
             store.runs += 1;
+            store.restarted_at = Some(now);
             // Every connection is gone, subscriber connections too.
             std::mem::take(&mut store.subs)
                 .into_values()
@@ -421,8 +510,81 @@ fn fence_value(entry: Option<&Entry>) -> Result<Option<u64>, NodeError> {
         })
 }
 
-fn expiry(now: Instant, ttl: Ttl) -> Option<Instant> {
-    now.checked_add(ttl.as_duration())
+/// A node's clock: what its keys expire by.
+struct NodeClock {
+    timer: Arc<dyn Timer>,
+    /// The sum of the clock steps so far, in nanoseconds (negative: back).
+    offset_ns: AtomicI64,
+    /// With millisecond expiry, the instant its millisecond clock counts from.
+    ms_epoch: Mutex<Option<Instant>>,
+}
+
+/// `base` moved by `ns` nanoseconds (either way), as far as `Instant` allows.
+fn shift(base: Instant, ns: i128) -> Instant {
+    let by = Duration::from_nanos(u64::try_from(ns.unsigned_abs()).unwrap_or(u64::MAX));
+    if ns >= 0 {
+        base.checked_add(by).unwrap_or(base)
+    } else {
+        base.checked_sub(by).unwrap_or(base)
+    }
+}
+
+/// `a − b` in nanoseconds, signed.
+fn signed_ns(a: Instant, b: Instant) -> i128 {
+    if a >= b {
+        (a - b).as_nanos() as i128
+    } else {
+        -((b - a).as_nanos() as i128)
+    }
+}
+
+const NS_PER_MS: i128 = 1_000_000;
+
+impl NodeClock {
+    fn now(&self) -> Instant {
+        shift(
+            self.timer.now(),
+            i128::from(self.offset_ns.load(Ordering::SeqCst)),
+        )
+    }
+
+    fn step(&self, ns: i64) {
+        let _ = self
+            .offset_ns
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |o| {
+                Some(o.saturating_add(ns))
+            });
+    }
+
+    fn epoch(&self) -> Option<Instant> {
+        *self.ms_epoch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When a key written at `now` with `ttl` expires: `now + ttl`, or with millisecond expiry the start of
+    /// the millisecond after *now's millisecond + ttl* (`keyIsExpired`: `now > when`).
+    fn expiry(&self, now: Instant, ttl: Duration) -> Option<Instant> {
+        let Some(epoch) = self.epoch() else {
+            return now.checked_add(ttl);
+        };
+        let now_ms = signed_ns(now, epoch).div_euclid(NS_PER_MS);
+        let when = now_ms + ttl.as_millis() as i128;
+        Some(shift(epoch, (when + 1) * NS_PER_MS))
+    }
+
+    /// A live key's `PTTL` at `now`, for a key expiring at `at`: what is left, or with millisecond expiry the
+    /// whole milliseconds from now's millisecond to the key's last one.
+    fn remaining(&self, at: Instant, now: Instant) -> Duration {
+        let Some(epoch) = self.epoch() else {
+            return at.saturating_duration_since(now);
+        };
+        let when = signed_ns(at, epoch).div_euclid(NS_PER_MS) - 1;
+        let now_ms = signed_ns(now, epoch).div_euclid(NS_PER_MS);
+        Duration::from_millis(u64::try_from(when - now_ms).unwrap_or(0))
+    }
+
+    fn expiry_ttl(&self, now: Instant, ttl: Ttl) -> Option<Instant> {
+        self.expiry(now, ttl.as_duration())
+    }
 }
 
 #[async_trait]
@@ -432,7 +594,7 @@ impl RedisNode for MemoryNode {
         let mut store = self.lock();
         match store.live(key, now) {
             Some(entry) if token.matches(&entry.value) => {
-                entry.expires_at = expiry(now, ttl);
+                entry.expires_at = self.clock.expiry_ttl(now, ttl);
                 Ok(true)
             }
             Some(_) => Ok(false),
@@ -441,7 +603,7 @@ impl RedisNode for MemoryNode {
                     key.to_owned(),
                     Entry {
                         value: token.as_str().as_bytes().to_vec(),
-                        expires_at: expiry(now, ttl),
+                        expires_at: self.clock.expiry_ttl(now, ttl),
                     },
                 );
                 Ok(true)
@@ -474,7 +636,7 @@ impl RedisNode for MemoryNode {
                         "the fence key is missing while the lock holds this token",
                     ));
                 };
-                entry.expires_at = expiry(now, ttl);
+                entry.expires_at = self.clock.expiry_ttl(now, ttl);
                 Ok(Some(fence))
             }
             Some(_) => Ok(None),
@@ -490,7 +652,7 @@ impl RedisNode for MemoryNode {
                     key.to_owned(),
                     Entry {
                         value: token.as_str().as_bytes().to_vec(),
-                        expires_at: expiry(now, ttl),
+                        expires_at: self.clock.expiry_ttl(now, ttl),
                     },
                 );
                 Ok(Some(next))
@@ -548,18 +710,18 @@ impl RedisNode for MemoryNode {
         let mut store = self.lock();
         match store.live(key, now) {
             Some(entry) if !fresh && token.matches(&entry.value) => {
-                entry.expires_at = expiry(now, ttl);
+                entry.expires_at = self.clock.expiry_ttl(now, ttl);
                 Ok(Claim::Taken)
             }
             Some(entry) => Ok(Claim::Held {
-                remaining: entry.expires_at.map(|at| at.saturating_duration_since(now)),
+                remaining: entry.expires_at.map(|at| self.clock.remaining(at, now)),
             }),
             None => {
                 store.keys.insert(
                     key.to_owned(),
                     Entry {
                         value: token.as_str().as_bytes().to_vec(),
-                        expires_at: expiry(now, ttl),
+                        expires_at: self.clock.expiry_ttl(now, ttl),
                     },
                 );
                 Ok(Claim::Taken)
@@ -576,7 +738,7 @@ impl RedisNode for MemoryNode {
         let mut store = self.lock();
         match store.live(key, now) {
             Some(entry) if token.matches(&entry.value) => {
-                entry.expires_at = expiry(now, ttl);
+                entry.expires_at = self.clock.expiry_ttl(now, ttl);
                 Ok(true)
             }
             _ => Ok(false),
@@ -591,7 +753,7 @@ impl RedisNode for MemoryNode {
             .iter()
             .map(|item| match store.live(item.key, now) {
                 Some(entry) if item.token.matches(&entry.value) => {
-                    entry.expires_at = expiry(now, item.ttl);
+                    entry.expires_at = self.clock.expiry_ttl(now, item.ttl);
                     true
                 }
                 _ => false,
@@ -608,7 +770,7 @@ impl RedisNode for MemoryNode {
         Ok(self.lock().live(key, now).map(|e| {
             KeyState::new(
                 e.value.clone(),
-                e.expires_at.map(|at| at.saturating_duration_since(now)),
+                e.expires_at.map(|at| self.clock.remaining(at, now)),
             )
         }))
     }
@@ -624,7 +786,7 @@ impl RedisNode for MemoryNode {
             key.to_owned(),
             Entry {
                 value: token.as_str().as_bytes().to_vec(),
-                expires_at: expiry(now, ttl),
+                expires_at: self.clock.expiry_ttl(now, ttl),
             },
         );
         Ok(true)
@@ -638,8 +800,6 @@ impl RedisNode for MemoryNode {
         Some(format!("memory://{}", self.id))
     }
 
-    /// Ready, with the paths of a Redis 7 server (whose semantics this node has): a first acquisition by
-    /// `SET … NX GET`, everything else by script.
     /// The semaphore at `key`, with its node's clock: expired permits purged first, as the adapters' scripts
     /// do in the same step.
     async fn permit(
@@ -688,13 +848,25 @@ impl RedisNode for MemoryNode {
         Ok(released)
     }
 
+    /// Ready, with the paths of a Redis 7 server (whose semantics this node has): a first acquisition by
+    /// `SET … NX GET`, everything else by script.
     async fn readiness(&self, _key: &str) -> Readiness {
         Readiness::Ready(CommandPaths::scripts().with_acquire(Path::Native))
     }
 
+    /// `memory-<node>-run-<restarts>`, with [`restarted_ago`](RunId::restarted_ago) after a
+    /// [`restart`](MemoryNode::restart).
     async fn run_id(&self, _key: &str) -> Result<RunId, NodeError> {
-        let runs = self.lock().runs;
-        Ok(RunId::new(format!("memory-{}-run-{runs}", self.id)))
+        let now = self.now();
+        let (runs, restarted_at) = {
+            let store = self.lock();
+            (store.runs, store.restarted_at)
+        };
+        let id = RunId::new(format!("memory-{}-run-{runs}", self.id));
+        Ok(match restarted_at {
+            Some(at) => id.with_restarted_ago(now.saturating_duration_since(at)),
+            None => id,
+        })
     }
 
     async fn wait_replicas(&self, _key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {

@@ -513,6 +513,37 @@ impl Sim {
         self.spawner().spawn(task);
     }
 
+    /// Runs `action` at virtual instant `at` (on the next poll if `at` has passed), in a task of no client
+    /// (never paused): something that happens to the world at a chosen moment — a node restarting
+    /// ([`MemoryNode::restart`](crate::MemoryNode::restart)), a server's clock stepping
+    /// ([`MemoryNode::step_clock_forward`](crate::MemoryNode::step_clock_forward)), a client's clock jumping
+    /// ([`SkewedClock::step_forward`](crate::SkewedClock::step_forward)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{Config, Timer};
+    /// use redlease_testkit::{MemoryNode, Sim};
+    ///
+    /// let mut sim = Sim::new(5);
+    /// let node = MemoryNode::with_timer(sim.clock());
+    /// let manager = sim.single(node.clone(), Config::default()).unwrap();
+    /// let lock = manager.lock("job").expiry(Duration::from_secs(10)).auto_renew(Duration::from_secs(1));
+    /// let lease = sim.block_on(lock.try_acquire()).unwrap();
+    /// // The server restarts without persistence 2.5 s into the lease: the next renewal finds no key.
+    /// let restart = node.clone();
+    /// sim.at(sim.clock().now() + Duration::from_millis(2_500), move || restart.restart());
+    /// sim.block_on(lease.lost());
+    /// assert!(!lease.is_held());
+    /// assert!(sim.clock().elapsed() < Duration::from_secs(4), "lost at the first renewal after it");
+    /// ```
+    pub fn at(&self, at: Instant, action: impl FnOnce() + Send + 'static) {
+        let clock = self.clock.clone();
+        self.spawn(async move {
+            clock.sleep_until(at).await;
+            action();
+        });
+    }
+
     /// Stops client `client` for `duration` from now: none of its tasks is polled until then. A history from
     /// [`Sim::history`] records the pause by itself (one from [`History::new`] needs an
     /// [`EventKind::Paused`] record by hand, or [`History::check`] reports the loss the client learns at

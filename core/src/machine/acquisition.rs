@@ -309,32 +309,35 @@ impl<'a> Acquisition<'a> {
     /// (the token is certainly gone there); `ambiguous` whether some node's outcome is unknown. Returns
     /// `true` if the next attempt must use a new token.
     ///
-    /// A clean-up whose outcome is unknown may still be carried out later — after the next attempt, even, on
-    /// a pool or a reconnected connection. If the next attempt reused this token, that stale
-    /// compare-and-delete could delete the key the new lease relies on. So the next attempt gets a fresh
-    /// token: a stale clean-up of the old one can then only delete the old one. (Excluding such nodes from
-    /// later quorums instead would leave a single-node acquisition unable to succeed at all.) A clean-up
-    /// that failed definitely was never applied and never will be: the token is kept, and a retry still
-    /// recognises it where the earlier write landed.
+    /// A clean-up that was sent may be carried out again later — after the next attempt, even, on a pool or
+    /// a reconnected connection: one whose outcome is unknown, and one that was confirmed too, when a copy
+    /// of it is still on its way (a retry by a client library or a proxy). If the next attempt reused this
+    /// token, that stale compare-and-delete could delete the key the new lease relies on. So the next
+    /// attempt gets a fresh token: a stale clean-up of the old one can then only delete the old one.
+    /// (Excluding such nodes from later quorums instead would leave a single-node acquisition unable to
+    /// succeed at all.) Only a clean-up that failed definitely everywhere was never applied and never will
+    /// be: then the token is kept, and a retry still recognises it where the earlier write landed.
     pub(crate) fn handle_cleanup(
         &mut self,
         targets: &[usize],
         confirmed: impl Fn(usize) -> bool,
         ambiguous: bool,
     ) -> bool {
+        let mut sent = ambiguous;
         for &i in targets {
             if confirmed(i) {
+                sent = true;
                 if let Some(d) = self.dirty.get_mut(i) {
                     *d = false;
                 }
             }
         }
-        if ambiguous {
+        if sent {
             self.dirty.iter_mut().for_each(|d| *d = false);
             self.unsettled.clear();
             self.fresh = Fresh::ALL;
         }
-        ambiguous
+        sent
     }
 
     /// After a failed attempt (and its clean-up), at `now`: whether and when to try again. `notified`: the
@@ -595,7 +598,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_attempt_cleans_up_where_the_token_may_be_and_an_unknown_cleanup_rotates_it() {
+    fn a_failed_attempt_cleans_up_where_the_token_may_be_and_a_sent_cleanup_rotates_it() {
         let t0 = Instant::now();
         let cfg = config();
         let mut a = Acquisition::new(&cfg, shape(3), Limit::Attempts(3), 1, t0);
@@ -609,14 +612,25 @@ mod tests {
         // Node 0 confirmed its clean-up, node 1 did not answer it definitely: a new token.
         assert!(a.handle_cleanup(&cleanup, |i| i == 0, true));
         assert_eq!(a.begin_attempt(t0, OP).fresh, Fresh::ALL);
-        // A clean-up confirmed everywhere keeps the token; the nodes that saw it are no longer fresh.
+        // A clean-up confirmed everywhere rotates the token too: a copy of it may still land after the next
+        // attempt's write (a retry a library or a proxy sent on another connection).
         let Decision::Failed { cleanup, .. } =
             round(&mut a, t0, &[Reply::Yes, Reply::No, Reply::No])
         else {
             panic!("contended")
         };
         assert_eq!(cleanup, [0]);
-        assert!(!a.handle_cleanup(&cleanup, |_| true, false));
+        assert!(a.handle_cleanup(&cleanup, |_| true, false));
+        assert_eq!(a.begin_attempt(t0, OP).fresh, Fresh::ALL);
+        // A clean-up refused everywhere (never applied) keeps the token; the nodes that saw it are no longer
+        // fresh.
+        let Decision::Failed { cleanup, .. } =
+            round(&mut a, t0, &[Reply::Yes, Reply::No, Reply::No])
+        else {
+            panic!("contended")
+        };
+        assert_eq!(cleanup, [0]);
+        assert!(!a.handle_cleanup(&cleanup, |_| false, false));
         let fresh = a.begin_attempt(t0, OP).fresh;
         assert_eq!(
             (fresh.get(0), fresh.get(1), fresh.get(2)),

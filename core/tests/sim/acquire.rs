@@ -996,6 +996,13 @@ fn a_straggling_acquisition_request_never_shortens_a_longer_extension() {
         };
         c.faults[0].delivery(Delivery::Pool);
         c.faults[0].script(op, [Fault::LateAfterError(ms(1_200))]);
+        // Attempt 1's clean-up is refused (never applied), so attempt 2 keeps its token — the straggler
+        // carries it. (A clean-up that was sent would give attempt 2 a new token, which the straggler
+        // cannot touch.)
+        c.faults[0].script(
+            Op::Release,
+            [Fault::Fail(redlease::NodeErrorKind::Connection)],
+        );
         let mut lock = c.manager.lock("job").expiry(secs(2));
         if fenced {
             lock = lock.fenced("job:fence");

@@ -348,7 +348,8 @@ fn cancelling_any_lease_future_at_every_await_point_under_hostile_faults_leaves_
                     Cluster::new(n, seed, config())
                 };
                 for (i, f) in c.faults.iter().enumerate() {
-                    f.random(RandomFaults::hostile(seed * 31 + i as u64));
+                    // Duplicated requests too: a copy may land after the cut and after the clean-ups.
+                    f.random(RandomFaults::hostile(seed * 31 + i as u64).duplicate(0.05));
                 }
                 Env {
                     c,

@@ -217,13 +217,18 @@ fn a_waiting_acquisition_takes_the_released_lock_with_a_plain_set_nx() {
 
 #[test]
 fn in_redlock_only_nodes_that_said_held_keep_the_plain_set_nx() {
-    // Nodes 0 and 1 are held by another owner; node 2 says yes to every attempt, and the failed attempt's
-    // clean-up deletes our token there again. Node 2 stored the token: from attempt 2 on it is asked
-    // through the own-token branch; nodes 0 and 1 never stored it and keep getting `SET NX`.
+    // Nodes 0 and 1 are held by another owner; node 2 says yes to every attempt, and the failed attempts'
+    // clean-ups are refused there (never applied: the token is kept, as one that was sent would have it
+    // replaced) until the last one deletes our token. Node 2 stored the token: from attempt 2 on it is
+    // asked through the own-token branch; nodes 0 and 1 never stored it and keep getting `SET NX`.
     let mut e = env(3, 7, config().with_attempts(3));
     for i in [0, 1] {
         e.nodes[i].set("job", FOREIGN, Some(secs(60)));
     }
+    e.faults[2].script(
+        Op::Release,
+        vec![Fault::Fail(redlease::NodeErrorKind::Connection); 2],
+    );
     let lock = e.manager.lock("job");
     let result = e.sim.block_on(async move { lock.acquire().await });
     assert!(

@@ -2,7 +2,7 @@ use std::time::Duration;
 
 use redlease::Timer;
 use redlease::machine::Jitter;
-use redlease_testkit::{EventKind, History, RandomFaults, VirtualClock, for_each_seed};
+use redlease_testkit::{EventKind, History, MemoryNode, RandomFaults, VirtualClock, for_each_seed};
 
 use crate::support::*;
 
@@ -122,19 +122,154 @@ pub(crate) async fn renewing_client(
     }
 }
 
+/// The faults a hostile run adds to `RandomFaults::hostile`, skewed clocks and client pauses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Mix {
+    /// Requests applied twice, the copy up to 1.5 s later (5 % of acquisitions, releases and inspections;
+    /// extensions only with `duplicate_extensions`).
+    pub(crate) duplicates: bool,
+    /// Extensions duplicated too (15 % of all requests then): a known finding, see
+    /// `duplicates::a_duplicated_shorter_extension_cannot_shorten_the_key_under_a_longer_one`.
+    pub(crate) duplicate_extensions: bool,
+    /// Nodes restarting without persistence inside leases: two restarts of random nodes per run (Redlock,
+    /// restart quarantine on and as long as the longest TTL the clients use), or of the single node (which
+    /// loses its leases: the history records the wipe; an operator restores the fence counter).
+    pub(crate) restarts: bool,
+    /// Node clocks stepping back (up to 1 s) and forward (up to 2 ms: within what the drift allowance leaves
+    /// beside the nodes' and clients' rate errors, one step per 3.5 s, the longest TTL), client clocks
+    /// jumping ahead (up to 500 ms) and their wall clocks stepping either way (up to 3 s).
+    pub(crate) clock_steps: bool,
+    /// Nodes expiring keys at Redis' millisecond granularity, each with its own millisecond phase.
+    pub(crate) ms_expiry: bool,
+}
+
+impl Mix {
+    pub(crate) const ALL: Mix = Mix {
+        duplicates: true,
+        duplicate_extensions: false,
+        restarts: true,
+        clock_steps: true,
+        ms_expiry: true,
+    };
+}
+
+/// The longest TTL the hostile clients use (extensions up to 3.3 s): the restart quarantine.
+const LONGEST_TTL: Duration = Duration::from_millis(3_300);
+
 /// Three clients on their own skewed clocks, paused at random, against `n` nodes on skewed clocks with every
-/// random fault (late and reordered requests included), for `horizon`; the history comes from the core's
-/// event hook only.
-fn renewing_history(seed: u64, horizon: Duration) -> History {
+/// random fault (late and reordered requests included) and the faults of `mix`, for `horizon`; the history
+/// comes from the core's event hook only.
+fn renewing_history(seed: u64, horizon: Duration, mix: Mix) -> History {
+    renewing_run(seed, horizon, mix).0
+}
+
+/// [`renewing_history`], with the number of duplicate copies that landed.
+fn renewing_run(seed: u64, horizon: Duration, mix: Mix) -> (History, u64) {
     let n = [1usize, 3, 5][(seed % 3) as usize];
-    let config = config()
+    let mut config = config()
         .with_expiry(secs(2))
         .with_retry_delay(ms(50))
         .with_jitter_seed(seed);
-    let mut c = Cluster::hostile(n, seed, config);
-    let history = History::new();
+    if mix.restarts {
+        config = config.with_restart_quarantine(Some(LONGEST_TTL));
+    }
+    let mut rng = Jitter::from_seed(seed ^ 0x5EED_F00D);
+    let phases: Vec<Duration> = (0..n)
+        .map(|_| Duration::from_nanos(rng.next_u64() % 1_000_000))
+        .collect();
+    let mut c = Cluster::hostile_with(
+        n,
+        seed,
+        config,
+        |clock, i| {
+            let node = MemoryNode::with_timer(clock);
+            if mix.ms_expiry {
+                node.with_millisecond_expiry(phases[i])
+            } else {
+                node
+            }
+        },
+        |faults| {
+            if mix.duplicate_extensions {
+                faults.duplicate(0.15)
+            } else if mix.duplicates {
+                faults
+                    .duplicate(0.05)
+                    .duplicate_except([redlease_testkit::Op::Extend])
+            } else {
+                faults
+            }
+        },
+    );
+    let start = c.now();
+    let history = History::starting_at(start);
+    let at = |rng: &mut Jitter| start + horizon.mul_f64(rng.next_unit());
+    if mix.restarts {
+        for _ in 0..2 {
+            let i = (rng.next_u64() % n as u64) as usize;
+            let (node, history) = (c.nodes[i].clone(), history.clone());
+            let when = at(&mut rng);
+            if std::env::var_os("REDLEASE_SIM_DEBUG").is_some() {
+                eprintln!("restart of node {i} at {:?}", when - start);
+            }
+            c.sim.at(when, move || {
+                // What the fence counter held: an operator restores it after the restart (the core refuses a
+                // regressed fence until then).
+                let fence = node.get("r:fence");
+                node.restart();
+                if n == 1 {
+                    // The lock's only server forgot it.
+                    history.record(0, "", when, EventKind::Wiped);
+                    if let Some(fence) = fence {
+                        node.set("r:fence", fence, None);
+                    }
+                }
+            });
+        }
+    }
+    if mix.clock_steps {
+        for node in &c.nodes {
+            for _ in 0..(horizon.as_millis() / 3_500 + 1) {
+                let (node, forward) = (node.clone(), rng.next_u64() % 2 == 0);
+                let by = if forward {
+                    Duration::from_micros(rng.next_u64() % 2_000)
+                } else {
+                    ms(rng.next_u64() % 1_000)
+                };
+                c.sim.at(at(&mut rng), move || {
+                    if forward {
+                        node.step_clock_forward(by)
+                    } else {
+                        node.step_clock_back(by)
+                    }
+                });
+            }
+        }
+    }
     for id in 0..3u64 {
         let (manager, clock) = c.hostile_client(id, &history, horizon, 2);
+        if mix.clock_steps {
+            let clock = clock
+                .clone()
+                .with_wall_clock(std::time::SystemTime::UNIX_EPOCH + secs(1_800_000_000));
+            for _ in 0..2 {
+                let (jump, wall) = (clock.clone(), clock.clone());
+                let by = ms(rng.next_u64() % 500);
+                let when = at(&mut rng);
+                c.sim.at(when, move || jump.step_forward(by));
+                let (by_wall, forward) = (ms(rng.next_u64() % 3_000), rng.next_u64() % 2 == 0);
+                let when_wall = at(&mut rng);
+                c.sim
+                    .at(when_wall, move || wall.step_wall(by_wall, forward));
+                if std::env::var_os("REDLEASE_SIM_DEBUG").is_some() {
+                    eprintln!(
+                        "client {id}: jumps {by:?} at {:?}, wall steps {by_wall:?} (forward {forward}) at {:?}",
+                        when - start,
+                        when_wall - start
+                    );
+                }
+            }
+        }
         let mut lock = manager.lock("r");
         if n == 1 {
             lock = lock.fenced("r:fence");
@@ -149,7 +284,67 @@ fn renewing_history(seed: u64, horizon: Duration) -> History {
         "seed {seed}: clients stuck"
     );
     c.assert_every_lock_key_has_ttl();
-    history
+    let copies = c
+        .faults
+        .iter()
+        .map(|f| {
+            redlease_testkit::Op::ALL
+                .iter()
+                .map(|op| f.duplicates_applied(*op))
+                .sum::<u64>()
+        })
+        .sum();
+    (history, copies)
+}
+
+/// How many seeds a long run checks: `REDLEASE_SIM_SEEDS`, else `default`.
+pub(crate) fn seed_count(default: u64) -> u64 {
+    std::env::var("REDLEASE_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs the hostile renewing clients with `mix` over `seeds`; panics with the first violation, or if the
+/// clients got too little done (fewer than 4 acquisitions and 4 extensions per seed) or the duplicates of the
+/// mix never landed.
+fn check_mix(mix: Mix, seeds: std::ops::Range<u64>) {
+    let (mut total, mut extensions, mut copies) = (0, 0, 0);
+    let count = seeds.end - seeds.start;
+    for_each_seed(seeds, |seed| {
+        let (history, landed) = renewing_run(seed, secs(8), mix);
+        copies += landed;
+        if let Err(v) = history.check() {
+            if std::env::var_os("REDLEASE_SIM_DEBUG").is_some() {
+                for (e, raw) in history.timeline().into_iter().zip(history.events()) {
+                    let view = raw.client_view.map(|v| {
+                        let o = history.origin().unwrap();
+                        (
+                            v.at.checked_duration_since(o),
+                            v.valid_until.and_then(|u| u.checked_duration_since(o)),
+                        )
+                    });
+                    eprintln!("{:?} client {} {:?} view {view:?}", e.at, e.client, e.kind);
+                }
+            }
+            panic!("seed {seed}, {mix:?}: {v}");
+        }
+        total += history.acquisitions();
+        extensions += history
+            .events()
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::Extended { .. }))
+            .count();
+    });
+    if std::env::var("REDLEASE_SEED").is_ok() {
+        return;
+    }
+    let floor = 4 * count as usize;
+    assert!(total > floor, "{mix:?}: only {total} acquisitions");
+    assert!(extensions > floor, "{mix:?}: only {extensions} extensions");
+    if mix.duplicates || mix.duplicate_extensions {
+        assert!(copies > count, "{mix:?}: only {copies} duplicates landed");
+    }
 }
 
 #[test]
@@ -157,7 +352,7 @@ fn renewing_releasing_dropping_and_cancelled_leases_never_overlap_over_1000_host
     let mut total = 0;
     let mut extensions = 0;
     for_each_seed(0..1000, |seed| {
-        let history = renewing_history(seed, secs(8));
+        let history = renewing_history(seed, secs(8), Mix::default());
         if let Err(v) = history.check() {
             panic!("seed {seed}: {v}");
         }
@@ -321,4 +516,61 @@ fn a_seed_replays_exactly() {
         assert_eq!(first, replay(seed), "seed {seed} is not deterministic");
     }
     assert_ne!(replay(3), replay(99));
+}
+
+/// Each fault of the mix alone over the hostile run, `REDLEASE_SIM_SEEDS` seeds (default 1000 each: about a
+/// second each).
+#[test]
+fn duplicated_delivery_alone_never_overlaps() {
+    let mix = Mix {
+        duplicates: true,
+        ..Mix::default()
+    };
+    check_mix(mix, 0..seed_count(1000));
+}
+
+/// The known finding the mix leaves out: with extensions duplicated as well, a copy of a shorter extension
+/// lands after a longer one (seed 1371 of 3000 at the time of writing).
+#[test]
+#[ignore = "finding: a duplicated shorter extension landing after a longer one shortens the key (see duplicates.rs)"]
+fn duplicated_extensions_never_overlap() {
+    let mix = Mix {
+        duplicate_extensions: true,
+        ..Mix::default()
+    };
+    check_mix(mix, 0..seed_count(3000));
+}
+
+#[test]
+fn restarts_alone_never_overlap() {
+    let mix = Mix {
+        restarts: true,
+        ..Mix::default()
+    };
+    check_mix(mix, 0..seed_count(1000));
+}
+
+#[test]
+fn clock_steps_alone_never_overlap() {
+    let mix = Mix {
+        clock_steps: true,
+        ..Mix::default()
+    };
+    check_mix(mix, 0..seed_count(1000));
+}
+
+#[test]
+fn millisecond_expiry_alone_never_overlaps() {
+    let mix = Mix {
+        ms_expiry: true,
+        ..Mix::default()
+    };
+    check_mix(mix, 0..seed_count(1000));
+}
+
+/// The whole mix at once: duplicated delivery, restarts, clock steps and millisecond expiry on top of the
+/// hostile run (late and reordered requests, cancellations, pauses, skewed clocks).
+#[test]
+fn the_whole_fault_mix_never_overlaps() {
+    check_mix(Mix::ALL, 0..seed_count(1000));
 }

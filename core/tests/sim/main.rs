@@ -8,6 +8,7 @@ mod check;
 mod clock_jump;
 mod config;
 mod defects;
+mod duplicates;
 mod durable;
 mod fresh;
 mod handoff;

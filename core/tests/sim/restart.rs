@@ -294,3 +294,56 @@ fn run_id_is_asked_on_redlock_always_and_in_single_mode_only_when_observed() {
         }
     }
 }
+
+/// Found by the hostile fault mix (`history::restarts_alone_never_overlap`, seed 4): two managers derived
+/// from one with `with_timer` on clocks that disagree (60 s apart here; the hostile clients' clocks are up to
+/// 10 s apart) shared one record of the nodes' run ids, with the quarantine's end as an instant of
+/// whichever timer saw the restart. The manager behind saw the restart of two nodes and quarantined them
+/// until an instant its clock reaches in 10 s — which the other manager's clock had passed long ago: that
+/// one counted the restarted majority and took the lock its own client still held.
+#[test]
+fn managers_on_different_timers_do_not_share_a_quarantine_deadline() {
+    use redlease_testkit::SkewedClock;
+    let mut c = Cluster::new(3, 19, config().with_expiry(EXPIRY));
+    let history = History::new();
+    let holder = c.manager.clone().with_observer(history.recorder(1));
+    let behind = c
+        .manager
+        .clone()
+        .with_timer(SkewedClock::new(c.clock.clone(), 0.0).behind(secs(60)))
+        .with_observer(history.recorder(2));
+    let ahead = c.manager.clone().with_observer(history.recorder(3));
+    let lease = c
+        .try_acquire(&holder.lock("orders"))
+        .expect("client 1 acquires");
+    // Client 2 meets the nodes before the restart (contended), so it can tell that they restarted.
+    let refused = c.try_acquire(&behind.lock("orders")).unwrap_err();
+    assert!(refused.is_contended(), "{refused}");
+    c.sim.run_for(secs(1));
+    c.nodes[0].restart();
+    c.nodes[1].restart();
+    let err = c.try_acquire(&behind.lock("orders")).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            redlease::Error::NotAcquired {
+                reason: NotAcquiredReason::TooFewNodes,
+                ..
+            }
+        ),
+        "the restarted majority is quarantined for the manager that saw the restart: {err}"
+    );
+    let second = c.try_acquire(&ahead.lock("orders"));
+    assert!(
+        lease.is_held(),
+        "client 1 still holds until {:?}",
+        lease.valid_until()
+    );
+    assert_eq!(history.check(), Ok(()));
+    assert!(
+        second.is_err(),
+        "the restarted majority granted the lock again while client 1 holds it"
+    );
+    std::mem::forget(lease);
+    std::mem::forget(second);
+}

@@ -114,6 +114,31 @@ impl Cluster {
         c
     }
 
+    /// Like `hostile`, with node `i` built by `node` from its skewed clock (its rate drawn as in `hostile`)
+    /// and `faults` as the random faults of node `i` (`RandomFaults::hostile` of the node's seed given).
+    #[allow(dead_code)]
+    pub(crate) fn hostile_with(
+        n: usize,
+        seed: u64,
+        config: Config,
+        node: impl Fn(SkewedClock, usize) -> MemoryNode,
+        faults: impl Fn(redlease_testkit::RandomFaults) -> redlease_testkit::RandomFaults,
+    ) -> Self {
+        let mut rng = redlease::machine::Jitter::from_seed(seed ^ 0xABCD);
+        let rates: Vec<f64> = (0..n)
+            .map(|_| 0.006 * (2.0 * rng.next_unit() - 1.0))
+            .collect();
+        let c = Self::build_on(n, seed, config, true, |clock, i| {
+            node(SkewedClock::new(clock.clone(), rates[i]), i)
+        });
+        for (i, f) in c.faults.iter().enumerate() {
+            f.random(faults(redlease_testkit::RandomFaults::hostile(
+                seed.wrapping_mul(7).wrapping_add(i as u64),
+            )));
+        }
+        c
+    }
+
     /// Client `id` of a hostile run: its manager runs on its own clock (up to 0.2 % fast or slow, offset up to
     /// 5 s), in its own task group, paused `pauses` times (up to 3 s each) within `horizon`, and reports to
     /// `history` as client `id` on its own clock (pauses recorded too). Returns the manager and the client's
