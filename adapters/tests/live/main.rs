@@ -15,6 +15,7 @@ mod common;
 mod conformance;
 mod examples;
 mod executor;
+mod lifetimes;
 mod long_job;
 mod matrix;
 mod permissions;
