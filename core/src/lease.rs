@@ -1391,10 +1391,8 @@ impl Lease {
         let shared = Arc::clone(&self.shared);
         drop(self);
         let prior = shared.end(Ending::Released);
-        // A round of this lease in flight (a renewal, or a repair writing the key where it was missing) may
-        // still write the key: its end is awaited (bounded), so that the deletion comes after it.
-        let permit = shared.permit_within(shared.op_timeout).await;
         let engine = &shared.engine;
+        // Armed before the first await: a release dropped from here on still deletes our token.
         let mut guard = CleanupOnDrop::new(
             engine,
             &shared.key,
@@ -1402,6 +1400,9 @@ impl Lease {
             shared.op_timeout,
             shared.id,
         );
+        // A round of this lease in flight (a renewal, or a repair writing the key where it was missing) may
+        // still write the key: its end is awaited (bounded), so that the deletion comes after it.
+        let permit = shared.permit_within(shared.op_timeout).await;
         let r = engine
             .release_round(&shared.key, &shared.token, shared.op_timeout, None)
             .await;

@@ -125,3 +125,41 @@ fn a_repair_refused_by_a_node_not_yet_connected_is_tried_again() {
     c.sim.run_for(secs(2));
     assert_eq!(c.holders("job", &token), [0, 1, 2]);
 }
+
+/// A release that waits for a repair round in flight (so that its deletion comes after the repair's write)
+/// and is dropped while it waits still deletes the token from every node, on the spawner (the live
+/// cancellation test found keys left behind).
+#[test]
+fn a_release_dropped_while_a_repair_holds_the_lease_still_cleans_up() {
+    let mut c = Cluster::with_spawner(3, 131, config());
+    c.faults[2].script(
+        redlease_testkit::Op::Acquire,
+        [
+            redlease_testkit::Fault::Fail(redlease::NodeErrorKind::Connection),
+            redlease_testkit::Fault::Hang,
+        ],
+    );
+    let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+    let token = lease.token().as_str().to_owned();
+    c.sim.run_for(ms(1));
+    assert_eq!(
+        c.holders("job", &token),
+        vec![0, 1],
+        "the repair is in flight"
+    );
+    c.sim.block_on(async move {
+        let mut release = Box::pin(lease.release());
+        std::future::poll_fn(|cx| {
+            let _ = release.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        drop(release);
+    });
+    c.sim.run_for(secs(2));
+    assert!(
+        c.holders("job", &token).is_empty(),
+        "left on {:?}",
+        c.holders("job", &token)
+    );
+}
