@@ -258,14 +258,19 @@ impl fmt::Display for CheckReport {
     }
 }
 
+/// The least time [`LockManager::check`] gives each node (the operation timeout when that is longer).
+pub const CHECK_TIMEOUT_FLOOR: Duration = Duration::from_secs(2);
+
 impl LockManager {
     /// The start-up check: contacts every node once, concurrently, and reports per node whether it is
     /// reachable, accepts the login, and lets the user run what a lease needs, and which commands it will
     /// use ([`CheckReport`]). Writes nothing.
     ///
     /// `example_key` stands for the lock keys (choose one the ACL's key patterns allow, as real lock keys
-    /// must be). Each node's check is bounded by the configuration's operation timeout, as a first
-    /// acquisition on a new connection would be; a node that does not answer in time is
+    /// must be). Each node's check is bounded by the configuration's operation timeout or
+    /// [`CHECK_TIMEOUT_FLOOR`] (2 s), whichever is longer — at start-up a first connection and its
+    /// capability check may take longer than one operation on a warm connection, and nothing waits on the
+    /// check but the start-up itself; a node that does not answer in time is
     /// [`Unreachable`](Readiness::Unreachable). Nodes with a check of their own
     /// ([`RedisNode::readiness`]: both adapters) report their command paths and the checked connection
     /// serves the first lease; others are asked to read `example_key`.
@@ -292,7 +297,9 @@ impl LockManager {
         crate::config::check_key("lock", example_key)?;
         let engine = self.engine();
         let config = &engine.config;
-        let timeout: Duration = config.operation_timeout_for(config.expiry());
+        let timeout: Duration = config
+            .operation_timeout_for(config.expiry())
+            .max(CHECK_TIMEOUT_FLOOR);
         let r = engine
             .round(
                 WaitFor::All,

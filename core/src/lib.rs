@@ -85,7 +85,7 @@ mod trace;
 pub mod metrics;
 
 pub use async_trait::async_trait;
-pub use check::{CheckReport, CommandPaths, NodeCheck, Path, Readiness};
+pub use check::{CHECK_TIMEOUT_FLOOR, CheckReport, CommandPaths, NodeCheck, Path, Readiness};
 pub use config::{Config, ConfigError, Durability, MAX_KEY_BYTES};
 pub use driver::{Mode, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
