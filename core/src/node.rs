@@ -546,8 +546,10 @@ pub trait RedisNode: Send + Sync {
     ///   permit expires.
     /// - [`PermitOp::Extend`]: if `token` holds an unexpired permit, set its expiry to `ttl` from now
     ///   (`Done`); else [`PermitReply::NotHeld`], changing nothing.
-    /// - [`PermitOp::Release`]: remove `token`'s permit (`Done`; [`NotHeld`](PermitReply::NotHeld) if it held
-    ///   none or it had expired), and publish a release notification on
+    /// - [`PermitOp::AcquireShared`] / [`PermitOp::AcquireExclusive`]: a read/write lock at `key` (see the
+    ///   variants); a key serves one kind of semaphore only.
+    /// - [`PermitOp::Release`]: remove `token`'s permit and claim (`Done`; [`NotHeld`](PermitReply::NotHeld) if it
+    ///   held no permit or it had expired), and publish a release notification on
     ///   [`notify::channel(key)`](crate::notify::channel) when it held one, as a lock release does.
     ///
     /// `ttl` is ignored by `Release`. An optional capability: the default answers
@@ -576,6 +578,20 @@ pub enum PermitOp {
         /// How many permits the semaphore has (for this acquisition: a changed count applies to new
         /// acquisitions only).
         permits: u32,
+    },
+    /// Read/write lock, reader side: take (or refresh) a shared permit unless a writer holds the lock or
+    /// waits for it (an unexpired writer's claim, see [`AcquireExclusive`](Self::AcquireExclusive)); then
+    /// [`PermitReply::Full`] with the time until the earliest writer's entry expires.
+    AcquireShared,
+    /// Read/write lock, writer side: take (or refresh) the exclusive permit if no other permit is held (its
+    /// own claim aside), removing its claim; otherwise record (or refresh) this token's **claim** — an entry
+    /// that lives `min(claim, ttl)` and holds new readers off, so that readers cannot starve a waiting
+    /// writer — and answer [`PermitReply::Full`] with the time until the earliest blocking permit expires or
+    /// the claim does, whichever is sooner (so a waiting writer tries again, refreshing its claim, before it
+    /// lapses). A claim is removed by the writer's acquisition or release, or expires by itself.
+    AcquireExclusive {
+        /// How long a claim lives unless refreshed.
+        claim: Ttl,
     },
     /// Refresh a held permit.
     Extend,

@@ -86,6 +86,17 @@ impl LockManager {
         let quorum = semaphore_quorum(n, permits).ok_or(ConfigError::Semaphore(
             "no quorum of these nodes bounds the holders by the permits",
         ))?;
+        Ok(Semaphore {
+            lock: self
+                .permit_manager(PermitOp::Acquire { permits }, quorum)
+                .lock(key),
+            permits,
+        })
+    }
+
+    /// A manager over this one's nodes whose lock operations are the permit operations of `acquire`, with
+    /// `quorum`.
+    fn permit_manager(&self, acquire: PermitOp, quorum: usize) -> LockManager {
         let nodes: Vec<Arc<dyn RedisNode>> = self
             .engine()
             .nodes
@@ -93,18 +104,34 @@ impl LockManager {
             .map(|inner| -> Arc<dyn RedisNode> {
                 Arc::new(PermitNode {
                     inner: Arc::clone(inner),
-                    permits,
+                    acquire,
                 })
             })
             .collect();
-        let manager = self.rebuild(|e| {
+        self.rebuild(|e| {
             e.nodes = nodes;
             e.quorum = quorum;
-        });
-        Ok(Semaphore {
-            lock: manager.lock(key),
-            permits,
         })
+    }
+
+    /// A read/write lock at `key`; see [`RwLock`].
+    pub fn rw_lock(&self, key: impl Into<String>) -> RwLock {
+        let key = key.into();
+        // Two majorities intersect: a writer and a reader (or two writers) can never both hold a quorum.
+        let quorum = self.quorum();
+        RwLock {
+            read: self
+                .permit_manager(PermitOp::AcquireShared, quorum)
+                .lock(key.clone()),
+            write: self
+                .permit_manager(
+                    PermitOp::AcquireExclusive {
+                        claim: writer_claim(self.config()),
+                    },
+                    quorum,
+                )
+                .lock(key),
+        }
     }
 }
 
@@ -192,11 +219,77 @@ impl Semaphore {
     }
 }
 
+/// How long a waiting writer's claim lives unless its next attempt refreshes it: twice the longest pause
+/// between a waiting acquisition's attempts ([`Config::max_retry_delay`](crate::Config::max_retry_delay)).
+fn writer_claim(config: &crate::Config) -> Ttl {
+    Ttl::from_duration(config.max_retry_delay().saturating_mul(2)).unwrap_or(Ttl::MAX)
+}
+
+/// A read/write lock: any number of readers, or one writer, each holding a [`Lease`] (its own token, a TTL
+/// timed by the server's clock, renewal, loss signal, `run`, hold limits) — acquired through the [`Lock`]s
+/// [`read`](Self::read) and [`write`](Self::write) with the usual calls. Made by
+/// [`LockManager::rw_lock`]; cheap to clone.
+///
+/// **Writer preference.** A writer that finds readers records a claim on the server (an entry with the
+/// writer's TTL) that holds *new* readers off; the readers already in finish (or expire), and the writer
+/// goes next — readers cannot starve it. The claim is renewed by the writer's next attempts (a waiting
+/// [`acquire_within`](Lock::acquire_within) retries at least every
+/// [`max_retry_delay`](crate::Config::max_retry_delay), and when woken by a release), removed when the
+/// writer gets the lock, and otherwise lives twice `max_retry_delay` (2 s by default; never longer than the
+/// writer's TTL): a writer that gave up or died holds new readers off for at most that long. Writers do not hold each other off by claims (they contend as for a lock). A reader or writer
+/// that dies frees its share at its TTL. Writers are not fenced.
+///
+/// On Redlock both sides use a majority: any two majorities intersect, so a writer and a reader (or two
+/// writers) never both hold one.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redlease::LockManager;
+///
+/// async fn report(manager: &LockManager) -> Result<(), redlease::Error> {
+///     let rw = manager.rw_lock("report:2026-12");
+///     let reader = rw.read().acquire_within(Duration::from_secs(5)).await?;
+///     // … read the report; other readers may hold it too …
+///     reader.release().await?;
+///     let writer = rw.write().acquire_within(Duration::from_secs(30)).await?;
+///     // … rewrite it: no reader and no other writer holds it …
+///     writer.release().await?;
+///     Ok(())
+/// }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RwLock {
+    read: Lock,
+    write: Lock,
+}
+
+impl RwLock {
+    /// The reader side: acquiring it takes a shared permit.
+    pub fn read(&self) -> &Lock {
+        &self.read
+    }
+
+    /// The writer side: acquiring it takes the exclusive permit (after the readers already in).
+    pub fn write(&self) -> &Lock {
+        &self.write
+    }
+
+    /// This lock with both sides' TTL set; see [`Lock::expiry`].
+    #[must_use]
+    pub fn expiry(&self, expiry: Duration) -> Self {
+        Self {
+            read: self.read.clone().expiry(expiry),
+            write: self.write.clone().expiry(expiry),
+        }
+    }
+}
+
 /// A node whose lock operations act on the permits of the semaphore at the same key
 /// ([`RedisNode::permit`]): the whole lease machinery then serves permits unchanged.
 struct PermitNode {
     inner: Arc<dyn RedisNode>,
-    permits: u32,
+    /// What an acquisition asks for.
+    acquire: PermitOp,
 }
 
 impl PermitNode {
@@ -227,9 +320,7 @@ impl NodeWrapper for PermitNode {
         'c: 'f,
         Self: 'f,
     {
-        let op = PermitOp::Acquire {
-            permits: self.permits,
-        };
+        let op = self.acquire;
         Box::pin(async move {
             Ok(RedisNode::permit(&*self.inner, key, token, ttl, op).await? == PermitReply::Done)
         })
@@ -267,9 +358,7 @@ impl NodeWrapper for PermitNode {
         'c: 'f,
         Self: 'f,
     {
-        let op = PermitOp::Acquire {
-            permits: self.permits,
-        };
+        let op = self.acquire;
         Box::pin(async move {
             Ok(
                 match RedisNode::permit(&*self.inner, key, token, ttl, op).await? {

@@ -94,6 +94,7 @@ pub const CASES: &[&str] = &[
     "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
     "a_node_that_notifies_publishes_each_release_and_unsubscribes",
     "permits_admit_at_most_n_and_expire_by_the_servers_clock",
+    "read_write_permits_share_exclude_and_claim",
 ];
 
 /// How long a notification case waits for a subscription or a message (real time on a live server).
@@ -737,6 +738,115 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                     format!("releasing twice: {r:?}")
                 })?;
             }
+            c.expect_absent(&k).await
+        }
+        "read_write_permits_share_exclude_and_claim" => {
+            // An optional capability (read/write locks): a node that claims it must keep these contracts.
+            use redlease::{PermitOp, PermitReply};
+            let k = c.key("rw");
+            let (r1, r2, w) = (token()?, token()?, token()?);
+            let write = PermitOp::AcquireExclusive { claim: ttl(300) };
+            match node
+                .permit(&k, &r1, ttl(LONG), PermitOp::AcquireShared)
+                .await
+            {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => {
+                    let r = c.ok("shared acquire", other)?;
+                    c.ensure(r == PermitReply::Done, || {
+                        format!("the first reader: {r:?}")
+                    })?;
+                }
+            }
+            let r = c.ok(
+                "shared acquire",
+                node.permit(&k, &r2, ttl(LONG), PermitOp::AcquireShared)
+                    .await,
+            )?;
+            c.ensure(r == PermitReply::Done, || format!("a second reader: {r:?}"))?;
+            // The writer finds readers: it records a claim, answered with the claim's life at most.
+            let r = c.ok(
+                "exclusive acquire",
+                node.permit(&k, &w, ttl(LONG), write).await,
+            )?;
+            match r {
+                PermitReply::Full {
+                    next_expiry: Some(next),
+                } => c.ensure(next <= Duration::from_millis(300), || {
+                    format!("a writer's 300 ms claim reported {next:?}")
+                })?,
+                other => return Err(c.fail(format!("a writer beside readers: {other:?}"))),
+            }
+            // The claim holds a new reader off; an existing reader refreshes its share.
+            let r3 = token()?;
+            let r = c.ok(
+                "shared acquire",
+                node.permit(&k, &r3, ttl(LONG), PermitOp::AcquireShared)
+                    .await,
+            )?;
+            c.ensure(matches!(r, PermitReply::Full { .. }), || {
+                format!("a reader beside a claim: {r:?}")
+            })?;
+            let r = c.ok(
+                "shared extend",
+                node.permit(&k, &r1, ttl(LONG), PermitOp::Extend).await,
+            )?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("a reader's extension: {r:?}")
+            })?;
+            for t in [&r1, &r2] {
+                let r = c.ok(
+                    "shared release",
+                    node.permit(&k, t, ttl(LONG), PermitOp::Release).await,
+                )?;
+                c.ensure(r == PermitReply::Done, || {
+                    format!("a reader's release: {r:?}")
+                })?;
+            }
+            let r = c.ok(
+                "exclusive acquire",
+                node.permit(&k, &w, ttl(LONG), write).await,
+            )?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("the writer after the readers left: {r:?}")
+            })?;
+            let r = c.ok(
+                "shared acquire",
+                node.permit(&k, &r3, ttl(LONG), PermitOp::AcquireShared)
+                    .await,
+            )?;
+            c.ensure(matches!(r, PermitReply::Full { .. }), || {
+                format!("a reader beside the writer: {r:?}")
+            })?;
+            let other = token()?;
+            let r = c.ok(
+                "exclusive acquire",
+                node.permit(&k, &other, ttl(LONG), write).await,
+            )?;
+            c.ensure(matches!(r, PermitReply::Full { .. }), || {
+                format!("a second writer: {r:?}")
+            })?;
+            let r = c.ok(
+                "exclusive release",
+                node.permit(&k, &w, ttl(LONG), PermitOp::Release).await,
+            )?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("the writer's release: {r:?}")
+            })?;
+            // The second writer's claim (300 ms) expires by itself; then a reader gets in.
+            c.sleep(Duration::from_millis(400)).await;
+            let r = c.ok(
+                "shared acquire",
+                node.permit(&k, &r3, ttl(LONG), PermitOp::AcquireShared)
+                    .await,
+            )?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("a reader after the claim expired: {r:?}")
+            })?;
+            c.ok(
+                "shared release",
+                node.permit(&k, &r3, ttl(LONG), PermitOp::Release).await,
+            )?;
             c.expect_absent(&k).await
         }
         "run_id_is_stable_between_calls" => {

@@ -631,7 +631,24 @@ impl History {
     /// # Errors
     /// The first [`Violation`] found.
     pub fn check_holders(&self, holders: usize) -> Result<(), Violation> {
-        let holders = holders.max(1);
+        self.check_sharing(holders.max(1), None)
+    }
+
+    /// [`check`](Self::check) for [read/write locks](redlease::RwLock): the clients for which `is_writer`
+    /// holds are writers, the others readers. Readers may overlap one another; a writer overlaps nobody.
+    /// Fencing tokens are not compared.
+    ///
+    /// # Errors
+    /// The first [`Violation`] found.
+    pub fn check_readers_writers(&self, is_writer: impl Fn(u64) -> bool) -> Result<(), Violation> {
+        self.check_sharing(usize::MAX, Some(&is_writer))
+    }
+
+    fn check_sharing(
+        &self,
+        holders: usize,
+        is_writer: Option<&dyn Fn(u64) -> bool>,
+    ) -> Result<(), Violation> {
         let events = self.events();
         let Some(origin) = self.origin.or_else(|| events.iter().map(|e| e.at).min()) else {
             return Ok(());
@@ -789,8 +806,16 @@ impl History {
                     continue;
                 }
                 active.retain(|a| a.end > iv.start);
-                if active.len() >= holders {
-                    if let Some(prev) = active.iter().max_by_key(|a| a.end) {
+                let conflict = match is_writer {
+                    // A writer conflicts with anyone; a reader with a writer.
+                    Some(w) if w(iv.client) => !active.is_empty(),
+                    Some(w) => active.iter().any(|a| w(a.client)),
+                    None => active.len() >= holders,
+                };
+                if conflict {
+                    let blocking =
+                        |a: &&Interval| is_writer.is_none_or(|w| w(iv.client) || w(a.client));
+                    if let Some(prev) = active.iter().filter(blocking).max_by_key(|a| a.end) {
                         return Err(Violation::Overlap {
                             lock: lock.to_owned(),
                             first: (prev.client, rel(prev.start), rel(prev.end)),

@@ -22,6 +22,26 @@ struct Entry {
     expires_at: Option<Instant>,
 }
 
+/// One entry of a semaphore or read/write lock ([`RedisNode::permit`]).
+#[derive(Debug, Clone)]
+struct Permit {
+    token: Vec<u8>,
+    expires_at: Instant,
+    role: Role,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// A semaphore's permit.
+    Permit,
+    /// A reader's share.
+    Shared,
+    /// The writer's lock.
+    Exclusive,
+    /// A waiting writer's claim: holds new readers off.
+    Claim,
+}
+
 #[derive(Default)]
 struct Store {
     keys: HashMap<String, Entry>,
@@ -37,7 +57,7 @@ struct Store {
     replicas: Option<u32>,
     /// Leased semaphores: per key, each permit's token value and expiry (a sorted set scored by expiry on
     /// the node's clock, in the adapters).
-    permits: HashMap<String, Vec<(Vec<u8>, Instant)>>,
+    permits: HashMap<String, Vec<Permit>>,
 }
 
 impl Store {
@@ -813,27 +833,80 @@ impl RedisNode for MemoryNode {
         let released = {
             let mut store = self.lock();
             let set = store.permits.entry(key.to_owned()).or_default();
-            set.retain(|(_, at)| *at > now);
-            let mine = set.iter().position(|(t, _)| token.matches(t));
+            set.retain(|p| p.expires_at > now);
             let until = now + ttl.as_duration();
+            let ours = |p: &Permit| token.matches(&p.token);
+            let mine = set.iter().position(|p| ours(p) && p.role != Role::Claim);
+            let earliest = |set: &[Permit], blocks: &dyn Fn(&Permit) -> bool| {
+                set.iter()
+                    .filter(|p| blocks(p))
+                    .map(|p| p.expires_at - now)
+                    .min()
+            };
+            let add = |set: &mut Vec<Permit>, role| {
+                set.push(Permit {
+                    token: token.as_str().as_bytes().to_vec(),
+                    expires_at: until,
+                    role,
+                })
+            };
             let reply = match (op, mine) {
-                (PermitOp::Acquire { .. } | PermitOp::Extend, Some(i)) => {
-                    set[i].1 = until;
+                (
+                    PermitOp::Acquire { .. }
+                    | PermitOp::AcquireShared
+                    | PermitOp::AcquireExclusive { .. }
+                    | PermitOp::Extend,
+                    Some(i),
+                ) => {
+                    set[i].expires_at = until;
                     PermitReply::Done
                 }
                 (PermitOp::Acquire { permits }, None) => {
                     if set.len() < permits as usize {
-                        set.push((token.as_str().as_bytes().to_vec(), until));
+                        add(set, Role::Permit);
                         PermitReply::Done
                     } else {
                         PermitReply::Full {
-                            next_expiry: set.iter().map(|(_, at)| *at - now).min(),
+                            next_expiry: earliest(set, &|_| true),
                         }
                     }
                 }
-                (PermitOp::Release, Some(i)) => {
-                    set.remove(i);
-                    PermitReply::Done
+                (PermitOp::AcquireShared, None) => {
+                    let writer = |p: &Permit| matches!(p.role, Role::Exclusive | Role::Claim);
+                    if set.iter().any(writer) {
+                        PermitReply::Full {
+                            next_expiry: earliest(set, &writer),
+                        }
+                    } else {
+                        add(set, Role::Shared);
+                        PermitReply::Done
+                    }
+                }
+                (PermitOp::AcquireExclusive { claim }, None) => {
+                    let blocker = |p: &Permit| p.role != Role::Claim && !ours(p);
+                    if set.iter().any(blocker) {
+                        let lives = claim.as_duration().min(ttl.as_duration());
+                        let next_expiry = earliest(set, &blocker).map(|d| d.min(lives));
+                        set.retain(|p| !(ours(p) && p.role == Role::Claim));
+                        set.push(Permit {
+                            token: token.as_str().as_bytes().to_vec(),
+                            expires_at: now + lives,
+                            role: Role::Claim,
+                        });
+                        PermitReply::Full { next_expiry }
+                    } else {
+                        set.retain(|p| !ours(p));
+                        add(set, Role::Exclusive);
+                        PermitReply::Done
+                    }
+                }
+                (PermitOp::Release, held) => {
+                    set.retain(|p| !ours(p));
+                    if held.is_some() {
+                        PermitReply::Done
+                    } else {
+                        PermitReply::NotHeld
+                    }
                 }
                 _ => PermitReply::NotHeld,
             };

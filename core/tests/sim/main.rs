@@ -21,6 +21,7 @@ mod push;
 mod redundancy;
 mod renewal;
 mod restart;
+mod rwlock;
 mod semaphore;
 mod support;
 mod waiting;

@@ -1,0 +1,199 @@
+//! Read/write locks (`LockManager::rw_lock`): readers share, a writer excludes everyone, a waiting writer
+//! holds new readers off, and a writer's claim outlives its waiting by at most its TTL.
+
+use std::sync::{Arc, Mutex};
+
+use redlease::Timer;
+use redlease_testkit::History;
+
+use crate::support::*;
+
+#[test]
+fn readers_share_and_a_writer_excludes_everyone() {
+    for n in [1, 3] {
+        let mut c = Cluster::new(n, 121, config());
+        let rw = c.manager.rw_lock("report");
+        let readers: Vec<_> = (0..3)
+            .map(|_| c.try_acquire(rw.read()).expect("readers share"))
+            .collect();
+        let e = c.try_acquire(rw.write()).unwrap_err();
+        assert!(e.is_contended(), "n={n}: {e}");
+        for r in readers {
+            c.sim.block_on(async move { r.release().await }).unwrap();
+        }
+        let writer = c.try_acquire(rw.write()).expect("the readers left");
+        assert!(
+            c.try_acquire(rw.read()).unwrap_err().is_contended(),
+            "n={n}"
+        );
+        assert!(
+            c.try_acquire(rw.write()).unwrap_err().is_contended(),
+            "n={n}"
+        );
+        c.sim
+            .block_on(async move { writer.release().await })
+            .unwrap();
+        // The first, failed writer attempt left a claim: new readers wait at most its 2 s.
+        c.sim.run_for(secs(2));
+        assert!(c.try_acquire(rw.read()).is_ok(), "n={n}");
+    }
+}
+
+#[test]
+fn a_waiting_writer_holds_new_readers_off_and_goes_next() {
+    let mut c = Cluster::new(1, 122, config());
+    let rw = c.manager.rw_lock("report");
+    let first = c.try_acquire(rw.read()).unwrap();
+    let clock = c.clock.clone();
+    let won = Arc::new(Mutex::new(None));
+    c.sim.spawn({
+        let (rw, won) = (rw.clone(), won.clone());
+        async move {
+            let r = rw.write().acquire_within(secs(60)).await;
+            *won.lock().unwrap() = Some((r, clock.now()));
+        }
+    });
+    c.sim.run_for(ms(10));
+    // The writer waits; a new reader is turned away although only readers hold the lock.
+    assert!(won.lock().unwrap().is_none());
+    assert!(c.try_acquire(rw.read()).unwrap_err().is_contended());
+    let released = c.now();
+    c.sim
+        .block_on(async move { first.release().await })
+        .unwrap();
+    c.sim.run_for(ms(100));
+    let (r, at) = won.lock().unwrap().take().expect("the writer went next");
+    let writer = r.unwrap();
+    assert!(at - released < ms(50), "woken {:?} after", at - released);
+    c.sim
+        .block_on(async move { writer.release().await })
+        .unwrap();
+    assert!(
+        c.try_acquire(rw.read()).is_ok(),
+        "the claim left with the writer"
+    );
+}
+
+#[test]
+fn a_writer_that_gave_up_holds_readers_off_for_at_most_twice_the_max_retry_delay() {
+    let mut c = Cluster::new(1, 123, config());
+    let rw = c.manager.rw_lock("report").expiry(secs(30));
+    let reader = c.try_acquire(rw.read()).unwrap();
+    // The writer tries once and leaves: its claim stays 2 × max_retry_delay (2 s), not its 30 s TTL.
+    let start = c.now();
+    assert!(c.try_acquire(rw.write()).unwrap_err().is_contended());
+    c.sim
+        .block_on(async move { reader.release().await })
+        .unwrap();
+    assert!(c.try_acquire(rw.read()).unwrap_err().is_contended());
+    c.sim.run_for(secs(2) - ms(1) - (c.now() - start));
+    assert!(c.try_acquire(rw.read()).unwrap_err().is_contended());
+    c.sim.run_for(ms(1));
+    assert!(c.try_acquire(rw.read()).is_ok(), "the claim expired");
+}
+
+#[test]
+fn a_writer_waiting_longer_than_its_claim_keeps_readers_off_until_it_gets_the_lock() {
+    let mut c = Cluster::new(1, 124, config());
+    let rw = c.manager.rw_lock("report");
+    let reader = c.try_acquire(rw.read()).unwrap();
+    let won = Arc::new(Mutex::new(false));
+    c.sim.spawn({
+        let (rw, won) = (rw.clone(), won.clone());
+        async move {
+            let lease = rw.write().acquire_within(secs(60)).await.unwrap();
+            *won.lock().unwrap() = true;
+            std::mem::forget(lease);
+        }
+    });
+    // Ten claim lifetimes: the waiting writer refreshes its claim each time.
+    for _ in 0..10 {
+        c.sim.run_for(secs(2));
+        assert!(c.try_acquire(rw.read()).unwrap_err().is_contended());
+    }
+    c.sim
+        .block_on(async move { reader.release().await })
+        .unwrap();
+    c.sim.run_for(ms(100));
+    assert!(*won.lock().unwrap());
+}
+
+/// Readers and writers from four hostile clients (skewed clocks, pauses, late and reordered requests, every
+/// random fault), on 1, 3 or 5 nodes: a writer never overlaps anyone. `REDLEASE_RW_SEEDS` runs more.
+#[test]
+fn readers_and_writers_never_overlap_under_hostile_faults() {
+    let seeds = std::env::var("REDLEASE_RW_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let (mut reads, mut writes) = (0, 0);
+    redlease_testkit::for_each_seed(0..seeds, |seed| {
+        let n = [1usize, 3, 5][(seed % 3) as usize];
+        let config = config()
+            .with_expiry(secs(2))
+            .with_retry_delay(ms(50))
+            .with_jitter_seed(seed);
+        let mut c = Cluster::hostile(n, seed, config);
+        let history = History::new();
+        let horizon = secs(8);
+        // Clients 0 and 1 read, 2 and 3 write.
+        for id in 0..4u64 {
+            let (manager, clock) = c.hostile_client(id, &history, horizon, 2);
+            let rw = manager.rw_lock("report");
+            let mut rng = c.sim.rng();
+            c.sim.client(id).spawn(async move {
+                let end = clock.now() + horizon;
+                while clock.now() < end {
+                    let mut lock = if id >= 2 {
+                        rw.write().clone()
+                    } else {
+                        rw.read().clone()
+                    };
+                    if rng.next_u64() % 2 == 0 {
+                        lock = lock.auto_renew(ms(500));
+                    }
+                    match lock.acquire_within(ms(100 + rng.next_u64() % 1_500)).await {
+                        Ok(lease) => {
+                            let mut lost = std::pin::pin!(lease.lost());
+                            let mut sleep =
+                                clock.sleep_until(clock.now() + ms(rng.next_u64() % 1_200));
+                            std::future::poll_fn(|cx| {
+                                if lost.as_mut().poll(cx).is_ready() {
+                                    return std::task::Poll::Ready(());
+                                }
+                                sleep.as_mut().poll(cx)
+                            })
+                            .await;
+                            let _ = lease.release().await;
+                        }
+                        Err(_) => {
+                            clock
+                                .sleep_until(clock.now() + ms(1 + rng.next_u64() % 200))
+                                .await
+                        }
+                    }
+                }
+            });
+        }
+        assert!(
+            c.sim.run_until_idle(secs(120)),
+            "seed {seed}: clients stuck"
+        );
+        if let Err(v) = history.check_readers_writers(|client| client >= 2) {
+            panic!("seed {seed}: {v}");
+        }
+        for e in history.events() {
+            if matches!(e.kind, redlease_testkit::EventKind::Acquired { .. }) {
+                if e.client >= 2 {
+                    writes += 1;
+                } else {
+                    reads += 1;
+                }
+            }
+        }
+    });
+    assert!(
+        reads > seeds as usize && writes > seeds as usize / 2,
+        "reads {reads}, writes {writes}"
+    );
+}
