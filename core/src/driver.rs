@@ -60,6 +60,9 @@ pub(crate) struct Engine {
     pub(crate) nodes: Vec<Arc<dyn RedisNode>>,
     /// How many nodes decide a round: a majority, or more for a Redlock semaphore (see `crate::semaphore`).
     pub(crate) quorum: usize,
+    /// An attempt that finds the lock held still writes (a writer's claim, a place in a fair lock's queue):
+    /// an acquisition that gives up deletes its token, so that it leaves at once.
+    pub(crate) contention_writes: bool,
     pub(crate) mode: Mode,
     pub(crate) config: Config,
     pub(crate) timer: SharedTimer,

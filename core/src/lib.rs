@@ -99,7 +99,7 @@ pub use node::{
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,
 };
-pub use semaphore::{RwLock, Semaphore, semaphore_quorum};
+pub use semaphore::{FAIR_QUEUE_LIMIT, RwLock, Semaphore, semaphore_quorum};
 pub use ticket::{LeaseTicket, TicketError};
 pub use time::{Sleep, SystemTimer, Timer};
 pub use token::{TOKEN_BYTES, Token, TokenError};

@@ -140,6 +140,7 @@ impl LockManager {
         Ok(Self {
             engine: Arc::new(Engine {
                 quorum: crate::machine::quorum(nodes.len()),
+                contention_writes: false,
                 nodes,
                 mode,
                 config,
@@ -162,6 +163,7 @@ impl LockManager {
         let mut engine = Engine {
             nodes: e.nodes.clone(),
             quorum: e.quorum,
+            contention_writes: e.contention_writes,
             mode: e.mode,
             config: e.config.clone(),
             timer: e.timer.clone(),
@@ -275,6 +277,16 @@ impl LockManager {
     /// The engine, for the start-up check (`crate::check`).
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The engine, shared.
+    pub(crate) fn engine_arc(&self) -> Arc<Engine> {
+        Arc::clone(&self.engine)
+    }
+
+    /// A manager over `engine`.
+    pub(crate) fn from_engine(engine: Arc<Engine>) -> Self {
+        Self { engine }
     }
 
     /// Raises the fence counter at `fence_key` to at least `at_least` (never lowering it) and returns its
@@ -429,6 +441,23 @@ impl<'a> Tokens<'a> {
             stale: Vec::new(),
             armed: true,
         })
+    }
+
+    /// Before giving up, where an attempt that found the lock held still wrote (see
+    /// `Engine::contention_writes`): deletes the current token, so that the acquisition leaves at once. (A
+    /// future dropped meanwhile is still armed: its token is deleted in the background.)
+    async fn withdraw(&self) {
+        let _ = self
+            .lock
+            .engine
+            .cleanup(
+                &self.lock.key,
+                &self.current,
+                self.timeout,
+                None,
+                (self.id, CleanupCause::FailedAttempt),
+            )
+            .await;
     }
 
     /// Retires the current token (its clean-up is unconfirmed somewhere) and draws a new one.
@@ -688,6 +717,17 @@ impl Lock {
             remaining: agreeing.iter().filter_map(|s| s.ttl).min(),
             nodes: agreeing.len(),
         }))
+    }
+
+    /// The manager's engine.
+    pub(crate) fn engine(&self) -> Arc<Engine> {
+        Arc::clone(&self.engine)
+    }
+
+    /// This description over another engine (its nodes and settings), everything else kept.
+    pub(crate) fn with_engine(mut self, engine: Arc<Engine>) -> Self {
+        self.engine = engine;
+        self
     }
 
     /// Now, on the manager's timer.
@@ -982,11 +1022,17 @@ impl Lock {
                     // Waiting is only for acquisitions with a deadline.
                     let deadline = acq.deadline().unwrap_or(now);
                     if engine.timer.now() >= deadline {
+                        if engine.contention_writes {
+                            Box::pin(tokens.withdraw()).await;
+                        }
                         tokens.failed();
                         return Err(self.not_acquired(&mut acq, id, engine.timer.now()));
                     }
                 }
                 Next::GiveUp => {
+                    if engine.contention_writes {
+                        Box::pin(tokens.withdraw()).await;
+                    }
                     tokens.failed();
                     return Err(self.not_acquired(&mut acq, id, now));
                 }

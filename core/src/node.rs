@@ -593,6 +593,17 @@ pub enum PermitOp {
         /// How long a claim lives unless refreshed.
         claim: Ttl,
     },
+    /// Fair lock: take (or refresh) the lock if nobody holds it and `token` is first in the queue of waiters
+    /// (or the queue is empty), leaving the queue; otherwise join the queue at its end (or refresh its place:
+    /// an entry lives `min(claim, ttl)` unless refreshed) and answer [`PermitReply::Full`] with the time until
+    /// the holder's or the head's entry expires, or this entry does, whichever is sooner. A queue of `queue`
+    /// waiters is full: a new waiter is refused with [`NodeErrorKind::Busy`] (changing nothing).
+    AcquireFair {
+        /// How long a waiter's place lives unless refreshed.
+        claim: Ttl,
+        /// The most waiters the queue holds.
+        queue: u32,
+    },
     /// Refresh a held permit.
     Extend,
     /// Give a permit back.

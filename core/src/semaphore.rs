@@ -111,6 +111,10 @@ impl LockManager {
         self.rebuild(|e| {
             e.nodes = nodes;
             e.quorum = quorum;
+            e.contention_writes = matches!(
+                acquire,
+                PermitOp::AcquireExclusive { .. } | PermitOp::AcquireFair { .. }
+            );
         })
     }
 
@@ -216,6 +220,43 @@ impl Semaphore {
     /// As [`Lock::resume`].
     pub async fn resume(&self, ticket: &crate::LeaseTicket) -> Result<Lease, Error> {
         self.lock.resume(ticket).await
+    }
+}
+
+/// The most waiters a [fair lock](Lock::fair)'s queue holds.
+pub const FAIR_QUEUE_LIMIT: u32 = 1_000;
+
+impl Lock {
+    /// This lock, served in arrival order: waiters queue on the server, and the lock goes to the one that
+    /// has waited longest.
+    ///
+    /// A waiting acquisition ([`acquire_within`](Self::acquire_within), [`acquire_until`](Self::acquire_until))
+    /// keeps its place alive with each attempt (at least every
+    /// [`max_retry_delay`](crate::Config::max_retry_delay), and when a release wakes the waiters); a place
+    /// lives `2 × max_retry_delay` unless refreshed, so a waiter that died leaves the queue within that, and
+    /// one that gives up leaves it at once. While a waiter is first in the queue, nobody else takes the
+    /// lock, even between the holder's release and the waiter's next attempt. At most
+    /// [`FAIR_QUEUE_LIMIT`] waiters queue; another is refused with
+    /// [`NodeErrorKind::Busy`] ("the fair lock's queue is full"). The lease is an ordinary lease (renewal,
+    /// loss, hold limits); fair locks are not fenced, and must not share their key with plain locks.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # async fn f(manager: redlease::LockManager) -> Result<(), redlease::Error> {
+    /// let turn = manager.lock("printer").fair();
+    /// let lease = turn.acquire_within(Duration::from_secs(60)).await?;
+    /// # lease.release().await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn fair(self) -> Lock {
+        let manager = LockManager::from_engine(self.engine());
+        let op = PermitOp::AcquireFair {
+            claim: writer_claim(manager.config()),
+            queue: FAIR_QUEUE_LIMIT,
+        };
+        let quorum = manager.quorum();
+        self.with_engine(manager.permit_manager(op, quorum).engine_arc())
     }
 }
 

@@ -855,6 +855,7 @@ impl RedisNode for MemoryNode {
                     PermitOp::Acquire { .. }
                     | PermitOp::AcquireShared
                     | PermitOp::AcquireExclusive { .. }
+                    | PermitOp::AcquireFair { .. }
                     | PermitOp::Extend,
                     Some(i),
                 ) => {
@@ -898,6 +899,43 @@ impl RedisNode for MemoryNode {
                         set.retain(|p| !ours(p));
                         add(set, Role::Exclusive);
                         PermitReply::Done
+                    }
+                }
+                (PermitOp::AcquireFair { claim, queue }, None) => {
+                    let holder = |p: &Permit| p.role == Role::Exclusive;
+                    let head = set.iter().position(|p| p.role == Role::Claim);
+                    let place = set.iter().position(|p| ours(p) && p.role == Role::Claim);
+                    if !set.iter().any(holder) && (head.is_none() || head == place) {
+                        set.retain(|p| !ours(p));
+                        add(set, Role::Exclusive);
+                        PermitReply::Done
+                    } else {
+                        let waiting = set.iter().filter(|p| p.role == Role::Claim).count();
+                        if place.is_none() && waiting >= queue as usize {
+                            return Err(NodeError::not_applied(
+                                NodeErrorKind::Busy,
+                                format!("the fair lock's queue is full ({waiting} waiters)"),
+                            ));
+                        }
+                        let lives = claim.as_duration().min(ttl.as_duration());
+                        let next = set
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, p)| holder(p) || Some(*i) == head)
+                            .map(|(_, p)| p.expires_at - now)
+                            .min()
+                            .map_or(lives, |d| d.min(lives));
+                        match place {
+                            Some(i) => set[i].expires_at = now + lives,
+                            None => set.push(Permit {
+                                token: token.as_str().as_bytes().to_vec(),
+                                expires_at: now + lives,
+                                role: Role::Claim,
+                            }),
+                        }
+                        PermitReply::Full {
+                            next_expiry: Some(next),
+                        }
                     }
                 }
                 (PermitOp::Release, held) => {

@@ -10,6 +10,7 @@ mod config;
 mod defects;
 mod duplicates;
 mod durable;
+mod fair;
 mod fresh;
 mod handoff;
 mod history;

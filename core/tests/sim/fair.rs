@@ -1,0 +1,192 @@
+//! Fair locks (`Lock::fair`): waiters queue on the server and get the lock in arrival order; a waiter that
+//! gives up leaves at once, one that died within its place's life; the queue is bounded.
+
+use std::sync::{Arc, Mutex};
+
+use redlease::{NodeErrorKind, PermitOp, RedisNode, Timer, Token, Ttl};
+use redlease_testkit::MemoryNode;
+
+use crate::support::*;
+
+#[test]
+fn waiters_get_a_fair_lock_in_arrival_order() {
+    for n in [1, 3] {
+        let mut c = Cluster::new(n, 141, config());
+        let lock = c.manager.lock("printer").fair();
+        let holder = c.try_acquire(&lock).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        // Six waiters arrive 10 ms apart, in an order unrelated to their ids' task order.
+        for (k, id) in [3u64, 0, 5, 1, 4, 2].into_iter().enumerate() {
+            let (lock, order, clock) = (lock.clone(), order.clone(), c.clock.clone());
+            c.sim.spawn(async move {
+                clock.sleep_until(clock.now() + ms(10 * k as u64 + 1)).await;
+                let lease = lock.acquire_within(secs(60)).await.unwrap();
+                order.lock().unwrap().push(id);
+                clock.sleep_until(clock.now() + ms(50)).await;
+                lease.release().await.unwrap();
+            });
+        }
+        c.sim.run_for(secs(5));
+        assert!(order.lock().unwrap().is_empty(), "held meanwhile");
+        // A newcomer that tries the moment the holder releases, before any woken waiter runs, does not
+        // barge in: the first in the queue is next.
+        let newcomer = lock.clone();
+        let barged = c.sim.block_on(async move {
+            holder.release().await.unwrap();
+            newcomer.try_acquire().await
+        });
+        assert!(
+            barged.unwrap_err().is_contended(),
+            "n={n}: a newcomer barged in"
+        );
+        c.sim.run_for(secs(5));
+        assert_eq!(*order.lock().unwrap(), [3, 0, 5, 1, 4, 2], "n={n}");
+    }
+}
+
+#[test]
+fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
+    let mut c = Cluster::new(1, 142, config());
+    let lock = c.manager.lock("printer").fair();
+    let holder = c.try_acquire(&lock).unwrap();
+    // The first waiter gives up after 200 ms; the second waits on.
+    let first = lock.clone();
+    let r = c
+        .sim
+        .block_on(async move { first.acquire_within(ms(200)).await });
+    assert!(r.unwrap_err().is_contended());
+    let won = Arc::new(Mutex::new(None));
+    c.sim.spawn({
+        let (lock, won, clock) = (lock.clone(), won.clone(), c.clock.clone());
+        async move {
+            let lease = lock.acquire_within(secs(60)).await.unwrap();
+            *won.lock().unwrap() = Some(clock.now());
+            std::mem::forget(lease);
+        }
+    });
+    c.sim.run_for(ms(10));
+    let released = c.now();
+    c.sim
+        .block_on(async move { holder.release().await })
+        .unwrap();
+    c.sim.run_for(ms(100));
+    let at = won.lock().unwrap().expect("the second waiter got it");
+    assert!(
+        at - released < ms(50),
+        "not held up by the one that left: {:?}",
+        at - released
+    );
+}
+
+#[test]
+fn a_dead_waiters_place_expires_within_twice_the_max_retry_delay() {
+    let mut c = Cluster::new(1, 143, config());
+    let lock = c.manager.lock("printer").fair();
+    let holder = c.try_acquire(&lock).unwrap();
+    // A waiter joins the queue, then its process dies: its future is dropped without a word.
+    let dead = lock.clone();
+    c.sim.block_on(async move {
+        let mut wait = Box::pin(dead.acquire_within(secs(60)));
+        std::future::poll_fn(|cx| {
+            let _ = wait.as_mut().poll(cx);
+            std::task::Poll::Ready(())
+        })
+        .await;
+        std::mem::forget(wait);
+    });
+    c.sim
+        .block_on(async move { holder.release().await })
+        .unwrap();
+    // First in the queue, the dead waiter keeps the lock from others until its place expires (2 s).
+    let start = c.now();
+    assert!(c.try_acquire(&lock).unwrap_err().is_contended());
+    c.sim.run_for(secs(2) - (c.now() - start));
+    assert!(c.try_acquire(&lock).is_ok(), "its place expired");
+}
+
+#[test]
+fn a_full_queue_refuses_a_new_waiter_with_busy() {
+    let node = MemoryNode::new();
+    let ttl = Ttl::from_millis(60_000).unwrap();
+    let op = PermitOp::AcquireFair {
+        claim: Ttl::from_millis(2_000).unwrap(),
+        queue: 2,
+    };
+    redlease_testkit::block_on(async {
+        let holder = Token::random().unwrap();
+        node.permit("q", &holder, ttl, op).await.unwrap();
+        for _ in 0..2 {
+            let waiter = Token::random().unwrap();
+            assert!(node.permit("q", &waiter, ttl, op).await.is_ok());
+        }
+        let third = Token::random().unwrap();
+        let e = node.permit("q", &third, ttl, op).await.unwrap_err();
+        assert_eq!(e.kind(), NodeErrorKind::Busy);
+        assert!(e.to_string().contains("queue is full"), "{e}");
+    });
+}
+
+/// Four hostile clients (skewed clocks, pauses, late and reordered requests, every random fault) wait for a
+/// fair lock on 1, 3 or 5 nodes: never two holders, every loss by its deadline. `REDLEASE_FAIR_SEEDS` runs
+/// more seeds.
+#[test]
+fn a_fair_lock_never_has_two_holders_under_hostile_faults() {
+    let seeds = std::env::var("REDLEASE_FAIR_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let mut total = 0;
+    redlease_testkit::for_each_seed(0..seeds, |seed| {
+        let n = [1usize, 3, 5][(seed % 3) as usize];
+        let config = config()
+            .with_expiry(secs(2))
+            .with_retry_delay(ms(50))
+            .with_jitter_seed(seed);
+        let mut c = Cluster::hostile(n, seed, config);
+        let history = redlease_testkit::History::new();
+        let horizon = secs(8);
+        for id in 0..4u64 {
+            let (manager, clock) = c.hostile_client(id, &history, horizon, 2);
+            let lock = manager.lock("printer").fair();
+            let mut rng = c.sim.rng();
+            c.sim.client(id).spawn(async move {
+                let end = clock.now() + horizon;
+                while clock.now() < end {
+                    let mut lock = lock.clone();
+                    if rng.next_u64() % 2 == 0 {
+                        lock = lock.auto_renew(ms(500));
+                    }
+                    match lock.acquire_within(ms(100 + rng.next_u64() % 2_000)).await {
+                        Ok(lease) => {
+                            let mut lost = std::pin::pin!(lease.lost());
+                            let mut sleep =
+                                clock.sleep_until(clock.now() + ms(rng.next_u64() % 800));
+                            std::future::poll_fn(|cx| {
+                                if lost.as_mut().poll(cx).is_ready() {
+                                    return std::task::Poll::Ready(());
+                                }
+                                sleep.as_mut().poll(cx)
+                            })
+                            .await;
+                            let _ = lease.release().await;
+                        }
+                        Err(_) => {
+                            clock
+                                .sleep_until(clock.now() + ms(1 + rng.next_u64() % 200))
+                                .await
+                        }
+                    }
+                }
+            });
+        }
+        assert!(
+            c.sim.run_until_idle(secs(120)),
+            "seed {seed}: clients stuck"
+        );
+        if let Err(v) = history.check() {
+            panic!("seed {seed}: {v}");
+        }
+        total += history.acquisitions();
+    });
+    assert!(total > seeds as usize * 2, "only {total} acquisitions");
+}
