@@ -353,33 +353,6 @@ impl Shared {
         }
     }
 
-    /// The extension permit if no round of this lease is in flight, else after waiting at most `bound` for it
-    /// (`None`: still busy then).
-    async fn permit_within(self: &Arc<Self>, bound: Duration) -> Option<ExtendPermit> {
-        {
-            let mut st = self.lock();
-            if !st.extending {
-                st.extending = true;
-                drop(st);
-                return Some(ExtendPermit {
-                    shared: Arc::clone(self),
-                });
-            }
-        }
-        let mut sleep = self
-            .engine
-            .timer
-            .sleep_until(crate::time::add(self.now(), bound));
-        let mut permit = pin!(self.extend_permit());
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(p) = permit.as_mut().poll(cx) {
-                return Poll::Ready(Some(p));
-            }
-            sleep.as_mut().poll(cx).map(|()| None)
-        })
-        .await
-    }
-
     /// One extension round with `ttl`, bounded by `timeout`.
     ///
     /// An extension whose outcome is unknown on a node may still be carried out there later, after later
@@ -1367,7 +1340,9 @@ impl Lease {
     /// outcome.
     ///
     /// On success the [`ReleaseReport`] names the nodes that could not confirm the deletion (a minority; they
-    /// keep our key until its TTL ends).
+    /// keep our key until its TTL ends). A Redlock lease whose key was still being written on a node that
+    /// missed the acquisition (a repair round in flight) may see that write land after the deletion; the
+    /// repair deletes it again when its round ends, within the operation timeout.
     ///
     /// # Errors
     /// - [`Error::Lost`] if the lease had been lost before the release (expired, taken over, or deleted): work
@@ -1400,13 +1375,12 @@ impl Lease {
             shared.op_timeout,
             shared.id,
         );
-        // A round of this lease in flight (a renewal, or a repair writing the key where it was missing) may
-        // still write the key: its end is awaited (bounded), so that the deletion comes after it.
-        let permit = shared.permit_within(shared.op_timeout).await;
+        // A repair round of this lease in flight (writing the key where it was missing) may land after this
+        // deletion: that round deletes it again when it ends (`undo_repair_if_ended`), bounded by the
+        // operation timeout. Not waited for here: with a hung node it would double the release's time.
         let r = engine
             .release_round(&shared.key, &shared.token, shared.op_timeout, None)
             .await;
-        drop(permit);
         guard.disarm();
         if engine.hook.active() {
             engine.hook.emit(

@@ -163,13 +163,14 @@ async fn check_connections(
         .release()
         .await
         .unwrap_or_else(|e| panic!("{what}: fresh release failed: {e}"));
-    for node in setup.nodes(redlock) {
-        assert_eq!(
-            node.inspect(&check_key).await.unwrap(),
-            None,
-            "{what}: not released"
-        );
-    }
+    // A repair round still writing the key where the acquisition missed it may land after the release's
+    // deletion; it deletes the key again when it ends (within the operation timeout).
+    let n = setup.servers(redlock);
+    let released = common::eventually(CLEANED_WITHIN, || {
+        (0..n).all(|i| get(&setup.servers[i], &check_key).is_empty())
+    })
+    .await;
+    assert!(released, "{what}: not released");
 }
 
 /// With a spawner, an abandoned acquisition or lease is deleted in the background.
