@@ -10,6 +10,7 @@
 /// | release | `DELIFEQ` where offered, else script | script | `DELIFEQ` |
 /// | extend | `SET … IFEQ … PX` where offered (the script when a full server refuses the `SET`), else script | script | `SET … IFEQ … PX` |
 /// | inspect | script; without Lua `MULTI GET PTTL EXEC` | script | `MULTI GET PTTL EXEC` |
+/// | semaphore permit | script; without Lua `WATCH`, `TIME`, `ZRANGE`/`ZSCORE`, `MULTI … EXEC` | script | `WATCH`, `TIME`, `ZRANGE`/`ZSCORE`, `MULTI … EXEC` (not on a cluster) |
 ///
 /// Without Lua (or without permission to run scripts) the capability check also makes sure that the user may
 /// run `MULTI`/`EXEC` with `GET`, `PTTL` and `INCR` (probed with transactions that write nothing); a refusal

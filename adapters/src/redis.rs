@@ -562,7 +562,8 @@ fn to_reply(value: Value) -> Reply {
         Value::Boolean(true) => Reply::Int(1),
         Value::VerbatimString { text, .. } => Reply::Bytes(text.into_bytes()),
         Value::Map(_) => Reply::Other("a map"),
-        Value::Double(_) => Reply::Other("a double"),
+        // A RESP3 double (a sorted set's score): the decimal text RESP2 gives.
+        Value::Double(f) => Reply::Bytes(f.to_string().into_bytes()),
         _ => Reply::Other("an unsupported RESP type"),
     }
 }
@@ -917,6 +918,18 @@ macro_rules! impl_node {
 
             fn extend_many_limit(&self) -> usize {
                 ops::EXTEND_MANY_LIMIT
+            }
+
+            /// The [`PERMIT`](crate::scripts::PERMIT) script; without Lua, `TIME` and a sorted-set transaction
+            /// (see the crate README's "Leased semaphores").
+            async fn permit(
+                &self,
+                key: &str,
+                token: &Token,
+                ttl: Ttl,
+                op: redlease::PermitOp,
+            ) -> Result<redlease::PermitReply, NodeError> {
+                ops::permit(self, key, token, ttl, op).await
             }
         }
     };

@@ -4,8 +4,9 @@
 //! [`RedisNode`](redlease::RedisNode) exactly. They are public so that a node for another client can reuse them
 //! verbatim (send `EVALSHA` with [`Script::sha1`], and on a `NOSCRIPT` reply send `EVAL` with
 //! [`Script::source`] once), together with the interpretation of their replies: convert your client's reply
-//! to a [`Reply`] and call [`parse_flag`], [`parse_fence`], [`parse_inspect`] or [`parse_set_nx_get`]; map an
-//! error reply's line to its kind with [`server_error_kind`]. These are the functions the adapters use.
+//! to a [`Reply`] and call [`parse_flag`], [`parse_fence`], [`parse_inspect`], [`parse_permit`] or
+//! [`parse_set_nx_get`]; map an error reply's line to its kind with [`server_error_kind`]. These are the
+//! functions the adapters use.
 //!
 //! ```
 //! use redlease::NodeErrorKind;
@@ -330,6 +331,101 @@ return out
     sha1: "f1a7bdda5ff853638fbeafb1bc245492f1ef7e1e",
 };
 
+/// One operation on a leased semaphore ([`RedisNode::permit`](redlease::RedisNode::permit)): a sorted set at
+/// `KEYS[1]` whose members are the holders' tokens, each scored by its permit's expiry in the **server's**
+/// milliseconds (`TIME`). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` the operation (`acquire`, `extend`
+/// or `release`), `ARGV[4]` the number of permits (read by `acquire`), `ARGV[5]` the release notification
+/// channel ([`redlease::notify::channel`] of the key; empty: no notification) and `ARGV[6]` `PUBLISH` or
+/// `SPUBLISH`.
+///
+/// A permit whose score is not later than now is expired: it counts for nothing, and the script removes
+/// every expired permit (`ZREMRANGEBYSCORE key -inf now`) in the same step. Then:
+///
+/// - `acquire`: our token holds a live permit → its score set to now + TTL; else fewer than `permits` live
+///   → ours added; both answer 1. Otherwise nothing changes but the purge, and it answers `-1 - ms`, `ms`
+///   the time until the earliest live permit expires (so -1 means 0 ms left, -1001 means 1000 ms).
+/// - `extend`: our token holds a live permit → its score set to now + TTL, 1; else 0.
+/// - `release`: our token holds a live permit → removed, 1, and [`redlease::notify::payload`] of the token
+///   published on the channel (with `redis.pcall`, after the removal, as [`RELEASE`] does); else 0.
+///
+/// After a change the key's own expiry is set to the latest permit's (`PEXPIREAT`), so the key never outlives
+/// its permits; a set left empty is deleted by the server. A key of another type is a `WRONGTYPE` error for
+/// `acquire` and 0 (not held, never touched) for `extend` and `release`, as for a lock key. Argument errors
+/// (`ERR redlease: invalid …`) and the type check come before any write.
+///
+/// Under `maxmemory`: a new permit's `ZADD` is the script's first write, so the server refuses it with `OOM`
+/// (nothing written), as it refuses a lock's acquisition. A refresh, an extension and a release purge first
+/// (`ZREMRANGEBYSCORE`, which never grows memory and is admitted), and a script that has written is let
+/// finish, so they keep working, as a lock's extension and release do.
+pub const PERMIT: Script = Script {
+    name: "permit",
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+local op = ARGV[3]
+if op ~= 'acquire' and op ~= 'extend' and op ~= 'release' then
+  return redis.error_reply('ERR redlease: invalid permit operation (want acquire, extend or release)')
+end
+if op ~= 'release' and (type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$')) then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local permits = 0
+if op == 'acquire' then
+  if type(ARGV[4]) ~= 'string' or #ARGV[4] > 10 or not string.find(ARGV[4], '^[1-9][0-9]*$') then
+    return redis.error_reply('ERR redlease: invalid permits argument (want 1 to 4294967295)')
+  end
+  permits = tonumber(ARGV[4])
+end
+local kind = redis.call('TYPE', KEYS[1])
+if type(kind) == 'table' then
+  kind = kind.ok
+end
+if kind ~= 'zset' and kind ~= 'none' then
+  if op == 'acquire' then
+    return redis.error_reply('WRONGTYPE the semaphore key ' .. KEYS[1] .. ' holds a value of another type')
+  end
+  return 0
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local nowtext = string.format('%.0f', now)
+local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if mine and tonumber(mine) <= now then
+  mine = false
+end
+if mine or op ~= 'acquire' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowtext)
+  if not mine then
+    return 0
+  elseif op == 'release' then
+    redis.call('ZREM', KEYS[1], ARGV[1])
+    if ARGV[5] and ARGV[5] ~= '' then
+      if ARGV[6] == 'SPUBLISH' then
+        redis.pcall('SPUBLISH', ARGV[5], string.sub(ARGV[1], 1, 8))
+      else
+        redis.pcall('PUBLISH', ARGV[5], string.sub(ARGV[1], 1, 8))
+      end
+    end
+  else
+    redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+  end
+elseif redis.call('ZCOUNT', KEYS[1], '(' .. nowtext, '+inf') < permits then
+  redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowtext)
+else
+  local first = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. nowtext, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowtext)
+  return -1 - (tonumber(first[2]) - now)
+end
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] then
+  redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', tonumber(last[2])))
+end
+return 1
+"#,
+    sha1: "d107d5ddaa46ff7c5a6a90380b6aa160953f1bfd",
+};
+
 /// Reads value and TTL in one step. `KEYS[1]` key. Returns nil when absent, else `[value, pttl_ms]` (`pttl` is
 /// -1 for a key without expiry).
 pub const INSPECT: Script = Script {
@@ -519,7 +615,7 @@ pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 11] = [
+pub const ALL: [Script; 12] = [
     ACQUIRE,
     ACQUIRE_FRESH,
     ACQUIRE_TTL,
@@ -531,6 +627,7 @@ pub const ALL: [Script; 11] = [
     INSPECT,
     PROBE,
     PROBE_ACQUIRE,
+    PERMIT,
 ];
 
 /// A client-neutral view of a script reply, built by each adapter from its client's value type — and by a
@@ -652,6 +749,14 @@ pub(crate) const WATCHED_EXTEND: Script = Script {
     sha1: "",
 };
 
+/// Not a script: names the leased-semaphore operation without Lua (`TIME`, `ZRANGE … WITHSCORES` under
+/// `WATCH`, `MULTI … EXEC`).
+pub(crate) const WATCHED_PERMIT: Script = Script {
+    name: "WATCH/TIME/ZRANGE/MULTI … EXEC (semaphore without Lua)",
+    source: "",
+    sha1: "",
+};
+
 /// The reply of a conditional `SET` (`NX` or `IFEQ`, without `GET`): `OK` when it was set, nil when not.
 pub(crate) fn parse_set_ok(script: &Script, reply: Reply) -> Result<bool, NodeError> {
     match &reply {
@@ -707,6 +812,26 @@ pub fn parse_claim(reply: Reply) -> Result<redlease::Claim, NodeError> {
         0 => Ok(redlease::Claim::Held { remaining: None }),
         n if n < 0 => Ok(redlease::Claim::Held {
             remaining: Some(Duration::from_millis((-1 - n).unsigned_abs())),
+        }),
+        _ => Err(unexpected(script, &reply)),
+    }
+}
+
+/// The reply of [`PERMIT`] to operation `op`: 1 done; 0 not held (`extend`, `release`); `-1 - ms` full
+/// (`acquire`), the earliest permit expiring in `ms`. Any other reply is an ambiguous
+/// [`NodeErrorKind::Protocol`] error (the script ran).
+pub fn parse_permit(
+    op: redlease::PermitOp,
+    reply: Reply,
+) -> Result<redlease::PermitReply, NodeError> {
+    use redlease::{PermitOp, PermitReply};
+    let script = &PERMIT;
+    let acquire = matches!(op, PermitOp::Acquire { .. });
+    match parse_int(script, &reply)? {
+        1 => Ok(PermitReply::Done),
+        0 if !acquire => Ok(PermitReply::NotHeld),
+        n if n < 0 && acquire => Ok(PermitReply::Full {
+            next_expiry: Some(Duration::from_millis((-1 - n).unsigned_abs())),
         }),
         _ => Err(unexpected(script, &reply)),
     }
@@ -929,6 +1054,40 @@ mod tests {
         assert_eq!(parse_inspect(Reply::Nil).unwrap(), None);
         assert!(parse_inspect(Reply::Array(vec![Reply::Int(1)])).is_err());
         assert!(parse_inspect(Reply::Int(1)).is_err());
+    }
+
+    #[test]
+    fn permit_replies_parse_by_operation() {
+        use redlease::{PermitOp, PermitReply};
+        let acquire = PermitOp::Acquire { permits: 2 };
+        assert_eq!(
+            parse_permit(acquire, Reply::Int(1)).unwrap(),
+            PermitReply::Done
+        );
+        assert_eq!(
+            parse_permit(acquire, Reply::Int(-1001)).unwrap(),
+            PermitReply::Full {
+                next_expiry: Some(Duration::from_millis(1000))
+            }
+        );
+        assert_eq!(
+            parse_permit(acquire, Reply::Int(-1)).unwrap(),
+            PermitReply::Full {
+                next_expiry: Some(Duration::ZERO)
+            }
+        );
+        for op in [PermitOp::Extend, PermitOp::Release] {
+            assert_eq!(parse_permit(op, Reply::Int(1)).unwrap(), PermitReply::Done);
+            assert_eq!(
+                parse_permit(op, Reply::Int(0)).unwrap(),
+                PermitReply::NotHeld
+            );
+            let err = parse_permit(op, Reply::Int(-5)).unwrap_err();
+            assert!(err.is_ambiguous(), "{err}");
+        }
+        // An acquisition never answers "not held".
+        assert!(parse_permit(acquire, Reply::Int(0)).is_err());
+        assert!(parse_permit(acquire, Reply::Nil).is_err());
     }
 
     #[test]

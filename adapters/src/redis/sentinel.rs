@@ -355,7 +355,8 @@ impl Transport for SentinelNode {
     async fn command(&self, what: &Script, key: &str, args: &[&str]) -> Result<Reply, NodeError> {
         // Reads and waits are not writes: the WAIT for a key must follow the connection of its last write.
         let reads = [
-            "INFO", "WAIT", "WAITAOF", "GET", "PTTL", "PING", "WATCH", "UNWATCH",
+            "INFO", "WAIT", "WAITAOF", "GET", "PTTL", "PING", "WATCH", "UNWATCH", "TIME", "ZRANGE",
+            "ZSCORE",
         ];
         let write = !args
             .first()
@@ -550,6 +551,18 @@ impl RedisNode for SentinelNode {
 
     fn extend_many_limit(&self) -> usize {
         ops::EXTEND_MANY_LIMIT
+    }
+
+    /// The [`PERMIT`](crate::scripts::PERMIT) script; without Lua, `TIME` and a sorted-set transaction
+    /// (see the crate README's "Leased semaphores").
+    async fn permit(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        op: redlease::PermitOp,
+    ) -> Result<redlease::PermitReply, NodeError> {
+        ops::permit(self, key, token, ttl, op).await
     }
 }
 

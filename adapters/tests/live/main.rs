@@ -26,6 +26,7 @@ mod redundancy;
 mod renewal_loss;
 mod replicas;
 mod scripts;
+mod semaphore;
 mod sentinel;
 mod single;
 mod split_vote;

@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redlease::{LockManager, NodeErrorKind, RedisNode, SystemTimer, Token, Ttl};
+use redlease::{
+    LockManager, NodeErrorKind, PermitOp, PermitReply, RedisNode, SystemTimer, Token, Ttl,
+};
 use redlease_adapters::Commands;
 use redlease_adapters::fred::FredNode;
 use redlease_adapters::fred::fred::prelude::{ClientLike, EventInterface};
@@ -58,6 +60,21 @@ async fn conformance_on(flavor: Flavor, test: &str) {
             if let Err(failure) = conformance::run_with_reader(&*node, &reader, &SystemTimer).await
             {
                 panic!("matrix: {flavor} {backend:?} {mode:?} ({caps:?}): {failure}");
+            }
+            // The semaphore case passes vacuously for a node that answers `Unsupported`: every node of the
+            // matrix must run it.
+            let k = common::key(&format!("matrix-permit-{mode:?}"), backend);
+            let token = Token::random().unwrap();
+            let ttl = Ttl::from_millis(10_000).unwrap();
+            let one = PermitOp::Acquire { permits: 1 };
+            for (op, want) in [
+                (one, PermitReply::Done),
+                (PermitOp::Release, PermitReply::Done),
+            ] {
+                match node.permit(&k, &token, ttl, op).await {
+                    Ok(reply) => assert_eq!(reply, want, "{flavor} {backend:?} {mode:?} {op:?}"),
+                    Err(e) => panic!("matrix: {flavor} {backend:?} {mode:?}: permit {op:?}: {e}"),
+                }
             }
             eprintln!("matrix: {flavor} {backend:?} {mode:?}: conformance passed ({caps:?})");
         }

@@ -1,0 +1,446 @@
+//! Leased semaphores on real servers (issue 25): `RedisNode::permit` through both clients on every
+//! single-server setup (scripts, and `WATCH`/`MULTI` without Lua), and a Redlock semaphore whose quorum is
+//! every node.
+
+use std::io::BufRead;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlease::notify::channel;
+use redlease::{Config, LockManager, NodeErrorKind, PermitOp, RedisNode, Token, Ttl};
+use redlease_testkit::server::{RedisServer, RedisServers};
+
+use crate::common::{self, ALL_BACKENDS, Backend, config, on_every_server};
+use crate::push::{eventually, numsub};
+
+/// How many holders the semaphore at `key` has on `server` (expired ones included until purged).
+fn members(server: &RedisServer, key: &str) -> usize {
+    server.cmd(&["ZCARD", key]).trim().parse().unwrap()
+}
+
+#[test]
+fn every_node_answers_permit_operations_on_every_server() {
+    // The conformance case returns early for a node that answers `Unsupported`; this one does not.
+    on_every_server(
+        "every_node_answers_permit_operations_on_every_server",
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for backend in ALL_BACKENDS {
+                let node = common::node(backend, &server.url()).await;
+                let k = common::key("permit-supported", backend);
+                let token = Token::random().unwrap();
+                let ttl = Ttl::from_millis(5_000).unwrap();
+                let one = PermitOp::Acquire { permits: 1 };
+                let r = node.permit(&k, &token, ttl, one).await;
+                assert_eq!(
+                    r.unwrap(),
+                    redlease::PermitReply::Done,
+                    "{flavor} {backend:?}"
+                );
+                // A sorted set scored by the server's clock; the key expires with its latest permit.
+                let score: u64 = server.cmd(&["ZSCORE", &k, token.as_str()]).parse().unwrap();
+                let time = server.cmd(&["TIME"]);
+                let secs: u64 = time.lines().next().unwrap().trim().parse().unwrap();
+                let left = score.saturating_sub(secs * 1000);
+                assert!(
+                    (3_000..=6_000).contains(&left),
+                    "{flavor} {backend:?}: expiry {left} ms ahead of the server's time"
+                );
+                let pttl: i64 = server.cmd(&["PTTL", &k]).parse().unwrap();
+                assert!(
+                    (4_000..=5_000).contains(&pttl),
+                    "{flavor} {backend:?}: PTTL {pttl}"
+                );
+                let r = node.permit(&k, &token, ttl, PermitOp::Release).await;
+                assert_eq!(r.unwrap(), redlease::PermitReply::Done);
+                assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{flavor} {backend:?}");
+                // A key of another type: a typed, permanent refusal before anything is written.
+                server.cmd(&["SET", &k, "not-a-semaphore"]);
+                let err = node.permit(&k, &token, ttl, one).await.unwrap_err();
+                assert_eq!(err.kind(), NodeErrorKind::WrongType, "{flavor} {backend:?}");
+                assert!(!err.is_ambiguous(), "{flavor} {backend:?}: {err}");
+                for op in [PermitOp::Extend, PermitOp::Release] {
+                    let r = node.permit(&k, &token, ttl, op).await.unwrap();
+                    assert_eq!(r, redlease::PermitReply::NotHeld, "{flavor} {backend:?}");
+                }
+                assert_eq!(server.cmd(&["GET", &k]), "not-a-semaphore");
+                assert_eq!(server.cmd(&["PTTL", &k]), "-1", "{flavor} {backend:?}");
+            }
+        },
+    );
+}
+
+#[test]
+fn ten_concurrent_acquisitions_of_three_permits_give_exactly_three() {
+    on_every_server(
+        "ten_concurrent_acquisitions_of_three_permits_give_exactly_three",
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for backend in ALL_BACKENDS {
+                // Two connections, so that the acquisitions also race between clients.
+                let mut managers = Vec::new();
+                for _ in 0..2 {
+                    let node = common::node(backend, &server.url()).await;
+                    managers
+                        .push(LockManager::single(node, config(Duration::from_secs(10))).unwrap());
+                }
+                let key = common::key("ten-of-three", backend);
+                let tasks: Vec<_> = (0..10)
+                    .map(|i| {
+                        let semaphore = managers[i % 2].semaphore(key.clone(), 3).unwrap();
+                        tokio::spawn(async move { semaphore.try_acquire().await })
+                    })
+                    .collect();
+                let mut leases = Vec::new();
+                let mut contended = 0;
+                for task in tasks {
+                    match task.await.unwrap() {
+                        Ok(lease) => leases.push(lease),
+                        Err(err) if err.is_contended() => contended += 1,
+                        Err(err) => panic!("{flavor} {backend:?}: {err}"),
+                    }
+                }
+                assert_eq!(leases.len(), 3, "{flavor} {backend:?}: holders");
+                assert_eq!(contended, 7, "{flavor} {backend:?}");
+                assert_eq!(members(&server, &key), 3, "{flavor} {backend:?}");
+                for lease in leases {
+                    let token = lease.token().as_str().to_owned();
+                    assert_ne!(server.cmd(&["ZSCORE", &key, &token]), "");
+                    lease.release().await.unwrap();
+                }
+                assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
+            }
+        },
+    );
+}
+
+#[test]
+fn a_released_permit_wakes_a_waiter_promptly() {
+    on_every_server(
+        "a_released_permit_wakes_a_waiter_promptly",
+        |flavor| async move {
+            // Polling so slow, and permits so long, that only the release's notification explains a prompt
+            // wake-up.
+            let expiry = Duration::from_secs(10);
+            let slow = Config::default()
+                .with_expiry(expiry)
+                .with_retry_delay(Duration::from_secs(30))
+                .with_retry_jitter(0.0)
+                .with_max_retry_delay(Duration::from_secs(30));
+            let bound = expiry / 5;
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for backend in ALL_BACKENDS {
+                let holders =
+                    LockManager::single(common::node(backend, &server.url()).await, slow.clone())
+                        .unwrap();
+                let waiters =
+                    LockManager::single(common::node(backend, &server.url()).await, slow.clone())
+                        .unwrap();
+                let key = common::key("wake", backend);
+                let held = holders.semaphore(key.clone(), 2).unwrap();
+                let first = held.try_acquire().await.unwrap();
+                let second = held.try_acquire().await.unwrap();
+                let waiting = waiters.semaphore(key.clone(), 2).unwrap();
+                let waiter = tokio::spawn(async move {
+                    let lease = waiting
+                        .acquire_within(Duration::from_secs(8))
+                        .await
+                        .unwrap();
+                    (Instant::now(), lease)
+                });
+                assert!(
+                    eventually(Duration::from_secs(3), || numsub(
+                        &server,
+                        false,
+                        &channel(&key)
+                    ) == 1)
+                    .await,
+                    "{flavor} {backend:?}: the waiter subscribed"
+                );
+                // Let the attempt that the confirmed subscription triggers find the semaphore full.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let released = Instant::now();
+                first.release().await.unwrap();
+                let (at, lease) = tokio::time::timeout(Duration::from_secs(9), waiter)
+                    .await
+                    .expect("the waiter took the permit")
+                    .unwrap();
+                let waited = at - released;
+                eprintln!(
+                    "semaphore: {flavor} {backend:?}: the waiter took the permit {waited:?} after the release"
+                );
+                assert!(
+                    waited < bound,
+                    "{flavor} {backend:?}: woken {waited:?} after the release (bound {bound:?})"
+                );
+                assert_eq!(members(&server, &key), 2);
+                lease.release().await.unwrap();
+                second.release().await.unwrap();
+                assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
+            }
+        },
+    );
+}
+
+/// The environment variable that makes [`a_killed_holders_permit_comes_back_within_its_ttl`] the holder
+/// process: `<url> <backend> <key>`.
+const HOLDER_ENV: &str = "REDLEASE_SEMAPHORE_HOLDER";
+
+/// The holder process: takes the one permit, renews it while "working" forever, and says so on stdout.
+async fn hold_forever(spec: &str) {
+    let mut parts = spec.split(' ');
+    let (url, backend, key) = (
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+        parts.next().unwrap(),
+    );
+    let backend = ALL_BACKENDS
+        .into_iter()
+        .find(|b| format!("{b:?}") == backend)
+        .unwrap();
+    let node = common::node(backend, url).await;
+    let manager = LockManager::single(node, config(KILL_TTL)).unwrap();
+    let semaphore = manager.semaphore(key, 1).unwrap().renew_every(KILL_TTL / 4);
+    let lease = semaphore.try_acquire().await.unwrap();
+    let lost = lease
+        .run(async {
+            // On a line of its own: the test harness has printed "test … … " without a newline.
+            println!("\nredlease-semaphore-holder: HELD");
+            std::future::pending::<()>().await;
+        })
+        .await;
+    panic!("the holder lost its permit while alive: {lost:?}");
+}
+
+/// The permits' TTL in the kill test.
+const KILL_TTL: Duration = Duration::from_millis(1000);
+
+/// One holder process of `backend` on `server`, killed while it renews its permit: how long after the kill
+/// the permit came back.
+async fn killed_holder(server: &RedisServer, backend: Backend, exe: &std::path::Path) -> Duration {
+    const TEST: &str = "semaphore::a_killed_holders_permit_comes_back_within_its_ttl";
+    let flavor = server.flavor();
+    let key = common::key("killed", backend);
+    let mut child = std::process::Command::new(exe)
+        .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env(HOLDER_ENV, format!("{} {backend:?} {key}", server.url()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let held = tokio::task::spawn_blocking(move || {
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .any(|line| line == "redlease-semaphore-holder: HELD")
+    });
+    let held = tokio::time::timeout(Duration::from_secs(20), held)
+        .await
+        .expect("the holder took its permit")
+        .unwrap();
+    assert!(held, "{flavor} {backend:?}: the holder never held");
+    let manager =
+        LockManager::single(common::node(backend, &server.url()).await, config(KILL_TTL)).unwrap();
+    let semaphore = manager.semaphore(key.clone(), 1).unwrap();
+    // Alive, the holder renews: its permit outlasts its TTL.
+    tokio::time::sleep(KILL_TTL * 3 / 2).await;
+    let err = semaphore.try_acquire().await.unwrap_err();
+    assert!(err.is_contended(), "{flavor} {backend:?}: {err}");
+    child.kill().unwrap();
+    let killed = Instant::now();
+    child.wait().unwrap();
+    let lease = loop {
+        match semaphore.try_acquire().await {
+            Ok(lease) => break lease,
+            Err(err) if err.is_contended() => {}
+            Err(err) => panic!("{flavor} {backend:?}: {err}"),
+        }
+        assert!(
+            killed.elapsed() < KILL_TTL * 3,
+            "{flavor} {backend:?}: the permit never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let back = killed.elapsed();
+    lease.release().await.unwrap();
+    back
+}
+
+#[test]
+fn a_killed_holders_permit_comes_back_within_its_ttl() {
+    if let Ok(spec) = std::env::var(HOLDER_ENV) {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(hold_forever(&spec));
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    on_every_server(
+        "a_killed_holders_permit_comes_back_within_its_ttl",
+        |flavor| {
+            let exe = exe.clone();
+            async move {
+                let server = RedisServer::start_flavor(flavor, &[]);
+                // One holder process per backend, all at once.
+                let hold = |i: usize| killed_holder(&server, ALL_BACKENDS[i], &exe);
+                let (a, b, c, d) = tokio::join!(hold(0), hold(1), hold(2), hold(3));
+                let backs = [a, b, c, d];
+                // Back by its expiry: within the TTL, plus at most one polling attempt (bounded by the
+                // operation timeout) and its pause; and not at once (nothing released it: it expired, at
+                // least a TTL less one renewal interval after its last renewal).
+                let op = config(KILL_TTL).operation_timeout_for(KILL_TTL);
+                let bound = KILL_TTL + op + Duration::from_millis(10);
+                for (backend, back) in ALL_BACKENDS.iter().zip(backs) {
+                    eprintln!(
+                        "semaphore: {flavor} {backend:?}: a killed holder's permit came back {back:?} after \
+                         the kill (TTL {KILL_TTL:?}, renewed every {:?})",
+                        KILL_TTL / 4
+                    );
+                    assert!(
+                        back <= bound,
+                        "{flavor} {backend:?}: back {back:?} after the kill (TTL {KILL_TTL:?}, bound {bound:?})"
+                    );
+                    assert!(
+                        back >= KILL_TTL / 2,
+                        "{flavor} {backend:?}: back {back:?} after the kill, before it could expire"
+                    );
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn a_redlock_semaphore_of_two_permits_over_three_servers_needs_all_three() {
+    on_every_server(
+        "a_redlock_semaphore_of_two_permits_over_three_servers_needs_all_three",
+        |flavor| async move {
+            // One set of servers for every backend (their keys are distinct).
+            let servers = RedisServers::start_flavor(flavor, 3);
+            for backend in ALL_BACKENDS {
+                let mut nodes: Vec<Arc<dyn RedisNode>> = Vec::new();
+                for server in servers.iter() {
+                    nodes.push(common::node(backend, &server.url()).await);
+                }
+                let cfg = config(Duration::from_secs(10))
+                    .with_operation_timeout(Duration::from_millis(500));
+                let manager = LockManager::redlock_dyn(nodes, cfg).unwrap();
+                assert_eq!(redlease::semaphore_quorum(3, 2), Some(3));
+                let key = common::key("redlock-two", backend);
+                let semaphore = manager.semaphore(key.clone(), 2).unwrap();
+                let a = semaphore.try_acquire().await.unwrap();
+                let b = semaphore.try_acquire().await.unwrap();
+                // Each permit is held on every node (the quorum is all three).
+                for (i, server) in servers.iter().enumerate() {
+                    for lease in [&a, &b] {
+                        let score = server.cmd(&["ZSCORE", &key, lease.token().as_str()]);
+                        assert_ne!(score, "", "{flavor} {backend:?}: node {i}");
+                    }
+                }
+                let err = semaphore.try_acquire().await.unwrap_err();
+                assert!(err.is_contended(), "{flavor} {backend:?}: {err}");
+                a.release().await.unwrap();
+                // A foreign permit on one node fills it: the other two have room, a majority that would admit
+                // a third holder with a lock's quorum, but not all three.
+                let time = servers[2].cmd(&["TIME"]);
+                let secs: u64 = time.lines().next().unwrap().trim().parse().unwrap();
+                let far = (secs * 1000 + 60_000).to_string();
+                servers[2].cmd(&["ZADD", &key, &far, "foreign"]);
+                let err = semaphore.try_acquire().await.unwrap_err();
+                assert!(err.is_contended(), "{flavor} {backend:?}: {err}");
+                for (i, server) in servers.iter().enumerate() {
+                    let expected = if i == 2 { 2 } else { 1 };
+                    assert_eq!(
+                        members(server, &key),
+                        expected,
+                        "{flavor} {backend:?}: node {i}: nothing of the failed attempt left"
+                    );
+                }
+                // The foreign permit gone: a second holder again, on all three.
+                servers[2].cmd(&["ZREM", &key, "foreign"]);
+                let c = semaphore.try_acquire().await.unwrap();
+                for server in servers.iter() {
+                    assert_ne!(server.cmd(&["ZSCORE", &key, c.token().as_str()]), "");
+                }
+                c.release().await.unwrap();
+                b.release().await.unwrap();
+                for server in servers.iter() {
+                    assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
+                }
+            }
+        },
+    );
+}
+
+#[test]
+fn permits_survive_a_script_flush_and_are_renewed_and_released_under_oom() {
+    on_every_server(
+        "permits_survive_a_script_flush_and_are_renewed_and_released_under_oom",
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let ttl = Ttl::from_millis(5_000).unwrap();
+            let two = PermitOp::Acquire { permits: 2 };
+            for backend in ALL_BACKENDS {
+                let node = common::node(backend, &server.url()).await;
+                let k = common::key("flush-oom", backend);
+                let token = Token::random().unwrap();
+                // A flushed script cache: loaded again (NOSCRIPT → EVAL) and run once.
+                server.cmd(&["SCRIPT", "FLUSH"]);
+                let r = node.permit(&k, &token, ttl, two).await.unwrap();
+                assert_eq!(r, redlease::PermitReply::Done, "{flavor} {backend:?}");
+                assert_eq!(members(&server, &k), 1, "{flavor} {backend:?}");
+                server.cmd(&["SCRIPT", "FLUSH"]);
+                let r = node
+                    .permit(&k, &token, ttl, PermitOp::Extend)
+                    .await
+                    .unwrap();
+                assert_eq!(r, redlease::PermitReply::Done, "{flavor} {backend:?}");
+
+                // Out of memory: a new permit is refused (definitely); the holder's renewal and release
+                // still work where Lua runs (without it, `ZADD` cannot run under OOM at all).
+                server.cmd(&["CONFIG", "SET", "maxmemory", "1"]);
+                let other = Token::random().unwrap();
+                let err = node.permit(&k, &other, ttl, two).await.unwrap_err();
+                assert_eq!(
+                    err.kind(),
+                    NodeErrorKind::OutOfMemory,
+                    "{flavor} {backend:?}: {err}"
+                );
+                assert!(!err.is_ambiguous(), "{flavor} {backend:?}: {err}");
+                assert_eq!(members(&server, &k), 1, "{flavor} {backend:?}");
+                let long = Ttl::from_millis(60_000).unwrap();
+                let extended = node.permit(&k, &token, long, PermitOp::Extend).await;
+                let pttl: i64 = server.cmd(&["PTTL", &k]).parse().unwrap();
+                if common::has_lua(flavor) {
+                    assert_eq!(
+                        extended.unwrap(),
+                        redlease::PermitReply::Done,
+                        "{flavor} {backend:?}: extend under OOM"
+                    );
+                    assert!(pttl > 50_000, "{flavor} {backend:?}: PTTL {pttl}");
+                } else {
+                    let err = extended.unwrap_err();
+                    assert_eq!(
+                        err.kind(),
+                        NodeErrorKind::OutOfMemory,
+                        "{flavor} {backend:?}"
+                    );
+                    assert!(!err.is_ambiguous(), "{flavor} {backend:?}: {err}");
+                    assert!(pttl <= 5_000, "{flavor} {backend:?}: PTTL {pttl}");
+                }
+                let r = node.permit(&k, &token, ttl, PermitOp::Release).await;
+                assert_eq!(
+                    r.unwrap(),
+                    redlease::PermitReply::Done,
+                    "{flavor} {backend:?}: release under OOM"
+                );
+                assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{flavor} {backend:?}");
+                server.cmd(&["CONFIG", "SET", "maxmemory", "0"]);
+            }
+        },
+    );
+}
