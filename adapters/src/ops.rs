@@ -1706,6 +1706,8 @@ async fn permit_watched(
     op: PermitOp,
 ) -> Result<PermitReply, NodeError> {
     let what = &scripts::WATCHED_PERMIT;
+    // Read/write and fair locks: not implemented by the adapters yet.
+    permit_op_name(op)?;
     if t.clustered() {
         return Err(NodeError::not_applied(
             NodeErrorKind::Unsupported,
