@@ -63,6 +63,8 @@ pub(crate) struct Engine {
     /// An attempt that finds the lock held still writes (a writer's claim, a place in a fair lock's queue):
     /// an acquisition that gives up deletes its token, so that it leaves at once.
     pub(crate) contention_writes: bool,
+    /// The lock operations act on permits (a semaphore, a read/write or a fair lock): no fencing tokens.
+    pub(crate) permits: bool,
     pub(crate) mode: Mode,
     pub(crate) config: Config,
     pub(crate) timer: SharedTimer,

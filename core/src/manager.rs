@@ -141,6 +141,7 @@ impl LockManager {
             engine: Arc::new(Engine {
                 quorum: crate::machine::quorum(nodes.len()),
                 contention_writes: false,
+                permits: false,
                 nodes,
                 mode,
                 config,
@@ -164,6 +165,7 @@ impl LockManager {
             nodes: e.nodes.clone(),
             quorum: e.quorum,
             contention_writes: e.contention_writes,
+            permits: e.permits,
             mode: e.mode,
             config: e.config.clone(),
             timer: e.timer.clone(),
@@ -765,6 +767,12 @@ impl Lock {
         if let Some(fence_key) = &self.fence_key {
             if self.engine.mode == Mode::Redlock {
                 return Err(Error::FencingUnsupported);
+            }
+            if self.engine.permits {
+                return Err(ConfigError::Semaphore(
+                    "semaphore permits, read/write and fair locks issue no fencing tokens",
+                )
+                .into());
             }
             crate::config::check_key("fence", fence_key)?;
             if fence_key.as_str() == &*self.key {

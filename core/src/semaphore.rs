@@ -111,6 +111,7 @@ impl LockManager {
         self.rebuild(|e| {
             e.nodes = nodes;
             e.quorum = quorum;
+            e.permits = true;
             e.contention_writes = matches!(
                 acquire,
                 PermitOp::AcquireExclusive { .. } | PermitOp::AcquireFair { .. }

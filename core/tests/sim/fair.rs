@@ -190,3 +190,19 @@ fn a_fair_lock_never_has_two_holders_under_hostile_faults() {
     });
     assert!(total > seeds as usize * 2, "only {total} acquisitions");
 }
+
+#[test]
+fn fencing_a_fair_or_read_write_lock_is_refused_before_anything_is_sent() {
+    let mut c = Cluster::new(1, 144, config());
+    let rw = c.manager.rw_lock("report");
+    for lock in [
+        c.manager.lock("printer").fair().fenced("printer:fence"),
+        rw.write().clone().fenced("report:fence"),
+    ] {
+        assert!(matches!(
+            c.try_acquire(&lock),
+            Err(redlease::Error::Config(redlease::ConfigError::Semaphore(_)))
+        ));
+    }
+    assert_eq!(c.calls(), 0);
+}
