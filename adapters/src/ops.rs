@@ -1525,6 +1525,42 @@ async fn extend_watched(
     }
 }
 
+/// A read/write or fair lock's acquisition as [`RW_PERMIT`](scripts::RW_PERMIT) takes it: the operation's name,
+/// the claim's life (ms) and the queue limit; `None` for the semaphore's operations.
+fn rw_permit_args(op: PermitOp) -> Option<(&'static str, u64, u32)> {
+    match op {
+        PermitOp::AcquireShared => Some(("shared", 1, 1)),
+        PermitOp::AcquireExclusive { claim } => Some(("exclusive", claim.as_millis(), 1)),
+        PermitOp::AcquireFair { claim, queue } => Some(("fair", claim.as_millis(), queue.max(1))),
+        _ => None,
+    }
+}
+
+/// A read/write or fair lock's acquisition: the [`RW_PERMIT`](scripts::RW_PERMIT) script. Without Lua (or on a
+/// node pinned to native commands) not supported: its reads and writes have no transaction path yet.
+async fn rw_permit(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+    (name, claim, queue): (&'static str, u64, u32),
+) -> Result<PermitReply, NodeError> {
+    if path(t, key).await?.is_some_and(|c| c.native_acquire()) {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "read/write and fair locks need Lua on the server (not sent)",
+        ));
+    }
+    let (millis, claim, queue) = (
+        ttl.as_millis().to_string(),
+        claim.max(1).to_string(),
+        queue.to_string(),
+    );
+    let args = [token.as_str(), &millis, name, &claim, &queue];
+    let reply = eval(t, &scripts::RW_PERMIT, &[key], &args).await?;
+    scripts::parse_rw_permit(reply)
+}
+
 /// The name of a semaphore operation as the [`PERMIT`](scripts::PERMIT) script takes it.
 fn permit_op_name(op: PermitOp) -> Result<&'static str, NodeError> {
     match op {
@@ -1548,6 +1584,9 @@ async fn permit_unrecorded(
     ttl: Ttl,
     op: PermitOp,
 ) -> Result<PermitReply, NodeError> {
+    if let Some((name, claim, queue)) = rw_permit_args(op) {
+        return rw_permit(t, key, token, ttl, (name, claim, queue)).await;
+    }
     let name = permit_op_name(op)?;
     if path(t, key).await?.is_some_and(|c| c.native_acquire()) {
         return permit_watched(t, key, token, ttl, op).await;
@@ -1858,10 +1897,13 @@ async fn permit_watched_once(
     let now_text = now.to_string();
     let expiry = now.saturating_add(ttl.as_millis()).to_string();
     let (add, check): (&[&str], &[&str]) = if permits.is_some() {
-        (&["ZADD", key, &expiry, token.as_str()], &["ZCARD", key])
+        (
+            &["ZADD", key, "GT", &expiry, token.as_str()],
+            &["ZCARD", key],
+        )
     } else {
         (
-            &["ZADD", key, "XX", &expiry, token.as_str()],
+            &["ZADD", key, "XX", "GT", &expiry, token.as_str()],
             &["ZSCORE", key, token.as_str()],
         )
     };
@@ -2914,7 +2956,13 @@ mod tests {
                     "-inf".into(),
                     "1000500".into()
                 ],
-                vec!["ZADD".to_owned(), "s".into(), "1001500".into(), tok],
+                vec![
+                    "ZADD".to_owned(),
+                    "s".into(),
+                    "GT".into(),
+                    "1001500".into(),
+                    tok
+                ],
                 vec!["ZCARD".to_owned(), "s".into()],
                 vec![
                     "PEXPIREAT".to_owned(),

@@ -347,6 +347,11 @@ return out
 /// - `extend`: our token holds a live permit → its score set to now + TTL, 1; else 0.
 /// - `release`: our token holds a live permit → removed, 1, and [`redlease::notify::payload`] of the token
 ///   published on the channel (with `redis.pcall`, after the removal, as [`RELEASE`] does); else 0.
+///   A waiting writer's claim or a fair waiter's place of the token ([`RW_PERMIT`]) is removed either way.
+///
+/// `extend` and `release` also find a read/write or fair lock's holder, stored as `s:<token>` or
+/// `x:<token>` by [`RW_PERMIT`]. Members scored 10^15 and above are [`RW_PERMIT`]'s arrival markers, not
+/// expiries: the key's own expiry ignores them.
 ///
 /// After a change the key's own expiry is set to the latest permit's (`PEXPIREAT`), so the key never outlives
 /// its permits; a set left empty is deleted by the server. A key of another type is a `WRONGTYPE` error for
@@ -389,16 +394,30 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local nowtext = string.format('%.0f', now)
-local mine = redis.call('ZSCORE', KEYS[1], ARGV[1])
+local member = ARGV[1]
+local mine = redis.call('ZSCORE', KEYS[1], member)
+if not mine and op ~= 'acquire' then
+  for _, prefix in ipairs({'s:', 'x:'}) do
+    local score = redis.call('ZSCORE', KEYS[1], prefix .. ARGV[1])
+    if score then
+      member = prefix .. ARGV[1]
+      mine = score
+      break
+    end
+  end
+end
 if mine and tonumber(mine) <= now then
   mine = false
 end
 if mine or op ~= 'acquire' then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowtext)
+  if op == 'release' then
+    redis.call('ZREM', KEYS[1], 'c:' .. ARGV[1], 'o:' .. ARGV[1])
+  end
   if not mine then
     return 0
   elseif op == 'release' then
-    redis.call('ZREM', KEYS[1], ARGV[1])
+    redis.call('ZREM', KEYS[1], member)
     if ARGV[5] and ARGV[5] ~= '' then
       if ARGV[6] == 'SPUBLISH' then
         redis.pcall('SPUBLISH', ARGV[5], string.sub(ARGV[1], 1, 8))
@@ -407,7 +426,7 @@ if mine or op ~= 'acquire' then
       end
     end
   else
-    redis.call('ZADD', KEYS[1], 'XX', string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
+    redis.call('ZADD', KEYS[1], 'XX', 'GT', string.format('%.0f', now + tonumber(ARGV[2])), member)
   end
 elseif redis.call('ZCOUNT', KEYS[1], '(' .. nowtext, '+inf') < permits then
   redis.call('ZADD', KEYS[1], string.format('%.0f', now + tonumber(ARGV[2])), ARGV[1])
@@ -417,13 +436,151 @@ else
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowtext)
   return -1 - (tonumber(first[2]) - now)
 end
-local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+local last = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(1000000000000000', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
 if last[2] then
   redis.call('PEXPIREAT', KEYS[1], string.format('%.0f', tonumber(last[2])))
 end
 return 1
 "#,
-    sha1: "d107d5ddaa46ff7c5a6a90380b6aa160953f1bfd",
+    sha1: "96694493963f5e31cc741779e553c7d4f008ce45",
+};
+
+/// Acquisitions of a read/write lock and of a fair lock ([`redlease::PermitOp::AcquireShared`],
+/// [`AcquireExclusive`](redlease::PermitOp::AcquireExclusive), [`AcquireFair`](redlease::PermitOp::AcquireFair)),
+/// on the sorted set at `KEYS[1]` scored by expiries in the server's milliseconds (`TIME`), expired entries
+/// purged first: readers `s:<token>`, the writer or fair holder `x:<token>`, a waiting writer's claim or a
+/// fair waiter's place `c:<token>`, and a fair waiter's arrival marker `o:<token>` scored 10^15 + its arrival
+/// (arrival order; removed with its place). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` `shared`,
+/// `exclusive` or `fair`, `ARGV[4]` the claim's life in ms, `ARGV[5]` the queue limit. Answers 1 (taken, or
+/// refreshed when the token already holds it) or `-1 - ms` (blocked; `ms` until the earliest blocking entry
+/// expires, capped at the claim's life so that a waiter refreshes it in time). A full queue is a `BUSY`
+/// error; a key of another type `WRONGTYPE`. Extension and release go through [`PERMIT`], which finds
+/// these members. The key's own expiry follows its latest expiry (arrival markers excluded).
+pub const RW_PERMIT: Script = Script {
+    name: "rw-permit",
+    source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR redlease: invalid token argument (empty)')
+end
+local op = ARGV[3]
+if op ~= 'shared' and op ~= 'exclusive' and op ~= 'fair' then
+  return redis.error_reply('ERR redlease: invalid permit operation (want shared, exclusive or fair)')
+end
+for i = 4, 5 do
+  if type(ARGV[i]) ~= 'string' or #ARGV[i] > 15 or not string.find(ARGV[i], '^[1-9][0-9]*$') then
+    return redis.error_reply('ERR redlease: invalid claim or queue argument')
+  end
+end
+if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local key = KEYS[1]
+local kind = redis.call('TYPE', key)
+if type(kind) == 'table' then
+  kind = kind.ok
+end
+if kind ~= 'zset' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE the lock key ' .. key .. ' holds a value of another type')
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local order = 1000000000000000
+local function num(n)
+  return string.format('%.0f', n)
+end
+redis.call('ZREMRANGEBYSCORE', key, '-inf', num(now))
+local tok = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local life = math.min(tonumber(ARGV[4]), ttl)
+local shared, excl, claims = {}, {}, {}
+local held = nil
+local entries = redis.call('ZRANGEBYSCORE', key, '(' .. num(now), '(' .. num(order), 'WITHSCORES')
+for i = 1, #entries, 2 do
+  local m, score = entries[i], tonumber(entries[i + 1])
+  local prefix, t = string.sub(m, 1, 2), string.sub(m, 3)
+  if prefix == 's:' then
+    shared[#shared + 1] = score
+  elseif prefix == 'x:' then
+    excl[#excl + 1] = score
+  elseif prefix == 'c:' then
+    claims[t] = score
+  end
+  if t == tok and (prefix == 's:' or prefix == 'x:') then
+    held = m
+  end
+end
+local queue = {}
+local marks = redis.call('ZRANGEBYSCORE', key, num(order), '+inf')
+for i = 1, #marks do
+  local t = string.sub(marks[i], 3)
+  if claims[t] then
+    queue[#queue + 1] = t
+  else
+    redis.call('ZREM', key, marks[i])
+  end
+end
+local function earliest(lists)
+  local e = nil
+  for _, list in ipairs(lists) do
+    for _, score in pairs(list) do
+      if not e or score < e then
+        e = score
+      end
+    end
+  end
+  return e
+end
+local result
+if held then
+  redis.call('ZADD', key, 'XX', 'GT', num(now + ttl), held)
+  result = 1
+elseif op == 'shared' then
+  local next = earliest({excl, claims})
+  if next then
+    result = -1 - (next - now)
+  else
+    redis.call('ZADD', key, num(now + ttl), 's:' .. tok)
+    result = 1
+  end
+elseif op == 'exclusive' then
+  local next = earliest({shared, excl})
+  if next then
+    redis.call('ZADD', key, num(now + life), 'c:' .. tok)
+    result = -1 - math.min(next - now, life)
+  else
+    redis.call('ZREM', key, 'c:' .. tok, 'o:' .. tok)
+    redis.call('ZADD', key, num(now + ttl), 'x:' .. tok)
+    result = 1
+  end
+else
+  if #excl == 0 and (#queue == 0 or queue[1] == tok) then
+    redis.call('ZREM', key, 'c:' .. tok, 'o:' .. tok)
+    redis.call('ZADD', key, num(now + ttl), 'x:' .. tok)
+    result = 1
+  else
+    if not claims[tok] and #queue >= tonumber(ARGV[5]) then
+      return redis.error_reply('BUSY redlease: the fair lock\'s queue is full (' .. #queue .. ' waiters)')
+    end
+    local next = life
+    if excl[1] then
+      next = math.min(next, excl[1] - now)
+    end
+    if queue[1] then
+      next = math.min(next, claims[queue[1]] - now)
+    end
+    if not claims[tok] then
+      redis.call('ZADD', key, num(order + now), 'o:' .. tok)
+    end
+    redis.call('ZADD', key, num(now + life), 'c:' .. tok)
+    result = -1 - next
+  end
+end
+local last = redis.call('ZREVRANGEBYSCORE', key, '(' .. num(order), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if last[2] then
+  redis.call('PEXPIREAT', key, num(tonumber(last[2])))
+end
+return result
+"#,
+    sha1: "16f21890477ec10d789ef7f0b289999df7177bff",
 };
 
 /// Reads value and TTL in one step. `KEYS[1]` key. Returns nil when absent, else `[value, pttl_ms]` (`pttl` is
@@ -615,7 +772,7 @@ pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 12] = [
+pub const ALL: [Script; 13] = [
     ACQUIRE,
     ACQUIRE_FRESH,
     ACQUIRE_TTL,
@@ -628,6 +785,7 @@ pub const ALL: [Script; 12] = [
     PROBE,
     PROBE_ACQUIRE,
     PERMIT,
+    RW_PERMIT,
 ];
 
 /// A client-neutral view of a script reply, built by each adapter from its client's value type — and by a
@@ -831,6 +989,19 @@ pub fn parse_permit(
         1 => Ok(PermitReply::Done),
         0 if !acquire => Ok(PermitReply::NotHeld),
         n if n < 0 && acquire => Ok(PermitReply::Full {
+            next_expiry: Some(Duration::from_millis((-1 - n).unsigned_abs())),
+        }),
+        _ => Err(unexpected(script, &reply)),
+    }
+}
+
+/// The reply of [`RW_PERMIT`]: 1 taken; `-1 - ms` blocked, the earliest blocking entry expiring in `ms`. Any
+/// other reply is an ambiguous [`NodeErrorKind::Protocol`] error (the script ran).
+pub fn parse_rw_permit(reply: Reply) -> Result<redlease::PermitReply, NodeError> {
+    let script = &RW_PERMIT;
+    match parse_int(script, &reply)? {
+        1 => Ok(redlease::PermitReply::Done),
+        n if n < 0 => Ok(redlease::PermitReply::Full {
             next_expiry: Some(Duration::from_millis((-1 - n).unsigned_abs())),
         }),
         _ => Err(unexpected(script, &reply)),

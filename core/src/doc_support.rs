@@ -142,7 +142,7 @@ impl RedisNode for MapNode {
         let until = now + ttl.as_duration();
         Ok(match (op, mine) {
             (PermitOp::Acquire { .. } | PermitOp::Extend, Some(i)) => {
-                set[i].1 = until;
+                set[i].1 = set[i].1.max(until);
                 PermitReply::Done
             }
             (PermitOp::Acquire { permits }, None) if set.len() < permits as usize => {

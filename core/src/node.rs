@@ -546,6 +546,8 @@ pub trait RedisNode: Send + Sync {
     ///   permit expires.
     /// - [`PermitOp::Extend`]: if `token` holds an unexpired permit, set its expiry to `ttl` from now
     ///   (`Done`); else [`PermitReply::NotHeld`], changing nothing.
+    /// - A refresh never moves a permit's expiry earlier (`ZADD … GT`): a late or duplicated request with a
+    ///   shorter TTL cannot shorten a permit a later request relies on.
     /// - [`PermitOp::AcquireShared`] / [`PermitOp::AcquireExclusive`]: a read/write lock at `key` (see the
     ///   variants); a key serves one kind of semaphore only.
     /// - [`PermitOp::Release`]: remove `token`'s permit and claim (`Done`; [`NotHeld`](PermitReply::NotHeld) if it

@@ -95,6 +95,7 @@ pub const CASES: &[&str] = &[
     "a_node_that_notifies_publishes_each_release_and_unsubscribes",
     "permits_admit_at_most_n_and_expire_by_the_servers_clock",
     "read_write_permits_share_exclude_and_claim",
+    "fair_permits_serve_the_queue_in_arrival_order",
 ];
 
 /// How long a notification case waits for a subscription or a message (real time on a live server).
@@ -846,6 +847,72 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             c.ok(
                 "shared release",
                 node.permit(&k, &r3, ttl(LONG), PermitOp::Release).await,
+            )?;
+            c.expect_absent(&k).await
+        }
+        "fair_permits_serve_the_queue_in_arrival_order" => {
+            // An optional capability (fair locks): a node that claims it must keep these contracts.
+            use redlease::{PermitOp, PermitReply};
+            let k = c.key("fair");
+            let fair = PermitOp::AcquireFair {
+                claim: ttl(2_000),
+                queue: 2,
+            };
+            let (h, w1, w2, w3) = (token()?, token()?, token()?, token()?);
+            match node.permit(&k, &h, ttl(LONG), fair).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => {
+                    let r = c.ok("fair acquire", other)?;
+                    c.ensure(r == PermitReply::Done, || {
+                        format!("the first fair acquire: {r:?}")
+                    })?;
+                }
+            }
+            for w in [&w1, &w2] {
+                let r = c.ok("fair acquire", node.permit(&k, w, ttl(LONG), fair).await)?;
+                c.ensure(matches!(r, PermitReply::Full { .. }), || {
+                    format!("a waiter: {r:?}")
+                })?;
+                c.sleep(Duration::from_millis(5)).await;
+            }
+            // The queue holds two: a third waiter is refused, changing nothing.
+            match node.permit(&k, &w3, ttl(LONG), fair).await {
+                Err(e) => c.ensure(e.kind() == NodeErrorKind::Busy && !e.is_ambiguous(), || {
+                    format!("a waiter beyond the queue: {e}")
+                })?,
+                Ok(r) => return Err(c.fail(format!("a waiter beyond the queue: {r:?}"))),
+            }
+            let r = c.ok(
+                "fair release",
+                node.permit(&k, &h, ttl(LONG), PermitOp::Release).await,
+            )?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("the holder's release: {r:?}")
+            })?;
+            // The second in line cannot jump the first.
+            let r = c.ok("fair acquire", node.permit(&k, &w2, ttl(LONG), fair).await)?;
+            c.ensure(matches!(r, PermitReply::Full { .. }), || {
+                format!("the second before the first: {r:?}")
+            })?;
+            let r = c.ok("fair acquire", node.permit(&k, &w1, ttl(LONG), fair).await)?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("the first in line: {r:?}")
+            })?;
+            let r = c.ok(
+                "fair extend",
+                node.permit(&k, &w1, ttl(LONG), PermitOp::Extend).await,
+            )?;
+            c.ensure(r == PermitReply::Done, || {
+                format!("the fair holder's extension: {r:?}")
+            })?;
+            // A waiter that leaves (release) gives up its place.
+            c.ok(
+                "fair release",
+                node.permit(&k, &w2, ttl(LONG), PermitOp::Release).await,
+            )?;
+            c.ok(
+                "fair release",
+                node.permit(&k, &w1, ttl(LONG), PermitOp::Release).await,
             )?;
             c.expect_absent(&k).await
         }

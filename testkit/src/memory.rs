@@ -859,7 +859,8 @@ impl RedisNode for MemoryNode {
                     | PermitOp::Extend,
                     Some(i),
                 ) => {
-                    set[i].expires_at = until;
+                    // Never earlier: a late or duplicated shorter request cannot shorten a permit.
+                    set[i].expires_at = set[i].expires_at.max(until);
                     PermitReply::Done
                 }
                 (PermitOp::Acquire { permits }, None) => {
