@@ -1460,6 +1460,96 @@ async fn extend_unrecorded(
     scripts::parse_flag(&scripts::EXTEND, reply)
 }
 
+/// [`extend_watched`] for many keys of one slot at once, in three round trips whatever their number (one by
+/// one, each extension would hold the transaction gate for three): `WATCH` every key, `MGET` them, and
+/// `MULTI`, `PEXPIRE key ttl GT` for each key holding its item's token, `EXEC` (or `UNWATCH` when none
+/// does). An `EXEC` aborted by the `WATCH` (one of the keys changed or expired) starts it again, at most
+/// [`WATCHED_ATTEMPTS`] times. A key of another type reads as nil (`MGET`): "not extended", as the script
+/// answers.
+async fn extend_many_watched(
+    t: &impl Transport,
+    items: &[redlease::ExtendItem<'_>],
+) -> Result<Vec<bool>, NodeError> {
+    let what = &scripts::WATCHED_EXTEND;
+    let Some(first) = items.first() else {
+        return Ok(Vec::new());
+    };
+    let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+    let ttls: Vec<String> = items
+        .iter()
+        .map(|i| i.ttl.as_millis().to_string())
+        .collect();
+    for _ in 0..WATCHED_ATTEMPTS {
+        let _gate = t.probe().tx_gate().await;
+        t.notice_reconnections();
+        let generation = t.probe().generation();
+        let watch: Vec<&str> = std::iter::once("WATCH")
+            .chain(keys.iter().copied())
+            .collect();
+        note(t, t.command(what, first.key, &watch).await)?;
+        let mget: Vec<&str> = std::iter::once("MGET")
+            .chain(keys.iter().copied())
+            .collect();
+        let values = match note(t, t.command(what, first.key, &mget).await) {
+            Ok(Reply::Array(values)) if values.len() == items.len() => values,
+            other => {
+                let _ = t.command(what, first.key, &["UNWATCH"]).await;
+                return match other {
+                    Ok(reply) => Err(scripts::unexpected_reply(what, &reply)),
+                    Err(e) => Err(e),
+                };
+            }
+        };
+        let ours: Vec<bool> = items
+            .iter()
+            .zip(&values)
+            .map(|(item, value)| {
+                matches!(value, Reply::Bytes(v) if v.as_slice() == item.token.as_str().as_bytes())
+            })
+            .collect();
+        let cmds: Vec<[&str; 4]> = items
+            .iter()
+            .zip(&ttls)
+            .zip(&ours)
+            .filter(|(_, ours)| **ours)
+            .map(|((item, ttl), _)| ["PEXPIRE", item.key, ttl.as_str(), "GT"])
+            .collect();
+        if cmds.is_empty() {
+            let _ = note(t, t.command(what, first.key, &["UNWATCH"]).await);
+            return Ok(ours);
+        }
+        t.notice_reconnections();
+        if t.probe().generation() != generation {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Connection,
+                format!(
+                    "{}: the connection was replaced between WATCH and EXEC, so the extension could not be \
+                     made conditional (not sent)",
+                    what.name
+                ),
+            ));
+        }
+        let cmds: Vec<&[&str]> = cmds.iter().map(|c| &c[..]).collect();
+        let replies = note(t, t.transaction(what, first.key, &cmds).await)?;
+        if replies.is_empty() {
+            // EXEC aborted: a key was touched since the WATCH.
+            continue;
+        }
+        if replies.len() != cmds.len() || !replies.iter().all(|r| matches!(r, Reply::Int(0 | 1))) {
+            return Err(scripts::unexpected_reply(what, &Reply::Array(replies)));
+        }
+        return Ok(ours);
+    }
+    Err(NodeError::not_applied(
+        NodeErrorKind::Other,
+        format!(
+            "{}: a key changed between WATCH and EXEC {WATCHED_ATTEMPTS} times in a row, so nothing was \
+             extended",
+            what.name
+        ),
+    ))
+}
+
 /// How many times the watched extension starts again after its `EXEC` was aborted by a change of the key
 /// between `WATCH` and `EXEC` (another request of the same holder, or the key's expiry).
 const WATCHED_ATTEMPTS: usize = 3;
@@ -1629,8 +1719,8 @@ async fn join_all<T>(
 }
 
 /// Batched extension: the [`EXTEND_MANY`](scripts::EXTEND_MANY) script, one call per slot on a cluster;
-/// where scripts cannot run (or the node is pinned to native commands), each item's own extension, all sent
-/// at once (a multiplexed connection pipelines them).
+/// where scripts cannot run (or the node is pinned to native commands), the batched watched extension
+/// ([`extend_many_watched`]), one per slot.
 async fn extend_many_unrecorded(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
@@ -1640,17 +1730,7 @@ async fn extend_many_unrecorded(
     };
     let caps = path(t, first.key).await?;
     let scripts_ok = caps.is_none_or(|c| c.lua && c.commands != Commands::Native);
-    if !scripts_ok {
-        let calls = items
-            .iter()
-            .map(|i| {
-                Box::pin(extend(t, i.key, i.token, i.ttl))
-                    as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
-            })
-            .collect();
-        return join_all(calls).await.into_iter().collect();
-    }
-    // Group by slot on a cluster (a script's keys must share one); one group otherwise.
+    // Group by slot on a cluster (a script's or a WATCH's keys must share one); one group otherwise.
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let slot = if t.clustered() {
@@ -1662,6 +1742,17 @@ async fn extend_many_unrecorded(
             Some((_, members)) => members.push(i),
             None => groups.push((slot, vec![i])),
         }
+    }
+    if !scripts_ok {
+        // One watched transaction per slot, one after the other (each holds the node's transaction gate).
+        let mut out = vec![false; items.len()];
+        for (_, members) in &groups {
+            let group: Vec<redlease::ExtendItem<'_>> = members.iter().map(|&i| items[i]).collect();
+            for (&i, flag) in members.iter().zip(extend_many_watched(t, &group).await?) {
+                out[i] = flag;
+            }
+        }
+        return Ok(out);
     }
     // The leases of a batch usually share one TTL: its text is made once per run of equal TTLs.
     let mut texts: Vec<(u64, String)> = Vec::new();
@@ -2482,6 +2573,38 @@ mod tests {
         assert_eq!(
             *t.sent.lock().unwrap(),
             ["SET", "WATCH", "GET", "MULTI PEXPIRE"]
+        );
+    }
+
+    /// Without Lua a batch is one watched transaction: `WATCH` and `MGET` of every key, and `PEXPIRE … GT`
+    /// only for the keys holding their item's token.
+    #[test]
+    fn a_batch_without_lua_is_one_watched_pexpire_gt_of_our_keys_only() {
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let (a, b) = (Token::random().unwrap(), Token::random().unwrap());
+        let items = [
+            redlease::ExtendItem::new("a", &a, ttl),
+            redlease::ExtendItem::new("b", &b, ttl),
+            redlease::ExtendItem::new("c", &a, ttl),
+        ];
+        let t = native();
+        t.replies.lock().unwrap().extend([
+            Ok(Reply::Bytes(b"OK".to_vec())),
+            Ok(Reply::Array(vec![
+                Reply::Bytes(a.as_str().as_bytes().to_vec()),
+                Reply::Bytes(b"theirs".to_vec()),
+                Reply::Nil,
+            ])),
+        ]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(1)]));
+        assert_eq!(
+            block_on(extend_many(&t, &items)).unwrap(),
+            [true, false, false]
+        );
+        assert_eq!(*t.sent.lock().unwrap(), ["WATCH", "MGET", "MULTI PEXPIRE"]);
+        assert_eq!(
+            t.tx_args.lock().unwrap().last().unwrap(),
+            &[vec!["PEXPIRE", "a", "1000", "GT"]]
         );
     }
 

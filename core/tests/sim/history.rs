@@ -163,8 +163,9 @@ fn renewing_history(seed: u64, horizon: Duration, mix: Mix) -> History {
     renewing_run(seed, horizon, mix).0
 }
 
-/// [`renewing_history`], with the number of duplicate copies that landed.
-fn renewing_run(seed: u64, horizon: Duration, mix: Mix) -> (History, u64) {
+/// [`renewing_history`], with the number of duplicate copies that landed: of every request, and of
+/// extensions.
+fn renewing_run(seed: u64, horizon: Duration, mix: Mix) -> (History, u64, u64) {
     let n = [1usize, 3, 5][(seed % 3) as usize];
     let mut config = config()
         .with_expiry(secs(2))
@@ -292,7 +293,12 @@ fn renewing_run(seed: u64, horizon: Duration, mix: Mix) -> (History, u64) {
                 .sum::<u64>()
         })
         .sum();
-    (history, copies)
+    let extension_copies = c
+        .faults
+        .iter()
+        .map(|f| f.duplicates_applied(redlease_testkit::Op::Extend))
+        .sum();
+    (history, copies, extension_copies)
 }
 
 /// How many seeds a long run checks: `REDLEASE_SIM_SEEDS`, else `default`.
@@ -307,11 +313,12 @@ pub(crate) fn seed_count(default: u64) -> u64 {
 /// clients got too little done (fewer than 4 acquisitions and 4 extensions per seed) or the duplicates of the
 /// mix never landed.
 fn check_mix(mix: Mix, seeds: std::ops::Range<u64>) {
-    let (mut total, mut extensions, mut copies) = (0, 0, 0);
+    let (mut total, mut extensions, mut copies, mut extension_copies) = (0, 0, 0, 0);
     let count = seeds.end - seeds.start;
     for_each_seed(seeds, |seed| {
-        let (history, landed) = renewing_run(seed, secs(8), mix);
+        let (history, landed, extensions_landed) = renewing_run(seed, secs(8), mix);
         copies += landed;
+        extension_copies += extensions_landed;
         if let Err(v) = history.check() {
             if std::env::var_os("REDLEASE_SIM_DEBUG").is_some() {
                 for (e, raw) in history.timeline().into_iter().zip(history.events()) {
@@ -342,6 +349,16 @@ fn check_mix(mix: Mix, seeds: std::ops::Range<u64>) {
     assert!(extensions > floor, "{mix:?}: only {extensions} extensions");
     if mix.duplicates || mix.duplicate_extensions {
         assert!(copies > count, "{mix:?}: only {copies} duplicates landed");
+        // Extensions are duplicated too: a copy of a shorter one may land after a longer one.
+        assert!(
+            extension_copies > count / 4,
+            "{mix:?}: only {extension_copies} duplicated extensions landed"
+        );
+        if std::env::var_os("REDLEASE_SIM_DEBUG").is_some() {
+            eprintln!(
+                "{mix:?}: {count} seeds, {copies} duplicates landed, {extension_copies} of extensions"
+            );
+        }
     }
 }
 
