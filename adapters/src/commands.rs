@@ -5,15 +5,22 @@
 /// | operation | [`Automatic`](Self::Automatic) (default) | [`Scripts`](Self::Scripts) | [`Native`](Self::Native) |
 /// |---|---|---|---|
 /// | first acquisition | `SET NX GET PX` (the first on a connection: the probe script) | same | `SET NX GET PX` (`SET NX PX` without `GET`) |
-/// | retried acquisition (own token) | script; without Lua `SET NX PX`, then `SET … IFEQ` | script | `SET NX PX`, then `SET … IFEQ` |
+/// | retried acquisition (own token) | script; without Lua `SET NX PX`, then the watched extension | script | `SET NX PX`, then the watched extension |
 /// | fenced acquisition | script; without Lua the native sequence | script | the native sequence (see the crate docs) |
 /// | release | `DELIFEQ` where offered, else script | script | `DELIFEQ` |
-/// | extend | `SET … IFEQ … PX` where offered (the script when a full server refuses the `SET`), else script | script | `SET … IFEQ … PX` |
+/// | extend | script; without Lua the watched extension (`WATCH`, `GET`, and if ours `MULTI PEXPIRE … GT EXEC`) | script | the watched extension |
 /// | inspect | script; without Lua `MULTI GET PTTL EXEC` | script | `MULTI GET PTTL EXEC` |
 /// | semaphore permit | script; without Lua `WATCH`, `TIME`, `ZRANGE`/`ZSCORE`, `MULTI … EXEC` | script | `WATCH`, `TIME`, `ZRANGE`/`ZSCORE`, `MULTI … EXEC` (not on a cluster) |
 ///
+/// An extension never shortens a key ([`RedisNode`](redlease::RedisNode#extensions-never-shorten-a-key)), so
+/// the native `SET key token IFEQ token PX ttl`, which sets exactly `ttl`, extends nothing: a late or
+/// duplicated copy of a shorter one would shorten a key a longer extension set. The script compares the TTL
+/// (`PTTL`, then `PEXPIRE` only if longer); without Lua the watched extension uses `PEXPIRE … GT` after
+/// comparing the token under `WATCH`.
+///
 /// Without Lua (or without permission to run scripts) the capability check also makes sure that the user may
-/// run `MULTI`/`EXEC` with `GET`, `PTTL` and `INCR` (probed with transactions that write nothing); a refusal
+/// run `MULTI`/`EXEC` with `GET`, `PTTL`, `INCR` and `PEXPIRE`, and `WATCH` (probed with commands and
+/// transactions that write nothing); a refusal
 /// is a definite [`NodeErrorKind::Auth`](redlease::NodeErrorKind::Auth) error naming the refused command,
 /// before anything is written.
 ///
@@ -57,9 +64,11 @@ impl Capabilities {
         self.delifeq && self.commands != Commands::Scripts
     }
 
-    /// Whether extension is `SET … IFEQ … PX` (else the compare-and-pexpire script).
+    /// Whether extension (and the own-token branch of a retried acquisition) is the watched `PEXPIRE … GT`
+    /// transaction, without Lua (else the compare-and-extend script): where scripts cannot run, or the node
+    /// is pinned to native commands. Never `SET … IFEQ … PX`, which could shorten a key.
     pub fn native_extend(&self) -> bool {
-        self.set_ifeq && self.commands != Commands::Scripts
+        self.native_acquire()
     }
 
     /// Whether retried and fenced acquisitions and inspection use native commands and transactions (no Lua).

@@ -1053,7 +1053,7 @@ macro_rules! static_words {
 
 static_words!(
     "SET" "GET" "PTTL" "DEL" "DELIFEQ" "PUBLISH" "SPUBLISH" "INCR" "INCRBY" "INFO" "WAIT" "WAITAOF" "NX" "PX"
-    "IFEQ" "server" "0" "WATCH" "UNWATCH" "PEXPIRE"
+    "IFEQ" "server" "0" "WATCH" "UNWATCH" "PEXPIRE" "GT"
 );
 
 /// `s` as an argument: without a copy when it is one of the [`static_word`]s.

@@ -44,10 +44,12 @@
 //!
 //! The same check learns which native conditional commands the connection offers and the user may run
 //! (`SET … IFEQ` on Valkey 8.1+, `DELIFEQ` on Valkey 9.0+; probed by command, never from version strings), and
-//! each operation chooses its path from that and the node's [`Commands`] mode: release by `DELIFEQ`, extend
-//! by `SET … IFEQ … PX` where present, scripts otherwise; where scripts cannot run (Lua absent, or `EVAL`
-//! refused by the ACL) every operation is native, the fenced acquisition included (three steps; see the
-//! README's "Servers" section for the design and the gaps it may leave in the fence sequence).
+//! each operation chooses its path from that and the node's [`Commands`] mode: release by `DELIFEQ` where
+//! present, scripts otherwise; where scripts cannot run (Lua absent, or `EVAL` refused by the ACL) every
+//! operation is native, the fenced acquisition included (three steps; see the README's "Servers" section for
+//! the design and the gaps it may leave in the fence sequence), and extension is a watched `PEXPIRE … GT`.
+//! No path extends with `SET … IFEQ … PX`: an extension never shortens a key
+//! ([`RedisNode`](redlease::RedisNode#extensions-never-shorten-a-key)), and that command sets exactly its TTL.
 //!
 //! # Order
 //!

@@ -28,8 +28,8 @@
 //! `DELIFEQ`: inside the probe script with `redis.pcall`, or, where scripts cannot run, with plain probe
 //! commands that write nothing), and each operation picks its path from the answer and the node's
 //! [`Commands`] mode (see there for the table). Where the lease would run without Lua, the check also
-//! proves `MULTI`/`EXEC` (with `GET`, `PTTL`) and `INCR` permitted, with transactions that write nothing
-//! ([`transactions_refused`]).
+//! proves `MULTI`/`EXEC` (with `GET`, `PTTL`), `INCR`, `PEXPIRE` and `WATCH` permitted, with commands and
+//! transactions that write nothing ([`transactions_refused`]).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -622,10 +622,11 @@ async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 
 }
 
 /// The ACL's refusal of what the Lua-less operations need besides `DELIFEQ` and `SET … IFEQ`, if any:
-/// `MULTI`/`EXEC` with `GET` and `PTTL` (inspection, fenced acquisition) and `INCR` (fenced acquisition).
-/// Both probes write nothing: the first is a read-only transaction sent so that a refused `MULTI` is
-/// harmless ([`Transport::probe_transaction`]); the second queues `INCR key` and then a malformed `INCR`,
-/// whose refusal aborts the transaction, so that `INCR key` never runs and only its own refusal names it.
+/// `MULTI`/`EXEC` with `GET` and `PTTL` (inspection, fenced acquisition), `INCR` (fenced acquisition), and
+/// `WATCH` and `PEXPIRE` (the watched extension). The probes write nothing: the first is a read-only
+/// transaction sent so that a refused `MULTI` is harmless ([`Transport::probe_transaction`]); the second
+/// queues `INCR key`, `PEXPIRE key 1 GT` and then a malformed `INCR`, whose refusal aborts the transaction,
+/// so that neither runs and only their own refusal names them; the third is `WATCH key`, then `UNWATCH`.
 async fn transactions_refused(
     t: &impl Transport,
     key: &str,
@@ -636,14 +637,23 @@ async fn transactions_refused(
         Err(e) if denied(&e) => return Ok(Some(e)),
         Err(e) => return Err(e),
     }
-    match note(t, tx(t, what, key, &[&["INCR", key], &["INCR"]]).await) {
-        Err(e) if denied(&e) => Ok(Some(e)),
-        // The malformed INCR's refusal (arity): the transaction was discarded, INCR key is permitted.
-        Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => {
+    let queued: &[&[&str]] = &[&["INCR", key], &["PEXPIRE", key, "1", "GT"], &["INCR"]];
+    match note(t, tx(t, what, key, queued).await) {
+        Err(e) if denied(&e) => return Ok(Some(e)),
+        // The malformed INCR's refusal (arity): the transaction was discarded, the others are permitted.
+        Err(e) if !e.is_ambiguous() && e.message().contains("wrong number of arguments") => {}
+        Err(e) => return Err(e),
+        Ok(replies) => return Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
+    }
+    let watch = &scripts::WATCHED_EXTEND;
+    let _gate = t.probe().tx_gate().await;
+    match note(t, t.command(watch, key, &["WATCH", key]).await) {
+        Ok(_) => {
+            note(t, t.command(watch, key, &["UNWATCH"]).await)?;
             Ok(None)
         }
+        Err(e) if denied(&e) => Ok(Some(e)),
         Err(e) => Err(e),
-        Ok(replies) => Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
     }
 }
 
@@ -685,7 +695,7 @@ async fn without_lua(
                 NodeErrorKind::Auth,
                 format!(
                     "capability check before the first write: {scripts}a lease without Lua needs MULTI/EXEC \
-                     with GET, PTTL and INCR besides DELIFEQ and SET IFEQ; {}",
+                     with GET, PTTL, INCR and PEXPIRE, and WATCH, besides DELIFEQ and SET IFEQ; {}",
                     refused.message()
                 ),
             )
@@ -891,26 +901,26 @@ async fn set_if(
     scripts::parse_set_ok(what, reply)
 }
 
-/// `SET key token IFEQ token PX ttl`: resets the TTL of a key holding our token; never creates a key.
-async fn set_ifeq(
+/// The own-token branch of a Lua-less acquisition: the watched extension ([`extend_watched`]), which
+/// extends a key holding our token to at least `ttl` and never shortens it, as the acquire script does (`SET
+/// … IFEQ … PX` would set exactly `ttl`: a late retry could shorten a key a longer extension set). A lock key
+/// of another type is worded as the scripts word it.
+async fn own_token_extend(
     t: &impl Transport,
     key: &str,
     token: &Token,
     ttl: &str,
 ) -> Result<bool, NodeError> {
-    set_if(
-        t,
-        &scripts::SET_IFEQ,
-        key,
-        token,
-        &["IFEQ", token.as_str()],
-        ttl,
-    )
-    .await
+    match extend_watched(t, key, token, ttl).await {
+        Err(e) if e.kind() == NodeErrorKind::WrongType => {
+            Err(lock_wrong_type(&scripts::WATCHED_EXTEND, key, e))
+        }
+        other => other,
+    }
 }
 
-/// A retried acquisition without Lua: `SET NX PX`, and if the key exists, `SET … IFEQ` on our token (which
-/// resets its TTL, as the acquire script does).
+/// A retried acquisition without Lua: `SET NX PX`, and if the key exists, the watched extension of our token
+/// (which extends its TTL without ever shortening it, as the acquire script does).
 async fn acquire_native(
     t: &impl Transport,
     key: &str,
@@ -920,12 +930,7 @@ async fn acquire_native(
     if set_if(t, &scripts::SET_NX_PLAIN, key, token, &["NX"], ttl).await? {
         return Ok(true);
     }
-    match set_ifeq(t, key, token, ttl).await {
-        Err(e) if e.kind() == NodeErrorKind::WrongType => {
-            Err(lock_wrong_type(&scripts::SET_IFEQ, key, e))
-        }
-        other => other,
-    }
+    own_token_extend(t, key, token, ttl).await
 }
 
 async fn acquire_script(
@@ -1165,8 +1170,8 @@ async fn fence_writable(t: &impl Transport, key: &str, fence_key: &str) -> Resul
 ///    the counter gained a TTL meanwhile, the lock is removed again (`DELIFEQ`) before the error returns.
 ///
 /// Contention changes nothing (no `INCR` without the lock). Retries of one acquisition (same token): the node
-/// remembers what it wrote. A number it issued is returned again after `SET … IFEQ` resets the TTL (as the
-/// script does); a lock it wrote whose number is unconfirmed (the reply of step 3 was lost, or the call was
+/// remembers what it wrote. A number it issued is returned again after the watched extension extends the TTL
+/// (never shortening it, as the script does); a lock it wrote whose number is unconfirmed (the reply of step 3 was lost, or the call was
 /// dropped between steps) gets a new number through step 3, since the old `INCR` may never have run; a lock
 /// holding our token that this node never wrote is a definite `Fence` error, nothing written (as the script
 /// answers a lock without counter).
@@ -1208,7 +1213,7 @@ async fn fenced_native(
                 "FENCE the fence key {fence_key} is missing while the lock holds this token"
             )));
         }
-        if set_ifeq(t, key, token, ttl).await? {
+        if own_token_extend(t, key, token, ttl).await? {
             return Ok(Some(issued));
         }
     }
@@ -1234,15 +1239,10 @@ async fn fenced_native(
     if written {
         // Ours now; its number follows.
     } else if recorded == Some(None) {
-        // Our lock from an earlier attempt whose number is unconfirmed: keep it (resetting its TTL) and
-        // issue a new number below.
-        match set_ifeq(t, key, token, ttl).await {
-            Ok(true) => {}
-            Ok(false) => return Ok(None),
-            Err(e) if e.kind() == NodeErrorKind::WrongType => {
-                return Err(lock_wrong_type(&scripts::SET_IFEQ, key, e));
-            }
-            Err(e) => return Err(e),
+        // Our lock from an earlier attempt whose number is unconfirmed: keep it (extending its TTL, never
+        // shortening it) and issue a new number below.
+        if !own_token_extend(t, key, token, ttl).await? {
+            return Ok(None);
         }
     } else {
         if recorded.is_none() {
@@ -1436,24 +1436,20 @@ async fn extend_unrecorded(
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
-    let caps = path(t, key).await?;
-    if let Some(caps) = caps.filter(Capabilities::native_extend) {
-        match set_ifeq(t, key, token, &ttl).await {
+    // Never `SET key token IFEQ token PX ttl`: it sets exactly `ttl`, so a late or duplicated copy with a
+    // shorter TTL landing after a longer extension would shorten the key (an extension must never shorten
+    // one). Where scripts run, the script compares the TTL; where they cannot (or the node is pinned to
+    // native commands), the watched `PEXPIRE … GT`. Both only run `PEXPIRE`, which a server at `maxmemory`
+    // still accepts.
+    if path(t, key).await?.is_some_and(|c| c.native_extend()) {
+        match extend_watched(t, key, token, &ttl).await {
             Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
-            // `SET` grows memory, so a server at `maxmemory` refuses it (not applied); the script's
-            // `PEXPIRE` is allowed there, so where scripts run the lease is extended by the script, and
-            // where they cannot, by a watched transaction around `PEXPIRE`.
-            Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() && caps.lua => {}
-            Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() => {
-                return extend_watched(t, key, token, &ttl).await;
-            }
-            // The server lacks `SET … IFEQ` after all (it changed behind the connection; the check is
-            // forgotten): nothing was changed, so the extension goes again by the path a new check finds.
+            // The server lacks a command of the transaction after all (it changed behind the connection; the
+            // check is forgotten): nothing was changed, so the extension goes again by the path a new check
+            // finds.
             Err(e) if refused_command(&e) => {
-                if path(t, key)
-                    .await?
-                    .is_some_and(|c| c.native_extend() || !c.lua)
-                {
+                t.probe().forget_checks();
+                if path(t, key).await?.is_some_and(|c| c.native_extend()) {
                     return Err(e);
                 }
             }
@@ -1464,24 +1460,146 @@ async fn extend_unrecorded(
     scripts::parse_flag(&scripts::EXTEND, reply)
 }
 
-/// Extension without Lua where `SET … IFEQ` was refused for want of memory (a server at `maxmemory` refuses
-/// every command that may grow memory; it runs `PEXPIRE`, also inside `MULTI … EXEC`): `WATCH key`, `GET
-/// key`, and only if the key holds our token `MULTI PEXPIRE key ttl EXEC`, which the server runs only if
-/// nothing touched the key since the `WATCH` (so the compare and the expire are one atomic step, as in the
-/// extend script); otherwise `UNWATCH`. From the `WATCH` to the `EXEC` the call holds the node's transaction
-/// gate, so that no other `EXEC` of this node ends the `WATCH` in between, and a reconnect noticed in between
-/// fails the call before the transaction is sent (a new connection has no `WATCH`). A transaction aborted by
-/// the `WATCH` extended nothing: "not extended".
+/// [`extend_watched`] for many keys of one slot at once, in three round trips whatever their number (one by
+/// one, each extension would hold the transaction gate for three): `WATCH` every key, `MGET` them, and
+/// `MULTI`, `PEXPIRE key ttl GT` for each key holding its item's token, `EXEC` (or `UNWATCH` when none
+/// does). An `EXEC` aborted by the `WATCH` (one of the keys changed or expired) starts it again, at most
+/// [`WATCHED_ATTEMPTS`] times. A key of another type reads as nil (`MGET`): "not extended", as the script
+/// answers.
+async fn extend_many_watched(
+    t: &impl Transport,
+    items: &[redlease::ExtendItem<'_>],
+) -> Result<Vec<bool>, NodeError> {
+    let what = &scripts::WATCHED_EXTEND;
+    let Some(first) = items.first() else {
+        return Ok(Vec::new());
+    };
+    let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+    let ttls: Vec<String> = items
+        .iter()
+        .map(|i| i.ttl.as_millis().to_string())
+        .collect();
+    for _ in 0..WATCHED_ATTEMPTS {
+        let _gate = t.probe().tx_gate().await;
+        t.notice_reconnections();
+        let generation = t.probe().generation();
+        let watch: Vec<&str> = std::iter::once("WATCH")
+            .chain(keys.iter().copied())
+            .collect();
+        note(t, t.command(what, first.key, &watch).await)?;
+        let mget: Vec<&str> = std::iter::once("MGET")
+            .chain(keys.iter().copied())
+            .collect();
+        let values = match note(t, t.command(what, first.key, &mget).await) {
+            Ok(Reply::Array(values)) if values.len() == items.len() => values,
+            other => {
+                let _ = t.command(what, first.key, &["UNWATCH"]).await;
+                return match other {
+                    Ok(reply) => Err(scripts::unexpected_reply(what, &reply)),
+                    Err(e) => Err(e),
+                };
+            }
+        };
+        let ours: Vec<bool> = items
+            .iter()
+            .zip(&values)
+            .map(|(item, value)| {
+                matches!(value, Reply::Bytes(v) if v.as_slice() == item.token.as_str().as_bytes())
+            })
+            .collect();
+        let cmds: Vec<[&str; 4]> = items
+            .iter()
+            .zip(&ttls)
+            .zip(&ours)
+            .filter(|(_, ours)| **ours)
+            .map(|((item, ttl), _)| ["PEXPIRE", item.key, ttl.as_str(), "GT"])
+            .collect();
+        if cmds.is_empty() {
+            let _ = note(t, t.command(what, first.key, &["UNWATCH"]).await);
+            return Ok(ours);
+        }
+        t.notice_reconnections();
+        if t.probe().generation() != generation {
+            return Err(NodeError::not_applied(
+                NodeErrorKind::Connection,
+                format!(
+                    "{}: the connection was replaced between WATCH and EXEC, so the extension could not be \
+                     made conditional (not sent)",
+                    what.name
+                ),
+            ));
+        }
+        let cmds: Vec<&[&str]> = cmds.iter().map(|c| &c[..]).collect();
+        let replies = note(t, t.transaction(what, first.key, &cmds).await)?;
+        if replies.is_empty() {
+            // EXEC aborted: a key was touched since the WATCH.
+            continue;
+        }
+        if replies.len() != cmds.len() || !replies.iter().all(|r| matches!(r, Reply::Int(0 | 1))) {
+            return Err(scripts::unexpected_reply(what, &Reply::Array(replies)));
+        }
+        return Ok(ours);
+    }
+    Err(NodeError::not_applied(
+        NodeErrorKind::Other,
+        format!(
+            "{}: a key changed between WATCH and EXEC {WATCHED_ATTEMPTS} times in a row, so nothing was \
+             extended",
+            what.name
+        ),
+    ))
+}
+
+/// How many times the watched extension starts again after its `EXEC` was aborted by a change of the key
+/// between `WATCH` and `EXEC` (another request of the same holder, or the key's expiry).
+const WATCHED_ATTEMPTS: usize = 3;
+
+/// Compare-and-extend without Lua (the Lua-less or native extension, and the own-token branch of a Lua-less
+/// acquisition): `WATCH key`, `GET key`, and only if the key holds our token `MULTI PEXPIRE key ttl GT EXEC`,
+/// which the server runs only if nothing touched the key since the `WATCH` (so the compare and the expire
+/// are one atomic step, as in the extend script); otherwise `UNWATCH`. `GT` keeps a longer TTL the key has: an
+/// extension never shortens a key, so a late or duplicated copy of a shorter one changes nothing. (`SET …
+/// IFEQ … PX` compares too, but sets exactly its TTL.) `PEXPIRE` is also what a server at `maxmemory` still
+/// runs. From the `WATCH` to the `EXEC` the call holds the node's transaction gate, so that no other `EXEC`
+/// of this node ends the `WATCH` in between, and a reconnect noticed in between fails the call before the
+/// transaction is sent (a new connection has no `WATCH`). An `EXEC` aborted by the `WATCH` extended nothing:
+/// the sequence starts again (at most [`WATCHED_ATTEMPTS`] times, then a definite error), so that a key that
+/// expired or changed hands meanwhile answers "not ours" and one still ours is extended.
 ///
-/// What it cannot exclude: commands the application itself sends on the same connection (a shared client's
-/// own `EXEC` or `UNWATCH` between the two steps), and fred's replay of a transaction after a reconnect
-/// (issue 22 #9), on a connection without the `WATCH`.
+/// A lock key of another type is a `WrongType` error (the extension answers "not extended", an acquisition
+/// reports it). What it cannot exclude: commands the application itself sends on the same connection (a
+/// shared client's own `EXEC` or `UNWATCH` between the two steps), and fred's replay of a transaction after a
+/// reconnect (issue 22 #9), on a connection without the `WATCH` (`GT` bounds what such a replay can do: it
+/// never shortens a key).
 async fn extend_watched(
     t: &impl Transport,
     key: &str,
     token: &Token,
     ttl: &str,
 ) -> Result<bool, NodeError> {
+    for _ in 0..WATCHED_ATTEMPTS {
+        if let Some(ours) = extend_watched_once(t, key, token, ttl).await? {
+            return Ok(ours);
+        }
+    }
+    let what = &scripts::WATCHED_EXTEND;
+    Err(NodeError::not_applied(
+        NodeErrorKind::Other,
+        format!(
+            "{}: the key changed between WATCH and EXEC {WATCHED_ATTEMPTS} times in a row, so nothing was \
+             extended",
+            what.name
+        ),
+    ))
+}
+
+/// One round of [`extend_watched`]: `Some(ours)`, or `None` when the `WATCH` aborted the `EXEC`.
+async fn extend_watched_once(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: &str,
+) -> Result<Option<bool>, NodeError> {
     let what = &scripts::WATCHED_EXTEND;
     let _gate = t.probe().tx_gate().await;
     t.notice_reconnections();
@@ -1490,7 +1608,6 @@ async fn extend_watched(
     let ours = match note(t, t.command(what, key, &["GET", key]).await) {
         Ok(Reply::Bytes(value)) => value == token.as_str().as_bytes(),
         Ok(Reply::Nil) => false,
-        Err(e) if e.kind() == NodeErrorKind::WrongType => false,
         other => {
             // Nothing to extend with: the WATCH is ended (also by the connection's end, if it failed).
             let _ = t.command(what, key, &["UNWATCH"]).await;
@@ -1502,7 +1619,7 @@ async fn extend_watched(
     };
     if !ours {
         let _ = note(t, t.command(what, key, &["UNWATCH"]).await);
-        return Ok(false);
+        return Ok(Some(false));
     }
     t.notice_reconnections();
     if t.probe().generation() != generation {
@@ -1515,12 +1632,16 @@ async fn extend_watched(
             ),
         ));
     }
-    let replies = note(t, t.transaction(what, key, &[&["PEXPIRE", key, ttl]]).await)?;
+    let replies = note(
+        t,
+        t.transaction(what, key, &[&["PEXPIRE", key, ttl, "GT"]])
+            .await,
+    )?;
     match replies.as_slice() {
         // EXEC aborted: the key was touched since the WATCH.
-        [] => Ok(false),
-        [Reply::Int(1)] => Ok(true),
-        [Reply::Int(0)] => Ok(false),
+        [] => Ok(None),
+        // 1: extended; 0: the TTL it had was longer (kept). Ours either way.
+        [Reply::Int(0 | 1)] => Ok(Some(true)),
         _ => Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
     }
 }
@@ -2043,8 +2164,8 @@ async fn join_all<T>(
 }
 
 /// Batched extension: the [`EXTEND_MANY`](scripts::EXTEND_MANY) script, one call per slot on a cluster;
-/// where scripts cannot run (or the node is pinned to native commands), each item's own extension, all sent
-/// at once (a multiplexed connection pipelines them).
+/// where scripts cannot run (or the node is pinned to native commands), the batched watched extension
+/// ([`extend_many_watched`]), one per slot.
 async fn extend_many_unrecorded(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
@@ -2054,17 +2175,7 @@ async fn extend_many_unrecorded(
     };
     let caps = path(t, first.key).await?;
     let scripts_ok = caps.is_none_or(|c| c.lua && c.commands != Commands::Native);
-    if !scripts_ok {
-        let calls = items
-            .iter()
-            .map(|i| {
-                Box::pin(extend(t, i.key, i.token, i.ttl))
-                    as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
-            })
-            .collect();
-        return join_all(calls).await.into_iter().collect();
-    }
-    // Group by slot on a cluster (a script's keys must share one); one group otherwise.
+    // Group by slot on a cluster (a script's or a WATCH's keys must share one); one group otherwise.
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let slot = if t.clustered() {
@@ -2076,6 +2187,17 @@ async fn extend_many_unrecorded(
             Some((_, members)) => members.push(i),
             None => groups.push((slot, vec![i])),
         }
+    }
+    if !scripts_ok {
+        // One watched transaction per slot, one after the other (each holds the node's transaction gate).
+        let mut out = vec![false; items.len()];
+        for (_, members) in &groups {
+            let group: Vec<redlease::ExtendItem<'_>> = members.iter().map(|&i| items[i]).collect();
+            for (&i, flag) in members.iter().zip(extend_many_watched(t, &group).await?) {
+                out[i] = flag;
+            }
+        }
+        return Ok(out);
     }
     // The leases of a batch usually share one TTL: its text is made once per run of equal TTLs.
     let mut texts: Vec<(u64, String)> = Vec::new();
@@ -2835,43 +2957,112 @@ mod tests {
         assert_eq!(*t.sent.lock().unwrap(), ["MULTI GET PTTL"], "no SET");
     }
 
-    fn oom() -> Result<Reply, NodeError> {
-        Err(NodeError::not_applied(
-            NodeErrorKind::OutOfMemory,
-            "OOM command not allowed when used memory > 'maxmemory'.",
-        ))
-    }
-
-    /// Without Lua under OOM: the watched transaction extends only a key holding our token, and reports an
-    /// `EXEC` the `WATCH` aborted as "not extended".
+    /// Without Lua the extension is the watched transaction: it extends only a key holding our token, with
+    /// `PEXPIRE … GT` (never `SET … IFEQ … PX`, which would shorten a key a longer extension set); an `EXEC`
+    /// the `WATCH` aborted starts it again; a TTL already longer (`GT` answers 0) is still "ours".
     #[test]
-    fn an_extension_refused_for_memory_without_lua_is_a_watched_pexpire_of_our_key_only() {
+    fn an_extension_without_lua_is_a_watched_pexpire_gt_of_our_key_only() {
         let ttl = Ttl::from_millis(1000).unwrap();
         let token = Token::random().unwrap();
         let ours = || Ok(Reply::Bytes(token.as_str().as_bytes().to_vec()));
         let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
         // Ours: extended by the transaction.
         let t = native();
-        t.replies.lock().unwrap().extend([oom(), ok(), ours()]);
+        t.replies.lock().unwrap().extend([ok(), ours()]);
         t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(1)]));
+        assert!(block_on(extend(&t, "l", &token, ttl)).unwrap());
+        assert_eq!(*t.sent.lock().unwrap(), ["WATCH", "GET", "MULTI PEXPIRE"]);
+        assert_eq!(
+            t.tx_args.lock().unwrap().last().unwrap(),
+            &[vec!["PEXPIRE", "l", "1000", "GT"]]
+        );
+        // Ours with a longer TTL already: kept (GT answers 0), and still held.
+        let t = native();
+        t.replies.lock().unwrap().extend([ok(), ours()]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(0)]));
+        assert!(block_on(extend(&t, "l", &token, ttl)).unwrap());
+        // Touched between WATCH and EXEC: aborted, and the next round finds it ours and extends it.
+        let t = native();
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([ok(), ours(), ok(), ours()]);
+        t.txs
+            .lock()
+            .unwrap()
+            .extend([Ok(vec![]), Ok(vec![Reply::Int(1)])]);
         assert!(block_on(extend(&t, "l", &token, ttl)).unwrap());
         assert_eq!(
             *t.sent.lock().unwrap(),
-            ["SET", "WATCH", "GET", "MULTI PEXPIRE"]
+            [
+                "WATCH",
+                "GET",
+                "MULTI PEXPIRE",
+                "WATCH",
+                "GET",
+                "MULTI PEXPIRE"
+            ]
         );
-        // Touched between WATCH and EXEC: aborted, not extended.
+        // Aborted every time: a definite error, never "not held".
         let t = native();
-        t.replies.lock().unwrap().extend([oom(), ok(), ours()]);
-        t.txs.lock().unwrap().push_back(Ok(vec![]));
-        assert!(!block_on(extend(&t, "l", &token, ttl)).unwrap());
+        for _ in 0..WATCHED_ATTEMPTS {
+            t.replies.lock().unwrap().extend([ok(), ours()]);
+            t.txs.lock().unwrap().push_back(Ok(vec![]));
+        }
+        let err = block_on(extend(&t, "l", &token, ttl)).unwrap_err();
+        assert!(!err.is_ambiguous(), "{err}");
         // Another's: no transaction at all.
         let t = native();
         t.replies
             .lock()
             .unwrap()
-            .extend([oom(), ok(), Ok(Reply::Bytes(b"theirs".to_vec())), ok()]);
+            .extend([ok(), Ok(Reply::Bytes(b"theirs".to_vec())), ok()]);
         assert!(!block_on(extend(&t, "l", &token, ttl)).unwrap());
-        assert_eq!(*t.sent.lock().unwrap(), ["SET", "WATCH", "GET", "UNWATCH"]);
+        assert_eq!(*t.sent.lock().unwrap(), ["WATCH", "GET", "UNWATCH"]);
+        // A retried acquisition whose SET NX finds our key extends it the same way.
+        let t = native();
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([Ok(Reply::Nil), ok(), ours()]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(0)]));
+        assert!(block_on(acquire(&t, "l", &token, ttl)).unwrap());
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["SET", "WATCH", "GET", "MULTI PEXPIRE"]
+        );
+    }
+
+    /// Without Lua a batch is one watched transaction: `WATCH` and `MGET` of every key, and `PEXPIRE … GT`
+    /// only for the keys holding their item's token.
+    #[test]
+    fn a_batch_without_lua_is_one_watched_pexpire_gt_of_our_keys_only() {
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let (a, b) = (Token::random().unwrap(), Token::random().unwrap());
+        let items = [
+            redlease::ExtendItem::new("a", &a, ttl),
+            redlease::ExtendItem::new("b", &b, ttl),
+            redlease::ExtendItem::new("c", &a, ttl),
+        ];
+        let t = native();
+        t.replies.lock().unwrap().extend([
+            Ok(Reply::Bytes(b"OK".to_vec())),
+            Ok(Reply::Array(vec![
+                Reply::Bytes(a.as_str().as_bytes().to_vec()),
+                Reply::Bytes(b"theirs".to_vec()),
+                Reply::Nil,
+            ])),
+        ]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(1)]));
+        assert_eq!(
+            block_on(extend_many(&t, &items)).unwrap(),
+            [true, false, false]
+        );
+        assert_eq!(*t.sent.lock().unwrap(), ["WATCH", "MGET", "MULTI PEXPIRE"]);
+        assert_eq!(
+            t.tx_args.lock().unwrap().last().unwrap(),
+            &[vec!["PEXPIRE", "a", "1000", "GT"]]
+        );
     }
 
     fn time(millis: u64) -> Result<Reply, NodeError> {

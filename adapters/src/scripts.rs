@@ -53,7 +53,10 @@ pub struct Script {
 }
 
 /// `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 when the lock is (now) ours, 0 when held by
-/// another value.
+/// another value. An absent key is set with exactly `ARGV[2]`; a key already holding our token keeps the longer
+/// of its remaining TTL and `ARGV[2]` (`PEXPIRE` only when `PTTL` is shorter: what `PEXPIRE … GT` does on
+/// Redis 7.0+, compared in the script so that it runs on any server): no late or duplicated copy of a request
+/// ever shortens a key ([`RedisNode`](redlease::RedisNode#extensions-never-shorten-a-key)).
 ///
 /// Error replies, all before any write: `ERR redlease: invalid …` for an empty token or a TTL that is not a
 /// decimal integer in `1..=999999999999999` ms; `WRONGTYPE` when the lock key holds another type; the error of
@@ -78,12 +81,15 @@ if cur == false then
   return 1
 end
 if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local left = redis.call('PTTL', KEYS[1])
+  if left >= 0 and left < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   return 1
 end
 return 0
 "#,
-    sha1: "4d902ec4365c62dbe5a12eded6c5997434712aed",
+    sha1: "45d040e8c02f987fe6c6bb54ec28e541ee40a148",
 };
 
 /// The fresh acquisition where the server does not accept `SET … NX GET` (before Redis 7.0). `KEYS[1]` lock,
@@ -118,7 +124,8 @@ return 0
 /// `KEYS[1]` lock, `KEYS[2]` fence counter, `ARGV[1]` token, `ARGV[2]` TTL in ms.
 ///
 /// Returns the fence (a bulk string holding a decimal integer) when the lock is (now) ours, nil when it is held
-/// by another value. Error replies, all before any write: invalid arguments as for [`ACQUIRE`]; `FENCE …`
+/// by another value. A lock already holding our token keeps the longer of its remaining TTL and `ARGV[2]`, as
+/// in [`ACQUIRE`]. Error replies, all before any write: invalid arguments as for [`ACQUIRE`]; `FENCE …`
 /// (naming the fence key) when the fence key holds another type, does not hold a non-negative decimal
 /// integer, has a TTL (its numbers would start again after it expired), is exhausted (2^63-1), or is missing
 /// while the lock holds our token (the issued number can no longer be confirmed); `WRONGTYPE` when the lock
@@ -165,12 +172,15 @@ if cur == ARGV[1] then
   if fence == false then
     return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' is missing while the lock holds this token')
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local left = redis.call('PTTL', KEYS[1])
+  if left >= 0 and left < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   return fence
 end
 return false
 "#,
-    sha1: "49411690fd1d9be63b1dc236e0a8d6bb381b762b",
+    sha1: "8590b1c4c99854c22de86676aa3b1a8600aaacfc",
 };
 
 /// Compare-and-delete that announces the release. `KEYS[1]` lock, `ARGV[1]` token, optionally `ARGV[2]` the
@@ -231,7 +241,8 @@ return 0
 /// that wait ([`RedisNode::acquire_or_ttl`](redlease::RedisNode::acquire_or_ttl)). `KEYS[1]` lock, `ARGV[1]`
 /// token, `ARGV[2]` TTL in ms.
 ///
-/// Returns 1 when the lock is (now) ours (absent, or holding our token: its TTL is reset); when held by
+/// Returns 1 when the lock is (now) ours (absent, or holding our token: its TTL extended to at least `ARGV[2]`,
+/// never shortened, as in [`ACQUIRE`]); when held by
 /// another value 0 if the key has no expiry, else `-1 - pttl` (so -1 means 0 ms left, -1001 means 1000 ms).
 /// Argument and refusal errors as for [`ACQUIRE`], all before any write.
 pub const ACQUIRE_TTL: Script = Script {
@@ -254,7 +265,10 @@ if cur == false then
   return 1
 end
 if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local left = redis.call('PTTL', KEYS[1])
+  if left >= 0 and left < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
   return 1
 end
 local left = redis.call('PTTL', KEYS[1])
@@ -263,11 +277,13 @@ if left < 0 then
 end
 return -1 - left
 "#,
-    sha1: "aacf34c8c4c0ea21233d08c3ee6def3f8b9f8aad",
+    sha1: "51102a420fea4d75dc3416222f887f3853ebd0fd",
 };
 
-/// Compare-and-pexpire. `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 if the TTL was set, 0
-/// otherwise. Never creates a key. An invalid TTL (as for [`ACQUIRE`]: `PEXPIRE 0` would delete the key) and
+/// Compare-and-extend. `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 if the key holds the
+/// token, its TTL now the longer of what it had left and `ARGV[2]` (`PEXPIRE` only when `PTTL` is shorter,
+/// as `PEXPIRE … GT`: an extension never shortens a key, so a late or duplicated shorter extension landing
+/// after a longer one changes nothing), 0 otherwise. Never creates a key; a key without a TTL keeps none. An invalid TTL (as for [`ACQUIRE`]: `PEXPIRE 0` would delete the key) and
 /// any error of the read other than `WRONGTYPE` are error replies, before any write.
 pub const EXTEND: Script = Script {
     name: "extend",
@@ -282,16 +298,21 @@ if type(cur) == 'table' then
   return cur
 end
 if cur == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local left = redis.call('PTTL', KEYS[1])
+  if left >= 0 and left < tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return 1
 end
 return 0
 "#,
-    sha1: "20f1153a4f93df7f520d499d02a10f77884d4098",
+    sha1: "a0bdb025687b2385389f488c576d1a144d3ae2e6",
 };
 
-/// Compare-and-pexpire for many leases at once (batched renewal). `KEYS[1..n]` locks, `ARGV[1..n]` their
+/// Compare-and-extend for many leases at once (batched renewal), never shortening a key. `KEYS[1..n]` locks, `ARGV[1..n]` their
 /// tokens, `ARGV[n+1..2n]` their TTLs in ms. Returns an array of n flags, each exactly what [`EXTEND`] would
-/// return for that key. All TTLs are validated and all keys read before the first write, so an error reply
+/// return for that key. All TTLs are validated and all keys (and the `PTTL` of ours) read before the first
+/// write, so an error reply
 /// (an invalid TTL, a refused read) changes nothing; a key of another type answers 0. On a cluster all keys
 /// must share a slot: the adapters send one call per slot.
 pub const EXTEND_MANY: Script = Script {
@@ -307,6 +328,7 @@ for i = 1, n do
   end
 end
 local held = {}
+local left = {}
 for i = 1, n do
   local cur = redis.pcall('GET', KEYS[i])
   if type(cur) == 'table' then
@@ -316,19 +338,25 @@ for i = 1, n do
     held[i] = false
   else
     held[i] = (cur == ARGV[i])
+    if held[i] then
+      left[i] = redis.call('PTTL', KEYS[i])
+    end
   end
 end
 local out = {}
 for i = 1, n do
   if held[i] then
-    out[i] = redis.call('PEXPIRE', KEYS[i], ARGV[n + i])
+    if left[i] >= 0 and left[i] < tonumber(ARGV[n + i]) then
+      redis.call('PEXPIRE', KEYS[i], ARGV[n + i])
+    end
+    out[i] = 1
   else
     out[i] = 0
   end
 end
 return out
 "#,
-    sha1: "f1a7bdda5ff853638fbeafb1bc245492f1ef7e1e",
+    sha1: "e7ab0046419b378cba55677b233415cecd2957bd",
 };
 
 /// One operation on a leased semaphore ([`RedisNode::permit`](redlease::RedisNode::permit)): a sorted set at
@@ -878,7 +906,8 @@ pub(crate) const SET_NX_PLAIN: Script = Script {
     sha1: "",
 };
 
-/// Not a script: names `SET key token IFEQ token PX ttl` (native extension and own-token recognition).
+/// Not a script: names the `SET key probe IFEQ …` capability probe (extensions never use `SET … IFEQ … PX`,
+/// which could shorten a key).
 pub(crate) const SET_IFEQ: Script = Script {
     name: "SET IFEQ",
     source: "",
@@ -899,10 +928,9 @@ pub(crate) const TRANSACTION: Script = Script {
     sha1: "",
 };
 
-/// Not a script: names the watched extension without Lua under `maxmemory` (`WATCH`, `GET`, `MULTI PEXPIRE
-/// EXEC`).
+/// Not a script: names the watched extension without Lua (`WATCH`, `GET`, `MULTI PEXPIRE … GT EXEC`).
 pub(crate) const WATCHED_EXTEND: Script = Script {
-    name: "WATCH/GET/MULTI PEXPIRE EXEC (extend under OOM)",
+    name: "WATCH/GET/MULTI PEXPIRE GT EXEC (extend without Lua)",
     source: "",
     sha1: "",
 };

@@ -60,7 +60,7 @@ pub(crate) enum Impl {
     Dlr,
     /// async-redis-lock 0.4 (redis-rs, one node).
     Arl,
-    /// `RedleaseRedis` on Valkey 9.1 (`--valkey`), automatic mode: release `DELIFEQ`, extend `SET … IFEQ`.
+    /// `RedleaseRedis` on Valkey 9.1 (`--valkey`), automatic mode: release `DELIFEQ`, extend by script.
     ValkeyRedisNative,
     /// `RedleaseRedis` on Valkey 9.1 (`--valkey`), pinned to scripts (`Commands::Scripts`).
     ValkeyRedisScripts,

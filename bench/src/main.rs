@@ -16,8 +16,8 @@
 //! prints the server commands each sends per acquire + release pair.
 //!
 //! `--valkey` adds redlease on Valkey 9.1 (the testkit's `Flavor::Valkey91`; `scripts/fetch-valkey.sh`
-//! fetches it) to S1, S3 and S6, on each adapter in the automatic mode (native `DELIFEQ` release and
-//! `SET … IFEQ` extension) and pinned to scripts, each on a Valkey server of its own, with the server's own
+//! fetches it) to S1, S3 and S6, on each adapter in the automatic mode (native `DELIFEQ` release; the
+//! extension is the script there too, since an extension never shortens a key) and pinned to scripts, each on a Valkey server of its own, with the server's own
 //! time per operation from `INFO commandstats` in the JSON (`server_us_per_op`, `server_usec_per_call`,
 //! `server_calls`), and prints the server's time per release, extension and fenced acquisition on each path.
 //!

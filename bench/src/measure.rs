@@ -172,8 +172,7 @@ impl Commandstats {
 
     /// `[expiry moves, SET, scripts, every command]`: the commands that move a key's expiry (`PEXPIRE`,
     /// `EXPIRE`, in the renewal scripts of redlease, the raw floors, distributed-lock-redis and
-    /// async-redis-lock, alone or in a batch), `SET` (rslock's extend script sets the key again; on Valkey
-    /// `SET … IFEQ … PX` is the native renewal), scripts (`EVALSHA`, `EVAL`) and [`total`](Self::total).
+    /// async-redis-lock, alone or in a batch), `SET` (rslock's extend script sets the key again), scripts (`EVALSHA`, `EVAL`) and [`total`](Self::total).
     pub(crate) fn renewal_counters(&self) -> [u64; 4] {
         [
             self.calls("pexpire") + self.calls("expire"),

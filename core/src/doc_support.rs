@@ -38,6 +38,14 @@ impl MapNode {
     fn set(keys: &mut HashMap<String, (String, Instant)>, key: &str, token: &Token, ttl: Ttl) {
         keys.insert(key.into(), (token.as_str().into(), Instant::now() + ttl.as_duration()));
     }
+
+    /// `PEXPIRE key ttl GT` on a live key: its expiry becomes the later of the one it has and `ttl` from now
+    /// (an extension never shortens a key).
+    fn extend_to(keys: &mut HashMap<String, (String, Instant)>, key: &str, ttl: Ttl) {
+        if let Some((_, at)) = keys.get_mut(key) {
+            *at = (*at).max(Instant::now() + ttl.as_duration());
+        }
+    }
 }
 
 #[async_trait]
@@ -46,7 +54,11 @@ impl RedisNode for MapNode {
         let mut keys = self.keys();
         match Self::live(&mut keys, key) {
             Some(v) if v != token.as_str() => Ok(false),
-            _ => {
+            Some(_) => {
+                Self::extend_to(&mut keys, key, ttl);
+                Ok(true)
+            }
+            None => {
                 Self::set(&mut keys, key, token, ttl);
                 Ok(true)
             }
@@ -78,7 +90,7 @@ impl RedisNode for MapNode {
         match Self::live(&mut keys, key) {
             Some(v) if v != token.as_str() => Ok(None),
             Some(_) => {
-                Self::set(&mut keys, key, token, ttl);
+                Self::extend_to(&mut keys, key, ttl);
                 Ok(fences.get(fence_key).copied())
             }
             None => {
@@ -110,7 +122,7 @@ impl RedisNode for MapNode {
         let mut keys = self.keys();
         let held = Self::live(&mut keys, key).as_deref() == Some(token.as_str());
         if held {
-            Self::set(&mut keys, key, token, ttl);
+            Self::extend_to(&mut keys, key, ttl);
         }
         Ok(held)
     }

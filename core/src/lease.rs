@@ -356,15 +356,15 @@ impl Shared {
     /// One extension round with `ttl`, bounded by `timeout`.
     ///
     /// An extension whose outcome is unknown on a node may still be carried out there later, after later
-    /// rounds (on a pool or a reconnected connection). If it set a shorter TTL than a later round, landing
-    /// late would shorten the key that round's validity relies on. So a node where an extension with a
-    /// shorter TTL than `ttl` is unconfirmed does not count towards this round's quorum; one with an equal or
-    /// longer TTL can only lengthen the key and is harmless.
+    /// rounds (on a pool or a reconnected connection), and a request may even be carried out twice (a
+    /// client library's retry). The node contract makes that harmless: an extension never shortens a key
+    /// ([`RedisNode`](crate::RedisNode#extensions-never-shorten-a-key)). On top of it, a node where an
+    /// extension with a shorter TTL than `ttl` is unconfirmed does not count towards this round's quorum (one
+    /// with an equal or longer TTL can only lengthen the key), which also keeps a node that does not honour
+    /// the never-shorten rule safe against late (not duplicated) requests.
     ///
-    /// A shorter TTL than the lease has left may be applied the moment the request arrives, whatever becomes
-    /// of the reply. So before sending, the deadline is capped at what this round would give if it succeeded
-    /// now: a holder must not go on believing in its old, later deadline while the key may already expire
-    /// sooner (a paused client, a reply that never comes).
+    /// Before sending, the deadline is capped at what this round would give if it succeeded now: a lease
+    /// believes no more than the TTL it last asked for, even where the key keeps a longer one.
     async fn extend_once(&self, ttl: Ttl, timeout: Duration, renewal: bool) -> Extension {
         let planned = self.prepare_extension(ttl);
         let r = self
@@ -1250,9 +1250,12 @@ impl Lease {
     /// Extends the lease to `ttl` from now on a majority (single mode: its one node), by compare-and-pexpire.
     ///
     /// Never re-creates an expired key and never issues a new fencing token. Does not change the TTL later
-    /// automatic renewals use. A `ttl` shorter than what the lease has left moves its deadline earlier before
-    /// the request is sent (the node may apply it whatever becomes of the reply), and automatic renewal
-    /// re-plans for the new deadline.
+    /// automatic renewals use. The nodes never shorten the key (an extension sets its TTL to the longer of
+    /// what it has left and `ttl`, see [`RedisNode`](crate::RedisNode#extensions-never-shorten-a-key)), so a
+    /// `ttl` shorter than what the lease has left leaves the key's longer TTL on the nodes, while the lease
+    /// itself counts only on `ttl`: its deadline moves earlier before the request is sent, and automatic
+    /// renewal re-plans for the new deadline. The lease's belief is conservative; the key can only outlast
+    /// it, which costs other clients waiting time, never safety.
     ///
     /// # Errors
     /// - [`Error::Config`] for an invalid `ttl` (zero, too long, within the drift allowance), before any

@@ -224,13 +224,31 @@ impl ReplicaWait {
 ///
 /// The core assumes **nothing** about when a request whose outcome it did not learn reaches the server: it
 /// may be applied long after the caller gave up on it, and after later requests for the same key when they
-/// travel over different connections (a pool, a reconnect). The core stays safe under that: after a clean-up
-/// that did not answer, an acquisition retries with a fresh token, so a late compare-and-delete can only
-/// delete the old one; and an extension does not count a node where an earlier, shorter extension is still
-/// unconfirmed, so a late `PEXPIRE` cannot shorten a key a later round relies on. What late requests can
-/// still cost is liveness: an acquisition applied after its own clean-up keeps the key until its TTL ends.
-/// So a node should keep the requests for one key in order when it can (one connection per key); the
-/// adapters do (fred's pool routes every command for a key through one pool member).
+/// travel over different connections (a pool, a reconnect), and it may be applied **twice** (a client
+/// library or a proxy that re-sends it on another connection: fred replays requests after a reconnect), the
+/// copy landing after requests sent later, even after the first copy was answered. The core stays safe under
+/// that: after a clean-up that did not answer, an acquisition retries with a fresh token, so a late
+/// compare-and-delete can only delete the old one; and **no request ever shortens a key's TTL**: an
+/// extension, and the own-token branch of an acquisition, set the TTL to the longer of what the key has left
+/// and the TTL asked for (`PEXPIRE … GT`), so a late or duplicated extension with a shorter TTL cannot
+/// shorten a key a later round relies on. (The core also does not count a node where an earlier, shorter
+/// extension is still unconfirmed; that alone cannot cover a duplicate of an answered request, which is why
+/// the never-shorten rule is part of this contract.) What late requests can still cost is liveness: an
+/// acquisition applied after its own clean-up keeps the key until its TTL ends, and a key keeps the longest
+/// TTL any request of its holder set. So a node should keep the requests for one key in order when it can
+/// (one connection per key); the adapters do (fred's pool routes every command for a key through one pool
+/// member).
+///
+/// # Extensions never shorten a key
+///
+/// Wherever a method sets the TTL of a key that already holds the caller's token ([`extend`](RedisNode::extend),
+/// [`extend_many`](RedisNode::extend_many), and the own-token branch of [`acquire`](RedisNode::acquire),
+/// [`acquire_or_ttl`](RedisNode::acquire_or_ttl) and [`acquire_fenced`](RedisNode::acquire_fenced)), the key's remaining
+/// TTL becomes `max(remaining, ttl)` — Redis' `PEXPIRE key ttl GT`, or the same comparison of `PTTL` inside
+/// a script — and the answer is still `true` (the key is ours) when the TTL was already longer. A key without
+/// a TTL keeps none, as with `GT`. So a lease may believe a shorter deadline than its key has (a manual
+/// [`Lease::extend`](crate::Lease::extend) with a TTL shorter than what is left): the lease's belief is
+/// conservative, never the key. Writing a new key (`SET … NX PX`, the absent branch) sets exactly `ttl`.
 ///
 /// # Wrappers
 ///
@@ -269,6 +287,13 @@ impl ReplicaWait {
 ///             None => None,
 ///         }
 ///     }
+///
+///     /// `PEXPIRE key ttl GT`: an extension never shortens a key (see "Extensions never shorten a key").
+///     fn extend_to(keys: &mut HashMap<String, (String, Instant)>, key: &str, ttl: Ttl) {
+///         if let Some((_, at)) = keys.get_mut(key) {
+///             *at = (*at).max(Instant::now() + ttl.as_duration());
+///         }
+///     }
 /// }
 ///
 /// #[async_trait]
@@ -277,7 +302,11 @@ impl ReplicaWait {
 ///         let mut keys = self.keys.lock().unwrap();
 ///         match Self::live(&mut keys, key) {
 ///             Some(v) if v != token.as_str() => Ok(false),
-///             _ => {
+///             Some(_) => {
+///                 Self::extend_to(&mut keys, key, ttl);
+///                 Ok(true)
+///             }
+///             None => {
 ///                 keys.insert(key.into(), (token.as_str().into(), Instant::now() + ttl.as_duration()));
 ///                 Ok(true)
 ///             }
@@ -292,7 +321,7 @@ impl ReplicaWait {
 ///         match Self::live(&mut keys, key) {
 ///             Some(v) if v != token.as_str() => Ok(None),
 ///             Some(_) => {
-///                 keys.insert(key.into(), (token.as_str().into(), Instant::now() + ttl.as_duration()));
+///                 Self::extend_to(&mut keys, key, ttl);
 ///                 Ok(fences.get(fence_key).copied())
 ///             }
 ///             None => {
@@ -316,7 +345,7 @@ impl ReplicaWait {
 ///     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
 ///         let mut keys = self.keys.lock().unwrap();
 ///         if Self::live(&mut keys, key).as_deref() == Some(token.as_str()) {
-///             keys.insert(key.into(), (token.as_str().into(), Instant::now() + ttl.as_duration()));
+///             Self::extend_to(&mut keys, key, ttl);
 ///             return Ok(true);
 ///         }
 ///         Ok(false)
@@ -340,8 +369,9 @@ pub trait RedisNode: Send + Sync {
     /// Takes the lock if it is free, or confirms that this acquisition already holds it.
     ///
     /// Atomically: if `key` does not exist, `SET key token PX ttl` and return `true`; if `key` holds exactly
-    /// `token` (a retry of this acquisition whose earlier reply was lost), reset its TTL to `ttl` and return
-    /// `true`; otherwise change nothing and return `false` (contended).
+    /// `token` (a retry of this acquisition whose earlier reply was lost), extend its TTL to at least `ttl`
+    /// (never shortening it: `PEXPIRE key ttl GT`, see [the trait docs](RedisNode#extensions-never-shorten-a-key))
+    /// and return `true`; otherwise change nothing and return `false` (contended).
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError>;
 
     /// Takes the lock if it is free, for a token that this node has never stored and never will from an
@@ -372,7 +402,8 @@ pub trait RedisNode: Send + Sync {
     /// Takes the lock and issues a fencing token, in one atomic step.
     ///
     /// Atomically: if `key` does not exist, `INCR fence_key`, `SET key token PX ttl` and return the incremented
-    /// value; if `key` holds exactly `token`, reset its TTL to `ttl` and return the current value of
+    /// value; if `key` holds exactly `token`, extend its TTL to at least `ttl` (never shortening it, as
+    /// [`acquire`](Self::acquire)) and return the current value of
     /// `fence_key` (the number issued to this acquisition, or a larger one); otherwise change nothing and
     /// return `None`. `fence_key` is never deleted or given a TTL, so numbers only grow; like every Redis
     /// counter they stay below `i64::MAX` (an exhausted counter is an error). Everything that could
@@ -390,8 +421,11 @@ pub trait RedisNode: Send + Sync {
     /// change nothing and return `false`. Never touches a key holding another value.
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError>;
 
-    /// Compare-and-pexpire: atomically, if `key` holds exactly `token`, set its TTL to `ttl` and return `true`;
-    /// otherwise change nothing and return `false`. Never creates a key: an expired lease stays expired.
+    /// Compare-and-extend: atomically, if `key` holds exactly `token`, set its TTL to the longer of its
+    /// remaining TTL and `ttl` (`PEXPIRE key ttl GT`: an extension **never shortens** a key, see [the trait
+    /// docs](RedisNode#extensions-never-shorten-a-key)) and return `true`, also when the TTL it had was already
+    /// longer; otherwise change nothing and return `false`. Never creates a key: an expired lease stays
+    /// expired.
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError>;
 
     /// Reads the value and remaining TTL of `key` (for tools and tests; the lease algorithms never call it).
@@ -500,7 +534,8 @@ pub trait RedisNode: Send + Sync {
     }
 
     /// Extends many leases in one call: for each item, exactly [`extend`](Self::extend) — if its key holds
-    /// its token, set its TTL and answer `true`; otherwise change nothing and answer `false` (a key of
+    /// its token, set its TTL to the longer of what it has left and the item's TTL (never shortening it) and
+    /// answer `true`; otherwise change nothing and answer `false` (a key of
     /// another type answers `false` too) — and one answer per item, in order. The items need not be atomic
     /// together; each one is.
     ///
@@ -635,7 +670,7 @@ pub struct ExtendItem<'a> {
     pub key: &'a str,
     /// The lease's token.
     pub token: &'a Token,
-    /// The TTL to set.
+    /// The TTL to extend to (at least: a longer TTL the key has is kept).
     pub ttl: Ttl,
 }
 

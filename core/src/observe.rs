@@ -175,8 +175,8 @@ pub enum EventKind<'a> {
         renewal: bool,
     },
     /// The deadline was brought forward before an extension round with a TTL shorter than what the lease had
-    /// left: the node may apply the shorter TTL whatever becomes of the reply, so the holder must not rely on
-    /// the old deadline meanwhile.
+    /// left: the lease counts only on the TTL it asked for (the nodes keep the key's longer TTL, since an
+    /// extension never shortens a key).
     Capped {
         /// The new, earlier deadline.
         valid_until: Instant,

@@ -1,7 +1,7 @@
 //! A conformance suite for [`RedisNode`] implementations.
 //!
 //! [`run`] exercises every operation's contract (ownership checks, TTL handling, fencing, expiry, never
-//! re-creating a key) through the trait alone, under a fresh random key prefix, and returns the first
+//! re-creating a key, never shortening one) through the trait alone, under a fresh random key prefix, and returns the first
 //! deviation. Run it against your own node in one call:
 //!
 //! ```
@@ -77,6 +77,7 @@ pub const CASES: &[&str] = &[
     "acquire_fresh_that_claims_nx_never_touches_an_existing_key",
     "release_only_own_token",
     "extend_only_own_token_and_never_creates",
+    "extend_never_shortens_a_key",
     "keys_expire_and_stay_expired",
     "fenced_acquire_counts_up",
     "fenced_contention_changes_nothing",
@@ -518,13 +519,68 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 "extend with the owner's token returned false".into()
             })?;
             c.expect_held(&k, &owner, long * 5, SLACK).await?;
-            let shorter = c.ok("extend", node.extend(&k, &owner, ttl(LONG / 2)).await)?;
-            c.ensure(shorter, || "extend to a shorter TTL returned false".into())?;
-            c.expect_held(&k, &owner, long / 2, SLACK).await?;
             let missing = c.key("missing");
             let created = c.ok("extend", node.extend(&missing, &owner, ttl(LONG)).await)?;
             c.ensure(!created, || "extend of a missing key returned true".into())?;
             c.expect_absent(&missing).await
+        }
+        // `PEXPIRE … GT`: a late or duplicated shorter request must not shorten a key a longer one set.
+        "extend_never_shortens_a_key" => {
+            let (k, f, owner) = (c.key("lock"), c.key("fence"), token()?);
+            let fence = c.ok(
+                "acquire_fenced",
+                node.acquire_fenced(&k, &f, &owner, ttl(LONG)).await,
+            )?;
+            c.ensure(fence.is_some(), || {
+                "fenced acquire of a free key returned None".into()
+            })?;
+            let longer = c.ok("extend", node.extend(&k, &owner, ttl(LONG * 3)).await)?;
+            c.ensure(longer, || {
+                "extend with the owner's token returned false".into()
+            })?;
+            c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            let shorter = c.ok("extend", node.extend(&k, &owner, ttl(LONG / 2)).await)?;
+            c.ensure(shorter, || {
+                "extend to a shorter TTL than the key has returned false (the key is ours)".into()
+            })?;
+            c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            // The own-token branch of every acquisition extends the same way.
+            let again = c.ok("acquire", node.acquire(&k, &owner, ttl(LONG / 2)).await)?;
+            c.ensure(again, || {
+                "re-acquiring with the holder's token and a shorter TTL returned false".into()
+            })?;
+            c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            let claim = c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &owner, ttl(LONG / 2), false).await,
+            )?;
+            c.ensure(claim == Claim::Taken, || {
+                format!("a retry with the holder's token and a shorter TTL answered {claim:?}")
+            })?;
+            c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            let retry = c.ok(
+                "acquire_fenced",
+                node.acquire_fenced(&k, &f, &owner, ttl(LONG / 2)).await,
+            )?;
+            c.ensure(retry == fence, || {
+                format!("a fenced retry with a shorter TTL returned {retry:?} after {fence:?}")
+            })?;
+            c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            if node.extend_many_limit() > 0 {
+                let items = [ExtendItem::new(&k, &owner, ttl(LONG / 2))];
+                let flags = c.ok("extend_many", node.extend_many(&items).await)?;
+                c.ensure(flags == [true], || {
+                    format!("extend_many to a shorter TTL answered {flags:?}, expected [true]")
+                })?;
+                c.expect_held(&k, &owner, long * 3, SLACK).await?;
+            }
+            // A longer TTL still lengthens it.
+            let longest = c.ok("extend", node.extend(&k, &owner, ttl(LONG * 5)).await)?;
+            c.ensure(longest, || {
+                "extend with the owner's token returned false".into()
+            })?;
+            c.expect_held(&k, &owner, long * 5, SLACK).await?;
+            c.ok("release", node.release(&k, &owner).await).map(|_| ())
         }
         "keys_expire_and_stay_expired" => {
             let (k, owner, next) = (c.key("lock"), token()?, token()?);

@@ -76,7 +76,9 @@ impl Store {
 
 /// An in-memory Redis stand-in that implements the [`RedisNode`] contracts exactly, on an injectable clock.
 ///
-/// Keys expire when the node's [`Timer`] reaches their deadline (`now >= expires_at`), like Redis' `PX`.
+/// Keys expire when the node's [`Timer`] reaches their deadline (`now >= expires_at`), like Redis' `PX`. An
+/// extension, and the own-token branch of an acquisition, never shorten a key (`PEXPIRE … GT`, as the
+/// contract asks): a key keeps the longest TTL any of its holder's requests set.
 /// Clones share one store: keep a clone to plant foreign values or inspect keys while a manager owns another.
 /// Every node created by [`new`](Self::new)/[`with_timer`](Self::with_timer) reports a distinct
 /// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones, and a [`run_id`](RedisNode::run_id)
@@ -605,6 +607,15 @@ impl NodeClock {
     fn expiry_ttl(&self, now: Instant, ttl: Ttl) -> Option<Instant> {
         self.expiry(now, ttl.as_duration())
     }
+
+    /// `PEXPIRE key ttl GT` on a live entry holding the caller's token: its expiry becomes the later of the
+    /// one it has and `ttl` from `now` (an extension never shortens a key; a key without expiry keeps none,
+    /// as with `GT`).
+    fn extend(&self, entry: &mut Entry, now: Instant, ttl: Ttl) {
+        if let Some(at) = entry.expires_at {
+            entry.expires_at = Some(self.expiry_ttl(now, ttl).map_or(at, |new| new.max(at)));
+        }
+    }
 }
 
 #[async_trait]
@@ -614,7 +625,7 @@ impl RedisNode for MemoryNode {
         let mut store = self.lock();
         match store.live(key, now) {
             Some(entry) if token.matches(&entry.value) => {
-                entry.expires_at = self.clock.expiry_ttl(now, ttl);
+                self.clock.extend(entry, now, ttl);
                 Ok(true)
             }
             Some(_) => Ok(false),
@@ -656,7 +667,7 @@ impl RedisNode for MemoryNode {
                         "the fence key is missing while the lock holds this token",
                     ));
                 };
-                entry.expires_at = self.clock.expiry_ttl(now, ttl);
+                self.clock.extend(entry, now, ttl);
                 Ok(Some(fence))
             }
             Some(_) => Ok(None),
@@ -730,7 +741,7 @@ impl RedisNode for MemoryNode {
         let mut store = self.lock();
         match store.live(key, now) {
             Some(entry) if !fresh && token.matches(&entry.value) => {
-                entry.expires_at = self.clock.expiry_ttl(now, ttl);
+                self.clock.extend(entry, now, ttl);
                 Ok(Claim::Taken)
             }
             Some(entry) => Ok(Claim::Held {
@@ -758,7 +769,7 @@ impl RedisNode for MemoryNode {
         let mut store = self.lock();
         match store.live(key, now) {
             Some(entry) if token.matches(&entry.value) => {
-                entry.expires_at = self.clock.expiry_ttl(now, ttl);
+                self.clock.extend(entry, now, ttl);
                 Ok(true)
             }
             _ => Ok(false),
@@ -773,7 +784,7 @@ impl RedisNode for MemoryNode {
             .iter()
             .map(|item| match store.live(item.key, now) {
                 Some(entry) if item.token.matches(&entry.value) => {
-                    entry.expires_at = self.clock.expiry_ttl(now, item.ttl);
+                    self.clock.extend(entry, now, item.ttl);
                     true
                 }
                 _ => false,

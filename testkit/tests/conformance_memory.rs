@@ -101,6 +101,13 @@ impl RedisNode for Broken {
             self.inner.set(key, token.as_str(), Some(ttl.as_duration()));
             return Ok(true);
         }
+        if self.bug == "extend overwrites a longer TTL"
+            && self.inner.get(key).as_deref() == Some(token.as_str().as_bytes())
+        {
+            // A plain `PEXPIRE key ttl` (no `GT`): a shorter TTL shortens the key.
+            self.inner.set(key, token.as_str(), Some(ttl.as_duration()));
+            return Ok(true);
+        }
         self.inner.extend(key, token, ttl).await
     }
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
@@ -131,6 +138,10 @@ fn suite_catches_broken_nodes() {
         (
             "extend re-creates",
             "extend_only_own_token_and_never_creates",
+        ),
+        (
+            "extend overwrites a longer TTL",
+            "extend_never_shortens_a_key",
         ),
         (
             "release publishes nothing",

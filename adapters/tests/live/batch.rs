@@ -1,5 +1,5 @@
 //! Batched renewal on real servers: hundreds of leases of one manager renewed with one script call per
-//! batch (without Lua, one `SET … IFEQ` per lease), each lease still held; on a cluster, one call per slot.
+//! batch (without Lua, one watched `PEXPIRE … GT` per lease), each lease still held; on a cluster, one call per slot.
 
 use std::time::Duration;
 
@@ -88,12 +88,12 @@ fn batched_renewal_keeps_300_leases_with_a_few_script_calls_per_wave() {
                         "{backend:?}: {calls} script calls for {extends} extensions"
                     );
                 } else {
-                    // No script can batch them: each lease is extended by its own `SET … IFEQ`, and the
-                    // leases are held all the same.
-                    let extends = sent.sent("set");
+                    // No script can batch them: each lease is extended by its own watched `PEXPIRE … GT`
+                    // (an extension never shortens a key), and the leases are held all the same.
+                    let extends = sent.sent("pexpire");
                     assert!(
                         extends >= 2 * LEASES as u64,
-                        "{backend:?}: only {extends} SET IFEQs ran"
+                        "{backend:?}: only {extends} watched PEXPIREs ran"
                     );
                     assert_eq!(calls, 0, "{backend:?}: a script was sent");
                 }

@@ -20,9 +20,10 @@ const KEY: &str = "check:{nightly}:lock";
 fn full_paths(flavor: Flavor) -> CommandPaths {
     let native = CommandPaths::scripts().with_acquire(Path::Native);
     match flavor {
-        Flavor::Redis => native,
-        Flavor::Valkey81 => native.with_extend(Path::Native),
-        Flavor::Valkey91 => native.with_extend(Path::Native).with_release(Path::Native),
+        // Where scripts run, the extension is the script (an extension never shortens a key; `SET … IFEQ
+        // … PX` could).
+        Flavor::Redis | Flavor::Valkey81 => native,
+        Flavor::Valkey91 => native.with_release(Path::Native),
         Flavor::Valkey91NoLua => native
             .with_extend(Path::Native)
             .with_release(Path::Native)

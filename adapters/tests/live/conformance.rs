@@ -48,16 +48,37 @@ pub(crate) async fn reader(url: &str) -> GetPttl<redis::aio::MultiplexedConnecti
 }
 
 /// A node that only pretends to extend: it answers `true` for its own key but never sends `PEXPIRE`, and its
-/// `inspect` reports the TTL it pretended to set. Checked through its own `inspect` it looks correct.
+/// `inspect` reports the TTL it pretended to set (never shortening one it pretended before, as the contract
+/// asks). Checked through its own `inspect` it looks correct.
 struct PretendsToExtend {
     inner: std::sync::Arc<dyn RedisNode>,
     claimed: Mutex<HashMap<String, Duration>>,
 }
 
+impl PretendsToExtend {
+    /// An acquisition's own-token branch keeps (and may lengthen) what was pretended; any other acquisition
+    /// forgets it.
+    async fn claim_again(&self, key: &str, token: &Token, ttl: Ttl) -> Result<(), NodeError> {
+        let ours = self
+            .inner
+            .inspect(key)
+            .await?
+            .is_some_and(|s| s.holds(token));
+        let mut claimed = self.claimed.lock().unwrap();
+        match claimed.get_mut(key) {
+            Some(c) if ours => *c = (*c).max(ttl.as_duration()),
+            _ => {
+                claimed.remove(key);
+            }
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl RedisNode for PretendsToExtend {
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        self.claimed.lock().unwrap().remove(key);
+        self.claim_again(key, token, ttl).await?;
         self.inner.acquire(key, token, ttl).await
     }
     async fn acquire_fenced(
@@ -67,7 +88,7 @@ impl RedisNode for PretendsToExtend {
         token: &Token,
         ttl: Ttl,
     ) -> Result<Option<u64>, NodeError> {
-        self.claimed.lock().unwrap().remove(key);
+        self.claim_again(key, token, ttl).await?;
         self.inner.acquire_fenced(key, fence_key, token, ttl).await
     }
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
@@ -80,10 +101,11 @@ impl RedisNode for PretendsToExtend {
             .await?
             .is_some_and(|s| s.holds(token));
         if ours {
-            self.claimed
-                .lock()
-                .unwrap()
-                .insert(key.to_owned(), ttl.as_duration());
+            let mut claimed = self.claimed.lock().unwrap();
+            let longest = claimed
+                .get(key)
+                .map_or(ttl.as_duration(), |&c| c.max(ttl.as_duration()));
+            claimed.insert(key.to_owned(), longest);
         }
         Ok(ours)
     }

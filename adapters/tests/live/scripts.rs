@@ -79,7 +79,13 @@ fn script_flush_between_operations_still_succeeds_executing_once() {
                             // may be written: a third whose EXEC aborts (nothing runs).
                             &[("exec", 3), ("set", 1), ("incr", 1)],
                         ),
-                        ("extend", caps.native_extend(), &[("set", 1)]),
+                        // The watched extension: WATCH, GET, MULTI PEXPIRE … GT EXEC (never SET … IFEQ,
+                        // which would shorten a key a longer extension set).
+                        (
+                            "extend",
+                            caps.native_extend(),
+                            &[("set", 0), ("watch", 1), ("pexpire", 1), ("exec", 1)],
+                        ),
                         ("release", caps.native_release(), &[("delifeq", 1)]),
                     ];
                     for (name, native, commands) in ops {
@@ -240,8 +246,8 @@ fn release_and_extend_work_under_oom_on_every_server_while_acquire_is_refused() 
                     .extend(&k, &token, Ttl::from_millis(60_000).unwrap())
                     .await;
                 let pttl: i64 = server.cmd(&["PTTL", &k]).parse().unwrap();
-                // The extend script (PEXPIRE) is allowed under OOM; `SET … IFEQ` (denied under OOM on Valkey)
-                // gives way to it, and without Lua to a watched `MULTI PEXPIRE EXEC`.
+                // The extend script (PEXPIRE) is allowed under OOM, and without Lua the watched `MULTI PEXPIRE
+                // … GT EXEC` (no extension sends `SET`, which a full server refuses).
                 assert!(
                     extended.unwrap(),
                     "{backend:?}: extend under OOM (before {pttl_before})"

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlease::{LockManager, LossReason};
-use redlease_testkit::server::RedisServer;
+use redlease::{Claim, ExtendItem, LockManager, LossReason, Ttl};
+use redlease_adapters::Commands;
+use redlease_testkit::server::{Flavor, RedisServer};
 
 use crate::common::{self, ALL_BACKENDS, Backend, config, fence_of, key, on_every_server};
 
@@ -436,6 +437,117 @@ fn holder_info_is_stored_extended_and_deleted_with_the_lock_on_every_server() {
                         "{backend:?} fenced={fenced}"
                     );
                     assert!(manager.lock(&k).holder_info().await.unwrap().is_none());
+                }
+            }
+        },
+    );
+}
+
+/// The modes a node can run in on `flavor` (pinned to scripts needs Lua; pinned to native needs `DELIFEQ`).
+fn modes(flavor: Flavor) -> &'static [Commands] {
+    match flavor {
+        Flavor::Redis | Flavor::Valkey81 => &[Commands::Automatic, Commands::Scripts],
+        Flavor::Valkey91NoLua => &[Commands::Automatic, Commands::Native],
+        _ => &[Commands::Automatic, Commands::Scripts, Commands::Native],
+    }
+}
+
+/// An extension never shortens a key (`PEXPIRE … GT`): a late or duplicated shorter extension that lands
+/// after a longer one must not shorten the key under the lease (two holders). On every server, every mode the
+/// server serves and every backend: a long then a short manual extension leaves the long PTTL (the lease
+/// itself believes the short one); the own-token branches of the acquisitions and the batch keep it too; and
+/// a renewal with the (shorter) configured expiry after a longer manual extension keeps the longer one.
+#[test]
+fn an_extension_never_shortens_the_key_on_every_server_mode_and_client() {
+    const LONG: Duration = Duration::from_secs(20);
+    const SHORT: Duration = Duration::from_secs(2);
+    const EXPIRY: Duration = Duration::from_secs(1);
+    const INTERVAL: Duration = Duration::from_millis(300);
+    // What a key extended to LONG must still have when read: LONG less a generous allowance for the time
+    // between the extension and the read on a loaded machine; far above SHORT and EXPIRY either way.
+    const FLOOR: i64 = (LONG.as_millis() - 5_000) as i64;
+    on_every_server(
+        "an_extension_never_shortens_the_key_on_every_server_mode_and_client",
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for &mode in modes(flavor) {
+                for backend in ALL_BACKENDS {
+                    let what = format!("{flavor} {backend:?} {mode:?}");
+                    let (node, caps) = common::node_in(backend, &server.url(), mode).await;
+                    let manager = LockManager::single(Arc::clone(&node), config(EXPIRY))
+                        .unwrap()
+                        .with_spawner(|task| {
+                            tokio::spawn(task);
+                        });
+                    let k = key(&format!("never-shorter-{mode:?}"), backend);
+                    let f = fence_of(&k);
+                    let short = Ttl::from_duration(SHORT).unwrap();
+                    // A long, then a short manual extension.
+                    let lease = manager.lock(&k).try_acquire().await.unwrap();
+                    lease.extend(LONG).await.unwrap();
+                    assert!(pttl(&server, &k) > FLOOR, "{what}: extended to {LONG:?}");
+                    lease.extend(SHORT).await.unwrap();
+                    let left = pttl(&server, &k);
+                    assert!(
+                        left > FLOOR,
+                        "{what} ({caps:?}): the extension to {SHORT:?} shortened the key to {left} ms"
+                    );
+                    assert!(
+                        lease.valid_until() <= Instant::now() + SHORT,
+                        "{what}: the lease believes more than its last extension gave"
+                    );
+                    // The own-token branches of the acquisitions, and the batch.
+                    let token = lease.token();
+                    assert!(node.acquire(&k, token, short).await.unwrap(), "{what}");
+                    assert!(pttl(&server, &k) > FLOOR, "{what}: acquire shortened it");
+                    let claim = node.acquire_or_ttl(&k, token, short, false).await.unwrap();
+                    assert_eq!(claim, Claim::Taken, "{what}");
+                    assert!(
+                        pttl(&server, &k) > FLOOR,
+                        "{what}: acquire_or_ttl shortened it"
+                    );
+                    if node.extend_many_limit() > 0 {
+                        let items = [ExtendItem::new(&k, token, short)];
+                        assert_eq!(node.extend_many(&items).await.unwrap(), [true], "{what}");
+                        assert!(
+                            pttl(&server, &k) > FLOOR,
+                            "{what}: extend_many shortened it"
+                        );
+                    }
+                    lease.release().await.unwrap();
+                    // The own-token branch of the fenced acquisition.
+                    let lease = manager.lock(&k).fenced(&f).try_acquire().await.unwrap();
+                    lease.extend(LONG).await.unwrap();
+                    let again = node.acquire_fenced(&k, &f, lease.token(), short).await;
+                    assert_eq!(again.unwrap(), lease.fencing_token(), "{what}");
+                    assert!(
+                        pttl(&server, &k) > FLOOR,
+                        "{what}: acquire_fenced shortened it"
+                    );
+                    lease.release().await.unwrap();
+                    // A renewal (with the 1 s expiry) after a longer manual extension.
+                    let lease = manager
+                        .lock(&k)
+                        .auto_renew(INTERVAL)
+                        .try_acquire()
+                        .await
+                        .unwrap();
+                    lease.extend(LONG).await.unwrap();
+                    let extended_until = lease.valid_until();
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    // A renewal round with the expiry moves the lease's belief down to about 1 s.
+                    while lease.valid_until() + Duration::from_secs(10) > extended_until {
+                        assert!(Instant::now() < deadline, "{what}: no renewal ran");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    assert!(lease.is_held(), "{what}");
+                    let left = pttl(&server, &k);
+                    assert!(
+                        left > FLOOR,
+                        "{what} ({caps:?}): a renewal with {EXPIRY:?} shortened the key to {left} ms"
+                    );
+                    lease.release().await.unwrap();
+                    assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{what}");
                 }
             }
         },

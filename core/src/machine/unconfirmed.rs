@@ -12,6 +12,12 @@ use crate::node::Ttl;
 /// shortens the key that round's validity relies on; one with an equal or longer TTL can only lengthen it.
 /// So a node with an unconfirmed request shorter than a round's TTL must not count toward that round.
 ///
+/// The node contract now rules that out on its own: an extension never shortens a key
+/// ([`RedisNode`](crate::RedisNode#extensions-never-shorten-a-key)), which also covers what this record
+/// cannot — a *duplicate* of a request that was answered, landing after a later round. The record stays as a
+/// second line for late requests (a node that does not honour that rule), at the cost of not counting such a
+/// node until it confirms.
+///
 /// # Call protocol
 /// 1. [`plan`](Self::plan) when an extension round is planned, **before its first request is sent**: it
 ///    records the round as sent to every node and returns the TTLs a yes of this round must be compared

@@ -1045,11 +1045,12 @@ fn a_straggling_acquisition_request_never_shortens_a_longer_extension() {
 #[test]
 fn a_shortening_extension_in_flight_already_bounds_what_the_lease_believes() {
     // Found by the everything-hostile simulation (seed 46 without late acquisitions). A 30 s lease is
-    // extended to 1 s: the node applies the PEXPIRE at once, but its reply takes 100 ms, and 50 ms into the
-    // round the client is paused for 2 s (GC, SIGSTOP). The key expires on the node at about 1 s and another
-    // client takes the lock. When the paused client resumes, its own tasks must not see the lease as held
-    // until the old 30 s deadline: once a shorter TTL may have been applied, the deadline cannot be later than
-    // the round's start plus that TTL.
+    // extended to 1 s: the node applies the extension at once, but its reply takes 100 ms, and 50 ms into the
+    // round the client is paused for 2 s (GC, SIGSTOP). When the paused client resumes, its own tasks must not
+    // see the lease as held until the old 30 s deadline: a manual extension to 1 s moves the lease's belief
+    // to the round's start plus 1 s before the request is sent. (When this was found, the node applied the
+    // shorter TTL, the key expired at about 1 s and another client took the lock. Since extensions never
+    // shorten a key, the key keeps its 30 s: the lease's belief is conservative, the key is not.)
     let mut c = Cluster::new(1, 62, config());
     let lock = c.manager.lock("job").expiry(secs(30));
     let lease = std::sync::Arc::new(c.try_acquire(&lock).unwrap());
@@ -1075,7 +1076,12 @@ fn a_shortening_extension_in_flight_already_bounds_what_the_lease_believes() {
     c.sim.pause(1, secs(2));
     c.sim.run_for(ms(1_100));
     let other = c.try_acquire(&c.manager.lock("job"));
-    assert!(other.is_ok(), "the key expired on the node after 1 s");
+    assert!(
+        other.is_err(),
+        "the extension to 1 s shortened the key: it must keep its 30 s"
+    );
+    let left = c.nodes[0].pttl("job").flatten().expect("the key has a TTL");
+    assert!(left > secs(27), "the key has {left:?} left");
     assert!(c.sim.run_until_idle(secs(5)));
     let (held, until) = seen.lock().unwrap().unwrap();
     assert!(

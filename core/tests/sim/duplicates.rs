@@ -49,19 +49,18 @@ fn a_duplicated_cleanup_of_a_failed_attempt_cannot_delete_the_next_attempts_key(
     std::mem::forget(second);
 }
 
-/// An extension's copy landing after a longer extension shortens the key under the lease. The lease extends
-/// to 1 s (confirmed; a copy lands 500 ms later), then to 10 s (confirmed): the copy sets 1 s again, the key
-/// expires 1.5 s in while the lease believes it holds it for 10 s, and a second client takes the lock.
+/// An extension's copy landing after a longer extension must not shorten the key under the lease. The lease
+/// extends to 1 s (confirmed; a copy lands 500 ms later), then to 10 s (confirmed): the copy asks for 1 s
+/// again. Before extensions stopped shortening keys it set 1 s, the key expired 1.5 s in while the lease
+/// believed it held it for 10 s, and a second client took the lock.
 ///
 /// The core's record of extensions that may still land (`machine/unconfirmed.rs`, `Unconfirmed::handle_round`)
 /// clears a node once it answered, so the second round counts it; a duplicate of an answered request breaks
 /// that assumption, and no bound on how late a copy lands is known to the client. The fix is on the server's
-/// side: an extension that never shortens the key (`PEXPIRE … GT` since Redis 7, or the same comparison in the
-/// extension script, and in the own-token branch of the acquisition scripts), after which no late or
-/// duplicated extension can shorten a key and the ledger is not needed for safety. Not done here: it changes
-/// the node contract (`RedisNode::extend`), both adapters' scripts and `MemoryNode`.
+/// side, in the node contract (`RedisNode::extend`): an extension never shortens a key (`PEXPIRE … GT`, or the
+/// same comparison in the extension script, and in the own-token branch of the acquisition scripts), so the
+/// copy changes nothing and the key keeps the 10 s.
 #[test]
-#[ignore = "finding: a duplicated shorter extension that lands after a longer one shortens the key (needs extensions that never shorten a key, a node-contract change)"]
 fn a_duplicated_shorter_extension_cannot_shorten_the_key_under_a_longer_one() {
     let mut c = Cluster::new(1, 178, config().with_expiry(secs(5)));
     let history = History::new();
@@ -79,6 +78,9 @@ fn a_duplicated_shorter_extension_cannot_shorten_the_key_under_a_longer_one() {
     c.sim.run_for(secs(2));
     assert_eq!(c.faults[0].duplicates_applied(Op::Extend), 1);
     assert!(lease.is_held());
+    // The copy landed and the key kept the longer TTL (10 s less the 2.1 s since).
+    let left = c.nodes[0].pttl("job").flatten().expect("the key has a TTL");
+    assert!(left > secs(7), "the key has {left:?} left");
     let second = c.try_acquire(&two.lock("job"));
     assert_eq!(history.check(), Ok(()));
     assert!(second.is_err(), "two holders");
