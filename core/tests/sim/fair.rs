@@ -131,18 +131,9 @@ fn a_full_queue_refuses_a_new_waiter_with_busy() {
 /// more seeds.
 #[test]
 fn a_fair_lock_never_has_two_holders_under_hostile_faults() {
-    let seeds = std::env::var("REDLEASE_FAIR_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
     let mut total = 0;
-    redlease_testkit::for_each_seed(0..seeds, |seed| {
-        let n = [1usize, 3, 5][(seed % 3) as usize];
-        let config = config()
-            .with_expiry(secs(2))
-            .with_retry_delay(ms(50))
-            .with_jitter_seed(seed);
-        let mut c = Cluster::hostile(n, seed, config);
+    let seeds = hostile_seeds("REDLEASE_FAIR_SEEDS", 300, |seed| {
+        let mut c = hostile_cluster(seed);
         let history = redlease_testkit::History::new();
         let horizon = secs(8);
         for id in 0..4u64 {
@@ -158,16 +149,7 @@ fn a_fair_lock_never_has_two_holders_under_hostile_faults() {
                     }
                     match lock.acquire_within(ms(100 + rng.next_u64() % 2_000)).await {
                         Ok(lease) => {
-                            let mut lost = std::pin::pin!(lease.lost());
-                            let mut sleep =
-                                clock.sleep_until(clock.now() + ms(rng.next_u64() % 800));
-                            std::future::poll_fn(|cx| {
-                                if lost.as_mut().poll(cx).is_ready() {
-                                    return std::task::Poll::Ready(());
-                                }
-                                sleep.as_mut().poll(cx)
-                            })
-                            .await;
+                            hold_or_lost(&lease, &clock, ms(rng.next_u64() % 800)).await;
                             let _ = lease.release().await;
                         }
                         Err(_) => {

@@ -351,12 +351,8 @@ fn handoff_history(seed: u64, horizon: Duration) -> History {
 /// decreasing (a resumed lease keeps its fence). `REDLEASE_HANDOFF_SEEDS` runs more seeds.
 #[test]
 fn handed_off_and_resumed_leases_never_overlap_under_hostile_faults() {
-    let seeds = std::env::var("REDLEASE_HANDOFF_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
     let (mut resumed, mut total) = (0, 0);
-    redlease_testkit::for_each_seed(0..seeds, |seed| {
+    hostile_seeds("REDLEASE_HANDOFF_SEEDS", 300, |seed| {
         let history = handoff_history(seed, secs(8));
         if let Err(v) = history.check() {
             panic!("seed {seed}: {v}");

@@ -277,18 +277,10 @@ async fn race(a: impl std::future::Future, b: impl std::future::Future) {
 /// `REDLEASE_MULTI_SEEDS` runs more seeds.
 #[test]
 fn sets_single_and_resumed_leases_never_overlap_on_a_key_under_hostile_faults() {
-    let seeds = std::env::var("REDLEASE_MULTI_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1000);
     let (mut total, mut resumed) = (0, 0);
-    redlease_testkit::for_each_seed(0..seeds, |seed| {
-        let n = [1usize, 3, 5][(seed % 3) as usize];
-        let config = config()
-            .with_expiry(secs(2))
-            .with_retry_delay(ms(50))
-            .with_jitter_seed(seed);
-        let mut c = Cluster::hostile(n, seed, config);
+    let seeds = hostile_seeds("REDLEASE_MULTI_SEEDS", 1000, |seed| {
+        let mut c = hostile_cluster(seed);
+        let n = c.nodes.len();
         let history = History::new();
         let horizon = secs(8);
         let mailbox = Mailbox::default();

@@ -133,18 +133,9 @@ fn a_writer_waiting_longer_than_its_claim_keeps_readers_off_until_it_gets_the_lo
 /// random fault), on 1, 3 or 5 nodes: a writer never overlaps anyone. `REDLEASE_RW_SEEDS` runs more.
 #[test]
 fn readers_and_writers_never_overlap_under_hostile_faults() {
-    let seeds = std::env::var("REDLEASE_RW_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(300);
     let (mut reads, mut writes) = (0, 0);
-    redlease_testkit::for_each_seed(0..seeds, |seed| {
-        let n = [1usize, 3, 5][(seed % 3) as usize];
-        let config = config()
-            .with_expiry(secs(2))
-            .with_retry_delay(ms(50))
-            .with_jitter_seed(seed);
-        let mut c = Cluster::hostile(n, seed, config);
+    let seeds = hostile_seeds("REDLEASE_RW_SEEDS", 300, |seed| {
+        let mut c = hostile_cluster(seed);
         let history = History::new();
         let horizon = secs(8);
         // Clients 0 and 1 read, 2 and 3 write.
@@ -165,16 +156,7 @@ fn readers_and_writers_never_overlap_under_hostile_faults() {
                     }
                     match lock.acquire_within(ms(100 + rng.next_u64() % 1_500)).await {
                         Ok(lease) => {
-                            let mut lost = std::pin::pin!(lease.lost());
-                            let mut sleep =
-                                clock.sleep_until(clock.now() + ms(rng.next_u64() % 1_200));
-                            std::future::poll_fn(|cx| {
-                                if lost.as_mut().poll(cx).is_ready() {
-                                    return std::task::Poll::Ready(());
-                                }
-                                sleep.as_mut().poll(cx)
-                            })
-                            .await;
+                            hold_or_lost(&lease, &clock, ms(rng.next_u64() % 1_200)).await;
                             let _ = lease.release().await;
                         }
                         Err(_) => {

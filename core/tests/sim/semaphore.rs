@@ -217,15 +217,7 @@ async fn permit_client(
                 .await;
             continue;
         };
-        let mut lost = std::pin::pin!(lease.lost());
-        let mut sleep = clock.sleep_until(clock.now() + ms(rng.next_u64() % 2_000));
-        std::future::poll_fn(|cx| {
-            if lost.as_mut().poll(cx).is_ready() {
-                return std::task::Poll::Ready(());
-            }
-            sleep.as_mut().poll(cx)
-        })
-        .await;
+        hold_or_lost(&lease, &clock, ms(rng.next_u64() % 2_000)).await;
         if rng.next_u64() % 4 == 0 {
             drop(lease);
         } else {
@@ -239,18 +231,9 @@ async fn permit_client(
 /// its deadline. `REDLEASE_SEMAPHORE_SEEDS` runs more seeds.
 #[test]
 fn a_semaphore_never_has_more_holders_than_permits_under_hostile_faults() {
-    let seeds = std::env::var("REDLEASE_SEMAPHORE_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(200);
     let mut total = 0;
-    redlease_testkit::for_each_seed(0..seeds, |seed| {
-        let n = [1usize, 3, 5][(seed % 3) as usize];
-        let config = config()
-            .with_expiry(secs(2))
-            .with_retry_delay(ms(50))
-            .with_jitter_seed(seed);
-        let mut c = Cluster::hostile(n, seed, config);
+    let seeds = hostile_seeds("REDLEASE_SEMAPHORE_SEEDS", 200, |seed| {
+        let mut c = hostile_cluster(seed);
         let history = History::new();
         let horizon = secs(8);
         for id in 0..5u64 {

@@ -239,3 +239,41 @@ pub(crate) fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     }
     out
 }
+
+/// Runs `run(seed)` for every seed of a hostile simulation: `default` seeds, or as many as the environment
+/// variable `var` says (for longer runs by hand).
+pub(crate) fn hostile_seeds(var: &str, default: u64, run: impl FnMut(u64)) -> u64 {
+    let seeds = std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default);
+    redlease_testkit::for_each_seed(0..seeds, run);
+    seeds
+}
+
+/// The cluster of a hostile run from `seed`: 1, 3 or 5 nodes with every hostile condition
+/// ([`Cluster::hostile`]), 2 s leases, 50 ms retry delay.
+#[allow(dead_code)]
+pub(crate) fn hostile_cluster(seed: u64) -> Cluster {
+    let n = [1usize, 3, 5][(seed % 3) as usize];
+    let config = config()
+        .with_expiry(secs(2))
+        .with_retry_delay(ms(50))
+        .with_jitter_seed(seed);
+    Cluster::hostile(n, seed, config)
+}
+
+/// Waits until `d` has passed on `clock` or the lease is lost, whichever comes first (a careful holder's
+/// work); `true` if it was lost.
+#[allow(dead_code)]
+pub(crate) async fn hold_or_lost(lease: &redlease::Lease, clock: &impl Timer, d: Duration) -> bool {
+    let mut lost = std::pin::pin!(lease.lost());
+    let mut sleep = clock.sleep_until(clock.now() + d);
+    std::future::poll_fn(|cx| {
+        if lost.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(true);
+        }
+        sleep.as_mut().poll(cx).map(|()| false)
+    })
+    .await
+}
