@@ -1,8 +1,9 @@
 //! [`RedisNode`](redlease::RedisNode) implementations for Redis client crates, one feature per client:
 //!
-//! - `redis`: redis-rs, in [`redis`] ([`MultiplexedConnection`], [`ConnectionManager`] and the
-//!   async cluster connection);
-//! - `fred`: fred, in [`fred`] (`Client` and `Pool`, centralized or clustered).
+//! - `redis`: redis-rs, in [`redis`] (nodes over a [`MultiplexedConnection`] or a [`ConnectionManager`]);
+//!   `redis-cluster` adds `redis::ClusterNode` (redis-rs's async cluster connection) and `redis-sentinel`
+//!   `redis::SentinelNode`, so that a user of one server compiles neither part of redis-rs;
+//! - `fred`: fred, in [`fred`] (`Client` and `Pool`, centralized or clustered, and Sentinel).
 //!
 //! Runtime features select the client's runtime support and add runtime glue in [`runtime`]:
 //!

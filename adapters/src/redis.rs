@@ -84,6 +84,7 @@ use std::sync::{Arc, Mutex};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
+#[cfg(feature = "redis-cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, PushInfo, PushKind, RedisError, Value};
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
@@ -141,7 +142,9 @@ pub struct RedisRsNode<C> {
 pub type MultiplexedNode = RedisRsNode<MultiplexedConnection>;
 /// A node over a reconnecting [`ConnectionManager`].
 pub type ManagedNode = RedisRsNode<ConnectionManager>;
-/// A node over a Redis Cluster [`ClusterConnection`]; checks hash slots client-side.
+/// A node over a Redis Cluster [`ClusterConnection`]; checks hash slots client-side. Needs the
+/// `redis-cluster` feature.
+#[cfg(feature = "redis-cluster")]
 pub type ClusterNode = RedisRsNode<ClusterConnection>;
 
 impl<C> fmt::Debug for RedisRsNode<C> {
@@ -446,6 +449,7 @@ impl ManagedNode {
     }
 }
 
+#[cfg(feature = "redis-cluster")]
 impl ClusterNode {
     /// Connects to a Redis Cluster with `builder`'s settings, after setting
     /// [`retries(0)`](redis::cluster::ClusterClientBuilder::retries) (see the module docs: redis-rs otherwise
@@ -1168,7 +1172,9 @@ impl Transport for LazyNode {
 impl_node!([] LazyNode);
 
 // After `impl_node!` and with access to this module's private helpers.
+#[cfg(feature = "redis-sentinel")]
 mod sentinel;
+#[cfg(feature = "redis-sentinel")]
 pub use sentinel::SentinelNode;
 
 /// The servers a redis-rs subscriber connection talks to.
@@ -1177,12 +1183,14 @@ enum Target {
     /// One server: a RESP3 multiplexed connection, `SUBSCRIBE`.
     Standalone(Box<redis::Client>),
     /// A Redis Cluster: a RESP3 cluster connection, `SSUBSCRIBE` routed by the channel's slot.
+    #[cfg(feature = "redis-cluster")]
     Cluster(Box<redis::cluster::ClusterClient>),
 }
 
 #[derive(Clone)]
 enum SubConnection {
     Standalone(MultiplexedConnection),
+    #[cfg(feature = "redis-cluster")]
     Cluster(ClusterConnection),
 }
 
@@ -1286,6 +1294,7 @@ impl RedisSubscriber {
                         .map_err(|e| connect_error(&SUBSCRIBE, &e))?,
                 )
             }
+            #[cfg(feature = "redis-cluster")]
             Target::Cluster(client) => {
                 let config = redis::cluster::ClusterConfig::new()
                     .set_connection_timeout(std::time::Duration::from_secs(2))
@@ -1317,6 +1326,7 @@ impl Subscriber for RedisSubscriber {
             let conn = Self::connection(&target, &current, &inbox).await?;
             let result = match conn {
                 SubConnection::Standalone(mut c) => c.subscribe(&channel).await,
+                #[cfg(feature = "redis-cluster")]
                 SubConnection::Cluster(mut c) => c.ssubscribe(&channel).await,
             };
             result.map_err(|e| classify(Some(&SUBSCRIBE), &e))
@@ -1330,6 +1340,7 @@ impl Subscriber for RedisSubscriber {
             let result = match conn {
                 None => return Ok(()),
                 Some(SubConnection::Standalone(mut c)) => c.unsubscribe(&channel).await,
+                #[cfg(feature = "redis-cluster")]
                 Some(SubConnection::Cluster(mut c)) => c.sunsubscribe(&channel).await,
             };
             result.map_err(|e| classify(Some(&SUBSCRIBE), &e))
