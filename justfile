@@ -16,6 +16,10 @@ lint:
 test:
     cargo test --all-features
 
+# The tests as CI runs them: the same binaries, the slow live ones side by side (scripts/run-tests.py).
+test-parallel:
+    python3 scripts/run-tests.py --all-features
+
 # The fast tier: the simulation (in-memory nodes, injected faults, virtual time; no servers), seconds.
 sim:
     cargo test -p redlease --all-features --test sim
