@@ -929,7 +929,7 @@ impl<C: KeyRouted> FredNode<C> {
         cmds: [(CustomCommand, Vec<Value>); 2],
         key: &str,
         what: &Script,
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         let (client, index) = self.prepare(key, what).await?;
         let options = self.options();
         // A plain pipeline (not a transaction, which fred would replay after a reconnection): each
@@ -946,19 +946,25 @@ impl<C: KeyRouted> FredNode<C> {
                 break;
             }
         }
+        let mut second = None;
         let result = match queued {
-            Ok(()) => match pipeline.try_all::<Value>().await.into_iter().next() {
-                Some(first) => first,
-                None => Err(FredError::new(
-                    ErrorKind::Protocol,
-                    "an empty pipeline reply",
-                )),
-            },
+            Ok(()) => {
+                let mut replies = pipeline.try_all::<Value>().await.into_iter();
+                let first = replies.next();
+                second = replies.next().and_then(Result::ok).map(to_reply);
+                match first {
+                    Some(first) => first,
+                    None => Err(FredError::new(
+                        ErrorKind::Protocol,
+                        "an empty pipeline reply",
+                    )),
+                }
+            }
             Err(e) => Err(e),
         }
         .map(to_reply)
         .map_err(|e| classify(Some(what), &e));
-        self.sent(result, index, what)
+        self.sent(result, index, what).map(|r| (r, second))
     }
 
     /// What a command sent through member `index` answers, after what its error says about the connection.
@@ -1126,7 +1132,7 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         let hash = self.hash(key);
         let build = |args: &[&str]| {
             let (name, rest) = args.split_first()?;

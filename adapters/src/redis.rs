@@ -659,21 +659,22 @@ async fn send_publishing(
     cmd: Cmd,
     publish: Cmd,
     what: &Script,
-) -> Result<Reply, NodeError> {
+) -> Result<(Reply, Option<Reply>), NodeError> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     pipe.add_command(cmd);
     pipe.add_command(publish);
-    let mut results = pipe
+    let results = pipe
         .query_async::<Vec<redis::RedisResult<Value>>>(conn)
         .await
         .map_err(|e| classify(Some(what), &e))?;
-    if results.is_empty() {
+    let mut results = results.into_iter();
+    let Some(first) = results.next() else {
         return Err(scripts::unexpected_reply(what, &Reply::Array(Vec::new())));
-    }
-    results
-        .swap_remove(0)
-        .map(to_reply)
+    };
+    let second = results.next().and_then(Result::ok).map(to_reply);
+    first
+        .map(|r| (to_reply(r), second))
         .map_err(|e| classify(Some(what), &e))
 }
 
@@ -715,7 +716,7 @@ where
         cmd: Cmd,
         publish: Cmd,
         what: &Script,
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         if self.dead.load(Ordering::Acquire) {
             return Err(NodeError::not_applied(
                 NodeErrorKind::Connection,
@@ -793,7 +794,7 @@ where
         _key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         self.run_publishing(plain_cmd(args), plain_cmd(publish), what)
             .await
     }
@@ -1130,7 +1131,7 @@ impl Transport for LazyNode {
         _key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         let (mut conn, generation) = self.connection(what).await?;
         let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
         self.dropped(&result, generation);
