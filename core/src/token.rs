@@ -7,7 +7,8 @@ pub const TOKEN_BYTES: usize = 20;
 
 /// The random ownership token of one acquisition.
 ///
-/// 20 bytes (160 bits) from the operating system's CSPRNG, hex-encoded into 40 lowercase characters. One token
+/// 20 bytes (160 bits) of ChaCha20 keyed from the operating system's CSPRNG ([`Token::random`]), hex-encoded into
+/// 40 lowercase characters. One token
 /// identifies one acquisition (not a process or a host); a Redlock acquisition writes the same token to every
 /// node, and retries of the same acquisition reuse it so that they recognise their own earlier writes.
 ///
