@@ -7,10 +7,9 @@ pub const TOKEN_BYTES: usize = 20;
 
 /// The random ownership token of one acquisition.
 ///
-/// 20 bytes (160 bits) of ChaCha20 keyed from the operating system's CSPRNG ([`Token::random`]), hex-encoded into
-/// 40 lowercase characters. One token
-/// identifies one acquisition (not a process or a host); a Redlock acquisition writes the same token to every
-/// node, and retries of the same acquisition reuse it so that they recognise their own earlier writes.
+/// 20 bytes (160 bits) of ChaCha20 keyed from the operating system's CSPRNG ([`Token::random`]), hex-encoded
+/// into 40 lowercase characters. One token identifies one acquisition (not a process or a host); a Redlock
+/// acquisition writes the same token to every node, and retries of the same acquisition reuse it so that they recognise their own earlier writes.
 ///
 /// A token is a capability: whoever knows it can release or extend the lease. `Debug` and `Display` therefore
 /// show only its first four characters (`Token(1a2b…)`); [`Token::as_str`] gives the full text to nodes.
