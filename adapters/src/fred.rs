@@ -504,7 +504,8 @@ fn lazy_from_url(index: usize, url: &str, timeouts: Timeouts) -> Result<ClientNo
 }
 
 /// A single-authority manager for the server at `url`, in one line: a [`ClientNode::from_url`] with
-/// [`Timeouts::for_config`] (both the operation timeout). Call it anywhere; use the manager on tokio.
+/// [`Timeouts::for_config`] (both the operation timeout) and tokio's timer
+/// ([`RuntimeTimer`](crate::runtime::RuntimeTimer)). Call it anywhere; use the manager on tokio.
 ///
 /// ```no_run
 /// use redlease::Config;
@@ -521,7 +522,7 @@ fn lazy_from_url(index: usize, url: &str, timeouts: Timeouts) -> Result<ClientNo
 /// [`SetupError::Url`] for a URL fred cannot parse; [`SetupError::Config`] for an invalid `config`.
 pub fn single(url: &str, config: Config) -> Result<LockManager, SetupError> {
     let node = lazy_from_url(0, url, Timeouts::for_config(&config)?)?;
-    Ok(LockManager::single(node, config)?)
+    Ok(LockManager::single(node, config)?.with_timer(crate::runtime::RuntimeTimer))
 }
 
 /// A Redlock manager over the independent servers at `urls` (an odd number, at least 3), in one line; each
@@ -542,7 +543,7 @@ where
         .enumerate()
         .map(|(i, url)| lazy_from_url(i, url.as_ref(), timeouts))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(LockManager::redlock(nodes, config)?)
+    Ok(LockManager::redlock(nodes, config)?.with_timer(crate::runtime::RuntimeTimer))
 }
 
 const FAIL_FAST_DETAILS: &str = "Connection closed unexpectedly.";

@@ -257,7 +257,9 @@ fn async_config(timeouts: Timeouts) -> AsyncConnectionConfig {
 ///
 /// Its node is a [`LazyNode`] with [`Timeouts::for_config`] (both the operation timeout): building it sends
 /// nothing, the first call connects, and a call after a dropped connection connects again. A URL the client
-/// cannot parse is an error now, before anything is sent.
+/// cannot parse is an error now, before anything is sent. Its timer is
+/// [`RuntimeTimer`](crate::runtime::RuntimeTimer) with feature `tokio` (tokio's timer on a tokio runtime), the
+/// default timer otherwise.
 ///
 /// ```no_run
 /// use redlease::Config;
@@ -274,7 +276,7 @@ fn async_config(timeouts: Timeouts) -> AsyncConnectionConfig {
 /// [`SetupError::Url`] for a URL redis-rs cannot parse; [`SetupError::Config`] for an invalid `config`.
 pub fn single(url: &str, config: Config) -> Result<LockManager, SetupError> {
     let node = lazy_from_url(0, url, &config)?;
-    Ok(LockManager::single(node, config)?)
+    Ok(with_runtime_timer(LockManager::single(node, config)?))
 }
 
 /// A Redlock manager over the independent servers at `urls` (an odd number, at least 3), in one line.
@@ -306,7 +308,15 @@ where
         .enumerate()
         .map(|(i, url)| lazy_from_url(i, url.as_ref(), &config))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(LockManager::redlock(nodes, config)?)
+    Ok(with_runtime_timer(LockManager::redlock(nodes, config)?))
+}
+
+/// The one-line constructors' timer: [`RuntimeTimer`](crate::runtime::RuntimeTimer) with feature `tokio`
+/// (tokio's timer where a tokio runtime runs, else the default), the default timer without it (smol alone).
+fn with_runtime_timer(manager: LockManager) -> LockManager {
+    #[cfg(feature = "tokio")]
+    let manager = manager.with_timer(crate::runtime::RuntimeTimer);
+    manager
 }
 
 fn lazy_from_url(index: usize, url: &str, config: &Config) -> Result<LazyNode, SetupError> {
