@@ -1042,11 +1042,11 @@ async fn acquire_fenced_unrecorded(
         return fenced_native(t, key, fence_key, token, &ttl, waiting_ttl).await;
     }
     let marker = notify::waiting_key(key);
-    let keys: &[&str] = match &marker {
-        Some(marker) => &[key, fence_key, marker],
-        None => &[key, fence_key],
+    let args: &[&str] = match &marker {
+        Some(marker) => &[token.as_str(), &ttl, marker],
+        None => &[token.as_str(), &ttl],
     };
-    let reply = eval(t, &scripts::ACQUIRE_FENCED, keys, &[token.as_str(), &ttl]).await?;
+    let reply = eval(t, &scripts::ACQUIRE_FENCED, &[key, fence_key], args).await?;
     scripts::parse_fence(reply)
 }
 
@@ -1404,17 +1404,11 @@ async fn release_unforgotten(
     }
     let (channel, command) = publish_args(t, key);
     let marker = notify::waiting_key(key);
-    let keys: &[&str] = match &marker {
-        Some(marker) => &[key, marker],
-        None => &[key],
+    let args: &[&str] = match &marker {
+        Some(marker) => &[token.as_str(), &channel, command, marker],
+        None => &[token.as_str(), &channel, command],
     };
-    let reply = eval(
-        t,
-        &scripts::RELEASE,
-        keys,
-        &[token.as_str(), &channel, command],
-    )
-    .await?;
+    let reply = eval(t, &scripts::RELEASE, &[key], args).await?;
     scripts::parse_flag(&scripts::RELEASE, reply)
 }
 
@@ -1439,11 +1433,11 @@ async fn acquire_or_ttl_unrecorded(
         if !caps.native_acquire() {
             let millis = ttl.as_millis().to_string();
             let marker = notify::waiting_key(key);
-            let keys: &[&str] = match &marker {
-                Some(marker) => &[key, marker],
-                None => &[key],
+            let args: &[&str] = match &marker {
+                Some(marker) => &[token.as_str(), &millis, marker],
+                None => &[token.as_str(), &millis],
             };
-            let reply = eval(t, &scripts::ACQUIRE_TTL, keys, &[token.as_str(), &millis]).await?;
+            let reply = eval(t, &scripts::ACQUIRE_TTL, &[key], args).await?;
             return scripts::parse_claim(reply);
         }
         acquire_native(t, key, token, &ttl.as_millis().to_string()).await?
@@ -1486,7 +1480,7 @@ async fn waiting(
     let caps = path(t, key).await?;
     if caps.is_none_or(|c| !c.native_acquire()) {
         let script = &scripts::WAITING;
-        let reply = eval(t, script, &[key, &marker], &[&millis.to_string()]).await?;
+        let reply = eval(t, script, &[key], &[&millis.to_string(), &marker]).await?;
         return Ok((script, reply));
     }
     let what = &scripts::TRANSACTION;

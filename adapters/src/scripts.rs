@@ -129,7 +129,7 @@ return 0
 /// (naming the fence key) when the fence key holds another type, does not hold a non-negative decimal
 /// integer, has a TTL (its numbers would start again after it expired), is exhausted (2^63-1), or is missing
 /// while the lock holds our token (the issued number can no longer be confirmed); `WRONGTYPE` when the lock
-/// key holds another type; the error of a command the server refuses inside the script. With `KEYS[3]`, the
+/// key holds another type; the error of a command the server refuses inside the script. With `ARGV[3]`, the
 /// lock's waiter marker, a lock held by another value marks it as [`ACQUIRE_TTL`] does.
 pub const ACQUIRE_FENCED: Script = Script {
     name: "acquire_fenced",
@@ -179,20 +179,20 @@ if cur == ARGV[1] then
   end
   return fence
 end
-if KEYS[3] then
+if ARGV[3] then
   local hold = redis.call('PTTL', KEYS[1])
   if hold < 0 then
     hold = tonumber(ARGV[2])
   end
   hold = hold + 1000
-  local marked = redis.pcall('PTTL', KEYS[3])
+  local marked = redis.pcall('PTTL', ARGV[3])
   if type(marked) ~= 'number' or marked < hold then
-    redis.pcall('SET', KEYS[3], '1', 'PX', hold)
+    redis.pcall('SET', ARGV[3], '1', 'PX', hold)
   end
 end
 return false
 "#,
-    sha1: "b31518079c7eb10024f868a11fc0154c6d3da9aa",
+    sha1: "3942ab1f383c936b110addb79aa3212adc03a26f",
 };
 
 /// Compare-and-delete that announces the release. `KEYS[1]` lock, `ARGV[1]` token, optionally `ARGV[2]` the
@@ -204,9 +204,14 @@ return false
 /// Only a deletion publishes, and the message is [`redlease::notify::payload`] of the token (its first 8
 /// characters). The publish runs with `redis.pcall`, after the `DEL`: a user without permission for the
 /// channel still releases (its waiters then wait for the TTL bound instead of a notification). Without
-/// `ARGV[2]` nothing is published (what releases did before notifications). With `KEYS[2]`, the lock's
+/// `ARGV[2]` nothing is published (what releases did before notifications). With `ARGV[4]`, the lock's
 /// waiter marker ([`redlease::notify::waiting_key`]), it publishes only when the marker exists (or cannot be
 /// read, say for a missing ACL permission): a release nobody waits for publishes nothing.
+///
+/// The marker is an argument, not a declared key, here and in the other scripts that take one: a user whose
+/// ACL key patterns cover the lock keys but not the markers would otherwise be refused the whole script
+/// (`NOPERM` for a declared key); undeclared, only the marker's own commands are refused (`redis.pcall`), and
+/// the script goes on. The marker always lies in `KEYS[1]`'s Redis Cluster slot.
 pub const RELEASE: Script = Script {
     name: "release",
     source: r#"local cur = redis.pcall('GET', KEYS[1])
@@ -218,7 +223,7 @@ if type(cur) == 'table' then
 end
 if cur == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] and (not KEYS[2] or redis.pcall('EXISTS', KEYS[2]) ~= 0) then
+  if ARGV[2] and (not ARGV[4] or redis.pcall('EXISTS', ARGV[4]) ~= 0) then
     if ARGV[3] == 'SPUBLISH' then
       redis.pcall('SPUBLISH', ARGV[2], string.sub(ARGV[1], 1, 8))
     else
@@ -229,7 +234,7 @@ if cur == ARGV[1] then
 end
 return 0
 "#,
-    sha1: "d704e280648ecfcc5df25996b50cfe43f8528eea",
+    sha1: "df37e218b969f4fc8b520fceed85c31804085a82",
 };
 
 /// The release script before release notifications (it publishes nothing), kept to test that waiters
@@ -258,8 +263,8 @@ return 0
 /// Returns 1 when the lock is (now) ours (absent, or holding our token: its TTL extended to at least `ARGV[2]`,
 /// never shortened, as in [`ACQUIRE`]); when held by
 /// another value 0 if the key has no expiry, else `-1 - pttl` (so -1 means 0 ms left, -1001 means 1000 ms).
-/// Argument and refusal errors as for [`ACQUIRE`], all before any write. With `KEYS[2]`, the lock's waiter
-/// marker ([`redlease::notify::waiting_key`]), a held lock also marks it, in the same atomic step, to live
+/// Argument and refusal errors as for [`ACQUIRE`], all before any write. With `ARGV[3]`, the lock's waiter
+/// marker ([`redlease::notify::waiting_key`]; an argument, see [`RELEASE`]), a held lock also marks it, in the same atomic step, to live
 /// at least the holder's remaining TTL (or `ARGV[2]` when the lock has no expiry) plus
 /// [`WAITING_MARGIN_MS`](redlease::notify::WAITING_MARGIN_MS), never shortening it; the marker write runs
 /// with `redis.pcall` (refused under `maxmemory` or by the ACL, the reply is the same and releases of the
@@ -291,15 +296,15 @@ if cur == ARGV[1] then
   return 1
 end
 local left = redis.call('PTTL', KEYS[1])
-if KEYS[2] then
+if ARGV[3] then
   local hold = left
   if hold < 0 then
     hold = tonumber(ARGV[2])
   end
   hold = hold + 1000
-  local marked = redis.pcall('PTTL', KEYS[2])
+  local marked = redis.pcall('PTTL', ARGV[3])
   if type(marked) ~= 'number' or marked < hold then
-    redis.pcall('SET', KEYS[2], '1', 'PX', hold)
+    redis.pcall('SET', ARGV[3], '1', 'PX', hold)
   end
 end
 if left < 0 then
@@ -307,13 +312,13 @@ if left < 0 then
 end
 return -1 - left
 "#,
-    sha1: "b93efde262e1b9e4c40ffa4da232b0ea2b971694",
+    sha1: "1ab7b8dbdc81ce5b056420e4584d37b3e983abbe",
 };
 
 /// The waiter marker step of a waiting acquisition that found the lock held by a plain command (`SET … NX
-/// GET`): `KEYS[1]` lock, `KEYS[2]` its waiter marker ([`redlease::notify::waiting_key`]), `ARGV[1]` the
-/// acquisition's TTL in ms. Returns the lock's `PTTL` (-2 gone since the attempt, -1 no expiry); while the
-/// lock exists, marks `KEYS[2]` in the same atomic step as [`ACQUIRE_TTL`] does (with `ARGV[1]` for a lock
+/// GET`): `KEYS[1]` lock, `ARGV[1]` the acquisition's TTL in ms, `ARGV[2]` the lock's waiter marker
+/// ([`redlease::notify::waiting_key`]; an argument, see [`RELEASE`]). Returns the lock's `PTTL` (-2 gone
+/// since the attempt, -1 no expiry); while the lock exists, marks `ARGV[2]` in the same atomic step as [`ACQUIRE_TTL`] does (with `ARGV[1]` for a lock
 /// without expiry). An invalid `ARGV[1]` is an error reply, before any write.
 pub const WAITING: Script = Script {
     name: "waiting",
@@ -329,13 +334,13 @@ if hold < 0 then
   hold = tonumber(ARGV[1])
 end
 hold = hold + 1000
-local marked = redis.pcall('PTTL', KEYS[2])
+local marked = redis.pcall('PTTL', ARGV[2])
 if type(marked) ~= 'number' or marked < hold then
-  redis.pcall('SET', KEYS[2], '1', 'PX', hold)
+  redis.pcall('SET', ARGV[2], '1', 'PX', hold)
 end
 return left
 "#,
-    sha1: "a849d28df6242da43bfb3e0bf4db434a2a6a34bf",
+    sha1: "c11b4003375c45e4f1bf2ecbd33d4364366cfa1d",
 };
 
 /// Compare-and-extend. `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 if the key holds the

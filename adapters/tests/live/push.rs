@@ -821,3 +821,76 @@ async fn a_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_without
     )
     .await;
 }
+
+/// A user whose ACL key patterns cover the lock keys but not the waiter markers (`~push:*`): acquisitions,
+/// waits and releases work as before (the marker is a script argument, not a declared key, so the scripts
+/// are not refused; its own commands are, and a release that cannot read the marker publishes), and a
+/// waiter is woken by the release's notification.
+async fn markers_outside_the_users_keys(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    let url = crate::permissions::acl_user(&server, "lockkeys", &["resetkeys", "~push:*", "+@all"]);
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        let what = format!("{flavor} {backend:?}");
+        let node = common::node(backend, &url).await;
+        let manager = LockManager::single(Arc::clone(&node), no_polling()).unwrap();
+        let key = format!("push:{{lockkeys:{backend:?}}}:lock");
+        let held = manager.lock(&key).try_acquire().await.unwrap();
+        let lock = manager.lock(&key);
+        let waiter = tokio::spawn(async move {
+            let lease = lock.acquire_within(Duration::from_secs(20)).await.unwrap();
+            let at = Instant::now();
+            lease.release().await.unwrap();
+            at
+        });
+        assert!(
+            eventually(Duration::from_secs(3), || numsub(
+                &server,
+                false,
+                &channel(&key)
+            ) == 1)
+            .await,
+            "{what}: the waiter subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let report = held.release().await.unwrap();
+        assert_eq!(report.deleted(), 1, "{what}: {report:?}");
+        let released = Instant::now();
+        let at = tokio::time::timeout(Duration::from_secs(15), waiter)
+            .await
+            .expect("the waiter acquired")
+            .unwrap();
+        // Far inside the holder's 10 s TTL and the 30 s polls: a notification woke it.
+        assert!(
+            at.saturating_duration_since(released) < Duration::from_secs(5),
+            "{what}: woken {:?} after the release",
+            at.saturating_duration_since(released)
+        );
+        let marker = redlease::notify::waiting_key(&key).unwrap();
+        assert_eq!(
+            server.cmd(&["EXISTS", &marker]),
+            "0",
+            "{what}: no marker written"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_redis_7_0() {
+    markers_outside_the_users_keys(
+        Flavor::Redis,
+        "a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_valkey_9_1_without_lua()
+ {
+    markers_outside_the_users_keys(
+        Flavor::Valkey91NoLua,
+        "a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
