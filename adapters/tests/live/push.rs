@@ -822,7 +822,8 @@ async fn a_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_without
     .await;
 }
 
-/// A user whose ACL key patterns cover the lock keys but not the waiter markers (`~push:*`): acquisitions,
+/// A user whose ACL key patterns cover the lock keys but not the waiter markers (`~push:*`, and `~probe:*`
+/// for the harness's capability check): acquisitions,
 /// waits and releases work as before (the marker is a script argument, not a declared key, so the scripts
 /// are not refused; its own commands are, and a release that cannot read the marker publishes), and a
 /// waiter is woken by the release's notification.
@@ -830,7 +831,11 @@ async fn markers_outside_the_users_keys(flavor: Flavor, test: &str) {
     let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
         return;
     };
-    let url = crate::permissions::acl_user(&server, "lockkeys", &["resetkeys", "~push:*", "+@all"]);
+    let url = crate::permissions::acl_user(
+        &server,
+        "lockkeys",
+        &["resetkeys", "~push:*", "~probe:*", "+@all"],
+    );
     for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
         let what = format!("{flavor} {backend:?}");
         let node = common::node(backend, &url).await;
