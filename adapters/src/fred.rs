@@ -504,7 +504,8 @@ fn lazy_from_url(index: usize, url: &str, timeouts: Timeouts) -> Result<ClientNo
 }
 
 /// A single-authority manager for the server at `url`, in one line: a [`ClientNode::from_url`] with
-/// [`Timeouts::for_config`] (both the operation timeout). Call it anywhere; use the manager on tokio.
+/// [`Timeouts::for_config`] (both the operation timeout) and tokio's timer
+/// ([`RuntimeTimer`](crate::runtime::RuntimeTimer)). Call it anywhere; use the manager on tokio.
 ///
 /// ```no_run
 /// use redlease::Config;
@@ -521,7 +522,7 @@ fn lazy_from_url(index: usize, url: &str, timeouts: Timeouts) -> Result<ClientNo
 /// [`SetupError::Url`] for a URL fred cannot parse; [`SetupError::Config`] for an invalid `config`.
 pub fn single(url: &str, config: Config) -> Result<LockManager, SetupError> {
     let node = lazy_from_url(0, url, Timeouts::for_config(&config)?)?;
-    Ok(LockManager::single(node, config)?)
+    Ok(LockManager::single(node, config)?.with_timer(crate::runtime::RuntimeTimer))
 }
 
 /// A Redlock manager over the independent servers at `urls` (an odd number, at least 3), in one line; each
@@ -542,7 +543,7 @@ where
         .enumerate()
         .map(|(i, url)| lazy_from_url(i, url.as_ref(), timeouts))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(LockManager::redlock(nodes, config)?)
+    Ok(LockManager::redlock(nodes, config)?.with_timer(crate::runtime::RuntimeTimer))
 }
 
 const FAIL_FAST_DETAILS: &str = "Connection closed unexpectedly.";
@@ -929,7 +930,7 @@ impl<C: KeyRouted> FredNode<C> {
         cmds: [(CustomCommand, Vec<Value>); 2],
         key: &str,
         what: &Script,
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         let (client, index) = self.prepare(key, what).await?;
         let options = self.options();
         // A plain pipeline (not a transaction, which fred would replay after a reconnection): each
@@ -946,19 +947,25 @@ impl<C: KeyRouted> FredNode<C> {
                 break;
             }
         }
+        let mut second = None;
         let result = match queued {
-            Ok(()) => match pipeline.try_all::<Value>().await.into_iter().next() {
-                Some(first) => first,
-                None => Err(FredError::new(
-                    ErrorKind::Protocol,
-                    "an empty pipeline reply",
-                )),
-            },
+            Ok(()) => {
+                let mut replies = pipeline.try_all::<Value>().await.into_iter();
+                let first = replies.next();
+                second = replies.next().and_then(Result::ok).map(to_reply);
+                match first {
+                    Some(first) => first,
+                    None => Err(FredError::new(
+                        ErrorKind::Protocol,
+                        "an empty pipeline reply",
+                    )),
+                }
+            }
             Err(e) => Err(e),
         }
         .map(to_reply)
         .map_err(|e| classify(Some(what), &e));
-        self.sent(result, index, what)
+        self.sent(result, index, what).map(|r| (r, second))
     }
 
     /// What a command sent through member `index` answers, after what its error says about the connection.
@@ -1126,7 +1133,7 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         let hash = self.hash(key);
         let build = |args: &[&str]| {
             let (name, rest) = args.split_first()?;

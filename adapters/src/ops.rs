@@ -423,15 +423,17 @@ pub(crate) trait Transport: Send + Sync {
     }
 
     /// Sends the plain command `args` and, pipelined right behind it on the same connection (one write, one
-    /// round trip, not a transaction), `publish`; routed by `key` (the channel shares its slot). The reply of
-    /// `args`; whatever happens to `publish` (refused by a channel ACL, say) is ignored. Neither is re-sent.
+    /// round trip, not a transaction), `publish` (a `PUBLISH`, or any second command such as the `EXISTS` of
+    /// a waiter marker); routed by `key` (the channel shares its slot). The reply of `args`, and that of
+    /// `publish` when it answered without an error (`None` otherwise: an error of `publish`, refused by a
+    /// channel ACL say, never fails the call). Neither is re-sent.
     fn command_and_publish(
         &self,
         what: &Script,
         key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> impl Future<Output = Result<Reply, NodeError>> + Send;
+    ) -> impl Future<Output = Result<(Reply, Option<Reply>), NodeError>> + Send;
 
     /// Whether the keys of one call must share a Redis Cluster slot (checked before anything is sent).
     fn clustered(&self) -> bool;
@@ -1034,17 +1036,17 @@ async fn acquire_fenced_unrecorded(
         slot::check_same_slot(key, fence_key)?;
     }
     let caps = checked(t, key, Some(fence_key)).await?;
+    let waiting_ttl = ttl;
     let ttl = ttl.as_millis().to_string();
     if caps.native_acquire() {
-        return fenced_native(t, key, fence_key, token, &ttl).await;
+        return fenced_native(t, key, fence_key, token, &ttl, waiting_ttl).await;
     }
-    let reply = eval(
-        t,
-        &scripts::ACQUIRE_FENCED,
-        &[key, fence_key],
-        &[token.as_str(), &ttl],
-    )
-    .await?;
+    let marker = notify::waiting_key(key);
+    let args: &[&str] = match &marker {
+        Some(marker) => &[token.as_str(), &ttl, marker],
+        None => &[token.as_str(), &ttl],
+    };
+    let reply = eval(t, &scripts::ACQUIRE_FENCED, &[key, fence_key], args).await?;
     scripts::parse_fence(reply)
 }
 
@@ -1189,6 +1191,7 @@ async fn fenced_native(
     fence_key: &str,
     token: &Token,
     ttl: &str,
+    waiting_ttl: Ttl,
 ) -> Result<Option<u64>, NodeError> {
     let what = &scripts::TRANSACTION;
     let before = note(
@@ -1254,7 +1257,12 @@ async fn fenced_native(
                 "FENCE the lock {key} holds this token but this node issued it no fencing number; the \
                  number can no longer be confirmed"
             ))),
-            Ok(_) => Ok(None),
+            Ok(_) => {
+                // Held by another: its release is to publish for a waiter (marked after the attempt here,
+                // so a release in between goes unannounced and a waiter waits its usual bound).
+                let _ = waiting(t, key, waiting_ttl).await;
+                Ok(None)
+            }
             Err(e) if e.kind() == NodeErrorKind::WrongType => {
                 Err(lock_wrong_type(&scripts::SET_NX_PLAIN, key, e))
             }
@@ -1330,19 +1338,33 @@ fn publish_args(t: &impl Transport, key: &str) -> (String, &'static str) {
 /// that deleted nothing publishes too (a waiter then spends one attempt), and if the connection drops between
 /// the two, the notification is lost (waiters wait for the TTL bound). 1 deleted, 0 not (another value,
 /// absent, or another type: never touched).
+///
+/// Where the key has a waiter marker ([`notify::waiting_key`]), `EXISTS marker` is pipelined behind the
+/// `DELIFEQ` instead, and the `PUBLISH` follows (a second round trip) only when the release deleted the key
+/// and the marker exists or could not be read: a release nobody waits for publishes nothing. The `EXISTS`
+/// runs after the delete, so a waiter's marker written later belongs to an attempt that finds the lock free.
 async fn release_native(t: &impl Transport, key: &str, token: &Token) -> Result<bool, NodeError> {
     let (channel, command) = publish_args(t, key);
     let what = &scripts::DELIFEQ;
+    let marker = notify::waiting_key(key);
+    let publish = [command, channel.as_str(), notify::payload(token)];
+    let second: &[&str] = match &marker {
+        Some(marker) => &["EXISTS", marker],
+        None => &publish,
+    };
     let sent = t
-        .command_and_publish(
-            what,
-            key,
-            &["DELIFEQ", key, token.as_str()],
-            &[command, &channel, notify::payload(token)],
-        )
+        .command_and_publish(what, key, &["DELIFEQ", key, token.as_str()], second)
         .await;
     match note_refused(t, note(t, sent)) {
-        Ok(reply) => scripts::parse_flag(what, reply),
+        Ok((reply, waiting)) => {
+            let deleted = scripts::parse_flag(what, reply)?;
+            if deleted && marker.is_some() && waiting != Some(Reply::Int(0)) {
+                // Whatever happens to it (a channel ACL, a dropped connection), the release is done; a
+                // lost notification leaves waiters their usual bound.
+                let _ = note(t, t.command(what, key, &publish).await);
+            }
+            Ok(deleted)
+        }
         Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
         Err(e) => Err(e),
     }
@@ -1381,21 +1403,22 @@ async fn release_unforgotten(
         }
     }
     let (channel, command) = publish_args(t, key);
-    let reply = eval(
-        t,
-        &scripts::RELEASE,
-        &[key],
-        &[token.as_str(), &channel, command],
-    )
-    .await?;
+    let marker = notify::waiting_key(key);
+    let args: &[&str] = match &marker {
+        Some(marker) => &[token.as_str(), &channel, command, marker],
+        None => &[token.as_str(), &channel, command],
+    };
+    let reply = eval(t, &scripts::RELEASE, &[key], args).await?;
     scripts::parse_flag(&scripts::RELEASE, reply)
 }
 
-/// An acquisition that reports the holder's TTL on contention. A fresh one is the usual fresh acquisition
-/// (`SET … NX GET`, one command when it wins) followed, only when the lock is held, by `PTTL` (a waiter pays
-/// one more command and round trip before it waits; a winner pays nothing). A retry is the
-/// [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL) script (one command either way), or without Lua the native
-/// acquisition followed, on contention, by `PTTL`.
+/// An acquisition that reports the holder's TTL on contention, and marks the lock's waiter marker
+/// ([`notify::waiting_key`]) before it reads that TTL, so that the holder's release publishes. A fresh one is
+/// the usual fresh acquisition (`SET … NX GET`, one command when it wins) followed, only when the lock is
+/// held, by [`waiting`] (a waiter pays one more command and round trip before it waits; a winner pays
+/// nothing). A retry is the [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL) script with the marker (one command
+/// either way, marking in the same atomic step), or without Lua the native acquisition followed, on
+/// contention, by [`waiting`].
 async fn acquire_or_ttl_unrecorded(
     t: &impl Transport,
     key: &str,
@@ -1409,7 +1432,12 @@ async fn acquire_or_ttl_unrecorded(
         let caps = checked(t, key, None).await?;
         if !caps.native_acquire() {
             let millis = ttl.as_millis().to_string();
-            let reply = eval(t, &scripts::ACQUIRE_TTL, &[key], &[token.as_str(), &millis]).await?;
+            let marker = notify::waiting_key(key);
+            let args: &[&str] = match &marker {
+                Some(marker) => &[token.as_str(), &millis, marker],
+                None => &[token.as_str(), &millis],
+            };
+            let reply = eval(t, &scripts::ACQUIRE_TTL, &[key], args).await?;
             return scripts::parse_claim(reply);
         }
         acquire_native(t, key, token, &ttl.as_millis().to_string()).await?
@@ -1417,8 +1445,7 @@ async fn acquire_or_ttl_unrecorded(
     if taken {
         return Ok(Claim::Taken);
     }
-    let what = &scripts::COMMAND;
-    let pttl = note(t, t.command(what, key, &["PTTL", key]).await)?;
+    let (what, pttl) = waiting(t, key, ttl).await?;
     let remaining = match scripts::parse_integer(what, &pttl)? {
         // No expiry.
         -1 => None,
@@ -1427,6 +1454,72 @@ async fn acquire_or_ttl_unrecorded(
         ms => Some(std::time::Duration::from_millis(ms.unsigned_abs())),
     };
     Ok(Claim::Held { remaining })
+}
+
+/// For a waiting acquisition that found `key` held: marks the lock's waiter marker
+/// ([`notify::waiting_key`]) to live at least the holder's remaining TTL (or `ttl`) plus
+/// [`notify::WAITING_MARGIN_MS`], never shortening it, **before** reading that TTL, and returns the `PTTL`
+/// reply (with the script or command it came from). Where scripts run, the [`WAITING`](scripts::WAITING)
+/// script does both in one atomic step; without Lua, one transaction `SET marker 1 NX PX m`,
+/// `PEXPIRE marker m GT`, `PTTL key` (m = `ttl` plus the margin; idempotent, so a replayed transaction does
+/// no harm) and, only when the holder has longer left, `PEXPIRE marker … GT`. A release landing before the
+/// marker is written is seen by the read (the key is gone: the waiter tries again at once); every later one
+/// publishes. Where the marker cannot be written (refused by the ACL or under `maxmemory`), the plain
+/// `PTTL`: a release then publishes only if it cannot read the marker either, and the waiter otherwise
+/// waits its usual bound.
+async fn waiting(
+    t: &impl Transport,
+    key: &str,
+    ttl: Ttl,
+) -> Result<(&'static Script, Reply), NodeError> {
+    let millis = ttl.as_millis();
+    let plain = &scripts::COMMAND;
+    let Some(marker) = notify::waiting_key(key) else {
+        return Ok((plain, note(t, t.command(plain, key, &["PTTL", key]).await)?));
+    };
+    let caps = path(t, key).await?;
+    if caps.is_none_or(|c| !c.native_acquire()) {
+        let script = &scripts::WAITING;
+        let reply = eval(t, script, &[key], &[&millis.to_string(), &marker]).await?;
+        return Ok((script, reply));
+    }
+    let what = &scripts::TRANSACTION;
+    let hold = millis.saturating_add(notify::WAITING_MARGIN_MS);
+    let hold = hold.to_string();
+    let marked = note(
+        t,
+        tx(
+            t,
+            what,
+            key,
+            &[
+                &["SET", &marker, "1", "NX", "PX", &hold],
+                &["PEXPIRE", &marker, &hold, "GT"],
+                &["PTTL", key],
+            ],
+        )
+        .await,
+    );
+    let pttl = match marked {
+        Ok(mut replies) if replies.len() == 3 => replies.swap_remove(2),
+        Ok(replies) => return Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
+        Err(e) if e.is_ambiguous() => return Err(e),
+        // Refused (an ACL on the marker, `maxmemory`): the holder's TTL alone.
+        Err(_) => return Ok((plain, note(t, t.command(plain, key, &["PTTL", key]).await)?)),
+    };
+    if let Reply::Int(left) = pttl
+        && let Ok(left) = u64::try_from(left)
+        && left > millis
+    {
+        let longer = left.saturating_add(notify::WAITING_MARGIN_MS).to_string();
+        // Best effort: the waiter tries again (and marks again) when the holder's TTL runs out anyway.
+        let _ = note(
+            t,
+            t.command(plain, key, &["PEXPIRE", &marker, &longer, "GT"])
+                .await,
+        );
+    }
+    Ok((what, pttl))
 }
 
 async fn extend_unrecorded(
@@ -2569,6 +2662,8 @@ mod tests {
         txs: Mutex<VecDeque<Result<Vec<Reply>, NodeError>>>,
         sent: Mutex<Vec<String>>,
         tx_args: Mutex<Vec<Vec<Vec<String>>>>,
+        /// The replies of the second command of `command_and_publish` (`Int(0)`, "no waiter", when empty).
+        seconds: Mutex<VecDeque<Option<Reply>>>,
     }
 
     impl Transport for Scripted {
@@ -2613,7 +2708,7 @@ mod tests {
             _: &str,
             args: &[&str],
             publish: &[&str],
-        ) -> Result<Reply, NodeError> {
+        ) -> Result<(Reply, Option<Reply>), NodeError> {
             self.sent
                 .lock()
                 .unwrap()
@@ -2622,7 +2717,18 @@ mod tests {
                 args.iter().map(|a| (*a).to_owned()).collect(),
                 publish.iter().map(|a| (*a).to_owned()).collect(),
             ]);
-            self.replies.lock().unwrap().pop_front().expect("a reply")
+            let second = self
+                .seconds
+                .lock()
+                .unwrap()
+                .pop_front()
+                .unwrap_or(Some(Reply::Int(0)));
+            self.replies
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a reply")
+                .map(|r| (r, second))
         }
         fn clustered(&self) -> bool {
             false
@@ -2669,7 +2775,7 @@ mod tests {
             _: &str,
             args: &[&str],
             _: &[&str],
-        ) -> Result<Reply, NodeError> {
+        ) -> Result<(Reply, Option<Reply>), NodeError> {
             panic!("no command may be sent here: {}", args[0])
         }
         fn clustered(&self) -> bool {
@@ -2861,7 +2967,7 @@ mod tests {
                 "MULTI GET PTTL",
                 "SET",
                 "MULTI INCR GET PTTL",
-                "DELIFEQ+PUBLISH"
+                "DELIFEQ+EXISTS"
             ]
         );
         // Nothing remembered: a later call starts afresh.
@@ -2915,7 +3021,7 @@ mod tests {
         let err = block_on(acquire_fenced(&t, "l", "f", &token, ttl)).unwrap_err();
         assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
         assert!(err.message().contains("TTL"), "{err}");
-        assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ+PUBLISH");
+        assert_eq!(t.sent.lock().unwrap().last().unwrap(), "DELIFEQ+EXISTS");
     }
 
     /// The record of native fenced acquisitions never drops an unconfirmed entry: confirmed ones make room,
@@ -3260,10 +3366,11 @@ mod tests {
     }
 
     #[test]
-    fn a_native_release_publishes_the_token_prefix_on_the_keys_channel_in_the_same_write() {
+    fn a_native_release_without_a_waiter_marker_publishes_nothing() {
         let t = native();
         let token = Token::random().unwrap();
         t.replies.lock().unwrap().extend([Ok(Reply::Int(1))]);
+        t.seconds.lock().unwrap().push_back(Some(Reply::Int(0)));
         assert!(block_on(release(&t, "jobs:{7}:lock", &token)).unwrap());
         let args = t.tx_args.lock().unwrap().clone();
         assert_eq!(
@@ -3274,12 +3381,95 @@ mod tests {
                     "jobs:{7}:lock".into(),
                     token.as_str().into()
                 ],
+                vec!["EXISTS".to_owned(), "redlease:waiting:jobs:{7}:lock".into()],
+            ]]
+        );
+        assert_eq!(*t.sent.lock().unwrap(), ["DELIFEQ+EXISTS"]);
+    }
+
+    #[test]
+    fn a_native_release_publishes_the_token_prefix_when_a_waiter_marker_exists_or_cannot_be_read() {
+        for second in [Some(Reply::Int(1)), None] {
+            let t = native();
+            let token = Token::random().unwrap();
+            t.replies
+                .lock()
+                .unwrap()
+                .extend([Ok(Reply::Int(1)), Ok(Reply::Int(1))]);
+            t.seconds.lock().unwrap().push_back(second.clone());
+            assert!(block_on(release(&t, "jobs:{7}:lock", &token)).unwrap());
+            assert_eq!(
+                *t.sent.lock().unwrap(),
+                ["DELIFEQ+EXISTS", "PUBLISH"],
+                "{second:?}"
+            );
+        }
+        // A release that deleted nothing announces nothing, marker or not.
+        let t = native();
+        let token = Token::random().unwrap();
+        t.replies.lock().unwrap().extend([Ok(Reply::Int(0))]);
+        t.seconds.lock().unwrap().push_back(Some(Reply::Int(1)));
+        assert!(!block_on(release(&t, "jobs:{7}:lock", &token)).unwrap());
+        assert_eq!(*t.sent.lock().unwrap(), ["DELIFEQ+EXISTS"]);
+    }
+
+    #[test]
+    fn a_native_release_of_a_key_without_a_marker_slot_publishes_in_the_same_write() {
+        let t = native();
+        let token = Token::random().unwrap();
+        t.replies.lock().unwrap().extend([Ok(Reply::Int(1))]);
+        assert!(block_on(release(&t, "odd}key", &token)).unwrap());
+        let args = t.tx_args.lock().unwrap().clone();
+        assert_eq!(
+            args,
+            [vec![
+                vec![
+                    "DELIFEQ".to_owned(),
+                    "odd}key".into(),
+                    token.as_str().into()
+                ],
                 vec![
                     "PUBLISH".to_owned(),
-                    "redlease:released:jobs:{7}:lock".into(),
+                    "odd}key".into(),
                     token.as_str()[..8].into()
                 ],
             ]]
+        );
+    }
+
+    #[test]
+    fn a_contended_native_wait_marks_the_waiter_marker_before_reading_the_holders_ttl() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        // SET NX GET finds another holder; the marking transaction reads 5 s left, so the marker is made
+        // to outlive it.
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([Ok(Reply::Bytes(b"someone".to_vec())), Ok(Reply::Int(1))]);
+        t.txs
+            .lock()
+            .unwrap()
+            .push_back(Ok(vec![Reply::Nil, Reply::Int(0), Reply::Int(5000)]));
+        let claim = block_on(acquire_or_ttl(&t, "l", &token, ttl, true)).unwrap();
+        assert_eq!(
+            claim,
+            Claim::Held {
+                remaining: Some(std::time::Duration::from_millis(5000))
+            }
+        );
+        assert_eq!(
+            t.tx_args.lock().unwrap()[0],
+            [
+                vec!["SET", "redlease:waiting:{l}", "1", "NX", "PX", "2000"],
+                vec!["PEXPIRE", "redlease:waiting:{l}", "2000", "GT"],
+                vec!["PTTL", "l"],
+            ]
+        );
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["SET", "MULTI SET PEXPIRE PTTL", "PEXPIRE"]
         );
     }
 }

@@ -260,7 +260,9 @@ fn async_config(timeouts: Timeouts) -> AsyncConnectionConfig {
 ///
 /// Its node is a [`LazyNode`] with [`Timeouts::for_config`] (both the operation timeout): building it sends
 /// nothing, the first call connects, and a call after a dropped connection connects again. A URL the client
-/// cannot parse is an error now, before anything is sent.
+/// cannot parse is an error now, before anything is sent. Its timer is
+/// [`RuntimeTimer`](crate::runtime::RuntimeTimer) with feature `tokio` (tokio's timer on a tokio runtime), the
+/// default timer otherwise.
 ///
 /// ```no_run
 /// use redlease::Config;
@@ -277,7 +279,7 @@ fn async_config(timeouts: Timeouts) -> AsyncConnectionConfig {
 /// [`SetupError::Url`] for a URL redis-rs cannot parse; [`SetupError::Config`] for an invalid `config`.
 pub fn single(url: &str, config: Config) -> Result<LockManager, SetupError> {
     let node = lazy_from_url(0, url, &config)?;
-    Ok(LockManager::single(node, config)?)
+    Ok(with_runtime_timer(LockManager::single(node, config)?))
 }
 
 /// A Redlock manager over the independent servers at `urls` (an odd number, at least 3), in one line.
@@ -309,7 +311,15 @@ where
         .enumerate()
         .map(|(i, url)| lazy_from_url(i, url.as_ref(), &config))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(LockManager::redlock(nodes, config)?)
+    Ok(with_runtime_timer(LockManager::redlock(nodes, config)?))
+}
+
+/// The one-line constructors' timer: [`RuntimeTimer`](crate::runtime::RuntimeTimer) with feature `tokio`
+/// (tokio's timer where a tokio runtime runs, else the default), the default timer without it (smol alone).
+fn with_runtime_timer(manager: LockManager) -> LockManager {
+    #[cfg(feature = "tokio")]
+    let manager = manager.with_timer(crate::runtime::RuntimeTimer);
+    manager
 }
 
 fn lazy_from_url(index: usize, url: &str, config: &Config) -> Result<LazyNode, SetupError> {
@@ -663,21 +673,22 @@ async fn send_publishing(
     cmd: Cmd,
     publish: Cmd,
     what: &Script,
-) -> Result<Reply, NodeError> {
+) -> Result<(Reply, Option<Reply>), NodeError> {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     pipe.add_command(cmd);
     pipe.add_command(publish);
-    let mut results = pipe
+    let results = pipe
         .query_async::<Vec<redis::RedisResult<Value>>>(conn)
         .await
         .map_err(|e| classify(Some(what), &e))?;
-    if results.is_empty() {
+    let mut results = results.into_iter();
+    let Some(first) = results.next() else {
         return Err(scripts::unexpected_reply(what, &Reply::Array(Vec::new())));
-    }
-    results
-        .swap_remove(0)
-        .map(to_reply)
+    };
+    let second = results.next().and_then(Result::ok).map(to_reply);
+    first
+        .map(|r| (to_reply(r), second))
         .map_err(|e| classify(Some(what), &e))
 }
 
@@ -719,7 +730,7 @@ where
         cmd: Cmd,
         publish: Cmd,
         what: &Script,
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         if self.dead.load(Ordering::Acquire) {
             return Err(NodeError::not_applied(
                 NodeErrorKind::Connection,
@@ -797,7 +808,7 @@ where
         _key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         self.run_publishing(plain_cmd(args), plain_cmd(publish), what)
             .await
     }
@@ -1134,7 +1145,7 @@ impl Transport for LazyNode {
         _key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         let (mut conn, generation) = self.connection(what).await?;
         let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
         self.dropped(&result, generation);

@@ -70,6 +70,40 @@ impl Timer for TokioTimer {
 }
 
 #[cfg(feature = "tokio")]
+/// The timer of the runtime each sleep runs on (feature `tokio`): a [`TokioTimer`] sleep where a tokio
+/// runtime is current when the sleep is made, else redlease's default
+/// [`SystemTimer`](redlease::SystemTimer). What the adapters' one-line constructors (`redis::single`,
+/// `redis::redlock`, `fred::single`, `fred::redlock`) give their managers: a tokio service then needs no
+/// timer thread of redlease's, and arming a round's timeout is a tokio timer entry (sharded per worker)
+/// instead of an entry in the timer thread's one shared map; on smol or another executor it is the default
+/// timer.
+///
+/// The clock is [`Instant::now`], which is tokio's while its clock runs (not paused). Under tokio's paused
+/// clock give the manager the testkit's timer instead (see [`TokioTimer`]). Like the clients' own timeouts,
+/// its tokio sleeps need the runtime's time driver (`enable_time`, or `enable_all`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RuntimeTimer;
+
+#[cfg(feature = "tokio")]
+impl Timer for RuntimeTimer {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Sleep {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            TokioTimer.sleep_until(deadline)
+        } else {
+            redlease::SystemTimer.sleep_until(deadline)
+        }
+    }
+
+    fn wall_now(&self) -> Option<SystemTime> {
+        Some(SystemTime::now())
+    }
+}
+
+#[cfg(feature = "tokio")]
 /// Spawns redlease's background tasks on a tokio runtime (feature `tokio`).
 ///
 /// It holds a [`Handle`](tokio::runtime::Handle), so it spawns from any thread, also from a `Drop` outside
@@ -154,5 +188,46 @@ impl Spawn for SmolSpawner {
             Some(executor) => executor.spawn(task).detach(),
             None => smol::spawn(task).detach(),
         }
+    }
+}
+
+#[cfg(all(test, feature = "tokio"))]
+mod tests {
+    use super::*;
+
+    /// Inside a tokio runtime a sleep is tokio's: under a paused clock a 10 s sleep ends at once (tokio
+    /// advances its clock when idle), where redlease's timer thread would take the 10 s.
+    #[tokio::test(start_paused = true)]
+    async fn runtime_timer_sleeps_on_tokio_inside_a_tokio_runtime() {
+        let real = std::time::Instant::now();
+        RuntimeTimer
+            .sleep_until(Instant::now() + Duration::from_secs(10))
+            .await;
+        assert!(
+            real.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            real.elapsed()
+        );
+    }
+
+    /// Outside any runtime it is the default timer: the sleep completes, after its deadline.
+    #[test]
+    fn runtime_timer_falls_back_to_the_default_timer_outside_tokio() {
+        use std::sync::Arc;
+        use std::task::{Context, Poll, Wake, Waker};
+        struct Unpark(std::thread::Thread);
+        impl Wake for Unpark {
+            fn wake(self: Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        let mut cx = Context::from_waker(&waker);
+        let start = Instant::now();
+        let mut sleep = RuntimeTimer.sleep_until(start + Duration::from_millis(20));
+        while sleep.as_mut().poll(&mut cx) == Poll::Pending {
+            std::thread::park_timeout(Duration::from_secs(1));
+        }
+        assert!(start.elapsed() >= Duration::from_millis(20));
     }
 }

@@ -129,7 +129,8 @@ return 0
 /// (naming the fence key) when the fence key holds another type, does not hold a non-negative decimal
 /// integer, has a TTL (its numbers would start again after it expired), is exhausted (2^63-1), or is missing
 /// while the lock holds our token (the issued number can no longer be confirmed); `WRONGTYPE` when the lock
-/// key holds another type; the error of a command the server refuses inside the script.
+/// key holds another type; the error of a command the server refuses inside the script. With `ARGV[3]`, the
+/// lock's waiter marker, a lock held by another value marks it as [`ACQUIRE_TTL`] does.
 pub const ACQUIRE_FENCED: Script = Script {
     name: "acquire_fenced",
     source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
@@ -178,9 +179,20 @@ if cur == ARGV[1] then
   end
   return fence
 end
+if ARGV[3] then
+  local hold = redis.call('PTTL', KEYS[1])
+  if hold < 0 then
+    hold = tonumber(ARGV[2])
+  end
+  hold = hold + 1000
+  local marked = redis.pcall('PTTL', ARGV[3])
+  if type(marked) ~= 'number' or marked < hold then
+    redis.pcall('SET', ARGV[3], '1', 'PX', hold)
+  end
+end
 return false
 "#,
-    sha1: "8590b1c4c99854c22de86676aa3b1a8600aaacfc",
+    sha1: "3942ab1f383c936b110addb79aa3212adc03a26f",
 };
 
 /// Compare-and-delete that announces the release. `KEYS[1]` lock, `ARGV[1]` token, optionally `ARGV[2]` the
@@ -192,7 +204,14 @@ return false
 /// Only a deletion publishes, and the message is [`redlease::notify::payload`] of the token (its first 8
 /// characters). The publish runs with `redis.pcall`, after the `DEL`: a user without permission for the
 /// channel still releases (its waiters then wait for the TTL bound instead of a notification). Without
-/// `ARGV[2]` nothing is published (what releases did before notifications).
+/// `ARGV[2]` nothing is published (what releases did before notifications). With `ARGV[4]`, the lock's
+/// waiter marker ([`redlease::notify::waiting_key`]), it publishes only when the marker exists (or cannot be
+/// read, say for a missing ACL permission): a release nobody waits for publishes nothing.
+///
+/// The marker is an argument, not a declared key, here and in the other scripts that take one: a user whose
+/// ACL key patterns cover the lock keys but not the markers would otherwise be refused the whole script
+/// (`NOPERM` for a declared key); undeclared, only the marker's own commands are refused (`redis.pcall`), and
+/// the script goes on. The marker always lies in `KEYS[1]`'s Redis Cluster slot.
 pub const RELEASE: Script = Script {
     name: "release",
     source: r#"local cur = redis.pcall('GET', KEYS[1])
@@ -204,7 +223,7 @@ if type(cur) == 'table' then
 end
 if cur == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  if ARGV[2] then
+  if ARGV[2] and (not ARGV[4] or redis.pcall('EXISTS', ARGV[4]) ~= 0) then
     if ARGV[3] == 'SPUBLISH' then
       redis.pcall('SPUBLISH', ARGV[2], string.sub(ARGV[1], 1, 8))
     else
@@ -215,7 +234,7 @@ if cur == ARGV[1] then
 end
 return 0
 "#,
-    sha1: "ec91ea5ff95aa5ebe13fc512b6df7a6f38d719ed",
+    sha1: "df37e218b969f4fc8b520fceed85c31804085a82",
 };
 
 /// The release script before release notifications (it publishes nothing), kept to test that waiters
@@ -244,7 +263,12 @@ return 0
 /// Returns 1 when the lock is (now) ours (absent, or holding our token: its TTL extended to at least `ARGV[2]`,
 /// never shortened, as in [`ACQUIRE`]); when held by
 /// another value 0 if the key has no expiry, else `-1 - pttl` (so -1 means 0 ms left, -1001 means 1000 ms).
-/// Argument and refusal errors as for [`ACQUIRE`], all before any write.
+/// Argument and refusal errors as for [`ACQUIRE`], all before any write. With `ARGV[3]`, the lock's waiter
+/// marker ([`redlease::notify::waiting_key`]; an argument, see [`RELEASE`]), a held lock also marks it, in the same atomic step, to live
+/// at least the holder's remaining TTL (or `ARGV[2]` when the lock has no expiry) plus
+/// [`WAITING_MARGIN_MS`](redlease::notify::WAITING_MARGIN_MS), never shortening it; the marker write runs
+/// with `redis.pcall` (refused under `maxmemory` or by the ACL, the reply is the same and releases of the
+/// lock may not publish: the waiter then waits its usual bound).
 pub const ACQUIRE_TTL: Script = Script {
     name: "acquire_ttl",
     source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
@@ -272,12 +296,51 @@ if cur == ARGV[1] then
   return 1
 end
 local left = redis.call('PTTL', KEYS[1])
+if ARGV[3] then
+  local hold = left
+  if hold < 0 then
+    hold = tonumber(ARGV[2])
+  end
+  hold = hold + 1000
+  local marked = redis.pcall('PTTL', ARGV[3])
+  if type(marked) ~= 'number' or marked < hold then
+    redis.pcall('SET', ARGV[3], '1', 'PX', hold)
+  end
+end
 if left < 0 then
   return 0
 end
 return -1 - left
 "#,
-    sha1: "51102a420fea4d75dc3416222f887f3853ebd0fd",
+    sha1: "1ab7b8dbdc81ce5b056420e4584d37b3e983abbe",
+};
+
+/// The waiter marker step of a waiting acquisition that found the lock held by a plain command (`SET … NX
+/// GET`): `KEYS[1]` lock, `ARGV[1]` the acquisition's TTL in ms, `ARGV[2]` the lock's waiter marker
+/// ([`redlease::notify::waiting_key`]; an argument, see [`RELEASE`]). Returns the lock's `PTTL` (-2 gone
+/// since the attempt, -1 no expiry); while the lock exists, marks `ARGV[2]` in the same atomic step as [`ACQUIRE_TTL`] does (with `ARGV[1]` for a lock
+/// without expiry). An invalid `ARGV[1]` is an error reply, before any write.
+pub const WAITING: Script = Script {
+    name: "waiting",
+    source: r#"if type(ARGV[1]) ~= 'string' or #ARGV[1] > 15 or not string.find(ARGV[1], '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local left = redis.call('PTTL', KEYS[1])
+if left == -2 then
+  return left
+end
+local hold = left
+if hold < 0 then
+  hold = tonumber(ARGV[1])
+end
+hold = hold + 1000
+local marked = redis.pcall('PTTL', ARGV[2])
+if type(marked) ~= 'number' or marked < hold then
+  redis.pcall('SET', ARGV[2], '1', 'PX', hold)
+end
+return left
+"#,
+    sha1: "c11b4003375c45e4f1bf2ecbd33d4364366cfa1d",
 };
 
 /// Compare-and-extend. `KEYS[1]` lock, `ARGV[1]` token, `ARGV[2]` TTL in ms. Returns 1 if the key holds the
@@ -800,10 +863,11 @@ pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 13] = [
+pub const ALL: [Script; 14] = [
     ACQUIRE,
     ACQUIRE_FRESH,
     ACQUIRE_TTL,
+    WAITING,
     ACQUIRE_FENCED,
     RELEASE,
     RELEASE_SILENT,

@@ -45,6 +45,7 @@
 
 mod charts;
 mod clients;
+mod contended;
 mod lateness;
 mod measure;
 mod report;
@@ -337,6 +338,22 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
             step(scenarios::renewal(&env, &plan, imp, cpu, plan.s6()));
         }
     }
+    // S9 and S10 (issue 26): many contenders on one key, and uncontended Redlock cycles over many pairs.
+    for case in contended::S9_CASES {
+        if !(wanted("S9") || wanted(case.0)) {
+            continue;
+        }
+        for nodes in [1, 3] {
+            for &imp in &peers {
+                step(contended::contended(&env, &plan, imp, case, nodes));
+            }
+        }
+    }
+    if wanted("S10") {
+        contended::redlock_cycles(&env, &plan, &peers)
+            .into_iter()
+            .for_each(&mut step);
+    }
     if wanted("S6L") {
         let large = [
             Impl::Raw,
@@ -415,6 +432,8 @@ fn main() -> ExitCode {
     print!("{}", report::push_targets(&rows));
     println!("targets (issue 15, scale):");
     print!("{}", report::scale_targets(&rows));
+    println!("targets (issue 26, S9 and S10):");
+    print!("{}", contended::targets(&rows));
     if args.observers {
         println!("lease event hook (--observers):");
         print!("{}", report::observer_costs(&rows));

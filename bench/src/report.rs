@@ -56,6 +56,8 @@ pub(crate) struct Row {
     pub(crate) lateness_p50_us: Option<f64>,
     /// S6, S6L: 99th percentile of that lateness, in µs.
     pub(crate) lateness_p99_us: Option<f64>,
+    /// S9: the spread of wins per task, (max − min) / mean, in %.
+    pub(crate) spread_pct: Option<f64>,
     /// S1, S2, S3, S5: the latency distribution (S5: the gap) at [`DIST_QUANTILES`], in µs, for the charts.
     pub(crate) dist_us: Vec<f64>,
     /// How the figure was obtained, what bounds it, or why there is none.
@@ -133,7 +135,7 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
              \"cpu_us_per_op\": {}, \"allocs_per_op\": {}, \"server\": {server}, \"server_us_per_op\": {}, \
              \"server_usec_per_call\": {}, \"server_calls\": {}, \"hold_us\": {}, \"cmds_per_op\": {}, \
              \"calls_per_op\": {}, \"cmds_per_s\": {}, \"calls_per_s\": {}, \"leases\": {}, \
-             \"lateness_p50_us\": {}, \"lateness_p99_us\": {}, \"dist_us\": {}, \"note\": {}}}",
+             \"lateness_p50_us\": {}, \"lateness_p99_us\": {}, \"spread_pct\": {}, \"dist_us\": {}, \"note\": {}}}",
             string(r.scenario),
             string(r.imp),
             num(r.p50_us),
@@ -155,6 +157,7 @@ pub(crate) fn to_json(rows: &[Row]) -> String {
             r.leases.map_or("null".to_owned(), |n| n.to_string()),
             num(r.lateness_p50_us),
             num(r.lateness_p99_us),
+            num(r.spread_pct),
             if r.dist_us.is_empty() {
                 "null".to_owned()
             } else {
@@ -186,7 +189,7 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<3} {:<33} {:>5} {:>7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}  note",
+        "{:<9} {:<33} {:>5} {:>7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}  note",
         "",
         "impl",
         "nodes",
@@ -208,7 +211,7 @@ pub(crate) fn to_table(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<3} {:<33} {:>5} {:>7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}  {}{}",
+            "{:<9} {:<33} {:>5} {:>7} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9}  {}{}",
             r.scenario,
             r.imp,
             r.nodes.map_or("-".to_owned(), |n| n.to_string()),
@@ -628,6 +631,7 @@ mod tests {
             "leases",
             "lateness_p50_us",
             "lateness_p99_us",
+            "spread_pct",
             "dist_us",
             "note",
         ] {

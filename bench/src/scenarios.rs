@@ -129,7 +129,7 @@ const S5_TASKS: usize = 8;
 const S5_CRITICAL: Duration = Duration::from_millis(1);
 
 /// Runs `f` on a fresh two-worker tokio runtime and shuts it down without waiting for stragglers.
-fn on_runtime<T, F, Fut>(f: F) -> Res<T>
+pub(crate) fn on_runtime<T, F, Fut>(f: F) -> Res<T>
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Res<T>>,
@@ -170,7 +170,7 @@ impl Env {
     }
 
     /// The URLs `imp` uses: its own server (or the replicated primary), or the first `n` shared ones.
-    fn urls_for(&self, imp: Impl, n: usize) -> Vec<String> {
+    pub(crate) fn urls_for(&self, imp: Impl, n: usize) -> Vec<String> {
         if let Some((primary, _)) = self.replicated.as_ref().filter(|_| imp.replicated()) {
             return vec![primary.url()];
         }
@@ -546,7 +546,7 @@ fn server_commands(env: &Env) -> Res<u64> {
 }
 
 /// How waiting works for `imp` in S5 and S8 (the note's wording), with the retry delay `delay`.
-fn waiting_kind(imp: Impl, delay: &str) -> String {
+pub(crate) fn waiting_kind(imp: Impl, delay: &str) -> String {
     let how = match imp {
         Impl::RedleaseRedis
         | Impl::RedleaseFred

@@ -460,7 +460,10 @@ pub trait RedisNode: Send + Sync {
 
     /// The node's release notifications, if it can subscribe: a [`Notifier`] owning one subscriber
     /// connection, shared by every waiter (see [`crate::notify`]). Every release this node performs must
-    /// then publish on [`notify::channel(key)`](crate::notify::channel) once the key is deleted.
+    /// then publish on [`notify::channel(key)`](crate::notify::channel) once the key is deleted — or, if
+    /// the node keeps waiter markers ([`notify::waiting_key`](crate::notify::waiting_key): its contended
+    /// [`acquire_or_ttl`](Self::acquire_or_ttl) and [`acquire_fenced`](Self::acquire_fenced) mark the key
+    /// before they read the holder's TTL), at least while the key's marker exists.
     ///
     /// The default, `None`, means unsupported: waiting acquisitions poll this node
     /// ([`Config::retry_delay`](crate::Config::retry_delay)), as they always did. A wrapper node forwards

@@ -1,7 +1,9 @@
 //! Release notifications: how a waiting acquisition learns that a lock was released, instead of polling.
 //!
-//! Every release (compare-and-delete) publishes a message on a channel derived from the lock key
-//! ([`channel`]). A node that can subscribe offers a [`Notifier`] ([`RedisNode::notifier`](crate::RedisNode::notifier)): one per node
+//! A release (compare-and-delete) publishes a message on a channel derived from the lock key
+//! ([`channel`]) when a waiter may be listening: the adapters' nodes publish only while the key's waiter
+//! marker ([`waiting_key`]) exists, which the attempts of waiting acquisitions set when they find the lock
+//! held. A node that can subscribe offers a [`Notifier`] ([`RedisNode::notifier`](crate::RedisNode::notifier)): one per node
 //! object (its clones share it), owning **one subscriber connection** through a [`Subscriber`] the node
 //! implements, shared by every waiter of that client.
 //!
@@ -137,6 +139,47 @@ pub fn channel(key: &str) -> String {
         format!("{CHANNEL_PREFIX}{{{key}}}")
     } else {
         key.to_owned()
+    }
+}
+
+/// The prefix of every waiter marker key (see [`waiting_key`]).
+pub const WAITING_PREFIX: &str = "redlease:waiting:";
+
+/// How much longer than the holder's remaining TTL a waiter marker lives (see [`waiting_key`]), in ms: the
+/// waiter's next attempt, due when the holder's TTL runs out, lands well inside it and marks again.
+pub const WAITING_MARGIN_MS: u64 = 1000;
+
+/// The waiter marker of `key`: a key, in `key`'s Redis Cluster hash slot, that tells a release whether a
+/// waiter may be listening on [`channel(key)`](channel), so that a release nobody waits for publishes
+/// nothing.
+///
+/// The protocol (what the adapters' nodes do): an attempt of a waiting acquisition
+/// ([`RedisNode::acquire_or_ttl`](crate::RedisNode::acquire_or_ttl), or a fenced acquisition) that finds the
+/// lock held sets the marker **in the same atomic step, or before it reads the holder's remaining TTL**,
+/// to live at least that TTL plus [`WAITING_MARGIN_MS`] (never shortening it); a release publishes only
+/// when, after its delete, the marker exists (or cannot be read). A release that lands before the marker is
+/// written is seen by the attempt itself (the lock is free, or its remaining TTL reads as gone and the waiter
+/// tries again at once); every later one publishes while the waiter waits, since the waiter tries again (and
+/// marks again) before the marker expires. A waiter whose notification is lost anyway (a dropped subscriber
+/// connection, a marker write refused under `maxmemory`) still waits at most its usual bound: the holder's
+/// remaining TTL or [`Config::max_retry_delay`](crate::Config::max_retry_delay).
+///
+/// `None` for a key with a `}` but no valid hash tag (such as `a}b`): no other key shares its slot, so its
+/// releases always publish, as before markers.
+///
+/// ```
+/// use redlease::notify::waiting_key;
+/// assert_eq!(waiting_key("orders:{42}:lock").as_deref(), Some("redlease:waiting:orders:{42}:lock"));
+/// assert_eq!(waiting_key("jobs:nightly").as_deref(), Some("redlease:waiting:{jobs:nightly}"));
+/// assert_eq!(waiting_key("odd}key"), None);
+/// ```
+pub fn waiting_key(key: &str) -> Option<String> {
+    if has_hash_tag(key.as_bytes()) {
+        Some(format!("{WAITING_PREFIX}{key}"))
+    } else if !key.contains('}') {
+        Some(format!("{WAITING_PREFIX}{{{key}}}"))
+    } else {
+        None
     }
 }
 

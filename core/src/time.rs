@@ -51,9 +51,10 @@ impl<T: Timer + ?Sized> Timer for Arc<T> {
 /// The default timer: [`Instant::now`] and a process-wide timer thread, usable on any executor.
 ///
 /// Every round of node calls arms a timeout that is almost always dropped unfired a fraction of a
-/// millisecond later, so arming and dropping must be cheap: a sleep registers its deadline in a shared ordered
-/// map and wakes the timer thread only when it becomes the earliest deadline; dropping it just removes the
-/// entry. (`futures-timer`, used before, woke its helper thread on every creation and every drop, which
+/// millisecond later, so arming and dropping must be cheap: a sleep registers its deadline in one of eight
+/// ordered maps, each behind its own lock and chosen per thread (so executor threads do not contend for one
+/// lock), and wakes the timer thread only when it becomes the earliest deadline (read from an atomic);
+/// dropping it just removes the entry. (`futures-timer`, used before, woke its helper thread on every creation and every drop, which
 /// measured at about a fifth of the CPU of a busy client.)
 ///
 /// The thread is made to outlive what kills timer threads:
@@ -88,12 +89,18 @@ impl Timer for SystemTimer {
 
 mod wheel {
     //! The timer thread behind [`SystemTimer`](super::SystemTimer).
+    //!
+    //! Sleeps register in one of [`SHARDS`] maps, each behind its own lock, chosen per thread: two executor
+    //! threads arming and dropping round timeouts at once do not contend for one lock. Whether the timer
+    //! thread must be woken for a new deadline is read from an atomic ([`Wheel::parked_until`]), so arming a
+    //! sleep later than the one the thread waits for takes one uncontended lock and no more.
 
+    use std::cell::Cell;
     use std::collections::BTreeMap;
     use std::future::Future;
     use std::panic::{AssertUnwindSafe, catch_unwind};
     use std::pin::Pin;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
     use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, TryLockError};
     use std::task::{Context, Poll, Waker};
     use std::time::{Duration, Instant, SystemTime};
@@ -105,18 +112,30 @@ mod wheel {
     /// sleepers so that they look.
     const SUSPEND_HINT: Duration = Duration::from_millis(200);
 
+    /// Maps of sleeps per wheel; a thread registers in one of them (see [`shard_index`]).
+    const SHARDS: usize = 8;
+
+    /// [`Wheel::parked_until`]: the thread is awake and looks at every shard before it parks again.
+    const AWAKE: u64 = 0;
+    /// [`Wheel::parked_until`]: the thread is parked with nothing to wait for (until notified).
+    const PARKED_IDLE: u64 = u64::MAX;
+
     #[derive(Default)]
-    struct State {
+    struct Shard {
         timers: BTreeMap<Key, Waker>,
         next_id: u64,
-        /// `Some(t)`: the thread sleeps until `t` (`Some(None)`: until notified); `None`: it is awake and will
-        /// look at the map before sleeping again.
-        parked_until: Option<Option<Instant>>,
     }
 
     pub(super) struct Wheel {
-        state: Mutex<State>,
+        shards: [Mutex<Shard>; SHARDS],
+        /// Held by the thread from its last look at the shards until it waits on [`wake`](Self::wake); a
+        /// sleep that must wake it takes it before notifying, so the notification cannot fall between the
+        /// two.
+        park: Mutex<()>,
         wake: Condvar,
+        /// When the thread's wait ends: [`AWAKE`], [`PARKED_IDLE`], or 1 + ns since [`origin`](Self::origin).
+        parked_until: AtomicU64,
+        origin: Instant,
         /// The process the thread runs in: after `fork()` the child has the wheel but not the thread.
         pid: u32,
         /// Cleared when the thread exits (it only does by unwinding from an unexpected panic).
@@ -132,19 +151,51 @@ mod wheel {
         }
     }
 
+    /// This thread's shard: threads take shards in turn as they first register.
+    fn shard_index() -> usize {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+        }
+        SHARD
+            .try_with(|s| {
+                let mut i = s.get();
+                if i == usize::MAX {
+                    i = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+                    s.set(i);
+                }
+                i
+            })
+            .unwrap_or(0)
+    }
+
     impl Wheel {
-        fn lock(&self) -> MutexGuard<'_, State> {
-            self.state.lock().unwrap_or_else(|p| p.into_inner())
+        fn new(pid: u32) -> Self {
+            Self {
+                shards: Default::default(),
+                park: Mutex::new(()),
+                wake: Condvar::new(),
+                parked_until: AtomicU64::new(AWAKE),
+                origin: Instant::now(),
+                pid,
+                alive: AtomicBool::new(true),
+            }
         }
 
-        /// The lock of a wheel that may have been inherited through `fork()`: taken only if free at once (a
+        fn shard(&self, i: usize) -> MutexGuard<'_, Shard> {
+            self.shards[i % SHARDS]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+        }
+
+        /// A shard of a wheel that may have been inherited through `fork()`: taken only if free at once (a
         /// lock held by a parent's thread at the fork is never released in the child). A wheel of this process
         /// is locked as usual.
-        fn try_lock_inherited(&self) -> Option<MutexGuard<'_, State>> {
+        fn try_shard_inherited(&self, i: usize) -> Option<MutexGuard<'_, Shard>> {
             if self.pid == pid() {
-                return Some(self.lock());
+                return Some(self.shard(i));
             }
-            match self.state.try_lock() {
+            match self.shards[i % SHARDS].try_lock() {
                 Ok(guard) => Some(guard),
                 Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
                 Err(TryLockError::WouldBlock) => None,
@@ -155,10 +206,41 @@ mod wheel {
             self.alive.load(Ordering::Acquire) && self.pid == pid()
         }
 
+        /// `at` as a [`parked_until`](Self::parked_until) value (never [`AWAKE`] or [`PARKED_IDLE`]).
+        fn encode(&self, at: Instant) -> u64 {
+            let ns = at.saturating_duration_since(self.origin).as_nanos();
+            u64::try_from(ns)
+                .unwrap_or(PARKED_IDLE - 2)
+                .min(PARKED_IDLE - 2)
+                + 1
+        }
+
+        /// The earliest deadline of any shard.
+        fn earliest(&self) -> Option<Instant> {
+            (0..SHARDS)
+                .filter_map(|i| self.shard(i).timers.keys().next().map(|&(at, _)| at))
+                .min()
+        }
+
+        /// Registers `waker` until `deadline` in shard `i`, and wakes the thread if it waits past it.
+        fn register(&self, i: usize, deadline: Instant, waker: Waker) -> Key {
+            let mut shard = self.shard(i);
+            let key = (deadline, shard.next_id);
+            shard.next_id = shard.next_id.wrapping_add(1);
+            shard.timers.insert(key, waker);
+            drop(shard);
+            // After the insert: a thread that parks later sees the entry when it looks again (see `run`).
+            let parked = self.parked_until.load(Ordering::SeqCst);
+            if parked != AWAKE && (parked == PARKED_IDLE || self.encode(deadline) < parked) {
+                let _park = self.park.lock().unwrap_or_else(|p| p.into_inner());
+                self.wake.notify_one();
+            }
+            key
+        }
+
         /// The timer thread: wakes due sleeps, then waits for the earliest deadline or a new earlier one.
         fn run(&'static self) {
             let _alive = Alive(self);
-            let mut st = self.lock();
             let mut last = (Instant::now(), SystemTime::now());
             loop {
                 let now = Instant::now();
@@ -166,42 +248,57 @@ mod wheel {
                 let mono_step = now.saturating_duration_since(last.0);
                 let wall_step = wall.duration_since(last.1).unwrap_or_default();
                 last = (now, wall);
+                // The machine was suspended: wake everybody, so loss signals look at their leases now.
+                let suspended = wall_step > mono_step + SUSPEND_HINT;
                 let mut due = Vec::new();
-                if wall_step > mono_step + SUSPEND_HINT {
-                    // The machine was suspended: wake everybody, so loss signals look at their leases now.
-                    due.extend(std::mem::take(&mut st.timers).into_values());
-                }
-                while let Some(entry) = st.timers.first_entry() {
-                    if entry.key().0 > now {
-                        break;
+                for i in 0..SHARDS {
+                    let mut shard = self.shard(i);
+                    if suspended {
+                        due.extend(std::mem::take(&mut shard.timers).into_values());
+                        continue;
                     }
-                    due.push(entry.remove());
+                    while let Some(entry) = shard.timers.first_entry() {
+                        if entry.key().0 > now {
+                            break;
+                        }
+                        due.push(entry.remove());
+                    }
                 }
                 if !due.is_empty() {
-                    drop(st);
                     for waker in due {
                         // A waker is user code: one that panics must not stop every other timer.
                         let _ = catch_unwind(AssertUnwindSafe(|| waker.wake()));
                     }
-                    st = self.lock();
                     continue;
                 }
-                let target = st.timers.keys().next().map(|&(at, _)| at);
-                st.parked_until = Some(target);
-                st = match target {
+                let park = self.park.lock().unwrap_or_else(|p| p.into_inner());
+                let target = self.earliest();
+                self.parked_until.store(
+                    target.map_or(PARKED_IDLE, |at| self.encode(at)),
+                    Ordering::SeqCst,
+                );
+                // A sleep registered between the look above and the store read `AWAKE` and did not notify:
+                // look again now that the store is visible.
+                if self.earliest() != target {
+                    self.parked_until.store(AWAKE, Ordering::SeqCst);
+                    drop(park);
+                    continue;
+                }
+                let park = match target {
                     Some(at) => {
                         // At least once a second, to notice a suspend (see above).
                         let wait = at
                             .saturating_duration_since(now)
                             .min(Duration::from_secs(1));
-                        match self.wake.wait_timeout(st, wait) {
+                        match self.wake.wait_timeout(park, wait) {
                             Ok((guard, _)) => guard,
                             Err(p) => p.into_inner().0,
                         }
                     }
-                    None => self.wake.wait(st).unwrap_or_else(|p| p.into_inner()),
+                    None => self.wake.wait(park).unwrap_or_else(|p| p.into_inner()),
                 };
-                st.parked_until = None;
+                self.parked_until.store(AWAKE, Ordering::SeqCst);
+                drop(park);
             }
         }
     }
@@ -294,12 +391,7 @@ mod wheel {
         {
             return Look::Busy;
         }
-        let wheel: &'static Wheel = Box::leak(Box::new(Wheel {
-            state: Mutex::new(State::default()),
-            wake: Condvar::new(),
-            pid: me,
-            alive: AtomicBool::new(true),
-        }));
+        let wheel: &'static Wheel = Box::leak(Box::new(Wheel::new(me)));
         #[cfg(test)]
         let fail = hooks::FAIL_SPAWN.load(Ordering::Relaxed);
         #[cfg(not(test))]
@@ -319,20 +411,21 @@ mod wheel {
             return Look::Unavailable;
         }
         LAST_TRY.store(0, Ordering::Relaxed);
-        // Take over the sleeps of the wheel whose thread is gone: they keep their wakers and deadlines. Only if
-        // its lock can be had at once: in a forked child a lock held by a parent's thread is never released,
-        // and the map behind it may be half-changed. Those sleeps then re-register when next polled.
-        if let Some(mut old) = old.and_then(Wheel::try_lock_inherited) {
-            let moved = std::mem::take(&mut old.timers);
-            drop(old);
-            let mut st = wheel.lock();
-            for ((at, _), waker) in moved {
-                let id = st.next_id;
-                st.next_id = st.next_id.wrapping_add(1);
-                st.timers.insert((at, id), waker);
+        // Take over the sleeps of the wheel whose thread is gone: they keep their wakers and deadlines. Only
+        // from shards whose lock can be had at once: in a forked child a lock held by a parent's thread is
+        // never released, and the map behind it may be half-changed. Those sleeps then re-register when next
+        // polled.
+        if let Some(old) = old {
+            for i in 0..SHARDS {
+                let Some(mut shard) = old.try_shard_inherited(i) else {
+                    continue;
+                };
+                let moved = std::mem::take(&mut shard.timers);
+                drop(shard);
+                for ((at, _), waker) in moved {
+                    wheel.register(i, at, waker);
+                }
             }
-            drop(st);
-            wheel.wake.notify_one();
         }
         let _ = WHEELS[next].set(wheel);
         Look::Ready(wheel)
@@ -341,7 +434,7 @@ mod wheel {
     /// A sleep registered in the current wheel while it waits.
     pub(super) struct WheelSleep {
         deadline: Instant,
-        key: Option<(&'static Wheel, Key)>,
+        key: Option<(&'static Wheel, usize, Key)>,
     }
 
     impl WheelSleep {
@@ -353,9 +446,9 @@ mod wheel {
         }
 
         fn unregister(&mut self) {
-            if let Some((wheel, key)) = self.key.take() {
-                if let Some(mut st) = wheel.try_lock_inherited() {
-                    st.timers.remove(&key);
+            if let Some((wheel, shard, key)) = self.key.take() {
+                if let Some(mut shard) = wheel.try_shard_inherited(shard) {
+                    shard.timers.remove(&key);
                 }
             }
         }
@@ -376,9 +469,9 @@ mod wheel {
                 cx.waker().wake_by_ref();
                 return Poll::Pending;
             };
-            if let Some((registered, key)) = this.key {
+            if let Some((registered, shard, key)) = this.key {
                 if std::ptr::eq(registered, wheel) {
-                    let mut st = wheel.lock();
+                    let mut st = wheel.shard(shard);
                     if let Some(waker) = st.timers.get_mut(&key) {
                         if !waker.will_wake(cx.waker()) {
                             waker.clone_from(cx.waker());
@@ -393,20 +486,9 @@ mod wheel {
             // Not registered (or fired early by a clock quirk): register, and wake the thread only if it sleeps
             // past this deadline. A round's timeout is nearly always later than the one the thread already
             // waits for, so arming it costs no wake-up.
-            let mut st = wheel.lock();
-            let key = (this.deadline, st.next_id);
-            st.next_id = st.next_id.wrapping_add(1);
-            st.timers.insert(key, cx.waker().clone());
-            this.key = Some((wheel, key));
-            let notify = match st.parked_until {
-                None => false,
-                Some(None) => true,
-                Some(Some(until)) => this.deadline < until,
-            };
-            drop(st);
-            if notify {
-                wheel.wake.notify_one();
-            }
+            let shard = shard_index();
+            let key = wheel.register(shard, this.deadline, cx.waker().clone());
+            this.key = Some((wheel, shard, key));
             Poll::Pending
         }
     }

@@ -129,3 +129,49 @@ fn forked_children_sleep_on_the_timer_while_parent_threads_use_it() {
         "of {CHILDREN} forked children, {hung} hung on the timer and {failed} woke before their deadline"
     );
 }
+
+/// Tokens come from a per-thread generator seeded from the OS: a forked child inherits its state, and its
+/// very first token must still differ from every token of the parent (drawn before or after the fork) and of
+/// every other child. Each child writes its first two tokens to a file; the parent keeps drawing meanwhile.
+#[test]
+fn forked_children_never_repeat_a_token_of_the_parent_or_of_each_other() {
+    use redlease::Token;
+    use std::collections::HashSet;
+
+    const CHILDREN: usize = 100;
+    let dir = std::env::temp_dir().join(format!("redlease-fork-tokens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut seen = HashSet::new();
+    // The parent's generator is in use (its state set) before every fork.
+    for _ in 0..3 {
+        assert!(seen.insert(Token::random().unwrap().as_str().to_owned()));
+    }
+    let mut children = Vec::new();
+    for i in 0..CHILDREN {
+        let path = dir.join(format!("{i}"));
+        let pid = fork(move || {
+            let (Ok(first), Ok(second)) = (Token::random(), Token::random()) else {
+                return 2;
+            };
+            let text = format!("{}\n{}\n", first.as_str(), second.as_str());
+            i32::from(std::fs::write(&path, text).is_err())
+        });
+        // The parent draws right after the fork, from the state the child inherited.
+        for _ in 0..2 {
+            assert!(seen.insert(Token::random().unwrap().as_str().to_owned()));
+        }
+        children.push(pid);
+    }
+    for pid in children {
+        assert_eq!(reap(pid, Instant::now() + Duration::from_secs(10)), Some(0));
+    }
+    for i in 0..CHILDREN {
+        let text = std::fs::read_to_string(dir.join(format!("{i}"))).unwrap();
+        for token in text.lines() {
+            assert_eq!(token.len(), 40);
+            assert!(seen.insert(token.to_owned()), "child {i} repeated a token");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(seen.len(), 3 + CHILDREN * 4);
+}

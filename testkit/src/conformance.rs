@@ -21,7 +21,8 @@
 //! share one `{hash tag}`, so a Redis Cluster node passes too.
 //!
 //! Capabilities are checked where a node claims them: release notifications for a node with a
-//! [`notifier`](RedisNode::notifier) (a release that deletes publishes [`notify::payload`] on the key's
+//! [`notifier`](RedisNode::notifier) (a release that deletes, after a contended
+//! [`acquire_or_ttl`](RedisNode::acquire_or_ttl) of a waiter, publishes [`notify::payload`] on the key's
 //! channel, the subscription is confirmed and nothing stays subscribed after the watch is dropped), and the
 //! holder's TTL for a node whose [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports one (it must be the
 //! key's TTL, and the call must keep `acquire`'s and `acquire_fresh`'s contracts either way), a
@@ -1182,9 +1183,16 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             })?;
             watch.begin_attempt();
             watch.end_attempt(notify::Outcome::Held);
-            // A release of another token wakes the watch, with the token's payload.
+            // A release of another token wakes the watch, with the token's payload. Each release follows a
+            // contended attempt of a waiting acquisition (`acquire_or_ttl`), which is what tells a node that
+            // keeps waiter markers (`notify::waiting_key`) that a waiter may be listening.
             let t = token()?;
+            let waiter = token()?;
             c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
+            c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &waiter, ttl(LONG), true).await,
+            )?;
             let released = c.ok("release", node.release(&k, &t).await)?;
             c.ensure(released, || {
                 "release with the owner's token returned false".into()
@@ -1198,6 +1206,10 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             let own = token()?;
             watch.own(&own);
             c.ok("acquire", node.acquire(&k, &own, ttl(LONG)).await)?;
+            c.ok(
+                "acquire_or_ttl",
+                node.acquire_or_ttl(&k, &waiter, ttl(LONG), true).await,
+            )?;
             c.ok("release", node.release(&k, &own).await)?;
             let marker = token()?;
             c.ok("acquire", node.acquire(&k, &marker, ttl(LONG)).await)?;

@@ -370,7 +370,7 @@ impl Transport for SentinelNode {
         key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         // A release (its publish rides along): a write on the primary.
         let (mut conn, generation) = self.connection(what).await?;
         let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
@@ -433,7 +433,7 @@ impl Transport for Pinned<'_> {
         _key: &str,
         args: &[&str],
         publish: &[&str],
-    ) -> Result<Reply, NodeError> {
+    ) -> Result<(Reply, Option<Reply>), NodeError> {
         let mut conn = self.conn.clone();
         let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
         self.node.after(&result, self.generation, None);

@@ -703,3 +703,199 @@ async fn a_user_without_channel_permission_releases_and_waits_by_polling_on_valk
     )
     .await;
 }
+
+/// Commands the server ran of `name` (`INFO commandstats`; commands run inside scripts count too).
+fn command_calls(server: &RedisServer, name: &str) -> u64 {
+    let prefix = format!("cmdstat_{name}:calls=");
+    server
+        .cmd(&["INFO", "commandstats"])
+        .lines()
+        .find_map(|line| {
+            line.trim()
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A release nobody waits for publishes nothing (the waiter marker is absent), while a waiter, plain or
+/// fenced, is still woken by the release's notification long before the holder's TTL (and its 30 s polls).
+async fn release_publishes_only_for_waiters(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    for backend in BACKENDS {
+        let what = format!("{flavor} {backend:?}");
+        let node = common::node(backend, &server.url()).await;
+        let manager = LockManager::single(Arc::clone(&node), no_polling()).unwrap();
+        let key = format!("push:{{quiet:{backend:?}}}:lock");
+        let publishes = command_calls(&server, "publish");
+        for _ in 0..20 {
+            let lease = manager.lock(&key).try_acquire().await.unwrap();
+            assert_eq!(lease.release().await.unwrap().deleted(), 1, "{what}");
+        }
+        assert_eq!(
+            command_calls(&server, "publish"),
+            publishes,
+            "{what}: releases without a waiter published"
+        );
+        for fenced in [false, true] {
+            let lock = |m: &LockManager| {
+                let lock = m.lock(&key);
+                if fenced {
+                    lock.fenced(format!("push:{{quiet:{backend:?}}}:fence"))
+                } else {
+                    lock
+                }
+            };
+            let held = lock(&manager).try_acquire().await.unwrap();
+            let waiting = lock(&manager);
+            let waiter = tokio::spawn(async move {
+                let lease = waiting
+                    .acquire_within(Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                let at = Instant::now();
+                let _ = lease.release().await;
+                at
+            });
+            assert!(
+                eventually(Duration::from_secs(3), || numsub(
+                    &server,
+                    false,
+                    &channel(&key)
+                ) == 1)
+                .await,
+                "{what} fenced {fenced}: the waiter subscribed"
+            );
+            // The attempt the confirmed subscription triggers marks the key; a release before it is seen
+            // by that attempt, so the test does not depend on when it lands.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let publishes = command_calls(&server, "publish");
+            held.release().await.unwrap();
+            let released = Instant::now();
+            let at = tokio::time::timeout(Duration::from_secs(15), waiter)
+                .await
+                .expect("the waiter acquired")
+                .unwrap();
+            // Well inside the holder's 10 s TTL and the waiter's 30 s polls: only a notification (or, had
+            // the release landed before the marking attempt, that attempt) wakes it this soon.
+            let waited = at.saturating_duration_since(released);
+            eprintln!("push: {what} fenced {fenced}: acquired {waited:?} after the release");
+            assert!(
+                waited < Duration::from_secs(5),
+                "{what} fenced {fenced}: woken {waited:?} after the release"
+            );
+            assert!(
+                command_calls(&server, "publish") > publishes,
+                "{what} fenced {fenced}: the release a waiter was marked for published nothing"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_publishes_only_when_a_waiter_may_listen_on_redis_7_0() {
+    release_publishes_only_for_waiters(
+        Flavor::Redis,
+        "a_release_publishes_only_when_a_waiter_may_listen_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1() {
+    release_publishes_only_for_waiters(
+        Flavor::Valkey91,
+        "a_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_without_lua() {
+    release_publishes_only_for_waiters(
+        Flavor::Valkey91NoLua,
+        "a_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
+
+/// A user whose ACL key patterns cover the lock keys but not the waiter markers (`~push:*`, and `~probe:*`
+/// for the harness's capability check): acquisitions,
+/// waits and releases work as before (the marker is a script argument, not a declared key, so the scripts
+/// are not refused; its own commands are, and a release that cannot read the marker publishes), and a
+/// waiter is woken by the release's notification.
+async fn markers_outside_the_users_keys(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    let url = crate::permissions::acl_user(
+        &server,
+        "lockkeys",
+        &["resetkeys", "~push:*", "~probe:*", "+@all"],
+    );
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        let what = format!("{flavor} {backend:?}");
+        let node = common::node(backend, &url).await;
+        let manager = LockManager::single(Arc::clone(&node), no_polling()).unwrap();
+        let key = format!("push:{{lockkeys:{backend:?}}}:lock");
+        let held = manager.lock(&key).try_acquire().await.unwrap();
+        let lock = manager.lock(&key);
+        let waiter = tokio::spawn(async move {
+            let lease = lock.acquire_within(Duration::from_secs(20)).await.unwrap();
+            let at = Instant::now();
+            lease.release().await.unwrap();
+            at
+        });
+        assert!(
+            eventually(Duration::from_secs(3), || numsub(
+                &server,
+                false,
+                &channel(&key)
+            ) == 1)
+            .await,
+            "{what}: the waiter subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let report = held.release().await.unwrap();
+        assert_eq!(report.deleted(), 1, "{what}: {report:?}");
+        let released = Instant::now();
+        let at = tokio::time::timeout(Duration::from_secs(15), waiter)
+            .await
+            .expect("the waiter acquired")
+            .unwrap();
+        // Far inside the holder's 10 s TTL and the 30 s polls: a notification woke it.
+        assert!(
+            at.saturating_duration_since(released) < Duration::from_secs(5),
+            "{what}: woken {:?} after the release",
+            at.saturating_duration_since(released)
+        );
+        let marker = redlease::notify::waiting_key(&key).unwrap();
+        assert_eq!(
+            server.cmd(&["EXISTS", &marker]),
+            "0",
+            "{what}: no marker written"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_redis_7_0() {
+    markers_outside_the_users_keys(
+        Flavor::Redis,
+        "a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_valkey_9_1_without_lua()
+ {
+    markers_outside_the_users_keys(
+        Flavor::Valkey91NoLua,
+        "a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
