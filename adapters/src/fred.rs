@@ -1264,7 +1264,8 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::raise_fence(self, fence_key, at_least).await
     }
 
-    /// `INFO server`, once per connection (again after a reconnect); unsupported on a cluster.
+    /// `INFO server` at every call (fred may replace its connection unnoticed; see `ops::run_id`);
+    /// unsupported on a cluster.
     async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
         ops::run_id(self, key).await
     }

@@ -820,6 +820,12 @@ where
     fn probe(&self) -> &Probe {
         &self.probe
     }
+
+    /// A connection that never reconnects is one connection for the node's life (until it dropped); a
+    /// reconnecting one may be replaced in the background, unnoticed.
+    fn connection_id(&self, _key: &str) -> Option<u64> {
+        (!self.reconnects && !self.dead.load(Ordering::Acquire)).then_some(0)
+    }
 }
 
 /// Implements [`RedisNode`] for a node type through [`ops`] (the type implements [`Transport`] and has
@@ -895,7 +901,8 @@ macro_rules! impl_node {
                 ops::raise_fence(self, fence_key, at_least).await
             }
 
-            /// `INFO server`, once per connection (again after a reconnect); unsupported on a cluster.
+            /// `INFO server`, once per connection where the node knows its connection (multiplexed, lazy),
+            /// at every call for a reconnecting `ConnectionManager`; unsupported on a cluster.
             async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
                 ops::run_id(self, key).await
             }
@@ -1162,6 +1169,12 @@ impl Transport for LazyNode {
 
     fn probe(&self) -> &Probe {
         &self.probe
+    }
+
+    /// The open connection's number (each connection the node opens gets the next one).
+    fn connection_id(&self, _key: &str) -> Option<u64> {
+        let slot = self.slot();
+        slot.conn.as_ref().map(|_| slot.generation)
     }
 }
 

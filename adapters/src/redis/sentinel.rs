@@ -397,6 +397,12 @@ impl Transport for SentinelNode {
     fn probe(&self) -> &Probe {
         &self.probe
     }
+
+    /// The open connection's number (each connection to a primary the node opens gets the next one).
+    fn connection_id(&self, _key: &str) -> Option<u64> {
+        let current = self.lock_current();
+        current.conn.as_ref().map(|_| current.generation)
+    }
 }
 
 /// A [`SentinelNode`] pinned to the connection that carried a key's last write, for `WAIT`.
