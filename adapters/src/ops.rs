@@ -470,6 +470,19 @@ pub(crate) trait Transport: Send + Sync {
         let _ = key;
         None
     }
+
+    /// Sends `WAIT` / `WAITAOF` (`args`) once for `key`'s write: by default on the connection the writes go
+    /// on ([`command`](Self::command)); a transport with a connection of its own for it (so that the wait does
+    /// not hold up other commands) sends it there, behind a write that brings that connection's replication
+    /// offset up to the server's.
+    fn wait_command(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+    ) -> impl Future<Output = Result<Reply, NodeError>> + Send {
+        self.command(what, key, args)
+    }
 }
 
 /// After a failed connection the next acquisition checks again: the client may reconnect to another server.
@@ -2579,7 +2592,7 @@ pub(crate) async fn wait_replicas(
     } else {
         vec!["WAIT", &replicas, &millis]
     };
-    let reply = match note(t, t.command(&WAIT, key, &args).await) {
+    let reply = match note(t, t.wait_command(&WAIT, key, &args).await) {
         Ok(reply) => reply,
         Err(e) if wait.aof && unknown_command(&e) => {
             t.probe().lock().no_waitaof = true;

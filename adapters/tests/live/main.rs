@@ -34,3 +34,4 @@ mod single;
 mod split_vote;
 #[path = "../shared/stats.rs"]
 mod stats;
+mod waits;
