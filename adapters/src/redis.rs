@@ -445,11 +445,7 @@ impl ManagedNode {
         let conn = client.get_connection_manager_with_config(config).await?;
         Ok(Self {
             probe,
-            // No response timeout of its own: the core bounds the wait.
-            waiter: Some(Waiter::new(
-                client,
-                AsyncConnectionConfig::new().set_response_timeout(None),
-            )),
+            waiter: Some(Waiter::new(client, AsyncConnectionConfig::new())),
             ..Self::new(conn)
         }
         .with_endpoint(client_endpoint(client))
@@ -1245,10 +1241,12 @@ struct Waiter {
 }
 
 impl Waiter {
+    /// Wait connections opened with `config`, without its response timeout: a `WAIT` answers by its own
+    /// timeout, and the core bounds the call (a response timeout shorter than the wait would cut it).
     fn new(client: &redis::Client, config: AsyncConnectionConfig) -> Self {
         Self {
             client: client.clone(),
-            config,
+            config: config.set_response_timeout(None),
             idle: Arc::default(),
         }
     }
