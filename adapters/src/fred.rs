@@ -150,6 +150,9 @@ struct HealthState {
     /// When a command last failed because the connection is gone, or fred last announced a connection error;
     /// cleared by fred's next reconnection.
     broken: Option<Instant>,
+    /// When the node last told fred to reconnect a Sentinel client whose primary stopped answering
+    /// ([`FredNode::primary_unresponsive`]).
+    forced: Option<Instant>,
     reconnects: broadcast::Receiver<Server>,
     errors: broadcast::Receiver<(FredError, Option<Server>)>,
     /// The last connection error fred reported (kept: a later check may drain the channel first).
@@ -160,6 +163,7 @@ impl Health {
     fn new(client: &Client) -> Self {
         Self(Mutex::new(HealthState {
             broken: None,
+            forced: None,
             reconnects: client.reconnect_rx(),
             errors: client.error_rx(),
             last_error: None,
@@ -881,12 +885,14 @@ impl<C: KeyRouted> FredNode<C> {
         what: &Script,
     ) -> Result<Reply, NodeError> {
         let (client, index) = self.prepare(key, what).await?;
+        let flight = InFlight::new(self, index);
         let result = client
             .with_options(&self.options())
             .custom::<Value, Value>(cmd, values)
             .await
             .map(to_reply)
             .map_err(|e| classify(Some(what), &e));
+        flight.landed();
         self.sent(result, index, what)
     }
 
@@ -898,6 +904,7 @@ impl<C: KeyRouted> FredNode<C> {
         what: &Script,
     ) -> Result<Reply, NodeError> {
         let (client, index) = self.prepare(key, what).await?;
+        let flight = InFlight::new(self, index);
         let options = self.options();
         // Queued locally and written as one MULTI … EXEC batch on the member's connection.
         let tx = client.multi();
@@ -920,6 +927,7 @@ impl<C: KeyRouted> FredNode<C> {
         }
         .map(to_reply)
         .map_err(|e| classify(Some(what), &e));
+        flight.landed();
         self.sent(result, index, what)
     }
 
@@ -932,6 +940,7 @@ impl<C: KeyRouted> FredNode<C> {
         what: &Script,
     ) -> Result<(Reply, Option<Reply>), NodeError> {
         let (client, index) = self.prepare(key, what).await?;
+        let flight = InFlight::new(self, index);
         let options = self.options();
         // A plain pipeline (not a transaction, which fred would replay after a reconnection): each
         // command carries the options, so neither is written twice.
@@ -965,7 +974,40 @@ impl<C: KeyRouted> FredNode<C> {
         }
         .map(to_reply)
         .map_err(|e| classify(Some(what), &e));
+        flight.landed();
         self.sent(result, index, what).map(|r| (r, second))
+    }
+
+    /// A command through member `index` timed out or was cut by the caller's operation timeout. On a
+    /// Sentinel client that is how a primary that stopped answering with its connection open (`SIGSTOP`, a
+    /// hung host) shows: fred keeps that connection (it reconnects only after it breaks) and would go on
+    /// sending to the stopped primary while the Sentinels promote another. So the node tells fred to
+    /// reconnect (`force_reconnection`, on a task: fred asks the Sentinels for the primary again), at most
+    /// once per connection timeout.
+    fn primary_unresponsive(&self, index: usize) {
+        let (Some(client), Some(health)) =
+            (self.client.members().get(index), self.health.get(index))
+        else {
+            return;
+        };
+        if !client.client_config().server.is_sentinel() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let quiet = client.connection_config().connection_timeout.max(PROBATION);
+        {
+            let mut state = health.lock();
+            if state.forced.is_some_and(|at| at.elapsed() < quiet) {
+                return;
+            }
+            state.forced = Some(Instant::now());
+        }
+        let client = client.clone();
+        runtime.spawn(async move {
+            let _ = client.force_reconnection().await;
+        });
     }
 
     /// What a command sent through member `index` answers, after what its error says about the connection.
@@ -978,6 +1020,9 @@ impl<C: KeyRouted> FredNode<C> {
         let Err(e) = result else {
             return result;
         };
+        if e.kind() == NodeErrorKind::Timeout {
+            self.primary_unresponsive(index);
+        }
         let Some(health) = self.health.get(index) else {
             return Err(e);
         };
@@ -1041,6 +1086,37 @@ impl<C: KeyRouted> FredNode<C> {
             NodeErrorKind::Connection,
             format!("{}: {why} (not sent)", what.name),
         )
+    }
+}
+
+/// A command in flight through member `index` of a [`FredNode`]: if its future is dropped before the reply
+/// (the caller's operation timeout), the node treats it as a timeout ([`FredNode::primary_unresponsive`]).
+struct InFlight<'a, C: KeyRouted> {
+    node: &'a FredNode<C>,
+    index: usize,
+    pending: bool,
+}
+
+impl<'a, C: KeyRouted> InFlight<'a, C> {
+    fn new(node: &'a FredNode<C>, index: usize) -> Self {
+        Self {
+            node,
+            index,
+            pending: true,
+        }
+    }
+
+    /// The reply (or an error) came back.
+    fn landed(mut self) {
+        self.pending = false;
+    }
+}
+
+impl<C: KeyRouted> Drop for InFlight<'_, C> {
+    fn drop(&mut self) {
+        if self.pending {
+            self.node.primary_unresponsive(self.index);
+        }
     }
 }
 
@@ -1271,7 +1347,8 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::raise_fence(self, fence_key, at_least).await
     }
 
-    /// `INFO server`, once per connection (again after a reconnect); unsupported on a cluster.
+    /// `INFO server` at every call (fred may replace its connection unnoticed; see `ops::run_id`);
+    /// unsupported on a cluster.
     async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
         ops::run_id(self, key).await
     }

@@ -73,9 +73,18 @@ struct ProbeState {
     /// Fenced acquisitions without Lua that wrote their lock: `(key, token, fence)`, the fence `None` while
     /// its number is not confirmed. Newest last, at most [`FENCES_KEPT`].
     fences: std::collections::VecDeque<(String, String, Option<u64>)>,
-    /// The server's run id, learned with `INFO server` on this connection; forgotten with the capabilities
-    /// (after a connection failure or a reconnect), so a new server process is asked again.
-    run_id: Option<RunId>,
+    /// The server's run id, learned with `INFO server` on the connection the transport names
+    /// ([`Transport::connection_id`]) — only on a connection the transport can name, and only when the
+    /// `INFO` went out and came back on it (see [`run_id`]); also forgotten with the capabilities.
+    run_id: Option<(u64, RunId)>,
+    /// When the server behind [`seen_run_id`](Self::seen_run_id) started, as far as the node knows: set when
+    /// a run id replaced another one (from the new server's uptime), so that its reports carry how long ago
+    /// the restart happened ([`RunId::with_restarted_ago`]).
+    restarted_at: Option<std::time::Instant>,
+    /// When a server first answered this node (any reply, on any connection; never forgotten): a run id
+    /// read later from a server whose uptime is clearly shorter than that is a restart the node did not see
+    /// (see [`run_id`]).
+    first_contact: Option<std::time::Instant>,
     /// Whether the server lacks `WAITAOF` (an unknown command), once seen.
     no_waitaof: bool,
     /// The last run id learned on any connection (kept when the probe is forgotten): a new one means another
@@ -299,6 +308,14 @@ impl Probe {
         self.lock().generation
     }
 
+    /// A server answered: the node's first contact, if it is.
+    fn answered(&self) {
+        let mut state = self.lock();
+        if state.first_contact.is_none() {
+            state.first_contact = Some(std::time::Instant::now());
+        }
+    }
+
     /// Records a write of `key` sent in connection generation `generation`.
     fn wrote(&self, key: &str, generation: u64) {
         self.wrote_all([key], generation);
@@ -441,19 +458,44 @@ pub(crate) trait Transport: Send + Sync {
     /// The capability state of the connection(s) this transport sends on.
     fn probe(&self) -> &Probe;
 
-    /// Acts on reconnections the client announced since the last call (forgets the probe), before an answer
-    /// is given from the probe's memory without sending anything ([`run_id`]) and before a write's connection
-    /// generation is taken (see [`wait_replicas`]). A transport that learns of reconnections only when it
-    /// sends, or forgets at once when they happen, keeps the default (nothing).
+    /// Acts on reconnections the client announced since the last call (forgets the probe), before a write's
+    /// connection generation is taken (see [`wait_replicas`]). A transport that learns of reconnections only
+    /// when it sends, or forgets at once when they happen, keeps the default (nothing).
     fn notice_reconnections(&self) {}
+
+    /// The identity of the open connection the next command routed by `key` would go on, when the transport
+    /// knows it for certain: a connection it opened itself and numbers (each new one a new number, never
+    /// reused), or one that never reconnects. `None` (the default) when it is not open, or when the client
+    /// may replace it without the transport knowing (a reconnecting client): [`run_id`] then asks the
+    /// server every time, since a remembered answer could be the old server's.
+    fn connection_id(&self, key: &str) -> Option<u64> {
+        let _ = key;
+        None
+    }
+
+    /// Sends `WAIT` / `WAITAOF` (`args`) once for `key`'s write: by default on the connection the writes go
+    /// on ([`command`](Self::command)); a transport with a connection of its own for it (so that the wait does
+    /// not hold up other commands) sends it there, behind a write that brings that connection's replication
+    /// offset up to the server's.
+    fn wait_command(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+    ) -> impl Future<Output = Result<Reply, NodeError>> + Send {
+        self.command(what, key, args)
+    }
 }
 
 /// After a failed connection the next acquisition checks again: the client may reconnect to another server.
+/// A reply is a server's answer: the first one is remembered ([`ProbeState::first_contact`]).
 fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
-    if let Err(e) = &result
-        && matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io)
-    {
-        t.probe().forget();
+    match &result {
+        Err(e) if matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io) => {
+            t.probe().forget();
+        }
+        Err(_) => {}
+        Ok(_) => t.probe().answered(),
     }
     result
 }
@@ -592,16 +634,19 @@ async fn probe_set_option(
 }
 
 /// The native commands a connection offers, probed with plain commands (no Lua needed): `DELIFEQ` first
-/// (it is not a `SET`), and only where it is offered the two `SET` options.
+/// (it is not a `SET`), and only where it is offered the two `SET` options. The `DELIFEQ` probe compares
+/// with a value drawn at random for it (160 bits, as a token), which no key holds: it deletes nothing.
 async fn probe_natives(t: &impl Transport, key: &str) -> Result<[Option<Found>; 3], NodeError> {
+    let never = Token::random().map_err(|e| {
+        NodeError::not_applied(
+            NodeErrorKind::Other,
+            format!("capability check: no random value for the DELIFEQ probe (not sent): {e}"),
+        )
+    })?;
     let delifeq = match note(
         t,
-        t.command(
-            &scripts::DELIFEQ,
-            key,
-            &["DELIFEQ", key, "redlease:probe:never-a-token"],
-        )
-        .await,
+        t.command(&scripts::DELIFEQ, key, &["DELIFEQ", key, never.as_str()])
+            .await,
     ) {
         Ok(Reply::Int(_)) => Found::Present,
         Err(e) if e.kind() == NodeErrorKind::WrongType => Found::Present,
@@ -816,7 +861,15 @@ pub(crate) async fn check(
 /// from the ACL.
 pub(crate) async fn readiness(t: &impl Transport, key: &str) -> Readiness {
     match check(t, key, None).await {
-        Ok(caps) => Readiness::Ready(paths(caps)),
+        Ok(caps) => {
+            // The server's run id, read now (after the check, which names any problem first), so that a
+            // restart before the first acquisition is told by the run id rather than only by the uptime
+            // ([`run_id`]). Not needed for the answer: a user who may not run `INFO` is ready all the same.
+            if !t.clustered() {
+                let _ = run_id(t, key).await;
+            }
+            Readiness::Ready(paths(caps))
+        }
         Err(e) if e.kind() == NodeErrorKind::Auth && login_refused(&e) => {
             Readiness::LoginRefused(e)
         }
@@ -1370,6 +1423,51 @@ async fn release_native(t: &impl Transport, key: &str, token: &Token) -> Result<
     }
 }
 
+/// How a release or an extension goes: the native command (or, for an extension, the watched transaction)
+/// or the script. Chosen by the capabilities ([`path`]: the check runs first on an unchecked connection),
+/// except where the check is refused for being a check: a server at `maxmemory` refuses its `SET … PX 0`
+/// probes (`OOM`), not the release or extension, which must then still run. So after an `OOM` refusal of
+/// the check the operation goes by the node's mode: the script first in [`Commands::Automatic`], and the
+/// native way only if the server runs no Lua or the ACL refuses the script command itself (both: nothing
+/// ran).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Native,
+    Script,
+    ScriptElseNative,
+}
+
+async fn way(
+    t: &impl Transport,
+    key: &str,
+    native: impl FnOnce(Capabilities) -> bool,
+) -> Result<Way, NodeError> {
+    match path(t, key).await {
+        Ok(caps) if caps.is_some_and(native) => Ok(Way::Native),
+        Ok(_) => Ok(Way::Script),
+        Err(e) if e.kind() == NodeErrorKind::OutOfMemory && !e.is_ambiguous() => {
+            Ok(match t.probe().mode() {
+                Commands::Scripts => Way::Script,
+                Commands::Native => Way::Native,
+                _ => Way::ScriptElseNative,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a script call was refused before anything ran because the server runs no Lua or the ACL refuses
+/// `EVAL` itself (not a command inside the script): another way may be tried.
+fn script_unavailable(err: &NodeError) -> bool {
+    if err.is_ambiguous() {
+        return false;
+    }
+    let message = err.message().to_ascii_lowercase();
+    lua_absent(err)
+        || (err.kind() == NodeErrorKind::Auth
+            && (message.contains("'eval'") || message.contains("'evalsha'")))
+}
+
 pub(crate) async fn release(
     t: &impl Transport,
     key: &str,
@@ -1390,7 +1488,8 @@ async fn release_unforgotten(
     key: &str,
     token: &Token,
 ) -> Result<bool, NodeError> {
-    if path(t, key).await?.is_some_and(|c| c.native_release()) {
+    let way = way(t, key, |c| c.native_release()).await?;
+    if way == Way::Native {
         match release_native(t, key, token).await {
             // The server lacks `DELIFEQ` after all (it changed behind the connection; the check is forgotten):
             // nothing was deleted, so the release goes again by the path a new check finds.
@@ -1408,8 +1507,13 @@ async fn release_unforgotten(
         Some(marker) => &[token.as_str(), &channel, command, marker],
         None => &[token.as_str(), &channel, command],
     };
-    let reply = eval(t, &scripts::RELEASE, &[key], args).await?;
-    scripts::parse_flag(&scripts::RELEASE, reply)
+    let reply = eval(t, &scripts::RELEASE, &[key], args).await;
+    match reply {
+        Err(e) if way == Way::ScriptElseNative && script_unavailable(&e) => {
+            release_native(t, key, token).await
+        }
+        reply => scripts::parse_flag(&scripts::RELEASE, reply?),
+    }
 }
 
 /// An acquisition that reports the holder's TTL on contention, and marks the lock's waiter marker
@@ -1534,9 +1638,13 @@ async fn extend_unrecorded(
     // one). Where scripts run, the script compares the TTL; where they cannot (or the node is pinned to
     // native commands), the watched `PEXPIRE … GT`. Both only run `PEXPIRE`, which a server at `maxmemory`
     // still accepts.
-    if path(t, key).await?.is_some_and(|c| c.native_extend()) {
-        match extend_watched(t, key, token, &ttl).await {
-            Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(false),
+    let watched = async || match extend_watched(t, key, token, &ttl).await {
+        Err(e) if e.kind() == NodeErrorKind::WrongType => Ok(false),
+        other => other,
+    };
+    let way = way(t, key, |c| c.native_extend()).await?;
+    if way == Way::Native {
+        match watched().await {
             // The server lacks a command of the transaction after all (it changed behind the connection; the
             // check is forgotten): nothing was changed, so the extension goes again by the path a new check
             // finds.
@@ -1549,8 +1657,10 @@ async fn extend_unrecorded(
             other => return other,
         }
     }
-    let reply = eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await?;
-    scripts::parse_flag(&scripts::EXTEND, reply)
+    match eval(t, &scripts::EXTEND, &[key], &[token.as_str(), &ttl]).await {
+        Err(e) if way == Way::ScriptElseNative && script_unavailable(&e) => watched().await,
+        reply => scripts::parse_flag(&scripts::EXTEND, reply?),
+    }
 }
 
 /// [`extend_watched`] for many keys of one slot at once, in three round trips whatever their number (one by
@@ -2263,11 +2373,14 @@ async fn extend_many_unrecorded(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
 ) -> Result<Vec<bool>, NodeError> {
-    let Some(first) = items.first() else {
+    if items.is_empty() {
         return Ok(Vec::new());
-    };
-    let caps = path(t, first.key).await?;
-    let scripts_ok = caps.is_none_or(|c| c.lua && c.commands != Commands::Native);
+    }
+    // As a single extension goes (see [`Way`]).
+    let way = way(t, items[0].key, |c| {
+        !c.lua || c.commands == Commands::Native
+    })
+    .await?;
     // Group by slot on a cluster (a script's or a WATCH's keys must share one); one group otherwise.
     let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
     for (i, item) in items.iter().enumerate() {
@@ -2281,8 +2394,8 @@ async fn extend_many_unrecorded(
             None => groups.push((slot, vec![i])),
         }
     }
-    if !scripts_ok {
-        // One watched transaction per slot, one after the other (each holds the node's transaction gate).
+    // One watched transaction per slot, one after the other (each holds the node's transaction gate).
+    let watched = async || {
         let mut out = vec![false; items.len()];
         for (_, members) in &groups {
             let group: Vec<redlease::ExtendItem<'_>> = members.iter().map(|&i| items[i]).collect();
@@ -2290,7 +2403,10 @@ async fn extend_many_unrecorded(
                 out[i] = flag;
             }
         }
-        return Ok(out);
+        Ok(out)
+    };
+    if way == Way::Native {
+        return watched().await;
     }
     // The leases of a batch usually share one TTL: its text is made once per run of equal TTLs.
     let mut texts: Vec<(u64, String)> = Vec::new();
@@ -2317,6 +2433,15 @@ async fn extend_many_unrecorded(
         })
         .collect();
     let results: Vec<Result<Vec<bool>, NodeError>> = join_all(calls).await;
+    if way == Way::ScriptElseNative
+        && results
+            .iter()
+            .any(|r| r.as_ref().is_err_and(script_unavailable))
+    {
+        // No script ran where it was refused (no Lua, or `EVAL` denied), and an extension never shortens a
+        // key: where one ran, the watched `PEXPIRE … GT` only extends it again.
+        return watched().await;
+    }
     let mut out = vec![false; items.len()];
     for ((_, members), result) in groups.iter().zip(results) {
         // One slot's failure fails the call: the core counts the node as failed for every lease of it.
@@ -2406,16 +2531,35 @@ fn not_on_a_cluster(what: &str) -> NodeError {
     )
 }
 
-/// The server's run id: remembered per connection, asked with `INFO server` on the first call and after a
-/// connection failure or reconnection. A user who may not run `INFO` gets [`NodeErrorKind::Unsupported`]
-/// (the core then cannot detect restarts of this node, and counts it as before).
+/// The server's run id, from `INFO server` on the connection that carries `key`'s commands. A user who may
+/// not run `INFO` gets [`NodeErrorKind::Unsupported`] (the core then cannot detect restarts of this node,
+/// and counts it as before).
+///
+/// The core asks after an acquisition's reply, and counts that reply only if this answer is the run id of
+/// the server that gave it. So this never answers from memory unless the transport names the connection
+/// ([`Transport::connection_id`]) and the remembered id was read on that very connection: the `INFO` went
+/// out and came back while it was the open one. A connection the client replaced unnoticed (a background
+/// reconnection after a restart) would otherwise be answered for with the old server's id, and the restart
+/// missed. Where the transport cannot name its connection (a reconnecting client), every call asks.
+///
+/// A run id that differs from the one seen before is a restart (or a failover) that this node saw: the
+/// report carries how long ago it happened ([`RunId::with_restarted_ago`], from the new server's
+/// `uptime_in_seconds`, rounded down so that the quarantine is never shorter), so that a manager that
+/// never recorded the old id still quarantines the node, and one that meets the new id late counts from
+/// the restart rather than from when it looked.
 pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeError> {
     if t.clustered() {
         return Err(not_on_a_cluster("run_id"));
     }
     t.notice_reconnections();
-    if let Some(id) = t.probe().lock().run_id.clone() {
-        return Ok(id);
+    let before = t.connection_id(key);
+    {
+        let state = t.probe().lock();
+        if let (Some(conn), Some((on, id))) = (before, &state.run_id)
+            && conn == *on
+        {
+            return Ok(reported(&state, id.clone()));
+        }
     }
     let reply = match note(t, t.command(&INFO, key, &["INFO", "server"]).await) {
         Ok(reply) => reply,
@@ -2428,6 +2572,7 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
         }
         Err(e) => return Err(e),
     };
+    let after = t.connection_id(key);
     let Reply::Bytes(text) = reply else {
         return Err(NodeError::not_applied(
             NodeErrorKind::Protocol,
@@ -2435,25 +2580,65 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
         ));
     };
     let text = String::from_utf8_lossy(&text);
-    let id = text
-        .lines()
-        .find_map(|l| l.strip_prefix("run_id:"))
-        .map(str::trim)
-        .filter(|id| !id.is_empty())
-        .ok_or_else(|| {
-            NodeError::not_applied(NodeErrorKind::Protocol, "INFO server has no run_id line")
-        })?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let id = field("run_id").filter(|id| !id.is_empty()).ok_or_else(|| {
+        NodeError::not_applied(NodeErrorKind::Protocol, "INFO server has no run_id line")
+    })?;
     let id = RunId::new(id);
+    let uptime = field("uptime_in_seconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(std::time::Duration::from_secs);
+    let now = std::time::Instant::now();
     let mut state = t.probe().lock();
-    if state.seen_run_id.as_ref().is_some_and(|seen| *seen != id) {
-        // Another server process than the one seen before: what was learned may be about the old one (a
-        // connection replaced without a failed call in between), so the next call checks again.
+    let restarted = match (&state.seen_run_id, state.first_contact, uptime) {
+        // Another server process than the one seen before.
+        (Some(seen), _, _) => *seen != id,
+        // No run id read before, but a server answered this node earlier than this one started: it restarted
+        // out of sight. The uptime is a difference of whole wall-clock seconds: the process may have run up
+        // to a second longer than it says, or a second less, hence [`UPTIME_MARGIN`] (so a restart less than
+        // about 2.5 s after the node's first answer, before any run id was read, is not told apart from a
+        // server that started just before that answer).
+        (None, Some(first), Some(uptime)) => {
+            uptime + UPTIME_MARGIN < now.saturating_duration_since(first)
+        }
+        (None, _, _) => false,
+    };
+    if restarted {
+        // What was learned may be about the old server (a connection replaced without a failed call in
+        // between), so the next call checks again.
         state.caps = None;
         state.no_waitaof = false;
+        state.writable_fences.clear();
+        // Started at most `uptime` less a second ago (see above: rounded to whole seconds), so that the
+        // quarantine is never shorter than from the restart; without an uptime, seen now.
+        let ago = uptime.map_or(std::time::Duration::ZERO, |u| {
+            u.saturating_sub(std::time::Duration::from_secs(1))
+        });
+        state.restarted_at = Some(now.checked_sub(ago).unwrap_or(now));
     }
     state.seen_run_id = Some(id.clone());
-    state.run_id = Some(id.clone());
-    Ok(id)
+    // Remembered only for a connection that carried the `INFO` from start to end.
+    state.run_id = match (before, after) {
+        (Some(b), Some(a)) if a == b => Some((a, id.clone())),
+        _ => None,
+    };
+    Ok(reported(&state, id))
+}
+
+/// How much longer than its `uptime_in_seconds` a server may have run (see [`run_id`]): a second for the
+/// rounding, and half a second for the server's cached clock.
+const UPTIME_MARGIN: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// `id` as reported: with how long ago this node saw it replace another run id, if it did.
+fn reported(state: &ProbeState, id: RunId) -> RunId {
+    match state.restarted_at {
+        Some(at) if state.seen_run_id.as_ref() == Some(&id) => id.with_restarted_ago(at.elapsed()),
+        _ => id,
+    }
 }
 
 /// `WAIT replicas timeout`, or `WAITAOF 0 replicas timeout`, on the connection that carries `key`'s
@@ -2500,7 +2685,7 @@ pub(crate) async fn wait_replicas(
     } else {
         vec!["WAIT", &replicas, &millis]
     };
-    let reply = match note(t, t.command(&WAIT, key, &args).await) {
+    let reply = match note(t, t.wait_command(&WAIT, key, &args).await) {
         Ok(reply) => reply,
         Err(e) if wait.aof && unknown_command(&e) => {
             t.probe().lock().no_waitaof = true;
@@ -2664,6 +2849,8 @@ mod tests {
         tx_args: Mutex<Vec<Vec<Vec<String>>>>,
         /// The replies of the second command of `command_and_publish` (`Int(0)`, "no waiter", when empty).
         seconds: Mutex<VecDeque<Option<Reply>>>,
+        /// What [`Transport::connection_id`] names (`None`: a connection the client may replace unnoticed).
+        conn: Mutex<Option<u64>>,
     }
 
     impl Transport for Scripted {
@@ -2735,6 +2922,9 @@ mod tests {
         }
         fn probe(&self) -> &Probe {
             &self.probe
+        }
+        fn connection_id(&self, _: &str) -> Option<u64> {
+            *self.conn.lock().unwrap()
         }
     }
 
@@ -2922,6 +3112,7 @@ mod tests {
     #[test]
     fn a_new_run_id_forgets_the_capabilities_learned_before_it() {
         let t = native();
+        *t.conn.lock().unwrap() = Some(1);
         t.replies.lock().unwrap().push_back(info("aaaa"));
         assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
         assert!(t.probe.get().is_some(), "the same server: kept");
@@ -2935,9 +3126,54 @@ mod tests {
             t.probe.get().is_none(),
             "checked again before the next call"
         );
-        // Answered from memory afterwards.
-        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
+        // Answered from memory afterwards (the same connection), with how long ago the restart was seen.
+        let id = block_on(run_id(&t, "k")).unwrap();
+        assert_eq!(id.as_str(), "bbbb");
+        assert!(id.restarted_ago().is_some());
         assert_eq!(*t.sent.lock().unwrap(), ["INFO", "INFO"]);
+    }
+
+    /// The run id is remembered for the connection it was read on, and only where the transport names
+    /// its connection: another connection (or one the client may have replaced unnoticed) is asked again,
+    /// so a restart behind a replaced connection is never answered for with the old server's id.
+    #[test]
+    fn a_run_id_is_answered_from_memory_only_for_the_connection_it_was_read_on() {
+        let t = native();
+        *t.conn.lock().unwrap() = Some(1);
+        t.replies.lock().unwrap().push_back(info("aaaa"));
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "aaaa");
+        assert_eq!(t.sent.lock().unwrap().len(), 1, "answered from memory");
+        // Another connection, opened without any failure the node saw: asked again.
+        *t.conn.lock().unwrap() = Some(2);
+        t.replies.lock().unwrap().push_back(info("bbbb"));
+        let id = block_on(run_id(&t, "k")).unwrap();
+        assert_eq!(id.as_str(), "bbbb");
+        assert_eq!(t.sent.lock().unwrap().len(), 2);
+        // A connection the transport cannot name: asked every time.
+        *t.conn.lock().unwrap() = None;
+        t.replies.lock().unwrap().push_back(info("bbbb"));
+        t.replies.lock().unwrap().push_back(info("cccc"));
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "bbbb");
+        assert_eq!(block_on(run_id(&t, "k")).unwrap().as_str(), "cccc");
+        assert_eq!(t.sent.lock().unwrap().len(), 4);
+    }
+
+    /// A restart the node saw late is dated by the new server's uptime: the report says it happened
+    /// (at least) that long ago, rounded down.
+    #[test]
+    fn a_changed_run_id_reports_the_restart_as_long_ago_as_the_servers_uptime() {
+        let t = native();
+        t.replies.lock().unwrap().push_back(info("aaaa"));
+        let first = block_on(run_id(&t, "k")).unwrap();
+        assert_eq!(first.restarted_ago(), None, "no restart seen yet");
+        t.replies.lock().unwrap().push_back(Ok(Reply::Bytes(
+            b"# Server\r\nrun_id:bbbb\r\nuptime_in_seconds:7\r\n".to_vec(),
+        )));
+        let ago = block_on(run_id(&t, "k")).unwrap().restarted_ago().unwrap();
+        // At most the uptime less a second (the uptime is whole wall-clock seconds).
+        assert!(ago >= std::time::Duration::from_secs(6), "{ago:?}");
+        assert!(ago < std::time::Duration::from_secs(7), "{ago:?}");
     }
 
     #[test]

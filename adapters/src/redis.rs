@@ -136,6 +136,8 @@ pub struct RedisRsNode<C> {
     probe: Probe,
     /// Release notifications over a subscriber connection of the node's own, if it has a client to open one.
     notifier: Option<Notifier>,
+    /// The connection `WAIT` goes on, if the node has a client to open one (see [`Waiter`]).
+    waiter: Option<Waiter>,
 }
 
 /// A node over one [`MultiplexedConnection`] (no reconnection; see [`MultiplexedNode::lazy`]).
@@ -177,6 +179,7 @@ impl<C> RedisRsNode<C> {
             dead: Arc::new(AtomicBool::new(false)),
             probe: Probe::default(),
             notifier: None,
+            waiter: None,
         }
     }
 
@@ -371,9 +374,12 @@ impl MultiplexedNode {
         let conn = client
             .get_multiplexed_async_connection_with_config(config)
             .await?;
-        Ok(Self::new(conn)
-            .with_endpoint(client_endpoint(client))
-            .with_subscriber(client))
+        Ok(Self {
+            waiter: Some(Waiter::new(client, config.clone())),
+            ..Self::new(conn)
+        }
+        .with_endpoint(client_endpoint(client))
+        .with_subscriber(client))
     }
 
     /// A node that opens its multiplexed connection on first use and again after it dropped; see
@@ -452,6 +458,7 @@ impl ManagedNode {
         let conn = client.get_connection_manager_with_config(config).await?;
         Ok(Self {
             probe,
+            waiter: Some(Waiter::new(client, AsyncConnectionConfig::new())),
             ..Self::new(conn)
         }
         .with_endpoint(client_endpoint(client))
@@ -835,6 +842,26 @@ where
     fn probe(&self) -> &Probe {
         &self.probe
     }
+
+    /// A connection that never reconnects is one connection for the node's life (until it dropped); a
+    /// reconnecting one may be replaced in the background, unnoticed.
+    fn connection_id(&self, _key: &str) -> Option<u64> {
+        (!self.reconnects && !self.dead.load(Ordering::Acquire)).then_some(0)
+    }
+
+    async fn wait_command(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+    ) -> Result<Reply, NodeError> {
+        if let Some(waiter) = &self.waiter
+            && let Some(reply) = waiter.wait(what, args).await
+        {
+            return reply;
+        }
+        self.command(what, key, args).await
+    }
 }
 
 /// Implements [`RedisNode`] for a node type through [`ops`] (the type implements [`Transport`] and has
@@ -910,7 +937,8 @@ macro_rules! impl_node {
                 ops::raise_fence(self, fence_key, at_least).await
             }
 
-            /// `INFO server`, once per connection (again after a reconnect); unsupported on a cluster.
+            /// `INFO server`, once per connection where the node knows its connection (multiplexed, lazy),
+            /// at every call for a reconnecting `ConnectionManager`; unsupported on a cluster.
             async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
                 ops::run_id(self, key).await
             }
@@ -968,6 +996,8 @@ pub struct LazyNode {
     /// The capability state of the current connection (forgotten with each new connection).
     probe: Probe,
     notifier: Option<Notifier>,
+    /// The connection `WAIT` goes on (see [`Waiter`]).
+    waiter: Waiter,
 }
 
 /// The current connection of a [`LazyNode`] and a count of the connections opened so far.
@@ -1005,6 +1035,7 @@ impl LazyNode {
         Self {
             endpoint: Some(client_endpoint(&client)),
             notifier: Some(standalone_notifier(&client, notify::DEFAULT_MAX_CHANNELS)),
+            waiter: Waiter::new(&client, config.clone()),
             client,
             config,
             current: Arc::new(Mutex::new(Slot::default())),
@@ -1177,6 +1208,106 @@ impl Transport for LazyNode {
 
     fn probe(&self) -> &Probe {
         &self.probe
+    }
+
+    /// The open connection's number (each connection the node opens gets the next one).
+    fn connection_id(&self, _key: &str) -> Option<u64> {
+        let slot = self.slot();
+        slot.conn.as_ref().map(|_| slot.generation)
+    }
+
+    async fn wait_command(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+    ) -> Result<Reply, NodeError> {
+        if let Some(reply) = self.waiter.wait(what, args).await {
+            return reply;
+        }
+        self.command(what, key, args).await
+    }
+}
+
+/// The channel a [`Waiter`] publishes on (nobody listens: the publish is for its replication offset).
+const WAIT_CHANNEL: &str = "redlease:wait";
+
+/// How many idle wait connections a [`Waiter`] keeps for the next waits.
+const WAITERS_KEPT: usize = 8;
+
+/// A node's connections of its own for `WAIT` / `WAITAOF`, so that a durability wait never holds up the
+/// commands of other leases: the server answers nothing else on a connection while a `WAIT` on it blocks
+/// (with a replica down, every lease sharing the connection would time out for as long as the wait lasts),
+/// and so that the waits do not hold up each other either: each wait takes an idle wait connection, or
+/// opens one, and gives it back when answered (at most [`WAITERS_KEPT`] are kept idle; one whose wait was
+/// cut is closed).
+///
+/// `WAIT` waits for the replication offset of its own connection's last write, so the `WAIT` goes right
+/// behind a `PUBLISH` on [`WAIT_CHANNEL`] (pipelined, one round trip): a publish is replicated, so the
+/// connection's offset becomes the server's current one, which covers every write the server applied
+/// before — the lease's write among them, since its reply came first. Where the `PUBLISH` is refused (a
+/// user without that channel), the connection cannot be opened or it dropped, `None`: the node waits on
+/// its shared connection as before.
+#[derive(Clone)]
+struct Waiter {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    idle: Arc<Mutex<Vec<MultiplexedConnection>>>,
+}
+
+impl Waiter {
+    /// Wait connections opened with `config`, without its response timeout: a `WAIT` answers by its own
+    /// timeout, and the core bounds the call (a response timeout shorter than the wait would cut it).
+    fn new(client: &redis::Client, config: AsyncConnectionConfig) -> Self {
+        Self {
+            client: client.clone(),
+            config: config.set_response_timeout(None),
+            idle: Arc::default(),
+        }
+    }
+
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<MultiplexedConnection>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `args` (a `WAIT` or `WAITAOF`) behind the `PUBLISH` on a wait connection: its reply, or `None` where
+    /// the shared connection must be used.
+    async fn wait(&self, what: &Script, args: &[&str]) -> Option<Result<Reply, NodeError>> {
+        let taken = self.idle().pop();
+        let mut conn = match taken {
+            Some(conn) => conn,
+            None => self
+                .client
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await
+                .ok()?,
+        };
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("PUBLISH").arg(WAIT_CHANNEL).arg("");
+        pipe.add_command(plain_cmd(args));
+        let results = match pipe
+            .query_async::<Vec<redis::RedisResult<Value>>>(&mut conn)
+            .await
+        {
+            Ok(results) => results,
+            Err(e) => {
+                let classified = classify(Some(what), &e);
+                // A dropped connection is not kept; the shared one is asked instead (a `WAIT` changes
+                // nothing, whether or not it ran).
+                return (!is_dropped(&classified)).then_some(Err(classified));
+            }
+        };
+        {
+            let mut idle = self.idle();
+            if idle.len() < WAITERS_KEPT {
+                idle.push(conn);
+            }
+        }
+        let [publish, wait]: [redis::RedisResult<Value>; 2] = results.try_into().ok()?;
+        // Without the publish the connection's offset covers nothing: its `WAIT` would count every replica.
+        publish.ok()?;
+        Some(wait.map(to_reply).map_err(|e| classify(Some(what), &e)))
     }
 }
 

@@ -701,9 +701,10 @@ return {cur, redis.call('PTTL', KEYS[1])}
 ///
 /// The `SET` probes send `SET key probe NX GET PX 0` and `SET key redlease:probe IFEQ redlease:probe PX 0`: a
 /// server that accepts the option rejects the expiry (`invalid expire time`), one that does not rejects the
-/// syntax, and neither writes anything. The `DELIFEQ` probe sends `DELIFEQ key redlease:probe:never-a-token`
-/// (an integer or `WRONGTYPE` reply: present; an unknown command: absent), which deletes nothing unless the
-/// lock key holds that literal string, which no token is.
+/// syntax, and neither writes anything. `DELIFEQ` is not run at all: `redis.acl_check_cmd('DELIFEQ', key, v)`
+/// raises an error for a command the server does not have, and answers whether the user may run it on the
+/// key otherwise (`DELIFEQ` came with Valkey 9.0, which has `acl_check_cmd`; a server without it has no
+/// `DELIFEQ` either). So no key is ever deleted by the check, whatever it holds.
 pub const PROBE: Script = Script {
     name: "capability check",
     source: r#"local denied = {}
@@ -745,13 +746,15 @@ if type(q) == 'table' and q.err and string.find(q.err, 'invalid expire') then
   ifeq = 1
 end
 local delifeq = 0
-local d = redis.pcall('DELIFEQ', KEYS[1], 'redlease:probe:never-a-token')
-if type(d) == 'number' or (type(d) == 'table' and d.err and string.sub(d.err, 1, 9) == 'WRONGTYPE') then
-  delifeq = 1
+if redis.acl_check_cmd then
+  local known, allowed = pcall(redis.acl_check_cmd, 'DELIFEQ', KEYS[1], 'v')
+  if known and allowed then
+    delifeq = 1
+  end
 end
 return {nxget, ifeq, delifeq}
 "#,
-    sha1: "0d6c043e636e4fd6be609be818d2e783b3cb7015",
+    sha1: "1b90bd1d12afc315c02fcefaaf1040fec3487135",
 };
 
 impl Script {
@@ -810,9 +813,11 @@ if type(q) == 'table' and q.err and string.find(q.err, 'invalid expire') then
   ifeq = 1
 end
 local delifeq = 0
-local d = redis.pcall('DELIFEQ', KEYS[1], 'redlease:probe:never-a-token')
-if type(d) == 'number' or (type(d) == 'table' and d.err and string.sub(d.err, 1, 9) == 'WRONGTYPE') then
-  delifeq = 1
+if redis.acl_check_cmd then
+  local known, allowed = pcall(redis.acl_check_cmd, 'DELIFEQ', KEYS[1], 'v')
+  if known and allowed then
+    delifeq = 1
+  end
 end
 local cur = redis.pcall('GET', KEYS[1])
 if type(cur) == 'table' then
@@ -827,7 +832,7 @@ if cur == false then
 end
 return {0, nxget, ifeq, delifeq}
 "#,
-    sha1: "58f8e2a9bf5ec9223aa2a37afd3071f3efd6360a",
+    sha1: "42f612f689ac90c8b9fb3d4cb2f73ae8f7861278",
 };
 
 /// What [`PROBE`] and [`PROBE_ACQUIRE`] found: `[set_nx_get, set_ifeq, delifeq]`.

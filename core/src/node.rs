@@ -506,7 +506,10 @@ pub trait RedisNode: Send + Sync {
     /// [`NodeRestarted`](crate::EventKind::NodeRestarted) event (an observer, or the `tracing` feature).
     /// It must be cheap: a
     /// node learns it once per connection (`INFO server`) and again after a reconnect, and answers from that
-    /// memory otherwise. It must never report an old run id for a connection to a new server process.
+    /// memory otherwise — only where it knows for certain which connection its next command takes (a client
+    /// that may replace its connection unnoticed asks every time). It must never report an old run id for a
+    /// connection to a new server process; a run id that replaced one the node read before (or a server
+    /// that started after the node first reached it) carries [`RunId::with_restarted_ago`].
     ///
     /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending anything,
     /// and the core then cannot detect restarts of this node.

@@ -11,7 +11,10 @@ use fred::types::config::{Config, ServerConfig};
 /// client.
 ///
 /// fred asks the Sentinels for the primary (`SENTINEL get-master-addr-by-name`) at each (re)connection, so
-/// it follows a failover only if it reconnects: the builder sets a reconnect policy (a constant 100 ms
+/// it follows a failover only if it reconnects. A dead primary breaks the connection; one that stops
+/// answering with its connection open (`SIGSTOP`, a hung host) does not, so a [`FredNode`](super::FredNode)
+/// tells a Sentinel client to reconnect (`force_reconnection`) when one of its commands times out or is cut
+/// by the operation timeout. The builder sets a reconnect policy (a constant 100 ms
 /// between attempts, without limit; replace it with [`Builder::set_policy`] if you like, but keep one) and
 /// connection and internal-command timeouts of 500 ms (keep them at most the operation timeout). While the
 /// old primary is dead and the Sentinels still name it, the node's calls fail at once and definitely (not

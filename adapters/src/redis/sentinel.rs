@@ -28,11 +28,15 @@ const WRITES_KEPT: usize = 1024;
 
 /// A [`RedisNode`] for a primary behind Redis Sentinel: it asks the Sentinels for the primary
 /// ([`SentinelClient`], which also checks with `ROLE` that the server it names is a primary), keeps one
-/// multiplexed connection to it, and asks again after that connection dropped or the server answered
-/// `READONLY` (it was demoted to a replica). So after a failover its calls fail (definitely, nothing sent,
+/// multiplexed connection to it, and asks again after that connection dropped, the server answered
+/// `READONLY` (it was demoted to a replica), or a call on it timed out. So after a failover its calls fail (definitely, nothing sent,
 /// while the Sentinels still name the dead primary; ambiguous for the requests in flight when it died)
 /// until the Sentinels name the new primary, and then go there. Building one sends nothing.
 ///
+/// - **A hung primary** (stopped, or unreachable with its connection still open) is left at the first call
+///   that times out or is cut by the operation timeout: the node forgets that connection and asks the
+///   Sentinels again, so it follows a failover the Sentinels make meanwhile (the old primary, back and
+///   demoted, answers `READONLY` if it is named again, and is left the same way).
 /// - **Capability check and `run_id`** are per connection, as for the other nodes: a new primary is
 ///   checked again before the next acquisition, and reports its own [`RunId`] (a failover is a changed run
 ///   id: with the restart quarantine on, the core emits a
@@ -289,11 +293,15 @@ impl SentinelNode {
     }
 
     /// After a reply on connection `generation`: remembers a write of `key`, and forgets the connection when
-    /// it dropped or its server is no longer a primary (the next call asks the Sentinels again).
+    /// it dropped, its server is no longer a primary, or it did not answer in time (a hung or stopped
+    /// primary keeps its connection open: the Sentinels may have promoted another meanwhile). The next call
+    /// asks the Sentinels again.
     fn after<T>(&self, result: &Result<T, NodeError>, generation: u64, key: Option<&str>) {
         let mut current = self.lock_current();
         if let Err(e) = result {
-            let gone = is_dropped(e) || e.kind() == NodeErrorKind::ReadOnly;
+            let gone = is_dropped(e)
+                || e.kind() == NodeErrorKind::ReadOnly
+                || e.kind() == NodeErrorKind::Timeout;
             if gone && current.generation == generation {
                 current.conn = None;
                 self.probe.forget();
@@ -304,11 +312,57 @@ impl SentinelNode {
         }
     }
 
+    /// A request on connection `generation` whose caller gave up before its reply (the operation timeout
+    /// cut it): forgotten as after a timeout (see [`after`](Self::after)).
+    fn abandoned(&self, generation: u64) {
+        let mut current = self.lock_current();
+        if current.generation == generation && current.conn.is_some() {
+            current.conn = None;
+            self.probe.forget();
+        }
+    }
+
     async fn run(&self, cmd: Cmd, what: &Script, key: Option<&str>) -> Result<Reply, NodeError> {
         let (mut conn, generation) = self.connection(what).await?;
+        let flight = InFlight::new(self, generation);
         let result = send(&mut conn, &cmd, what).await;
+        flight.landed();
         self.after(&result, generation, key);
         result
+    }
+}
+
+/// A request in flight on one of a [`SentinelNode`]'s connections: if its future is dropped before the reply
+/// (the caller's operation timeout, typically because the primary stopped answering while its connection
+/// stays open: `SIGSTOP`, a hung host), the connection is forgotten, so the next call asks the Sentinels for
+/// the primary again instead of waiting on it until it comes back. (Its request may still be applied late,
+/// which the core allows for: see the `RedisNode` contract's "Order and late requests".)
+struct InFlight<'a> {
+    node: &'a SentinelNode,
+    generation: u64,
+    pending: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn new(node: &'a SentinelNode, generation: u64) -> Self {
+        Self {
+            node,
+            generation,
+            pending: true,
+        }
+    }
+
+    /// The reply (or an error) came back.
+    fn landed(mut self) {
+        self.pending = false;
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.pending {
+            self.node.abandoned(self.generation);
+        }
     }
 }
 
@@ -373,7 +427,9 @@ impl Transport for SentinelNode {
     ) -> Result<(Reply, Option<Reply>), NodeError> {
         // A release (its publish rides along): a write on the primary.
         let (mut conn, generation) = self.connection(what).await?;
+        let flight = InFlight::new(self, generation);
         let result = send_publishing(&mut conn, plain_cmd(args), plain_cmd(publish), what).await;
+        flight.landed();
         self.after(&result, generation, Some(key));
         result
     }
@@ -385,7 +441,9 @@ impl Transport for SentinelNode {
         cmds: &[&[&str]],
     ) -> Result<Vec<Reply>, NodeError> {
         let (mut conn, generation) = self.connection(what).await?;
+        let flight = InFlight::new(self, generation);
         let result = send_transaction(&mut conn, &transaction_pipe(cmds), what).await;
+        flight.landed();
         self.after(&result, generation, Some(key));
         result
     }
@@ -396,6 +454,12 @@ impl Transport for SentinelNode {
 
     fn probe(&self) -> &Probe {
         &self.probe
+    }
+
+    /// The open connection's number (each connection to a primary the node opens gets the next one).
+    fn connection_id(&self, _key: &str) -> Option<u64> {
+        let current = self.lock_current();
+        current.conn.as_ref().map(|_| current.generation)
     }
 }
 

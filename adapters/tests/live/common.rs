@@ -6,7 +6,7 @@ use redlease::{Config, NodeError};
 
 #[path = "../shared/backends.rs"]
 mod backends;
-pub(crate) use backends::{Backend, fred_builder, node, node_in, unprobed, unprobed_in};
+pub(crate) use backends::{Backend, PROBE_KEY, fred_builder, node, node_in, unprobed, unprobed_in};
 
 #[path = "../shared/flavors.rs"]
 mod flavors;

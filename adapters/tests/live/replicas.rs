@@ -279,6 +279,11 @@ async fn waitaof_is_detected_per_server() {
             continue;
         };
         let _replica = primary.start_replica(&["--appendonly", "yes"]);
+        // In sync first: the nodes wait for the write itself (on a wait connection of their own), which an
+        // initial synchronisation holds up.
+        primary
+            .wait_for_replicas(1, Duration::from_secs(10))
+            .unwrap();
         let has_waitaof = flavor != Flavor::Redis;
         for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
             let node = common::node(backend, &primary.url()).await;

@@ -445,3 +445,99 @@ async fn a_failover_without_durability_loses_the_lease_and_repeats_fences_redis_
 async fn a_failover_without_durability_loses_the_lease_and_repeats_fences_fred_valkey_9_1() {
     failover_without_durability(Adapter::Fred, Flavor::Valkey91).await;
 }
+
+/// A primary that stops answering with its connections open (`SIGSTOP`): the Sentinels fail over to the
+/// replica, and the node, whose calls on the stopped primary time out, asks them again and follows, within
+/// a few operation timeouts of the failover. When the old primary comes back (the Sentinels demote it to a
+/// replica of the new one), the node stays on the new primary: every acquisition succeeds there.
+async fn a_stopped_primary_is_left_for_the_new_one(adapter: Adapter, flavor: Flavor) {
+    let test = format!("a_sentinel_node_leaves_a_stopped_primary ({adapter:?}, {flavor})");
+    let Some(set) = SentinelSet::start_or_skip(&test, flavor) else {
+        return;
+    };
+    let node = sentinel_node(adapter, &set).await;
+    let cfg = config(Duration::from_secs(5));
+    let op = cfg.operation_timeout_for(Duration::from_secs(5));
+    let manager = LockManager::single(Arc::clone(&node), cfg).unwrap();
+    let k = "stop:{primary}:lock";
+    manager
+        .lock(k)
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    set.primary().pause();
+    let paused = Instant::now();
+    // Calls meanwhile time out (the primary holds them); the Sentinels notice and promote the replica.
+    let _ = manager.lock(k).try_acquire().await;
+    let failover = set.wait_for_failover(FAILOVER);
+    if let Err(e) = failover {
+        set.primary().resume();
+        panic!("{test}: no failover: {e}");
+    }
+    let promoted = Instant::now();
+    // Within a few operation timeouts of the promotion (each attempt is bounded by one; the first may
+    // still go to the stopped primary and be cut).
+    let bound = 10 * op + Duration::from_secs(2);
+    let lock = manager.lock(k);
+    let lease = retry(
+        &format!("{test}: acquire on the new primary"),
+        bound,
+        || lock.try_acquire(),
+    )
+    .await;
+    eprintln!(
+        "{test}: the failover took {:?}; the node acquired on the new primary {:?} after it",
+        promoted - paused,
+        promoted.elapsed()
+    );
+    assert_eq!(
+        set.replica().cmd(&["GET", k]),
+        lease.token().as_str(),
+        "{test}"
+    );
+    lease.release().await.unwrap();
+
+    // The old primary comes back and is demoted; the node never goes back to it.
+    set.primary().resume();
+    let demoted = eventually(Duration::from_secs(30), || {
+        set.primary()
+            .try_cmd(&["ROLE"])
+            .is_ok_and(|role| role.starts_with("slave"))
+    })
+    .await;
+    assert!(demoted, "{test}: the old primary was not demoted");
+    for i in 0..5 {
+        let k = format!("stop:{{after-{i}}}:lock");
+        let lease = manager.lock(&k).try_acquire().await.unwrap();
+        assert_eq!(
+            set.replica().cmd(&["GET", &k]),
+            lease.token().as_str(),
+            "{test}"
+        );
+        lease.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_node_leaves_a_stopped_primary_for_the_new_one_redis_rs() {
+    a_stopped_primary_is_left_for_the_new_one(Adapter::RedisRs, Flavor::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_node_leaves_a_stopped_primary_for_the_new_one_redis_rs_valkey_9_1() {
+    a_stopped_primary_is_left_for_the_new_one(Adapter::RedisRs, Flavor::Valkey91).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_node_leaves_a_stopped_primary_for_the_new_one_fred() {
+    a_stopped_primary_is_left_for_the_new_one(Adapter::Fred, Flavor::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_node_leaves_a_stopped_primary_for_the_new_one_fred_valkey_9_1() {
+    a_stopped_primary_is_left_for_the_new_one(Adapter::Fred, Flavor::Valkey91).await;
+}

@@ -1,0 +1,155 @@
+//! Restart detection on real processes: a Redlock client that saw every server before must notice a
+//! server killed and restarted empty (no persistence) while another client's lease relies on it, whatever
+//! its client, the server, and whether its connection was replaced in the background or on its next call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redlease::{Config, LockManager, RedisNode};
+use redlease_testkit::server::RedisServers;
+
+use crate::common::{self, Backend, config, on_every_server};
+
+/// Long enough that client 1's lease outlives two restarts and client 2's attempts on a loaded machine.
+const TTL: Duration = Duration::from_secs(10);
+
+/// The ways a client builds its Redlock manager.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// `redis::redlock(urls, config)`: lazy redis-rs nodes.
+    RedisUrls,
+    /// `fred::redlock(urls, config)`: lazy fred nodes.
+    FredUrls,
+    /// redis-rs `ConnectionManager` nodes.
+    RedisManager,
+    /// fred `Client` nodes.
+    FredClient,
+}
+
+async fn manager(kind: Kind, urls: &[String], cfg: Config) -> LockManager {
+    let nodes = |backend| async move {
+        let mut nodes: Vec<Arc<dyn RedisNode>> = Vec::new();
+        for url in urls {
+            nodes.push(common::node(backend, url).await);
+        }
+        nodes
+    };
+    match kind {
+        Kind::RedisUrls => redlease_adapters::redis::redlock(urls, cfg).unwrap(),
+        Kind::FredUrls => redlease_adapters::fred::redlock(urls, cfg).unwrap(),
+        Kind::RedisManager => {
+            LockManager::redlock_dyn(nodes(Backend::RedisManager).await, cfg).unwrap()
+        }
+        Kind::FredClient => {
+            LockManager::redlock_dyn(nodes(Backend::FredClient).await, cfg).unwrap()
+        }
+    }
+}
+
+/// How client 2 first talked to the servers, before the restart.
+#[derive(Debug, Clone, Copy)]
+enum Contact {
+    /// `LockManager::check` (the start-up check): no run id read.
+    Check,
+    /// A look at the lock's holder (`Lock::holder_info`): reads only, no run id read.
+    Holder,
+    /// An attempt at the held lock, refused as contended.
+    Contended,
+    /// A lease of another key, taken and released.
+    Acquired,
+}
+
+/// Two of three servers are killed and restarted empty while client 1 holds a lock on all three; client 2,
+/// which talked to every server more than 2.5 s before (a start-up check, a look at the holder, a
+/// contended attempt, or a lease of its own), keeps trying the lock for a while (right after the restart and later, after its
+/// connections were replaced in the background). None of its attempts may succeed while client 1's lease
+/// is valid: the restarted servers forgot client 1's keys, and only the restart quarantine (on by default)
+/// keeps client 2 from counting them. Every client kind, with different pauses between the restart and
+/// client 2's first attempt.
+#[test]
+fn a_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it() {
+    on_every_server(
+        "a_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it",
+        |flavor| async move {
+            let mut servers = RedisServers::start_flavor(flavor, 3);
+            let urls = servers.urls();
+            let cfg = config(TTL);
+            for kind in [
+                Kind::RedisUrls,
+                Kind::FredUrls,
+                Kind::RedisManager,
+                Kind::FredClient,
+            ] {
+                let rounds = [
+                    (Contact::Check, 0u64),
+                    (Contact::Holder, 300),
+                    (Contact::Contended, 300),
+                    (Contact::Acquired, 700),
+                ];
+                for (round, (contact, pause_ms)) in rounds.into_iter().enumerate() {
+                    let what = format!("{kind:?} round {round} ({contact:?}, pause {pause_ms} ms)");
+                    let k = format!("live:restarts:{{{kind:?}:{round}}}:lock");
+                    // Fresh clients each round (client 1 is not held up by the quarantine of the last).
+                    let one = manager(kind, &urls, cfg.clone()).await;
+                    let two = manager(kind, &urls, cfg.clone()).await;
+                    let held = one.lock(&k).try_acquire().await.unwrap();
+                    let valid_until = Instant::now() + held.remaining();
+                    match contact {
+                        Contact::Check => {
+                            let report = two.check(&k).await.unwrap();
+                            assert!(report.quorum_ready(), "{what}: {report}");
+                        }
+                        Contact::Holder => {
+                            two.lock(&k).holder_info().await.unwrap();
+                        }
+                        Contact::Contended => {
+                            let err = two.lock(&k).try_acquire().await.unwrap_err();
+                            assert!(err.is_contended(), "{what}: {err}");
+                        }
+                        Contact::Acquired => {
+                            let other = format!("live:restarts:{{{kind:?}:{round}}}:other");
+                            two.lock(other)
+                                .try_acquire()
+                                .await
+                                .unwrap()
+                                .release()
+                                .await
+                                .unwrap();
+                        }
+                    }
+                    // More than 2.5 s after client 2's first contact: a client that never read a run id
+                    // before tells the restart by the restarted server's uptime (`uptime_in_seconds` is whole
+                    // seconds; see `ops::run_id`). (The check reads the run id.)
+                    let quiet = match contact {
+                        Contact::Check => 300,
+                        _ => 2700,
+                    };
+                    tokio::time::sleep(Duration::from_millis(quiet)).await;
+                    servers.get_mut(0).restart();
+                    servers.get_mut(1).restart();
+                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+                    // Client 2 tries for as long as most of client 1's validity lasts.
+                    let stop = valid_until - Duration::from_millis(1500);
+                    let mut attempts = 0;
+                    while Instant::now() < stop {
+                        attempts += 1;
+                        if let Ok(second) = two.lock(&k).try_acquire().await {
+                            let at = Instant::now();
+                            let both = held.is_held() && at < valid_until;
+                            let _ = second.release().await;
+                            assert!(
+                                !both,
+                                "{what}: client 2 acquired at attempt {attempts}, {:?} before client 1's \
+                                 lease ends: two holders",
+                                valid_until - at
+                            );
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    assert!(attempts > 0, "{what}: no attempt made");
+                    let _ = held.release().await;
+                }
+            }
+        },
+    );
+}
