@@ -65,6 +65,8 @@ pub(crate) struct Engine {
     pub(crate) contention_writes: bool,
     /// The lock operations act on permits (a semaphore, a read/write or a fair lock): no fencing tokens.
     pub(crate) permits: bool,
+    /// Of permit operations: the acquisition can issue fencing tokens (a read/write lock's writer).
+    pub(crate) fenced_permits: bool,
     pub(crate) mode: Mode,
     pub(crate) config: Config,
     pub(crate) timer: SharedTimer,

@@ -142,6 +142,7 @@ impl LockManager {
                 quorum: crate::machine::quorum(nodes.len()),
                 contention_writes: false,
                 permits: false,
+                fenced_permits: false,
                 nodes,
                 mode,
                 config,
@@ -166,6 +167,7 @@ impl LockManager {
             quorum: e.quorum,
             contention_writes: e.contention_writes,
             permits: e.permits,
+            fenced_permits: e.fenced_permits,
             mode: e.mode,
             config: e.config.clone(),
             timer: e.timer.clone(),
@@ -768,9 +770,9 @@ impl Lock {
             if self.engine.mode == Mode::Redlock {
                 return Err(Error::FencingUnsupported);
             }
-            if self.engine.permits {
+            if self.engine.permits && !self.engine.fenced_permits {
                 return Err(ConfigError::Semaphore(
-                    "semaphore permits, read/write and fair locks issue no fencing tokens",
+                    "semaphore permits, readers and fair locks issue no fencing tokens (a read/write lock's writer does)",
                 )
                 .into());
             }

@@ -97,6 +97,7 @@ pub const CASES: &[&str] = &[
     "permits_admit_at_most_n_and_expire_by_the_servers_clock",
     "read_write_permits_share_exclude_and_claim",
     "fair_permits_serve_the_queue_in_arrival_order",
+    "fenced_writers_take_a_larger_fence_with_each_grant",
 ];
 
 /// How long a notification case waits for a subscription or a message (real time on a live server).
@@ -802,7 +803,10 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             use redlease::{PermitOp, PermitReply};
             let k = c.key("rw");
             let (r1, r2, w) = (token()?, token()?, token()?);
-            let write = PermitOp::AcquireExclusive { claim: ttl(300) };
+            let write = PermitOp::AcquireExclusive {
+                claim: ttl(300),
+                fence: None,
+            };
             match node
                 .permit(&k, &r1, ttl(LONG), PermitOp::AcquireShared)
                 .await
@@ -970,6 +974,90 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 "fair release",
                 node.permit(&k, &w1, ttl(LONG), PermitOp::Release).await,
             )?;
+            c.expect_absent(&k).await
+        }
+        "fenced_writers_take_a_larger_fence_with_each_grant" => {
+            // An optional capability (a read/write lock's fenced writer): the counter is incremented in the
+            // step that grants the writer the lock, and only then.
+            use redlease::{PermitOp, PermitReply};
+            let (k, f) = (c.key("rw"), c.key("fence"));
+            let write = PermitOp::AcquireExclusive {
+                claim: ttl(300),
+                fence: Some(&f),
+            };
+            let (w1, w2, r) = (token()?, token()?, token()?);
+            match node.permit(&k, &w1, ttl(LONG), write).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => {
+                    let got = c.ok("fenced exclusive acquire", other)?;
+                    c.ensure(got == PermitReply::Fenced { fence: 1 }, || {
+                        format!("the first fenced writer on a fresh counter: {got:?}")
+                    })?;
+                }
+            }
+            c.ensure(c.fence_value(&f).await? == Some(1), || {
+                "the counter does not hold 1 after the first grant".into()
+            })?;
+            // The holder's own retry is a refresh: the number it has, no new one.
+            let got = c.ok(
+                "fenced exclusive acquire",
+                node.permit(&k, &w1, ttl(LONG), write).await,
+            )?;
+            c.ensure(got == PermitReply::Fenced { fence: 1 }, || {
+                format!("the holder's refresh: {got:?}")
+            })?;
+            // Blocked attempts (a reader, another writer) never touch the counter; readers get no fence.
+            let got = c.ok(
+                "shared acquire",
+                node.permit(&k, &r, ttl(LONG), PermitOp::AcquireShared)
+                    .await,
+            )?;
+            c.ensure(matches!(got, PermitReply::Full { .. }), || {
+                format!("a reader beside the fenced writer: {got:?}")
+            })?;
+            let got = c.ok(
+                "fenced exclusive acquire",
+                node.permit(&k, &w2, ttl(LONG), write).await,
+            )?;
+            c.ensure(matches!(got, PermitReply::Full { .. }), || {
+                format!("a second writer: {got:?}")
+            })?;
+            c.ensure(c.fence_value(&f).await? == Some(1), || {
+                "a blocked writer moved the counter".into()
+            })?;
+            let got = c.ok(
+                "exclusive release",
+                node.permit(&k, &w1, ttl(LONG), PermitOp::Release).await,
+            )?;
+            c.ensure(got == PermitReply::Done, || {
+                format!("the fenced writer's release: {got:?}")
+            })?;
+            let got = c.ok(
+                "fenced exclusive acquire",
+                node.permit(&k, &w2, ttl(LONG), write).await,
+            )?;
+            c.ensure(got == PermitReply::Fenced { fence: 2 }, || {
+                format!("the next writer: {got:?}")
+            })?;
+            c.ok(
+                "exclusive release",
+                node.permit(&k, &w2, ttl(LONG), PermitOp::Release).await,
+            )?;
+            let got = c.ok(
+                "shared acquire",
+                node.permit(&k, &r, ttl(LONG), PermitOp::AcquireShared)
+                    .await,
+            )?;
+            c.ensure(got == PermitReply::Done, || {
+                format!("a reader once the writers left: {got:?}")
+            })?;
+            c.ok(
+                "shared release",
+                node.permit(&k, &r, ttl(LONG), PermitOp::Release).await,
+            )?;
+            c.ensure(c.fence_value(&f).await? == Some(2), || {
+                "the counter does not hold 2 after two grants".into()
+            })?;
             c.expect_absent(&k).await
         }
         "run_id_is_stable_between_calls" => {

@@ -636,7 +636,8 @@ impl History {
 
     /// [`check`](Self::check) for [read/write locks](redlease::RwLock): the clients for which `is_writer`
     /// holds are writers, the others readers. Readers may overlap one another; a writer overlaps nobody.
-    /// Fencing tokens are not compared.
+    /// The writers' fencing tokens (a [fenced writer](redlease::RwLock::fenced)) strictly increase in the
+    /// order the writers were granted the lock, as a lock's do.
     ///
     /// # Errors
     /// The first [`Violation`] found.
@@ -786,7 +787,14 @@ impl History {
             });
             closed.sort_by_key(|iv| (iv.start, iv.client));
             let rel = |t: Instant| t.saturating_duration_since(origin);
-            for pair in closed.windows(2).filter(|_| holders == 1) {
+            // Fences: of a lock's holders in start order, or of a read/write lock's writers (readers carry
+            // none).
+            let fenced: Vec<Interval> = match is_writer {
+                Some(w) => closed.iter().filter(|iv| w(iv.client)).copied().collect(),
+                None if holders == 1 => closed.clone(),
+                None => Vec::new(),
+            };
+            for pair in fenced.windows(2) {
                 let (a, b) = (pair[0], pair[1]);
                 if let (Some(previous), Some(next)) = (a.fence, b.fence) {
                     // A resumed lease keeps the fence of the lease handed to it.
