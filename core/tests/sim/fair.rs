@@ -174,12 +174,12 @@ fn a_fair_lock_never_has_two_holders_under_hostile_faults() {
 }
 
 #[test]
-fn fencing_a_fair_or_read_write_lock_is_refused_before_anything_is_sent() {
+fn fencing_a_fair_lock_or_a_reader_is_refused_before_anything_is_sent() {
     let mut c = Cluster::new(1, 144, config());
     let rw = c.manager.rw_lock("report");
     for lock in [
         c.manager.lock("printer").fair().fenced("printer:fence"),
-        rw.write().clone().fenced("report:fence"),
+        rw.read().clone().fenced("report:fence"),
     ] {
         assert!(matches!(
             c.try_acquire(&lock),
