@@ -2182,7 +2182,8 @@ async fn extend_many_unrecorded(
     if !items.iter().any(|i| i.permit) {
         return extend_locks_many(t, items).await;
     }
-    let (permits, locks): (Vec<usize>, Vec<usize>) = (0..items.len()).partition(|&i| items[i].permit);
+    let (permits, locks): (Vec<usize>, Vec<usize>) =
+        (0..items.len()).partition(|&i| items[i].permit);
     let mut out = vec![false; items.len()];
     if !locks.is_empty() {
         let group: Vec<redlease::ExtendItem<'_>> = locks.iter().map(|&i| items[i]).collect();
@@ -2233,7 +2234,10 @@ async fn extend_permits_many(
         ));
     }
     let groups = slot_groups(t, items);
-    let ttls: Vec<String> = items.iter().map(|i| i.ttl.as_millis().to_string()).collect();
+    let ttls: Vec<String> = items
+        .iter()
+        .map(|i| i.ttl.as_millis().to_string())
+        .collect();
     let calls = groups
         .iter()
         .map(|(_, members)| {

@@ -679,7 +679,9 @@ impl<'a> PermitOp<'a> {
         match self {
             Self::Acquire { permits } => PermitOp::Acquire { permits },
             Self::AcquireShared => PermitOp::AcquireShared,
-            Self::AcquireExclusive { claim, .. } => PermitOp::AcquireExclusive { claim, fence: None },
+            Self::AcquireExclusive { claim, .. } => {
+                PermitOp::AcquireExclusive { claim, fence: None }
+            }
             Self::AcquireFair { claim, queue } => PermitOp::AcquireFair { claim, queue },
             Self::Extend => PermitOp::Extend,
             Self::Release => PermitOp::Release,

@@ -554,10 +554,11 @@ impl NodeWrapper for PermitNode {
                 Err(e) if e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous() => {}
                 other => return other,
             }
-            let replies = join_all(items.iter().map(|i| {
-                RedisNode::permit(&*self.inner, i.key, i.token, i.ttl, PermitOp::Extend)
-            }))
-            .await;
+            let replies =
+                join_all(items.iter().map(|i| {
+                    RedisNode::permit(&*self.inner, i.key, i.token, i.ttl, PermitOp::Extend)
+                }))
+                .await;
             let mut flags = Vec::with_capacity(replies.len());
             let mut failed: Option<NodeError> = None;
             for reply in replies {

@@ -200,17 +200,26 @@ fn a_fenced_writer_takes_a_larger_fence_each_time_and_readers_take_none() {
     // Blocked attempts (a reader, a second writer) never move the counter.
     assert!(c.try_acquire(rw.read()).unwrap_err().is_contended());
     assert!(c.try_acquire(rw.write()).unwrap_err().is_contended());
-    assert_eq!(c.nodes[0].get("report:{7}:fence").as_deref(), Some(&b"1"[..]));
-    c.sim.block_on(async move { first.release().await }).unwrap();
+    assert_eq!(
+        c.nodes[0].get("report:{7}:fence").as_deref(),
+        Some(&b"1"[..])
+    );
+    c.sim
+        .block_on(async move { first.release().await })
+        .unwrap();
     let reader = c.try_acquire(rw.read()).unwrap();
     assert_eq!(reader.fencing_token(), None, "readers are not fenced");
-    c.sim.block_on(async move { reader.release().await }).unwrap();
+    c.sim
+        .block_on(async move { reader.release().await })
+        .unwrap();
     let second = c.try_acquire(rw.write()).unwrap();
     assert_eq!(second.fencing_token(), Some(2));
     // An extension keeps the number.
     c.sim.block_on(second.extend(secs(10))).unwrap();
     assert_eq!(second.fencing_token(), Some(2));
-    c.sim.block_on(async move { second.release().await }).unwrap();
+    c.sim
+        .block_on(async move { second.release().await })
+        .unwrap();
     c.assert_every_lock_key_has_ttl();
 }
 
