@@ -134,7 +134,7 @@ fn a_writer_waiting_longer_than_its_claim_keeps_readers_off_until_it_gets_the_lo
 #[test]
 fn readers_and_writers_never_overlap_under_hostile_faults() {
     let (mut reads, mut writes) = (0, 0);
-    let seeds = hostile_seeds("REDLEASE_RW_SEEDS", 300, |seed| {
+    let seeds = hostile_seeds("REDLEASE_RW_SEEDS", 1_000, |seed| {
         let mut c = hostile_cluster(seed);
         let history = History::new();
         let horizon = secs(8);
@@ -239,7 +239,7 @@ fn fencing_a_redlock_writer_is_refused_before_sending() {
 #[test]
 fn fenced_writers_fences_strictly_increase_under_hostile_faults() {
     let mut writes = 0;
-    hostile_seeds("REDLEASE_RW_SEEDS", 300, |seed| {
+    hostile_seeds("REDLEASE_RW_SEEDS", 1_000, |seed| {
         let config = config()
             .with_expiry(secs(2))
             .with_retry_delay(ms(50))

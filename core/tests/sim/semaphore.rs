@@ -232,7 +232,7 @@ async fn permit_client(
 #[test]
 fn a_semaphore_never_has_more_holders_than_permits_under_hostile_faults() {
     let mut total = 0;
-    let seeds = hostile_seeds("REDLEASE_SEMAPHORE_SEEDS", 200, |seed| {
+    let seeds = hostile_seeds("REDLEASE_SEMAPHORE_SEEDS", 1_000, |seed| {
         let mut c = hostile_cluster(seed);
         let history = History::new();
         let horizon = secs(8);
@@ -398,7 +398,7 @@ impl redlease::Observer for PerLease {
 #[test]
 fn batched_permits_never_exceed_the_count_under_hostile_faults() {
     let mut renewed = 0;
-    let seeds = hostile_seeds("REDLEASE_SEMAPHORE_SEEDS", 200, |seed| {
+    let seeds = hostile_seeds("REDLEASE_SEMAPHORE_SEEDS", 1_000, |seed| {
         let n = [1usize, 3, 5][(seed % 3) as usize];
         let cfg = config()
             .with_expiry(secs(2))
