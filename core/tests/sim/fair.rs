@@ -183,7 +183,9 @@ fn a_fair_lock_never_has_two_holders_and_serves_in_arrival_order_under_hostile_f
         }
         total += history.acquisitions();
     });
-    eprintln!("fair: {seeds} seeds, {total} acquisitions, {compared} pairs compared for arrival order");
+    eprintln!(
+        "fair: {seeds} seeds, {total} acquisitions, {compared} pairs compared for arrival order"
+    );
     assert!(total > seeds as usize * 2, "only {total} acquisitions");
     assert!(
         compared > seeds as usize,
