@@ -67,6 +67,9 @@ pub(crate) struct Engine {
     pub(crate) permits: bool,
     /// Of permit operations: the acquisition can issue fencing tokens (a read/write lock's writer).
     pub(crate) fenced_permits: bool,
+    /// A release notification wakes every waiter of the key, not one (read/write and fair locks: the waiter
+    /// that may go next is decided on the server).
+    pub(crate) wake_all: bool,
     pub(crate) mode: Mode,
     pub(crate) config: Config,
     pub(crate) timer: SharedTimer,

@@ -143,6 +143,7 @@ impl LockManager {
                 contention_writes: false,
                 permits: false,
                 fenced_permits: false,
+                wake_all: false,
                 nodes,
                 mode,
                 config,
@@ -168,6 +169,7 @@ impl LockManager {
             contention_writes: e.contention_writes,
             permits: e.permits,
             fenced_permits: e.fenced_permits,
+            wake_all: e.wake_all,
             mode: e.mode,
             config: e.config.clone(),
             timer: e.timer.clone(),
@@ -923,6 +925,9 @@ impl Lock {
         };
         for w in &mut watches {
             w.own(&tokens.current);
+            if engine.wake_all {
+                w.wake_every_waiter();
+            }
         }
         // A waiting acquisition learns the holder's remaining TTL on contention (the next attempt is due at
         // its expiry); a fenced one cannot (its script reports no TTL).

@@ -113,6 +113,7 @@ impl LockManager {
             e.quorum = quorum;
             e.permits = true;
             e.fenced_permits = matches!(acquire, PermitOp::AcquireExclusive { .. });
+            e.wake_all = !matches!(acquire, PermitOp::Acquire { .. });
             e.contention_writes = matches!(
                 acquire,
                 PermitOp::AcquireExclusive { .. } | PermitOp::AcquireFair { .. }

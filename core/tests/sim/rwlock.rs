@@ -293,3 +293,39 @@ fn fenced_writers_fences_strictly_increase_under_hostile_faults() {
     });
     assert!(writes > 300, "writes {writes}");
 }
+
+/// Readers of one client waiting for a writer all get in when it releases (the notification reaches each),
+/// and a writer waiting for readers gets in when the last one leaves, not after `max_retry_delay`.
+#[test]
+fn a_release_wakes_every_waiting_reader_and_the_waiting_writer_of_a_client() {
+    for n in [1, 3] {
+        let mut c = Cluster::new(n, 128, config());
+        let rw = c.manager.rw_lock("report");
+        let writer = c.try_acquire(rw.write()).unwrap();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        for _ in 0..3 {
+            let (rw, got, clock) = (rw.clone(), got.clone(), c.clock.clone());
+            c.sim.spawn(async move {
+                let lease = rw.read().acquire_within(secs(60)).await.unwrap();
+                got.lock().unwrap().push(clock.now());
+                clock.sleep_until(clock.now() + ms(10)).await;
+                lease.release().await.unwrap();
+            });
+        }
+        c.sim.run_for(ms(100));
+        let released = c.now();
+        c.sim
+            .block_on(async move { writer.release().await })
+            .unwrap();
+        c.sim.run_for(ms(200));
+        let got = got.lock().unwrap().clone();
+        assert_eq!(got.len(), 3, "n={n}: readers in after the writer left");
+        for at in &got {
+            assert!(
+                *at - released < ms(50),
+                "n={n}: a reader got in {:?} after",
+                *at - released
+            );
+        }
+    }
+}
