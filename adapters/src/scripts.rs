@@ -536,7 +536,8 @@ return 1
 /// on the sorted set at `KEYS[1]` scored by expiries in the server's milliseconds (`TIME`), expired entries
 /// purged first: readers `s:<token>`, the writer or fair holder `x:<token>`, a waiting writer's claim or a
 /// fair waiter's place `c:<token>`, and a fair waiter's arrival marker `o:<token>` scored 10^15 + its arrival
-/// (arrival order; removed with its place). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` `shared`,
+/// (arrival order; removed with its place; one past the last marker when that is not earlier, so that
+/// waiters arriving within one millisecond keep their order). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` `shared`,
 /// `exclusive` or `fair`, `ARGV[4]` the claim's life in ms, `ARGV[5]` the queue limit. Answers 1 (taken, or
 /// refreshed when the token already holds it) or `-1 - ms` (blocked; `ms` until the earliest blocking entry
 /// expires, capped at the claim's life so that a waiter refreshes it in time). A full queue is a `BUSY`
@@ -692,7 +693,12 @@ else
       next = math.min(next, claims[queue[1]] - now)
     end
     if not claims[tok] then
-      redis.call('ZADD', key, num(order + now), 'o:' .. tok)
+      local mark = order + now
+      local last = redis.call('ZREVRANGEBYSCORE', key, '+inf', num(order), 'WITHSCORES', 'LIMIT', 0, 1)
+      if last[2] and tonumber(last[2]) >= mark then
+        mark = tonumber(last[2]) + 1
+      end
+      redis.call('ZADD', key, num(mark), 'o:' .. tok)
     end
     redis.call('ZADD', key, num(now + life), 'c:' .. tok)
     result = -1 - next
@@ -704,7 +710,7 @@ if last[2] then
 end
 return result
 "#,
-    sha1: "83cfe6f605b2ece782b1ab27d516dca2ed04f921",
+    sha1: "9fe249d6c91065a03c9b1e8f55593fe76d1eff0a",
 };
 
 /// Reads value and TTL in one step. `KEYS[1]` key. Returns nil when absent, else `[value, pttl_ms]` (`pttl` is

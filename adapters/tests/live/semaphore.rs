@@ -660,3 +660,56 @@ fn permits_renew_in_one_batch_per_wave_on_every_server() {
         },
     );
 }
+
+#[test]
+fn fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_lua_server() {
+    const TEST: &str =
+        "fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_lua_server";
+    on_servers(TEST, &WITH_LUA, |flavor| async move {
+        let server = RedisServer::start_flavor(flavor, &[]);
+        let ttl = Ttl::from_millis(10_000).unwrap();
+        let fair = PermitOp::AcquireFair {
+            claim: Ttl::from_millis(10_000).unwrap(),
+            queue: 100,
+        };
+        for backend in ALL_BACKENDS {
+            let node = common::node(backend, &server.url()).await;
+            let k = common::key("fair-ties", backend);
+            let holder = Token::random().unwrap();
+            assert_eq!(
+                node.permit(&k, &holder, ttl, fair).await.unwrap(),
+                redlease::PermitReply::Done
+            );
+            // Twenty waiters back to back (most within one millisecond of the server's clock), in the reverse
+            // of their tokens' order: a tie of arrival times must not fall back to the tokens' order.
+            let mut waiters: Vec<Token> = (0..20).map(|_| Token::random().unwrap()).collect();
+            waiters.sort_by(|a, b| b.as_str().cmp(a.as_str()));
+            for w in &waiters {
+                let r = node.permit(&k, w, ttl, fair).await.unwrap();
+                assert!(matches!(r, redlease::PermitReply::Full { .. }), "{r:?}");
+            }
+            node.permit(&k, &holder, ttl, PermitOp::Release)
+                .await
+                .unwrap();
+            for (i, w) in waiters.iter().enumerate() {
+                // Everyone behind the head is turned away; the head gets it.
+                for later in &waiters[i + 1..] {
+                    let r = node.permit(&k, later, ttl, fair).await.unwrap();
+                    assert!(
+                        matches!(r, redlease::PermitReply::Full { .. }),
+                        "{flavor} {backend:?}: waiter {} of 20 went before waiter {i}",
+                        i + 1
+                    );
+                }
+                let r = node.permit(&k, w, ttl, fair).await.unwrap();
+                assert_eq!(
+                    r,
+                    redlease::PermitReply::Done,
+                    "{flavor} {backend:?}: waiter {i}"
+                );
+                node.permit(&k, w, ttl, PermitOp::Release).await.unwrap();
+            }
+            assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{flavor} {backend:?}");
+        }
+    });
+}
