@@ -1380,7 +1380,7 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         key: &str,
         token: &Token,
         ttl: Ttl,
-        op: redlease::PermitOp,
+        op: redlease::PermitOp<'_>,
     ) -> Result<redlease::PermitReply, NodeError> {
         ops::permit(self, key, token, ttl, op).await
     }

@@ -1850,11 +1850,12 @@ async fn extend_watched_once(
 }
 
 /// A read/write or fair lock's acquisition as [`RW_PERMIT`](scripts::RW_PERMIT) takes it: the operation's name,
-/// the claim's life (ms) and the queue limit; `None` for the semaphore's operations.
-fn rw_permit_args(op: PermitOp) -> Option<(&'static str, u64, u32)> {
+/// the claim's life (ms) and the queue limit (a fenced writer's fence key: [`PermitOp::fence_key`]); `None`
+/// for the semaphore's operations.
+fn rw_permit_args(op: PermitOp<'_>) -> Option<(&'static str, u64, u32)> {
     match op {
         PermitOp::AcquireShared => Some(("shared", 1, 1)),
-        PermitOp::AcquireExclusive { claim } => Some(("exclusive", claim.as_millis(), 1)),
+        PermitOp::AcquireExclusive { claim, .. } => Some(("exclusive", claim.as_millis(), 1)),
         PermitOp::AcquireFair { claim, queue } => Some(("fair", claim.as_millis(), queue.max(1))),
         _ => None,
     }
@@ -1868,7 +1869,13 @@ async fn rw_permit(
     token: &Token,
     ttl: Ttl,
     (name, claim, queue): (&'static str, u64, u32),
+    fence_key: Option<&str>,
 ) -> Result<PermitReply, NodeError> {
+    if let Some(fence_key) = fence_key
+        && t.clustered()
+    {
+        slot::check_same_slot(key, fence_key)?;
+    }
     if path(t, key).await?.is_some_and(|c| c.native_acquire()) {
         return Err(NodeError::not_applied(
             NodeErrorKind::Unsupported,
@@ -1881,12 +1888,15 @@ async fn rw_permit(
         queue.to_string(),
     );
     let args = [token.as_str(), &millis, name, &claim, &queue];
-    let reply = eval(t, &scripts::RW_PERMIT, &[key], &args).await?;
+    let reply = match fence_key {
+        Some(fence_key) => eval(t, &scripts::RW_PERMIT, &[key, fence_key], &args).await?,
+        None => eval(t, &scripts::RW_PERMIT, &[key], &args).await?,
+    };
     scripts::parse_rw_permit(reply)
 }
 
 /// The name of a semaphore operation as the [`PERMIT`](scripts::PERMIT) script takes it.
-fn permit_op_name(op: PermitOp) -> Result<&'static str, NodeError> {
+fn permit_op_name(op: PermitOp<'_>) -> Result<&'static str, NodeError> {
     match op {
         PermitOp::Acquire { .. } => Ok("acquire"),
         PermitOp::Extend => Ok("extend"),
@@ -1906,10 +1916,10 @@ async fn permit_unrecorded(
     key: &str,
     token: &Token,
     ttl: Ttl,
-    op: PermitOp,
+    op: PermitOp<'_>,
 ) -> Result<PermitReply, NodeError> {
     if let Some((name, claim, queue)) = rw_permit_args(op) {
-        return rw_permit(t, key, token, ttl, (name, claim, queue)).await;
+        return rw_permit(t, key, token, ttl, (name, claim, queue), op.fence_key()).await;
     }
     let name = permit_op_name(op)?;
     if path(t, key).await?.is_some_and(|c| c.native_acquire()) {
@@ -2066,7 +2076,7 @@ async fn permit_watched(
     key: &str,
     token: &Token,
     ttl: Ttl,
-    op: PermitOp,
+    op: PermitOp<'_>,
 ) -> Result<PermitReply, NodeError> {
     let what = &scripts::WATCHED_PERMIT;
     // Read/write and fair locks: not implemented by the adapters yet.
@@ -2142,7 +2152,7 @@ async fn permit_watched_once(
     key: &str,
     token: &Token,
     ttl: Ttl,
-    op: PermitOp,
+    op: PermitOp<'_>,
 ) -> Result<Option<PermitReply>, NodeError> {
     let what = &scripts::WATCHED_PERMIT;
     let permits = match op {
@@ -2366,10 +2376,97 @@ async fn join_all<T>(
     out.into_iter().flatten().collect()
 }
 
-/// Batched extension: the [`EXTEND_MANY`](scripts::EXTEND_MANY) script, one call per slot on a cluster;
-/// where scripts cannot run (or the node is pinned to native commands), the batched watched extension
-/// ([`extend_many_watched`]), one per slot.
+/// Batched extension: lock keys by [`extend_locks_many`], permits ([`ExtendItem::permit`](redlease::ExtendItem))
+/// by [`extend_permits_many`]; the answers in the items' order.
 async fn extend_many_unrecorded(
+    t: &impl Transport,
+    items: &[redlease::ExtendItem<'_>],
+) -> Result<Vec<bool>, NodeError> {
+    if !items.iter().any(|i| i.permit) {
+        return extend_locks_many(t, items).await;
+    }
+    let (permits, locks): (Vec<usize>, Vec<usize>) =
+        (0..items.len()).partition(|&i| items[i].permit);
+    let mut out = vec![false; items.len()];
+    if !locks.is_empty() {
+        let group: Vec<redlease::ExtendItem<'_>> = locks.iter().map(|&i| items[i]).collect();
+        for (&i, flag) in locks.iter().zip(extend_locks_many(t, &group).await?) {
+            out[i] = flag;
+        }
+    }
+    let group: Vec<redlease::ExtendItem<'_>> = permits.iter().map(|&i| items[i]).collect();
+    for (&i, flag) in permits.iter().zip(extend_permits_many(t, &group).await?) {
+        out[i] = flag;
+    }
+    Ok(out)
+}
+
+/// The items grouped by Redis Cluster slot (one group on a single server): each group's item indices.
+fn slot_groups(t: &impl Transport, items: &[redlease::ExtendItem<'_>]) -> Vec<(u16, Vec<usize>)> {
+    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let slot = if t.clustered() {
+            slot::hash_slot(item.key.as_bytes())
+        } else {
+            0
+        };
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups
+}
+
+/// Batched extension of permits: the [`EXTEND_PERMITS`](scripts::EXTEND_PERMITS) script, one call per slot,
+/// concurrently. Without scripts (or on a node pinned to native commands) an
+/// [`Unsupported`](NodeErrorKind::Unsupported) error, nothing sent: the core then extends each permit on its
+/// own ([`permit_watched`]).
+async fn extend_permits_many(
+    t: &impl Transport,
+    items: &[redlease::ExtendItem<'_>],
+) -> Result<Vec<bool>, NodeError> {
+    let Some(first) = items.first() else {
+        return Ok(Vec::new());
+    };
+    let caps = path(t, first.key).await?;
+    if !caps.is_none_or(|c| c.lua && c.commands != Commands::Native) {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "permits are extended in a batch by script only (not sent)",
+        ));
+    }
+    let groups = slot_groups(t, items);
+    let ttls: Vec<String> = items
+        .iter()
+        .map(|i| i.ttl.as_millis().to_string())
+        .collect();
+    let calls = groups
+        .iter()
+        .map(|(_, members)| {
+            let keys: Vec<&str> = members.iter().map(|&i| items[i].key).collect();
+            let mut args: Vec<&str> = members.iter().map(|&i| items[i].token.as_str()).collect();
+            args.extend(members.iter().map(|&i| ttls[i].as_str()));
+            Box::pin(async move {
+                let reply = eval(t, &scripts::EXTEND_PERMITS, &keys, &args).await?;
+                scripts::parse_flags(&scripts::EXTEND_PERMITS, reply, keys.len())
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>
+        })
+        .collect();
+    let results: Vec<Result<Vec<bool>, NodeError>> = join_all(calls).await;
+    let mut out = vec![false; items.len()];
+    for ((_, members), result) in groups.iter().zip(results) {
+        for (&i, flag) in members.iter().zip(result?) {
+            out[i] = flag;
+        }
+    }
+    Ok(out)
+}
+
+/// Batched extension of lock keys: the [`EXTEND_MANY`](scripts::EXTEND_MANY) script, one call per slot on a
+/// cluster; where scripts cannot run (or the node is pinned to native commands), the batched watched
+/// extension ([`extend_many_watched`]), one per slot.
+async fn extend_locks_many(
     t: &impl Transport,
     items: &[redlease::ExtendItem<'_>],
 ) -> Result<Vec<bool>, NodeError> {
@@ -2827,7 +2924,7 @@ pub(crate) async fn permit(
     key: &str,
     token: &Token,
     ttl: Ttl,
-    op: PermitOp,
+    op: PermitOp<'_>,
 ) -> Result<PermitReply, NodeError> {
     let op_writes = op != PermitOp::Release;
     let done = move |r: &PermitReply| op_writes && *r == PermitReply::Done;
@@ -3428,7 +3525,7 @@ mod tests {
         ))
     }
 
-    const TWO: PermitOp = PermitOp::Acquire { permits: 2 };
+    const TWO: PermitOp<'static> = PermitOp::Acquire { permits: 2 };
 
     /// Without Lua: a full semaphore (expired permits not counted) writes nothing and reports the time until
     /// the earliest live permit expires, by the server's clock.

@@ -970,7 +970,7 @@ macro_rules! impl_node {
                 key: &str,
                 token: &Token,
                 ttl: Ttl,
-                op: redlease::PermitOp,
+                op: redlease::PermitOp<'_>,
             ) -> Result<redlease::PermitReply, NodeError> {
                 ops::permit(self, key, token, ttl, op).await
             }

@@ -422,6 +422,64 @@ return out
     sha1: "e7ab0046419b378cba55677b233415cecd2957bd",
 };
 
+/// Extends many permits at once (batched renewal of semaphore permits, read/write shares and fair locks).
+/// `KEYS[1..n]` the semaphores' keys (a key may repeat), `ARGV[1..n]` the tokens, `ARGV[n+1..2n]` the TTLs in
+/// ms. Returns n flags, each exactly what [`PERMIT`]'s `extend` returns for that item, in order: the expired
+/// entries of the key purged, the token's live permit (`<token>`, `s:<token>` or `x:<token>`) refreshed to
+/// now + TTL by the server's clock, never earlier (`ZADD XX GT`), and the key's expiry set to its latest
+/// permit's; 0 when it holds none or the key is of another type (never touched). TTLs and types are checked
+/// before the first write. On a cluster all keys must share a slot: the adapters send one call per slot.
+pub const EXTEND_PERMITS: Script = Script {
+    name: "extend-permits",
+    source: r#"local n = #KEYS
+if #ARGV ~= 2 * n then
+  return redis.error_reply('ERR redlease: extend_permits wants a token and a TTL per key')
+end
+for i = 1, n do
+  local ttl = ARGV[n + i]
+  if #ttl > 15 or not string.find(ttl, '^[1-9][0-9]*$') then
+    return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+  end
+end
+local zset = {}
+for i = 1, n do
+  local kind = redis.call('TYPE', KEYS[i])
+  if type(kind) == 'table' then
+    kind = kind.ok
+  end
+  zset[i] = kind == 'zset'
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local nowtext = string.format('%.0f', now)
+local out = {}
+for i = 1, n do
+  out[i] = 0
+  if zset[i] then
+    local key = KEYS[i]
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', nowtext)
+    local member = false
+    for _, m in ipairs({ARGV[i], 's:' .. ARGV[i], 'x:' .. ARGV[i]}) do
+      if redis.call('ZSCORE', key, m) then
+        member = m
+        break
+      end
+    end
+    if member then
+      redis.call('ZADD', key, 'XX', 'GT', string.format('%.0f', now + tonumber(ARGV[n + i])), member)
+      local last = redis.call('ZREVRANGEBYSCORE', key, '(1000000000000000', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+      if last[2] then
+        redis.call('PEXPIREAT', key, string.format('%.0f', tonumber(last[2])))
+      end
+      out[i] = 1
+    end
+  end
+end
+return out
+"#,
+    sha1: "9bb9e856fbbcba5998845bfd394842385b1bb4a6",
+};
+
 /// One operation on a leased semaphore ([`RedisNode::permit`](redlease::RedisNode::permit)): a sorted set at
 /// `KEYS[1]` whose members are the holders' tokens, each scored by its permit's expiry in the **server's**
 /// milliseconds (`TIME`). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` the operation (`acquire`, `extend`
@@ -541,12 +599,19 @@ return 1
 /// on the sorted set at `KEYS[1]` scored by expiries in the server's milliseconds (`TIME`), expired entries
 /// purged first: readers `s:<token>`, the writer or fair holder `x:<token>`, a waiting writer's claim or a
 /// fair waiter's place `c:<token>`, and a fair waiter's arrival marker `o:<token>` scored 10^15 + its arrival
-/// (arrival order; removed with its place). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` `shared`,
+/// (arrival order; removed with its place; one past the last marker when that is not earlier, so that
+/// waiters arriving within one millisecond keep their order). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` `shared`,
 /// `exclusive` or `fair`, `ARGV[4]` the claim's life in ms, `ARGV[5]` the queue limit. Answers 1 (taken, or
 /// refreshed when the token already holds it) or `-1 - ms` (blocked; `ms` until the earliest blocking entry
 /// expires, capped at the claim's life so that a waiter refreshes it in time). A full queue is a `BUSY`
 /// error; a key of another type `WRONGTYPE`. Extension and release go through [`PERMIT`], which finds
 /// these members. The key's own expiry follows its latest expiry (arrival markers excluded).
+///
+/// A **fenced writer** (`exclusive` with `KEYS[2]`, the fence counter, in the lock key's slot): the counter is
+/// checked first, before any write, as [`ACQUIRE_FENCED`] checks it (`FENCE` errors for another type, a value
+/// that is not a non-negative integer, a TTL, an exhausted counter); a grant then `INCR`s it and answers its new
+/// value as a string (exact above 2^53), and a refresh by the holder answers its current value (a `FENCE`
+/// error if it is missing). A blocked attempt never touches it.
 pub const RW_PERMIT: Script = Script {
     name: "rw-permit",
     source: r#"if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
@@ -565,6 +630,28 @@ if type(ARGV[2]) ~= 'string' or #ARGV[2] > 15 or not string.find(ARGV[2], '^[1-9
   return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
 end
 local key = KEYS[1]
+local fenced = op == 'exclusive' and KEYS[2] ~= nil
+local fence = false
+if fenced then
+  fence = redis.pcall('GET', KEYS[2])
+  if type(fence) == 'table' then
+    if fence.err and string.sub(fence.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' holds a value of another type')
+    end
+    return fence
+  end
+  if fence ~= false then
+    if fence ~= '0' and not string.find(fence, '^[1-9][0-9]*$') then
+      return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' does not hold a non-negative integer')
+    end
+    if #fence > 19 or (#fence == 19 and fence >= '9223372036854775807') then
+      return redis.error_reply('FENCE the fence counter ' .. KEYS[2] .. ' is exhausted')
+    end
+    if redis.call('PTTL', KEYS[2]) ~= -1 then
+      return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' has a TTL; fencing numbers would restart when it expires')
+    end
+  end
+end
 local kind = redis.call('TYPE', key)
 if type(kind) == 'table' then
   kind = kind.ok
@@ -622,8 +709,14 @@ local function earliest(lists)
 end
 local result
 if held then
+  if fenced and fence == false then
+    return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' is missing while the writer holds this token')
+  end
   redis.call('ZADD', key, 'XX', 'GT', num(now + ttl), held)
   result = 1
+  if fenced then
+    result = fence
+  end
 elseif op == 'shared' then
   local next = earliest({excl, claims})
   if next then
@@ -641,6 +734,10 @@ elseif op == 'exclusive' then
     redis.call('ZREM', key, 'c:' .. tok, 'o:' .. tok)
     redis.call('ZADD', key, num(now + ttl), 'x:' .. tok)
     result = 1
+    if fenced then
+      redis.call('INCR', KEYS[2])
+      result = redis.call('GET', KEYS[2])
+    end
   end
 else
   if #excl == 0 and (#queue == 0 or queue[1] == tok) then
@@ -659,7 +756,12 @@ else
       next = math.min(next, claims[queue[1]] - now)
     end
     if not claims[tok] then
-      redis.call('ZADD', key, num(order + now), 'o:' .. tok)
+      local mark = order + now
+      local last = redis.call('ZREVRANGEBYSCORE', key, '+inf', num(order), 'WITHSCORES', 'LIMIT', 0, 1)
+      if last[2] and tonumber(last[2]) >= mark then
+        mark = tonumber(last[2]) + 1
+      end
+      redis.call('ZADD', key, num(mark), 'o:' .. tok)
     end
     redis.call('ZADD', key, num(now + life), 'c:' .. tok)
     result = -1 - next
@@ -671,7 +773,7 @@ if last[2] then
 end
 return result
 "#,
-    sha1: "16f21890477ec10d789ef7f0b289999df7177bff",
+    sha1: "9fe249d6c91065a03c9b1e8f55593fe76d1eff0a",
 };
 
 /// Reads value and TTL in one step. `KEYS[1]` key. Returns nil when absent, else `[value, pttl_ms]` (`pttl` is
@@ -868,7 +970,7 @@ pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 14] = [
+pub const ALL: [Script; 15] = [
     ACQUIRE,
     ACQUIRE_FRESH,
     ACQUIRE_TTL,
@@ -878,6 +980,7 @@ pub const ALL: [Script; 14] = [
     RELEASE_SILENT,
     EXTEND,
     EXTEND_MANY,
+    EXTEND_PERMITS,
     INSPECT,
     PROBE,
     PROBE_ACQUIRE,
@@ -1076,7 +1179,7 @@ pub fn parse_claim(reply: Reply) -> Result<redlease::Claim, NodeError> {
 /// (`acquire`), the earliest permit expiring in `ms`. Any other reply is an ambiguous
 /// [`NodeErrorKind::Protocol`] error (the script ran).
 pub fn parse_permit(
-    op: redlease::PermitOp,
+    op: redlease::PermitOp<'_>,
     reply: Reply,
 ) -> Result<redlease::PermitReply, NodeError> {
     use redlease::{PermitOp, PermitReply};
@@ -1092,10 +1195,19 @@ pub fn parse_permit(
     }
 }
 
-/// The reply of [`RW_PERMIT`]: 1 taken; `-1 - ms` blocked, the earliest blocking entry expiring in `ms`. Any
+/// The reply of [`RW_PERMIT`]: 1 taken; `-1 - ms` blocked, the earliest blocking entry expiring in `ms`; a
+/// fenced writer's grant, the fence as a string ([`PermitReply::Fenced`](redlease::PermitReply::Fenced)). Any
 /// other reply is an ambiguous [`NodeErrorKind::Protocol`] error (the script ran).
 pub fn parse_rw_permit(reply: Reply) -> Result<redlease::PermitReply, NodeError> {
     let script = &RW_PERMIT;
+    if let Reply::Bytes(b) = &reply {
+        return std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|n| *n >= 1)
+            .map(|fence| redlease::PermitReply::Fenced { fence })
+            .ok_or_else(|| unexpected(script, &reply));
+    }
     match parse_int(script, &reply)? {
         1 => Ok(redlease::PermitReply::Done),
         n if n < 0 => Ok(redlease::PermitReply::Full {

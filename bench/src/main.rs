@@ -48,6 +48,7 @@ mod clients;
 mod contended;
 mod lateness;
 mod measure;
+mod primitives;
 mod report;
 mod scenarios;
 
@@ -366,6 +367,18 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         for imp in large.into_iter().filter(named) {
             step(scenarios::renewal(&env, &plan, imp, cpu, plan.s6l()));
         }
+    }
+    // Issue 25's primitives (semaphore, read/write and fair locks): own scenario ids.
+    if wanted("SEM") || wanted("RW") {
+        primitives::cycles(&env, &plan)
+            .into_iter()
+            .filter(|r| wanted(r.scenario))
+            .for_each(&mut step);
+    }
+    if wanted("FAIR") {
+        primitives::fair(&env, &plan)
+            .into_iter()
+            .for_each(&mut step);
     }
     if args.valkey {
         match scenarios::valkey_costs(&plan) {

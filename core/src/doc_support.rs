@@ -144,7 +144,7 @@ impl RedisNode for MapNode {
         key: &str,
         token: &Token,
         ttl: Ttl,
-        op: PermitOp,
+        op: PermitOp<'_>,
     ) -> Result<PermitReply, NodeError> {
         let mut all = self.permits.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();

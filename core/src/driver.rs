@@ -65,6 +65,11 @@ pub(crate) struct Engine {
     pub(crate) contention_writes: bool,
     /// The lock operations act on permits (a semaphore, a read/write or a fair lock): no fencing tokens.
     pub(crate) permits: bool,
+    /// Of permit operations: the acquisition can issue fencing tokens (a read/write lock's writer).
+    pub(crate) fenced_permits: bool,
+    /// A release notification wakes every waiter of the key, not one (read/write and fair locks: the waiter
+    /// that may go next is decided on the server).
+    pub(crate) wake_all: bool,
     pub(crate) mode: Mode,
     pub(crate) config: Config,
     pub(crate) timer: SharedTimer,

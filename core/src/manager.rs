@@ -142,6 +142,8 @@ impl LockManager {
                 quorum: crate::machine::quorum(nodes.len()),
                 contention_writes: false,
                 permits: false,
+                fenced_permits: false,
+                wake_all: false,
                 nodes,
                 mode,
                 config,
@@ -166,6 +168,8 @@ impl LockManager {
             quorum: e.quorum,
             contention_writes: e.contention_writes,
             permits: e.permits,
+            fenced_permits: e.fenced_permits,
+            wake_all: e.wake_all,
             mode: e.mode,
             config: e.config.clone(),
             timer: e.timer.clone(),
@@ -768,9 +772,9 @@ impl Lock {
             if self.engine.mode == Mode::Redlock {
                 return Err(Error::FencingUnsupported);
             }
-            if self.engine.permits {
+            if self.engine.permits && !self.engine.fenced_permits {
                 return Err(ConfigError::Semaphore(
-                    "semaphore permits, read/write and fair locks issue no fencing tokens",
+                    "semaphore permits, readers and fair locks issue no fencing tokens (a read/write lock's writer does)",
                 )
                 .into());
             }
@@ -921,6 +925,9 @@ impl Lock {
         };
         for w in &mut watches {
             w.own(&tokens.current);
+            if engine.wake_all {
+                w.wake_every_waiter();
+            }
         }
         // A waiting acquisition learns the holder's remaining TTL on contention (the next attempt is due at
         // its expiry); a fenced one cannot (its script reports no TTL).

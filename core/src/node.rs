@@ -545,6 +545,11 @@ pub trait RedisNode: Send + Sync {
     /// another type answers `false` too) — and one answer per item, in order. The items need not be atomic
     /// together; each one is.
     ///
+    /// An item with [`permit`](ExtendItem::permit) set extends a permit instead, exactly as
+    /// [`permit`](Self::permit) with [`PermitOp::Extend`] (`true` for `Done`, also when the expiry it had was
+    /// later). A node that cannot extend permits in a batch answers [`NodeErrorKind::Unsupported`] (not
+    /// applied) for a call with such items, and the core then extends those permits one by one.
+    ///
     /// The core's batched renewal sends at most [`extend_many_limit`](Self::extend_many_limit) items per
     /// call. An error fails every item of the call (classify it as for `extend`: not applied, or
     /// ambiguous).
@@ -602,7 +607,7 @@ pub trait RedisNode: Send + Sync {
         key: &str,
         token: &Token,
         ttl: Ttl,
-        op: PermitOp,
+        op: PermitOp<'_>,
     ) -> Result<PermitReply, NodeError> {
         let _ = (key, token, ttl, op);
         Err(NodeError::not_applied(
@@ -615,7 +620,7 @@ pub trait RedisNode: Send + Sync {
 /// A leased-semaphore operation ([`RedisNode::permit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum PermitOp {
+pub enum PermitOp<'a> {
     /// Take (or refresh) a permit if fewer than `permits` are held.
     Acquire {
         /// How many permits the semaphore has (for this acquisition: a changed count applies to new
@@ -632,9 +637,19 @@ pub enum PermitOp {
     /// writer — and answer [`PermitReply::Full`] with the time until the earliest blocking permit expires or
     /// the claim does, whichever is sooner (so a waiting writer tries again, refreshing its claim, before it
     /// lapses). A claim is removed by the writer's acquisition or release, or expires by itself.
+    ///
+    /// With `fence`, the acquisition is **fenced**: in the same atomic step that grants the exclusive permit,
+    /// the counter at `fence` is incremented and its new value answered as [`PermitReply::Fenced`]; a refresh
+    /// by the token that already holds it answers the counter's current value without incrementing (as
+    /// [`RedisNode::acquire_fenced`] does). A blocked attempt never touches the counter. The counter is
+    /// checked before the first write, with [`acquire_fenced`](RedisNode::acquire_fenced)'s rules (a
+    /// non-negative integer without a TTL, not exhausted; a [`NodeErrorKind::Fence`] error otherwise), and
+    /// must share the lock key's Redis Cluster slot.
     AcquireExclusive {
         /// How long a claim lives unless refreshed.
         claim: Ttl,
+        /// The fence counter's key, for a fenced writer (`None`: not fenced).
+        fence: Option<&'a str>,
     },
     /// Fair lock: take (or refresh) the lock if nobody holds it and `token` is first in the queue of waiters
     /// (or the queue is empty), leaving the queue; otherwise join the queue at its end (or refresh its place:
@@ -653,6 +668,44 @@ pub enum PermitOp {
     Release,
 }
 
+impl<'a> PermitOp<'a> {
+    /// The fence counter's key of a fenced writer's acquisition ([`AcquireExclusive`](Self::AcquireExclusive)
+    /// with `fence`); `None` for every other operation.
+    pub fn fence_key(&self) -> Option<&'a str> {
+        match self {
+            Self::AcquireExclusive { fence, .. } => *fence,
+            _ => None,
+        }
+    }
+
+    /// This operation without its fence key, borrowing nothing (a wrapper that keeps a request past its
+    /// caller keeps [`fence_key`](Self::fence_key) on its own and puts it back with
+    /// [`with_fence`](PermitOp::with_fence)).
+    pub fn unfenced(self) -> PermitOp<'static> {
+        match self {
+            Self::Acquire { permits } => PermitOp::Acquire { permits },
+            Self::AcquireShared => PermitOp::AcquireShared,
+            Self::AcquireExclusive { claim, .. } => {
+                PermitOp::AcquireExclusive { claim, fence: None }
+            }
+            Self::AcquireFair { claim, queue } => PermitOp::AcquireFair { claim, queue },
+            Self::Extend => PermitOp::Extend,
+            Self::Release => PermitOp::Release,
+        }
+    }
+}
+
+impl PermitOp<'static> {
+    /// This operation fenced by the counter at `fence` when it is a writer's acquisition
+    /// ([`AcquireExclusive`](Self::AcquireExclusive)); any other operation unchanged.
+    pub fn with_fence(self, fence: Option<&str>) -> PermitOp<'_> {
+        match self {
+            Self::AcquireExclusive { claim, .. } => PermitOp::AcquireExclusive { claim, fence },
+            other => other,
+        }
+    }
+}
+
 /// The answer of [`RedisNode::permit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -666,6 +719,11 @@ pub enum PermitReply {
     },
     /// [`PermitOp::Extend`] or [`PermitOp::Release`]: `token` holds no unexpired permit.
     NotHeld,
+    /// A fenced [`PermitOp::AcquireExclusive`]: taken (or refreshed) with this fencing token.
+    Fenced {
+        /// The fence counter's value after the grant (for a refresh: its current value).
+        fence: u64,
+    },
 }
 
 /// One lease's part of a batched extension ([`RedisNode::extend_many`]).
@@ -678,12 +736,27 @@ pub struct ExtendItem<'a> {
     pub token: &'a Token,
     /// The TTL to extend to (at least: a longer TTL the key has is kept).
     pub ttl: Ttl,
+    /// The item extends `token`'s **permit** in the semaphore, read/write or fair lock at `key`, exactly as
+    /// [`RedisNode::permit`] with [`PermitOp::Extend`] (`true` for [`PermitReply::Done`]), not a lock key.
+    pub permit: bool,
 }
 
 impl<'a> ExtendItem<'a> {
     /// An item extending `key`, if it holds `token`, to `ttl`.
     pub fn new(key: &'a str, token: &'a Token, ttl: Ttl) -> Self {
-        Self { key, token, ttl }
+        Self {
+            key,
+            token,
+            ttl,
+            permit: false,
+        }
+    }
+
+    /// This item as the extension of `token`'s permit at `key` (see [`permit`](Self::permit)).
+    #[must_use]
+    pub fn for_permit(mut self) -> Self {
+        self.permit = true;
+        self
     }
 }
 
@@ -931,17 +1004,18 @@ pub trait NodeWrapper: Send + Sync {
     }
 
     /// See [`RedisNode::permit`]; forwards by default.
-    fn permit<'a, 'b, 'c, 'f>(
+    fn permit<'a, 'b, 'c, 'd, 'f>(
         &'a self,
         key: &'b str,
         token: &'c Token,
         ttl: Ttl,
-        op: PermitOp,
+        op: PermitOp<'d>,
     ) -> NodeFuture<'f, PermitReply>
     where
         'a: 'f,
         'b: 'f,
         'c: 'f,
+        'd: 'f,
         Self: 'f,
     {
         self.inner().permit(key, token, ttl, op)
@@ -1114,17 +1188,18 @@ impl<W: NodeWrapper> RedisNode for W {
         NodeWrapper::readiness(self, key)
     }
 
-    fn permit<'a, 'b, 'c, 'f>(
+    fn permit<'a, 'b, 'c, 'd, 'f>(
         &'a self,
         key: &'b str,
         token: &'c Token,
         ttl: Ttl,
-        op: PermitOp,
+        op: PermitOp<'d>,
     ) -> NodeFuture<'f, PermitReply>
     where
         'a: 'f,
         'b: 'f,
         'c: 'f,
+        'd: 'f,
         Self: 'f,
     {
         NodeWrapper::permit(self, key, token, ttl, op)

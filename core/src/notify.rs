@@ -28,6 +28,10 @@
 //! is promised between clients or between a waiter and a new acquisition that does not wait: **fairness is
 //! not guaranteed**.
 //!
+//! Read/write and fair locks are the exception: who may go next is decided on the server (the head of a fair
+//! lock's queue, which need not be this client's longest-registered waiter; every waiting reader once a
+//! writer leaves), so a message wakes **every** waiter of the channel.
+//!
 //! # The subscription budget
 //!
 //! A channel is subscribed while it has waiters and unsubscribed when its last waiter is gone; when no
@@ -435,6 +439,8 @@ struct Waiter {
     triggered: bool,
     /// [`payload`]s of this waiter's own tokens.
     own: Vec<[u8; PAYLOAD_LEN]>,
+    /// A message wakes every waiter of the channel, not one ([`Watch::wake_every_waiter`]).
+    all: bool,
 }
 
 #[derive(Clone, PartialEq, Eq)]
@@ -566,6 +572,24 @@ impl State {
         if c.attempts > 0 {
             c.pending = true;
             self.stats.deferred += 1;
+            return;
+        }
+        // A fair lock or a read/write lock: the waiter that can go next is not the longest registered (the
+        // queue's head on the server, every waiting reader): every waiter looks.
+        let all = c
+            .waiters
+            .iter()
+            .any(|&id| self.waiters[id].as_ref().is_some_and(|w| w.all));
+        if all {
+            for &id in c.waiters.iter().filter(|&&id| Some(id) != except) {
+                if let Some(w) = self.waiters[id].as_mut().filter(|w| !w.notified) {
+                    w.notified = true;
+                    self.stats.wakeups += 1;
+                    if let Some(waker) = w.waker.take() {
+                        wake.push(waker);
+                    }
+                }
+            }
             return;
         }
         let Some(&head) = c.waiters.iter().find(|&&id| Some(id) != except) else {
@@ -813,6 +837,7 @@ impl Notifier {
             attempting: false,
             triggered: false,
             own: Vec::new(),
+            all: false,
         };
         let id = match st.free.pop() {
             Some(id) => {
@@ -881,6 +906,16 @@ impl Watch {
             if !w.own.contains(&tag) {
                 w.own.push(tag);
             }
+        }
+    }
+
+    /// Makes a message on this waiter's channel wake every waiter of the channel (of this notifier), not
+    /// only the longest registered: for locks where the one that may go next is not known to the client (a
+    /// fair lock's queue head, every waiting reader of a read/write lock).
+    pub(crate) fn wake_every_waiter(&mut self) {
+        let mut st = self.shared.lock();
+        if let Some(w) = st.waiter(self.id) {
+            w.all = true;
         }
     }
 

@@ -96,7 +96,7 @@ impl LockManager {
 
     /// A manager over this one's nodes whose lock operations are the permit operations of `acquire`, with
     /// `quorum`.
-    fn permit_manager(&self, acquire: PermitOp, quorum: usize) -> LockManager {
+    fn permit_manager(&self, acquire: PermitOp<'static>, quorum: usize) -> LockManager {
         let nodes: Vec<Arc<dyn RedisNode>> = self
             .engine()
             .nodes
@@ -112,6 +112,8 @@ impl LockManager {
             e.nodes = nodes;
             e.quorum = quorum;
             e.permits = true;
+            e.fenced_permits = matches!(acquire, PermitOp::AcquireExclusive { .. });
+            e.wake_all = !matches!(acquire, PermitOp::Acquire { .. });
             e.contention_writes = matches!(
                 acquire,
                 PermitOp::AcquireExclusive { .. } | PermitOp::AcquireFair { .. }
@@ -132,6 +134,7 @@ impl LockManager {
                 .permit_manager(
                     PermitOp::AcquireExclusive {
                         claim: writer_claim(self.config()),
+                        fence: None,
                     },
                     quorum,
                 )
@@ -279,7 +282,14 @@ fn writer_claim(config: &crate::Config) -> Ttl {
 /// [`max_retry_delay`](crate::Config::max_retry_delay), and when woken by a release), removed when the
 /// writer gets the lock, and otherwise lives twice `max_retry_delay` (2 s by default; never longer than the
 /// writer's TTL): a writer that gave up or died holds new readers off for at most that long. Writers do not hold each other off by claims (they contend as for a lock). A reader or writer
-/// that dies frees its share at its TTL. Writers are not fenced.
+/// that dies frees its share at its TTL.
+///
+/// **Fencing.** The writer can be fenced ([`fenced`](Self::fenced), or [`Lock::fenced`] on
+/// [`write`](Self::write), single mode only): each writer's acquisition increments the counter at the fence
+/// key in the same atomic step that grants it the lock, and the lease carries the number
+/// ([`Lease::fencing_token`](crate::Lease::fencing_token)); numbers strictly increase from writer to writer. Readers are not
+/// fenced (many hold at once; fencing a reader is [`ConfigError::Semaphore`] before anything is sent). On
+/// Redis Cluster give the lock and fence keys one hash tag, as for a plain fenced lock.
 ///
 /// On Redlock both sides use a majority: any two majorities intersect, so a writer and a reader (or two
 /// writers) never both hold one.
@@ -316,6 +326,27 @@ impl RwLock {
         &self.write
     }
 
+    /// This lock with its writer fenced by the counter at `fence_key` (see the type's docs): a writer's lease
+    /// carries a fencing token, larger than every earlier writer's.
+    ///
+    /// ```no_run
+    /// # async fn f(manager: redlease::LockManager) -> Result<(), redlease::Error> {
+    /// let rw = manager.rw_lock("report:{2026-12}").fenced("report:{2026-12}:fence");
+    /// let writer = rw.write().try_acquire().await?;
+    /// let fence = writer.fencing_token(); // Some(n), larger than every earlier writer's
+    /// // … write the report, passing `fence` to the store so that it refuses older writers …
+    /// # let _ = fence;
+    /// writer.release().await?;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn fenced(&self, fence_key: impl Into<String>) -> Self {
+        Self {
+            read: self.read.clone(),
+            write: self.write.clone().fenced(fence_key),
+        }
+    }
+
     /// This lock with both sides' TTL set; see [`Lock::expiry`].
     #[must_use]
     pub fn expiry(&self, expiry: Duration) -> Self {
@@ -331,7 +362,7 @@ impl RwLock {
 struct PermitNode {
     inner: Arc<dyn RedisNode>,
     /// What an acquisition asks for.
-    acquire: PermitOp,
+    acquire: PermitOp<'static>,
 }
 
 impl PermitNode {
@@ -416,10 +447,10 @@ impl NodeWrapper for PermitNode {
 
     fn acquire_fenced<'a, 'b, 'c, 'd, 'f>(
         &'a self,
-        _key: &'b str,
-        _fence_key: &'c str,
-        _token: &'d Token,
-        _ttl: Ttl,
+        key: &'b str,
+        fence_key: &'c str,
+        token: &'d Token,
+        ttl: Ttl,
     ) -> NodeFuture<'f, Option<u64>>
     where
         'a: 'f,
@@ -428,7 +459,26 @@ impl NodeWrapper for PermitNode {
         'd: 'f,
         Self: 'f,
     {
-        Self::unsupported("a semaphore's permits are not fenced")
+        // Only a read/write lock's writer is fenced (the core refuses the others before sending).
+        let PermitOp::AcquireExclusive { claim, .. } = self.acquire else {
+            return Self::unsupported("only a read/write lock's writer is fenced");
+        };
+        let op = PermitOp::AcquireExclusive {
+            claim,
+            fence: Some(fence_key),
+        };
+        Box::pin(async move {
+            match RedisNode::permit(&*self.inner, key, token, ttl, op).await? {
+                PermitReply::Fenced { fence } => Ok(Some(fence)),
+                PermitReply::Full { .. } => Ok(None),
+                // A node that granted without a number broke the contract; it may have taken the lock,
+                // so the answer is ambiguous (the acquisition cleans up after it).
+                _ => Err(NodeError::ambiguous(
+                    NodeErrorKind::Protocol,
+                    "a fenced writer's acquisition was answered without a fencing token",
+                )),
+            }
+        })
     }
 
     fn release<'a, 'b, 'c, 'f>(&'a self, key: &'b str, token: &'c Token) -> NodeFuture<'f, bool>
@@ -485,9 +535,13 @@ impl NodeWrapper for PermitNode {
         Self::unsupported("a semaphore's permits are not fenced")
     }
 
+    /// The permits' batched renewal: one [`RedisNode::extend_many`] call of the inner node with every item
+    /// [marked as a permit](ExtendItem::for_permit); where the inner node cannot extend permits in a batch
+    /// (an [`Unsupported`](NodeErrorKind::Unsupported) answer), one [`PermitOp::Extend`] per item,
+    /// concurrently, in the same call.
     fn extend_many<'a, 'b, 'c, 'f>(
         &'a self,
-        _items: &'b [ExtendItem<'c>],
+        items: &'b [ExtendItem<'c>],
     ) -> NodeFuture<'f, Vec<bool>>
     where
         'a: 'f,
@@ -495,16 +549,66 @@ impl NodeWrapper for PermitNode {
         'c: 'f,
         Self: 'f,
     {
-        Self::unsupported("permits are renewed one by one")
+        Box::pin(async move {
+            let permits: Vec<ExtendItem<'_>> = items.iter().map(|i| i.for_permit()).collect();
+            match RedisNode::extend_many(&*self.inner, &permits).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous() => {}
+                other => return other,
+            }
+            let replies =
+                join_all(items.iter().map(|i| {
+                    RedisNode::permit(&*self.inner, i.key, i.token, i.ttl, PermitOp::Extend)
+                }))
+                .await;
+            let mut flags = Vec::with_capacity(replies.len());
+            let mut failed: Option<NodeError> = None;
+            for reply in replies {
+                match reply {
+                    Ok(r) => flags.push(r == PermitReply::Done),
+                    // An error fails the call; an ambiguous one (it may have been applied) wins.
+                    Err(e) => {
+                        if failed.as_ref().is_none_or(|f| !f.is_ambiguous()) {
+                            failed = Some(e);
+                        }
+                        flags.push(false);
+                    }
+                }
+            }
+            failed.map_or(Ok(flags), Err)
+        })
     }
 
     fn extend_many_limit(&self) -> usize {
-        0
+        RedisNode::extend_many_limit(&*self.inner)
     }
 
     fn endpoint(&self) -> Option<String> {
         RedisNode::endpoint(&*self.inner)
     }
+}
+
+/// Polls every future concurrently; their outputs in order.
+async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (f, out) in pending.iter_mut().zip(done.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    done.into_iter().flatten().collect()
 }
 
 #[cfg(test)]

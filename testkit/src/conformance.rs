@@ -98,6 +98,8 @@ pub const CASES: &[&str] = &[
     "permits_admit_at_most_n_and_expire_by_the_servers_clock",
     "read_write_permits_share_exclude_and_claim",
     "fair_permits_serve_the_queue_in_arrival_order",
+    "fenced_writers_take_a_larger_fence_with_each_grant",
+    "permits_extend_in_a_batch",
 ];
 
 /// How long a notification case waits for a subscription or a message (real time on a live server).
@@ -237,6 +239,9 @@ fn token() -> Result<Token, Failure> {
 }
 
 const LONG: u64 = 10_000;
+/// The TTL (ms) of the permits a batch then extends to [`LONG`]: the batch is sent well within it, even on a
+/// loaded machine, and the case sleeps past it to see the extension hold.
+const SHORT_PERMIT: u64 = 2_000;
 /// How much shorter than what was set a TTL may read: the time between a write and the read that checks it,
 /// with both on a loaded machine (a live node's reader may be another connection or process). Every TTL
 /// checked is at least `LONG / 2`, more than twice this, so a wrong TTL (reset, not reset, shortened,
@@ -803,7 +808,10 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             use redlease::{PermitOp, PermitReply};
             let k = c.key("rw");
             let (r1, r2, w) = (token()?, token()?, token()?);
-            let write = PermitOp::AcquireExclusive { claim: ttl(300) };
+            let write = PermitOp::AcquireExclusive {
+                claim: ttl(300),
+                fence: None,
+            };
             match node
                 .permit(&k, &r1, ttl(LONG), PermitOp::AcquireShared)
                 .await
@@ -972,6 +980,177 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 node.permit(&k, &w1, ttl(LONG), PermitOp::Release).await,
             )?;
             c.expect_absent(&k).await
+        }
+        "fenced_writers_take_a_larger_fence_with_each_grant" => {
+            // An optional capability (a read/write lock's fenced writer): the counter is incremented in the
+            // step that grants the writer the lock, and only then.
+            use redlease::{PermitOp, PermitReply};
+            let (k, f) = (c.key("rw"), c.key("fence"));
+            let write = PermitOp::AcquireExclusive {
+                claim: ttl(300),
+                fence: Some(&f),
+            };
+            let (w1, w2, r) = (token()?, token()?, token()?);
+            match node.permit(&k, &w1, ttl(LONG), write).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => {
+                    let got = c.ok("fenced exclusive acquire", other)?;
+                    c.ensure(got == PermitReply::Fenced { fence: 1 }, || {
+                        format!("the first fenced writer on a fresh counter: {got:?}")
+                    })?;
+                }
+            }
+            c.ensure(c.fence_value(&f).await? == Some(1), || {
+                "the counter does not hold 1 after the first grant".into()
+            })?;
+            // The holder's own retry is a refresh: the number it has, no new one.
+            let got = c.ok(
+                "fenced exclusive acquire",
+                node.permit(&k, &w1, ttl(LONG), write).await,
+            )?;
+            c.ensure(got == PermitReply::Fenced { fence: 1 }, || {
+                format!("the holder's refresh: {got:?}")
+            })?;
+            // Blocked attempts (a reader, another writer) never touch the counter; readers get no fence.
+            let got = c.ok(
+                "shared acquire",
+                node.permit(&k, &r, ttl(LONG), PermitOp::AcquireShared)
+                    .await,
+            )?;
+            c.ensure(matches!(got, PermitReply::Full { .. }), || {
+                format!("a reader beside the fenced writer: {got:?}")
+            })?;
+            let got = c.ok(
+                "fenced exclusive acquire",
+                node.permit(&k, &w2, ttl(LONG), write).await,
+            )?;
+            c.ensure(matches!(got, PermitReply::Full { .. }), || {
+                format!("a second writer: {got:?}")
+            })?;
+            c.ensure(c.fence_value(&f).await? == Some(1), || {
+                "a blocked writer moved the counter".into()
+            })?;
+            let got = c.ok(
+                "exclusive release",
+                node.permit(&k, &w1, ttl(LONG), PermitOp::Release).await,
+            )?;
+            c.ensure(got == PermitReply::Done, || {
+                format!("the fenced writer's release: {got:?}")
+            })?;
+            let got = c.ok(
+                "fenced exclusive acquire",
+                node.permit(&k, &w2, ttl(LONG), write).await,
+            )?;
+            c.ensure(got == PermitReply::Fenced { fence: 2 }, || {
+                format!("the next writer: {got:?}")
+            })?;
+            c.ok(
+                "exclusive release",
+                node.permit(&k, &w2, ttl(LONG), PermitOp::Release).await,
+            )?;
+            let got = c.ok(
+                "shared acquire",
+                node.permit(&k, &r, ttl(LONG), PermitOp::AcquireShared)
+                    .await,
+            )?;
+            c.ensure(got == PermitReply::Done, || {
+                format!("a reader once the writers left: {got:?}")
+            })?;
+            c.ok(
+                "shared release",
+                node.permit(&k, &r, ttl(LONG), PermitOp::Release).await,
+            )?;
+            c.ensure(c.fence_value(&f).await? == Some(2), || {
+                "the counter does not hold 2 after two grants".into()
+            })?;
+            c.expect_absent(&k).await
+        }
+        "permits_extend_in_a_batch" => {
+            // Optional capabilities (semaphores, batched extension): a node that claims both extends permit
+            // items of one `extend_many` call as `permit`'s extension does, beside lock keys.
+            use redlease::{ExtendItem, PermitOp, PermitReply};
+            let (sem, rw, lock) = (c.key("semaphore"), c.key("rw"), c.key("lock"));
+            let (a, b, r, l, x) = (token()?, token()?, token()?, token()?, token()?);
+            let two = PermitOp::Acquire { permits: 2 };
+            match node.permit(&sem, &a, ttl(SHORT_PERMIT), two).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => return Ok(()),
+                other => {
+                    c.ok("permit acquire", other)?;
+                }
+            }
+            c.ok(
+                "permit acquire",
+                node.permit(&sem, &b, ttl(SHORT_PERMIT), two).await,
+            )?;
+            // Read/write locks are optional too (the adapters without Lua): their item is left out then.
+            let shared = match node
+                .permit(&rw, &r, ttl(SHORT_PERMIT), PermitOp::AcquireShared)
+                .await
+            {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported => false,
+                other => c.ok("shared acquire", other)? == PermitReply::Done,
+            };
+            c.ok("acquire", node.acquire(&lock, &l, ttl(SHORT_PERMIT)).await)?;
+            let mut items = vec![
+                ExtendItem::new(&sem, &a, ttl(LONG)).for_permit(),
+                ExtendItem::new(&sem, &x, ttl(LONG)).for_permit(),
+                ExtendItem::new(&sem, &b, ttl(LONG)).for_permit(),
+                ExtendItem::new(&lock, &l, ttl(LONG)),
+            ];
+            if shared {
+                items.push(ExtendItem::new(&rw, &r, ttl(LONG)).for_permit());
+            }
+            let flags = match node.extend_many(&items).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous() => {
+                    for t in [&a, &b] {
+                        c.ok(
+                            "permit release",
+                            node.permit(&sem, t, ttl(LONG), PermitOp::Release).await,
+                        )?;
+                    }
+                    if shared {
+                        c.ok(
+                            "permit release",
+                            node.permit(&rw, &r, ttl(LONG), PermitOp::Release).await,
+                        )?;
+                    }
+                    c.ok("release", node.release(&lock, &l).await)?;
+                    return Ok(());
+                }
+                other => c.ok("extend_many", other)?,
+            };
+            let mut want = vec![true, false, true, true];
+            if shared {
+                want.push(true);
+            }
+            c.ensure(flags == want, || {
+                format!(
+                    "extend_many over permits (a, a stranger, b), a lock and a reader: {flags:?}"
+                )
+            })?;
+            // The lock key got the longer TTL; the semaphore key follows its permits' expiry.
+            c.expect_held(&lock, &l, Duration::from_millis(LONG), SLACK)
+                .await?;
+            // Past the TTL they had before the batch: only the batch's extension keeps them.
+            c.sleep(Duration::from_millis(SHORT_PERMIT + 500)).await;
+            for (k, t) in [(&sem, &a), (&sem, &b), (&rw, &r)] {
+                if k == &rw && !shared {
+                    continue;
+                }
+                let got = c.ok(
+                    "permit extend",
+                    node.permit(k, t, ttl(LONG), PermitOp::Extend).await,
+                )?;
+                c.ensure(got == PermitReply::Done, || {
+                    format!("a permit extended in the batch expired at its old TTL: {got:?}")
+                })?;
+                c.ok(
+                    "permit release",
+                    node.permit(k, t, ttl(LONG), PermitOp::Release).await,
+                )?;
+            }
+            c.ok("release", node.release(&lock, &l).await)?;
+            c.expect_absent(&sem).await
         }
         "run_id_is_stable_between_calls" => {
             // An optional capability: a node that claims it must report one id while its server runs.

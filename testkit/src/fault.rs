@@ -1091,16 +1091,19 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
     /// Counted and faulted as one [`Op::Extend`] call: a fault hits the whole batch, as a failed connection
     /// or a lost reply would.
     async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
-        let owned: Vec<(String, Token, Ttl)> = items
+        let owned: Vec<(String, Token, Ttl, bool)> = items
             .iter()
-            .map(|i| (i.key.to_owned(), i.token.clone(), i.ttl))
+            .map(|i| (i.key.to_owned(), i.token.clone(), i.ttl, i.permit))
             .collect();
         let detach = move |n: Arc<N>| -> BoxFuture<Reply<Vec<bool>>> {
             let owned = owned.clone();
             Box::pin(async move {
                 let items: Vec<ExtendItem<'_>> = owned
                     .iter()
-                    .map(|(k, t, ttl)| ExtendItem::new(k, t, *ttl))
+                    .map(|(k, t, ttl, permit)| {
+                        let item = ExtendItem::new(k, t, *ttl);
+                        if *permit { item.for_permit() } else { item }
+                    })
                     .collect();
                 n.extend_many(&items).await
             })
@@ -1128,11 +1131,15 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
         key: &str,
         token: &Token,
         ttl: Ttl,
-        op: PermitOp,
+        op: PermitOp<'_>,
     ) -> Result<PermitReply, NodeError> {
         let detach = |n: Arc<N>| -> BoxFuture<Reply<PermitReply>> {
             let (key, token) = (key.to_owned(), token.clone());
-            Box::pin(async move { n.permit(&key, &token, ttl, op).await })
+            let (unfenced, fence) = (op.unfenced(), op.fence_key().map(str::to_owned));
+            Box::pin(async move {
+                n.permit(&key, &token, ttl, unfenced.with_fence(fence.as_deref()))
+                    .await
+            })
         };
         let counted = match op {
             PermitOp::Extend => Op::Extend,

@@ -54,6 +54,19 @@ pub enum EventKind {
     /// checked as usual. Not for a Redlock cluster, which must survive the restart of its nodes (the
     /// restart quarantine).
     Wiped,
+    /// One acquisition attempt (one round of node calls) ended at the event's instant; recorded only by a
+    /// recorder [`with_attempts`](ClientRecorder::with_attempts), for [`History::check_fifo`].
+    Attempted {
+        /// When the attempt's round started (its requests were sent).
+        sent: Instant,
+        /// The first attempt of an acquisition.
+        first: bool,
+        /// Every node answered that the lock is held by another owner (for a fair lock: this waiter's place
+        /// in the queue is on every node).
+        held: bool,
+        /// The attempt won the lock.
+        won: bool,
+    },
 }
 
 /// What the client's own clock read at an event, when the client runs on a clock other than the one the
@@ -173,6 +186,8 @@ pub struct ClientRecorder {
     history: History,
     client: u64,
     clock: Option<SkewedClock>,
+    /// Records every acquisition attempt too ([`EventKind::Attempted`]).
+    attempts: bool,
 }
 
 impl fmt::Debug for ClientRecorder {
@@ -180,6 +195,7 @@ impl fmt::Debug for ClientRecorder {
         f.debug_struct("ClientRecorder")
             .field("client", &self.client)
             .field("clock", &self.clock)
+            .field("attempts", &self.attempts)
             .finish()
     }
 }
@@ -192,10 +208,41 @@ impl ClientRecorder {
         self.clock = Some(clock);
         self
     }
+
+    /// Records every acquisition attempt as well ([`EventKind::Attempted`]), which
+    /// [`History::check_fifo`] needs.
+    #[must_use]
+    pub fn with_attempts(mut self) -> Self {
+        self.attempts = true;
+        self
+    }
 }
 
 impl Observer for ClientRecorder {
     fn event(&self, event: &LeaseEvent<'_>) {
+        if let CoreEvent::Attempt {
+            attempt,
+            nodes,
+            round,
+            outcome,
+            ..
+        } = &event.kind
+        {
+            if !self.attempts {
+                return;
+            }
+            let global = |t: Instant| self.clock.as_ref().map_or(t, |c| c.base_at(t));
+            let won = matches!(outcome, redlease::AttemptOutcome::Won { .. });
+            let kind = EventKind::Attempted {
+                sent: global(event.at.checked_sub(*round).unwrap_or(event.at)),
+                first: *attempt == 1,
+                held: !won && !nodes.is_empty() && nodes.no() == nodes.len(),
+                won,
+            };
+            self.history
+                .push(Event::new(self.client, event.key, global(event.at), kind));
+            return;
+        }
         let began = match event.kind {
             CoreEvent::Acquired { waited, .. } => event.at.checked_sub(waited),
             _ => None,
@@ -304,6 +351,16 @@ pub enum Violation {
         /// How late, past the deadline, by the client's clock.
         late_by: std::time::Duration,
     },
+    /// A fair lock served a later arrival before a waiter that stayed in the queue (see
+    /// [`History::check_fifo`]).
+    NotFifo {
+        /// The lock.
+        lock: String,
+        /// The waiter that stayed, and when its place was confirmed on the server (relative to the origin).
+        first: (u64, std::time::Duration),
+        /// The acquisition served before it, and when it began (after the first's place was confirmed).
+        second: (u64, std::time::Duration),
+    },
     /// An event that does not fit the client's lease lifecycle (e.g. an extension while not holding).
     Malformed(String),
 }
@@ -350,6 +407,15 @@ impl fmt::Display for Violation {
                     "lock {lock:?}: client {client} learned of its loss {late_by:?} after the deadline by its own clock"
                 )
             }
+            Self::NotFifo {
+                lock,
+                first,
+                second,
+            } => write!(
+                f,
+                "lock {lock:?}: client {} (queued at {:?}, stayed) was served after client {} (began at {:?})",
+                first.0, first.1, second.0, second.1
+            ),
             Self::Malformed(what) => write!(f, "malformed history: {what}"),
         }
     }
@@ -403,6 +469,17 @@ pub enum Timed {
     },
     /// [`EventKind::Wiped`].
     Wiped,
+    /// [`EventKind::Attempted`].
+    Attempted {
+        /// When the attempt's round started.
+        sent: Duration,
+        /// The first attempt of an acquisition.
+        first: bool,
+        /// Every node answered "held".
+        held: bool,
+        /// It won.
+        won: bool,
+    },
 }
 
 /// One entry of [`History::timeline`].
@@ -515,6 +592,17 @@ impl History {
                     EventKind::Released => Timed::Released,
                     EventKind::Paused { until } => Timed::Paused { until: rel(until) },
                     EventKind::Wiped => Timed::Wiped,
+                    EventKind::Attempted {
+                        sent,
+                        first,
+                        held,
+                        won,
+                    } => Timed::Attempted {
+                        sent: rel(sent),
+                        first,
+                        held,
+                        won,
+                    },
                 },
                 lock: e.lock,
             })
@@ -544,6 +632,7 @@ impl History {
             history: self.clone(),
             client,
             clock: None,
+            attempts: false,
         }
     }
 
@@ -636,12 +725,127 @@ impl History {
 
     /// [`check`](Self::check) for [read/write locks](redlease::RwLock): the clients for which `is_writer`
     /// holds are writers, the others readers. Readers may overlap one another; a writer overlaps nobody.
-    /// Fencing tokens are not compared.
+    /// The writers' fencing tokens (a [fenced writer](redlease::RwLock::fenced)) strictly increase in the
+    /// order the writers were granted the lock, as a lock's do.
     ///
     /// # Errors
     /// The first [`Violation`] found.
     pub fn check_readers_writers(&self, is_writer: impl Fn(u64) -> bool) -> Result<(), Violation> {
         self.check_sharing(usize::MAX, Some(&is_writer))
+    }
+
+    /// Checks arrival order for [fair locks](redlease::Lock::fair), from the attempts recorded by recorders
+    /// [`with_attempts`](ClientRecorder::with_attempts); returns how many pairs of acquisitions it compared.
+    ///
+    /// What FIFO means under faults: a waiter's place is on the server from the first attempt that every
+    /// node answered "held" (its reply says the place was written), and it **stayed** if, until it won, every
+    /// attempt of its acquisition was answered "held" by every node (no error, timeout or lost reply, after
+    /// which the token is cleaned up and may leave the queue, and no wipe of the lock's data) and no two
+    /// consecutive ones — the last and the winning one included — were further apart than `place_life`
+    /// (from the first one's start to the second one's end: its place could not have expired between them;
+    /// pass the place's life on the nodes' clocks less their drift). A waiter that stayed is never served
+    /// after an acquisition that **began after its place was confirmed**: a violation is such a later
+    /// acquisition whose winning round ended before the stayed waiter's winning round started. Waiters that
+    /// did not stay, and acquisitions that overlap in time with the confirmation, promise nothing.
+    ///
+    /// # Errors
+    /// The first [`Violation::NotFifo`] found.
+    pub fn check_fifo(&self, place_life: Duration) -> Result<usize, Violation> {
+        /// One acquisition, from its attempts.
+        struct Acq {
+            client: u64,
+            began: Instant,
+            /// The end of its first attempt answered "held" everywhere.
+            queued: Option<Instant>,
+            /// The start of its last attempt answered "held".
+            last_held: Option<Instant>,
+            /// Its winning round (start, end).
+            won: Option<(Instant, Instant)>,
+            /// It cannot have stayed in the queue.
+            left: bool,
+        }
+        let events = self.events();
+        let Some(origin) = self.origin.or_else(|| events.iter().map(|e| e.at).min()) else {
+            return Ok(0);
+        };
+        let wipes: Vec<(&str, Instant)> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::Wiped)
+            .map(|e| (e.lock.as_str(), e.at))
+            .collect();
+        let mut by_lock: BTreeMap<&str, Vec<Acq>> = BTreeMap::new();
+        for e in &events {
+            let EventKind::Attempted {
+                sent,
+                first,
+                held,
+                won,
+            } = e.kind
+            else {
+                continue;
+            };
+            let acqs = by_lock.entry(&e.lock).or_default();
+            let current = acqs.iter().rposition(|a| a.client == e.client);
+            let open = current.filter(|&i| !first && acqs[i].won.is_none());
+            let i = match open {
+                Some(i) => i,
+                None => {
+                    acqs.push(Acq {
+                        client: e.client,
+                        began: sent,
+                        queued: None,
+                        last_held: None,
+                        won: None,
+                        left: false,
+                    });
+                    acqs.len() - 1
+                }
+            };
+            let a = &mut acqs[i];
+            let lapsed = a
+                .last_held
+                .is_some_and(|prev| e.at.saturating_duration_since(prev) >= place_life);
+            if won {
+                a.won = Some((sent, e.at));
+                a.left |= lapsed;
+            } else if held {
+                a.queued.get_or_insert(e.at);
+                a.left |= lapsed;
+                a.last_held = Some(sent);
+            } else {
+                a.left = true;
+            }
+        }
+        let rel = |t: Instant| t.saturating_duration_since(origin);
+        let mut compared = 0;
+        for (lock, acqs) in &by_lock {
+            for a in acqs {
+                let (Some(queued), Some((a_sent, a_end)), false) = (a.queued, a.won, a.left) else {
+                    continue;
+                };
+                let wiped = wipes
+                    .iter()
+                    .any(|(l, at)| (l.is_empty() || l == lock) && a.began <= *at && *at <= a_end);
+                if wiped {
+                    continue;
+                }
+                for b in acqs {
+                    let Some((_, b_end)) = b.won else { continue };
+                    if b.client == a.client || b.began <= queued {
+                        continue;
+                    }
+                    compared += 1;
+                    if b_end < a_sent {
+                        return Err(Violation::NotFifo {
+                            lock: (*lock).to_owned(),
+                            first: (a.client, rel(queued)),
+                            second: (b.client, rel(b.began)),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(compared)
     }
 
     fn check_sharing(
@@ -760,7 +964,7 @@ impl History {
                         iv.end = iv.end.min(e.at);
                         closed.push(iv);
                     }
-                    EventKind::Paused { .. } | EventKind::Wiped => {}
+                    EventKind::Paused { .. } | EventKind::Wiped | EventKind::Attempted { .. } => {}
                 }
             }
             closed.extend(open.into_values());
@@ -786,7 +990,14 @@ impl History {
             });
             closed.sort_by_key(|iv| (iv.start, iv.client));
             let rel = |t: Instant| t.saturating_duration_since(origin);
-            for pair in closed.windows(2).filter(|_| holders == 1) {
+            // Fences: of a lock's holders in start order, or of a read/write lock's writers (readers carry
+            // none).
+            let fenced: Vec<Interval> = match is_writer {
+                Some(w) => closed.iter().filter(|iv| w(iv.client)).copied().collect(),
+                None if holders == 1 => closed.clone(),
+                None => Vec::new(),
+            };
+            for pair in fenced.windows(2) {
                 let (a, b) = (pair[0], pair[1]);
                 if let (Some(previous), Some(next)) = (a.fence, b.fence) {
                     // A resumed lease keeps the fence of the lease handed to it.
@@ -837,6 +1048,81 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    /// Client `client`'s attempt on "q" from `sent` to `end` (ms after `t0`): `outcome` 'h' held everywhere,
+    /// 'w' won, 'f' failed.
+    fn attempt(
+        h: &History,
+        t0: Instant,
+        client: u64,
+        (sent, end): (u64, u64),
+        first: bool,
+        outcome: char,
+    ) {
+        h.record(
+            client,
+            "q",
+            t0 + ms(end),
+            EventKind::Attempted {
+                sent: t0 + ms(sent),
+                first,
+                held: outcome == 'h',
+                won: outcome == 'w',
+            },
+        );
+    }
+
+    #[test]
+    fn fifo_flags_a_later_arrival_served_before_a_waiter_that_stayed() {
+        let t0 = Instant::now();
+        let life = ms(1_000);
+        // Client 1 queues at 10 ms and refreshes every 400 ms; client 2 begins at 100 ms and wins at 500 ms,
+        // before client 1's winning round (900 ms).
+        let jumped = History::new();
+        attempt(&jumped, t0, 1, (0, 10), true, 'h');
+        attempt(&jumped, t0, 1, (400, 410), false, 'h');
+        attempt(&jumped, t0, 2, (100, 110), true, 'h');
+        attempt(&jumped, t0, 2, (500, 510), false, 'w');
+        attempt(&jumped, t0, 1, (900, 910), false, 'w');
+        assert!(matches!(
+            jumped.check_fifo(life),
+            Err(Violation::NotFifo {
+                first: (1, _),
+                second: (2, _),
+                ..
+            })
+        ));
+        // The same order is no violation when client 1's place may have lapsed (a gap beyond its life) or
+        // an attempt failed (its token may have been cleaned up), or client 2 began before the place was
+        // confirmed.
+        for (gap, failed, b_began) in [(1_200, false, 100), (400, true, 100), (400, false, 5)] {
+            let h = History::new();
+            attempt(&h, t0, 1, (0, 10), true, 'h');
+            attempt(
+                &h,
+                t0,
+                1,
+                (gap, gap + 10),
+                false,
+                if failed { 'f' } else { 'h' },
+            );
+            attempt(&h, t0, 2, (b_began, b_began + 10), true, 'h');
+            attempt(&h, t0, 2, (gap + 100, gap + 110), false, 'w');
+            attempt(&h, t0, 1, (gap + 500, gap + 510), false, 'w');
+            assert_eq!(
+                h.check_fifo(life).map(|_| ()),
+                Ok(()),
+                "gap {gap} failed {failed}"
+            );
+        }
+        // Served in arrival order: one pair compared, no violation.
+        let fair = History::new();
+        attempt(&fair, t0, 1, (0, 10), true, 'h');
+        attempt(&fair, t0, 2, (100, 110), true, 'h');
+        attempt(&fair, t0, 1, (400, 410), false, 'w');
+        attempt(&fair, t0, 2, (500, 510), false, 'w');
+        assert_eq!(fair.check_fifo(life), Ok(1));
     }
 
     #[test]

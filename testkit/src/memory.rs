@@ -776,18 +776,38 @@ impl RedisNode for MemoryNode {
         }
     }
 
-    /// Every item as [`extend`](RedisNode::extend) would, under one lock (one call, one instant).
+    /// Every item as [`extend`](RedisNode::extend) would (a permit's item as [`permit`](RedisNode::permit)'s
+    /// extension), under one lock (one call, one instant).
     async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
         let now = self.now();
         let mut store = self.lock();
         Ok(items
             .iter()
-            .map(|item| match store.live(item.key, now) {
-                Some(entry) if item.token.matches(&entry.value) => {
-                    self.clock.extend(entry, now, item.ttl);
-                    true
+            .map(|item| {
+                if item.permit {
+                    let Some(set) = store.permits.get_mut(item.key) else {
+                        return false;
+                    };
+                    set.retain(|p| p.expires_at > now);
+                    let until = now + item.ttl.as_duration();
+                    // Never earlier, as `permit`'s extension.
+                    let held = set
+                        .iter_mut()
+                        .find(|p| item.token.matches(&p.token) && p.role != Role::Claim)
+                        .map(|p| p.expires_at = p.expires_at.max(until))
+                        .is_some();
+                    if set.is_empty() {
+                        store.permits.remove(item.key);
+                    }
+                    return held;
                 }
-                _ => false,
+                match store.live(item.key, now) {
+                    Some(entry) if item.token.matches(&entry.value) => {
+                        self.clock.extend(entry, now, item.ttl);
+                        true
+                    }
+                    _ => false,
+                }
             })
             .collect())
     }
@@ -838,11 +858,25 @@ impl RedisNode for MemoryNode {
         key: &str,
         token: &Token,
         ttl: Ttl,
-        op: PermitOp,
+        op: PermitOp<'_>,
     ) -> Result<PermitReply, NodeError> {
         let now = self.now();
         let released = {
             let mut store = self.lock();
+            // A fenced writer's counter is checked before any write, as the script does.
+            let fence = match op.fence_key() {
+                Some(fence_key) => {
+                    let fence = fence_value(store.live(fence_key, now).as_deref())?;
+                    if fence.is_some_and(|f| f >= i64::MAX as u64) {
+                        return Err(NodeError::not_applied(
+                            NodeErrorKind::Fence,
+                            "the fence counter is exhausted",
+                        ));
+                    }
+                    Some((fence_key, fence))
+                }
+                None => None,
+            };
             let set = store.permits.entry(key.to_owned()).or_default();
             set.retain(|p| p.expires_at > now);
             let until = now + ttl.as_duration();
@@ -861,6 +895,8 @@ impl RedisNode for MemoryNode {
                     role,
                 })
             };
+            // The writer's fence when `fence` is set: the counter's value for a refresh, incremented for a grant.
+            let mut issue = None;
             let reply = match (op, mine) {
                 (
                     PermitOp::Acquire { .. }
@@ -870,6 +906,12 @@ impl RedisNode for MemoryNode {
                     | PermitOp::Extend,
                     Some(i),
                 ) => {
+                    if let Some((_, None)) = fence {
+                        return Err(NodeError::not_applied(
+                            NodeErrorKind::Fence,
+                            "the fence key is missing while the writer holds this token",
+                        ));
+                    }
                     // Never earlier: a late or duplicated shorter request cannot shorten a permit.
                     set[i].expires_at = set[i].expires_at.max(until);
                     PermitReply::Done
@@ -895,7 +937,7 @@ impl RedisNode for MemoryNode {
                         PermitReply::Done
                     }
                 }
-                (PermitOp::AcquireExclusive { claim }, None) => {
+                (PermitOp::AcquireExclusive { claim, .. }, None) => {
                     let blocker = |p: &Permit| p.role != Role::Claim && !ours(p);
                     if set.iter().any(blocker) {
                         let lives = claim.as_duration().min(ttl.as_duration());
@@ -910,6 +952,9 @@ impl RedisNode for MemoryNode {
                     } else {
                         set.retain(|p| !ours(p));
                         add(set, Role::Exclusive);
+                        if let Some((_, current)) = fence {
+                            issue = Some(current.unwrap_or(0) + 1);
+                        }
                         PermitReply::Done
                     }
                 }
@@ -963,7 +1008,23 @@ impl RedisNode for MemoryNode {
             if set.is_empty() {
                 store.permits.remove(key);
             }
-            reply
+            match (fence, reply) {
+                (Some((fence_key, _)), PermitReply::Done) if issue.is_some() => {
+                    let next = issue.unwrap_or_default();
+                    // INCR keeps whatever TTL the counter has (none: checked above).
+                    let counter = store.keys.entry(fence_key.to_owned()).or_insert(Entry {
+                        value: Vec::new(),
+                        expires_at: None,
+                    });
+                    counter.value = next.to_string().into_bytes();
+                    PermitReply::Fenced { fence: next }
+                }
+                // A refresh by the holder: the number it was issued (or a larger one), never a new one.
+                (Some((_, current)), PermitReply::Done) => PermitReply::Fenced {
+                    fence: current.unwrap_or_default(),
+                },
+                (_, reply) => reply,
+            }
         };
         if op == PermitOp::Release && released == PermitReply::Done {
             self.publish(key, token);

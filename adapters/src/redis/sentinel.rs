@@ -624,7 +624,7 @@ impl RedisNode for SentinelNode {
         key: &str,
         token: &Token,
         ttl: Ttl,
-        op: redlease::PermitOp,
+        op: redlease::PermitOp<'_>,
     ) -> Result<redlease::PermitReply, NodeError> {
         ops::permit(self, key, token, ttl, op).await
     }

@@ -155,6 +155,40 @@ fn cluster_fenced_locks_with_one_hash_tag_work_and_cross_slot_keys_fail_before_s
             assert_eq!(node_err.kind(), NodeErrorKind::CrossSlot, "{name}");
             assert_eq!(cluster.cmd_for_key(&k2, &["EXISTS", &k2]), "0");
             assert_eq!(cluster.cmd_for_key(&f2, &["EXISTS", &f2]), "0");
+
+            // A read/write lock's fenced writer: the same rule.
+            let (k, f) = (
+                format!("report:{{{name}}}:lock"),
+                format!("report:{{{name}}}:fence"),
+            );
+            let rw = manager.rw_lock(&k).fenced(&f);
+            for expected in [1, 2] {
+                let writer = rw.write().try_acquire().await.unwrap();
+                assert_eq!(writer.fencing_token(), Some(expected), "{name}");
+                writer.release().await.unwrap();
+            }
+            let before = script_calls(&cluster);
+            let write = redlease::PermitOp::AcquireExclusive {
+                claim: ttl,
+                fence: Some(&f2),
+            };
+            let node_err = node.permit(&k2, &token, ttl, write).await.unwrap_err();
+            assert_eq!(script_calls(&cluster), before, "{name}: a command was sent");
+            assert_eq!(node_err.kind(), NodeErrorKind::CrossSlot, "{name}");
+            assert!(!node_err.is_ambiguous());
+            // Through the manager: the same error, and nothing written (the writer's withdrawal of a
+            // claim it might have left is a release of the lock key alone).
+            let err = manager
+                .rw_lock(&k2)
+                .fenced(&f2)
+                .write()
+                .try_acquire()
+                .await
+                .unwrap_err();
+            let node_err = first_node_error(&err).unwrap_or_else(|| panic!("{name}: {err}"));
+            assert_eq!(node_err.kind(), NodeErrorKind::CrossSlot, "{name}");
+            assert_eq!(cluster.cmd_for_key(&k2, &["EXISTS", &k2]), "0");
+            assert_eq!(cluster.cmd_for_key(&f2, &["EXISTS", &f2]), "0");
         }
     });
 }

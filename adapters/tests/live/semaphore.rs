@@ -10,7 +10,7 @@ use redlease::notify::channel;
 use redlease::{Config, LockManager, NodeErrorKind, PermitOp, RedisNode, Token, Ttl};
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-use crate::common::{self, ALL_BACKENDS, Backend, config, on_every_server};
+use crate::common::{self, ALL_BACKENDS, Backend, WITH_LUA, config, on_every_server, on_servers};
 use crate::push::{eventually, numsub};
 
 /// How many holders the semaphore at `key` has on `server` (expired ones included until purged).
@@ -182,14 +182,17 @@ fn a_released_permit_wakes_a_waiter_promptly() {
     );
 }
 
-/// The environment variable that makes [`a_killed_holders_permit_comes_back_within_its_ttl`] the holder
-/// process: `<url> <backend> <key>`.
+/// The environment variable that makes [`a_killed_holders_permit_comes_back_within_its_ttl`] (and
+/// [`a_killed_reader_or_writer_frees_its_share_within_its_ttl`]) the holder process:
+/// `<url> <backend> <key> <permit|read|write>`.
 const HOLDER_ENV: &str = "REDLEASE_SEMAPHORE_HOLDER";
 
-/// The holder process: takes the one permit, renews it while "working" forever, and says so on stdout.
+/// The holder process: takes the one permit (or a read or the write share of a read/write lock), renews it
+/// while "working" forever, and says so on stdout.
 async fn hold_forever(spec: &str) {
     let mut parts = spec.split(' ');
-    let (url, backend, key) = (
+    let (url, backend, key, kind) = (
+        parts.next().unwrap(),
         parts.next().unwrap(),
         parts.next().unwrap(),
         parts.next().unwrap(),
@@ -200,8 +203,8 @@ async fn hold_forever(spec: &str) {
         .unwrap();
     let node = common::node(backend, url).await;
     let manager = LockManager::single(node, config(KILL_TTL)).unwrap();
-    let semaphore = manager.semaphore(key, 1).unwrap().renew_every(KILL_TTL / 4);
-    let lease = semaphore.try_acquire().await.unwrap();
+    let lock = share(&manager, key, kind).renew_every(KILL_TTL / 4);
+    let lease = lock.try_acquire().await.unwrap();
     let lost = lease
         .run(async {
             // On a line of its own: the test harness has printed "test … … " without a newline.
@@ -212,18 +215,57 @@ async fn hold_forever(spec: &str) {
     panic!("the holder lost its permit while alive: {lost:?}");
 }
 
+/// What the holder of the kill tests takes at `key`: the one permit of a semaphore (`permit`), or a read
+/// (`read`) or the write share (`write`) of a read/write lock.
+enum Share {
+    Permit(redlease::Semaphore),
+    Rw(redlease::Lock),
+}
+
+fn share(manager: &LockManager, key: &str, kind: &str) -> Share {
+    match kind {
+        "read" => Share::Rw(manager.rw_lock(key).read().clone()),
+        "write" => Share::Rw(manager.rw_lock(key).write().clone()),
+        _ => Share::Permit(manager.semaphore(key, 1).unwrap()),
+    }
+}
+
+impl Share {
+    fn renew_every(self, interval: Duration) -> Self {
+        match self {
+            Self::Permit(s) => Self::Permit(s.renew_every(interval)),
+            Self::Rw(l) => Self::Rw(l.renew_every(interval)),
+        }
+    }
+
+    async fn try_acquire(&self) -> Result<redlease::Lease, redlease::Error> {
+        match self {
+            Self::Permit(s) => s.try_acquire().await,
+            Self::Rw(l) => l.try_acquire().await,
+        }
+    }
+}
+
 /// The permits' TTL in the kill test.
 const KILL_TTL: Duration = Duration::from_millis(1000);
 
-/// One holder process of `backend` on `server`, killed while it renews its permit: how long after the kill
-/// the permit came back.
-async fn killed_holder(server: &RedisServer, backend: Backend, exe: &std::path::Path) -> Duration {
-    const TEST: &str = "semaphore::a_killed_holders_permit_comes_back_within_its_ttl";
+/// One holder process of `backend` on `server` (`kind`: see [`share`]), killed while it renews its share:
+/// how long after the kill the share came back (a contender — another permit, a writer for a read share,
+/// a reader for the write share — got it). `test` is the test that runs the holder in the child.
+async fn killed_holder(
+    server: &RedisServer,
+    backend: Backend,
+    exe: &std::path::Path,
+    (test, kind): (&str, &str),
+) -> Duration {
     let flavor = server.flavor();
-    let key = common::key("killed", backend);
+    let key = common::key(&format!("killed-{kind}"), backend);
     let mut child = std::process::Command::new(exe)
-        .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env(HOLDER_ENV, format!("{} {backend:?} {key}", server.url()))
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(
+            HOLDER_ENV,
+            format!("{} {backend:?} {key} {kind}", server.url()),
+        )
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -242,8 +284,13 @@ async fn killed_holder(server: &RedisServer, backend: Backend, exe: &std::path::
     assert!(held, "{flavor} {backend:?}: the holder never held");
     let manager =
         LockManager::single(common::node(backend, &server.url()).await, config(KILL_TTL)).unwrap();
-    let semaphore = manager.semaphore(key.clone(), 1).unwrap();
-    // Alive, the holder renews: its permit outlasts its TTL.
+    let contender = match kind {
+        "read" => "write",
+        "write" => "read",
+        other => other,
+    };
+    let semaphore = share(&manager, &key, contender);
+    // Alive, the holder renews: its share outlasts its TTL.
     tokio::time::sleep(KILL_TTL * 3 / 2).await;
     let err = semaphore.try_acquire().await.unwrap_err();
     assert!(err.is_contended(), "{flavor} {backend:?}: {err}");
@@ -286,7 +333,11 @@ fn a_killed_holders_permit_comes_back_within_its_ttl() {
             async move {
                 let server = RedisServer::start_flavor(flavor, &[]);
                 // One holder process per backend, all at once.
-                let hold = |i: usize| killed_holder(&server, ALL_BACKENDS[i], &exe);
+                let what = (
+                    "semaphore::a_killed_holders_permit_comes_back_within_its_ttl",
+                    "permit",
+                );
+                let hold = |i: usize| killed_holder(&server, ALL_BACKENDS[i], &exe, what);
                 let (a, b, c, d) = tokio::join!(hold(0), hold(1), hold(2), hold(3));
                 let backs = [a, b, c, d];
                 // Back by its expiry: within the TTL, plus at most one polling attempt (bounded by the
@@ -312,6 +363,52 @@ fn a_killed_holders_permit_comes_back_within_its_ttl() {
             }
         },
     );
+}
+
+#[test]
+fn a_killed_reader_or_writer_frees_its_share_within_its_ttl() {
+    const TEST: &str = "semaphore::a_killed_reader_or_writer_frees_its_share_within_its_ttl";
+    if let Ok(spec) = std::env::var(HOLDER_ENV) {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(hold_forever(&spec));
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    // Read/write locks need Lua (see the adapters' README).
+    on_servers(TEST, &WITH_LUA, |flavor| {
+        let exe = exe.clone();
+        async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for kind in ["read", "write"] {
+                // One holder process per backend, all at once.
+                let hold = |i: usize| killed_holder(&server, ALL_BACKENDS[i], &exe, (TEST, kind));
+                let (a, b, c, d) = tokio::join!(hold(0), hold(1), hold(2), hold(3));
+                // As for a permit: back by its expiry, within the TTL plus one polling attempt and its
+                // pause, and not before it could expire.
+                let op = config(KILL_TTL).operation_timeout_for(KILL_TTL);
+                let bound = KILL_TTL + op + Duration::from_millis(10);
+                for (backend, back) in ALL_BACKENDS.iter().zip([a, b, c, d]) {
+                    eprintln!(
+                        "rw: {flavor} {backend:?}: a killed {kind} holder's share came back {back:?} after \
+                         the kill (TTL {KILL_TTL:?}, renewed every {:?})",
+                        KILL_TTL / 4
+                    );
+                    assert!(
+                        back <= bound,
+                        "{flavor} {backend:?} {kind}: back {back:?} after the kill (bound {bound:?})"
+                    );
+                    assert!(
+                        back >= KILL_TTL / 2,
+                        "{flavor} {backend:?} {kind}: back {back:?}, before it could expire"
+                    );
+                }
+            }
+        }
+    });
 }
 
 #[test]
@@ -443,4 +540,176 @@ fn permits_survive_a_script_flush_and_are_renewed_and_released_under_oom() {
             }
         },
     );
+}
+
+#[test]
+fn a_fenced_writer_takes_a_larger_fence_with_each_grant_on_every_server() {
+    on_every_server(
+        "a_fenced_writer_takes_a_larger_fence_with_each_grant_on_every_server",
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for backend in ALL_BACKENDS {
+                let node = common::node(backend, &server.url()).await;
+                let manager = LockManager::single(node, config(Duration::from_secs(5))).unwrap();
+                let key = common::key("fenced-writer", backend);
+                let fence = common::fence_of(&key);
+                let rw = manager.rw_lock(key.clone()).fenced(fence.clone());
+                if !common::has_lua(flavor) {
+                    // Read/write locks need Lua: a typed refusal, nothing written.
+                    let err = rw.write().try_acquire().await.unwrap_err();
+                    let node_err = common::first_node_error(&err).unwrap();
+                    assert_eq!(node_err.kind(), NodeErrorKind::Unsupported, "{err}");
+                    assert_eq!(server.cmd(&["EXISTS", &key, &fence]), "0");
+                    continue;
+                }
+                let first = rw.write().try_acquire().await.unwrap();
+                assert_eq!(first.fencing_token(), Some(1), "{flavor} {backend:?}");
+                assert_eq!(server.cmd(&["GET", &fence]), "1");
+                // A reader and a second writer are turned away; the counter does not move.
+                assert!(rw.read().try_acquire().await.unwrap_err().is_contended());
+                assert!(rw.write().try_acquire().await.unwrap_err().is_contended());
+                assert_eq!(server.cmd(&["GET", &fence]), "1", "{flavor} {backend:?}");
+                first.extend(Duration::from_secs(5)).await.unwrap();
+                assert_eq!(first.fencing_token(), Some(1));
+                first.release().await.unwrap();
+                let reader = rw.read().try_acquire().await.unwrap();
+                assert_eq!(reader.fencing_token(), None, "{flavor} {backend:?}");
+                reader.release().await.unwrap();
+                // A counter raised by hand: the next writer goes above it.
+                server.cmd(&["SET", &fence, "41"]);
+                let second = rw.write().try_acquire().await.unwrap();
+                assert_eq!(second.fencing_token(), Some(42), "{flavor} {backend:?}");
+                second.release().await.unwrap();
+                // A counter with a TTL is refused before anything is written.
+                server.cmd(&["PEXPIRE", &fence, "60000"]);
+                let err = rw.write().try_acquire().await.unwrap_err();
+                let node_err = common::first_node_error(&err).unwrap();
+                assert_eq!(
+                    node_err.kind(),
+                    NodeErrorKind::Fence,
+                    "{flavor} {backend:?}: {err}"
+                );
+                assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
+            }
+        },
+    );
+}
+
+/// `calls` of `EVALSHA` from `INFO commandstats`.
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let info = server.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+#[test]
+fn permits_renew_in_one_batch_per_wave_on_every_server() {
+    on_every_server(
+        "permits_renew_in_one_batch_per_wave_on_every_server",
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            let ttl = Duration::from_millis(1000);
+            let interval = ttl / 4;
+            for backend in ALL_BACKENDS {
+                let node = common::node(backend, &server.url()).await;
+                let cfg = config(ttl).with_renewal_batching(Duration::from_millis(20), 100);
+                let manager = LockManager::single(node, cfg)
+                    .unwrap()
+                    .with_spawner(redlease_adapters::runtime::TokioSpawner::current().unwrap());
+                let key = common::key("batched-permits", backend);
+                let api = manager
+                    .semaphore(key.clone(), 20)
+                    .unwrap()
+                    .auto_renew(interval);
+                let mut held = Vec::new();
+                for _ in 0..20 {
+                    held.push(api.try_acquire().await.unwrap());
+                }
+                common::preload(&server);
+                let before = evalsha_calls(&server);
+                let start = Instant::now();
+                tokio::time::sleep(ttl * 3).await;
+                let waves = (start.elapsed().as_millis() / interval.as_millis()) as u64 + 1;
+                assert!(
+                    held.iter().all(|l| l.state() == redlease::LeaseState::Held),
+                    "{flavor} {backend:?}"
+                );
+                assert_eq!(members(&server, &key), 20, "{flavor} {backend:?}");
+                let calls = evalsha_calls(&server) - before;
+                eprintln!(
+                    "semaphore: {flavor} {backend:?}: 20 permits renewed every {interval:?} for {:?}: {calls} \
+                     script calls (one by one: about {})",
+                    start.elapsed(),
+                    20 * waves
+                );
+                if common::has_lua(flavor) {
+                    // About one call per wave (acquisitions further apart than the window renew in separate
+                    // batches, which stay apart); one by one would be 20 per wave.
+                    assert!(
+                        calls * 4 <= 20 * waves,
+                        "{flavor} {backend:?}: {calls} script calls in {waves} waves"
+                    );
+                }
+                for lease in held {
+                    lease.release().await.unwrap();
+                }
+                assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
+            }
+        },
+    );
+}
+
+#[test]
+fn fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_lua_server() {
+    const TEST: &str =
+        "fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_lua_server";
+    on_servers(TEST, &WITH_LUA, |flavor| async move {
+        let server = RedisServer::start_flavor(flavor, &[]);
+        let ttl = Ttl::from_millis(10_000).unwrap();
+        let fair = PermitOp::AcquireFair {
+            claim: Ttl::from_millis(10_000).unwrap(),
+            queue: 100,
+        };
+        for backend in ALL_BACKENDS {
+            let node = common::node(backend, &server.url()).await;
+            let k = common::key("fair-ties", backend);
+            let holder = Token::random().unwrap();
+            assert_eq!(
+                node.permit(&k, &holder, ttl, fair).await.unwrap(),
+                redlease::PermitReply::Done
+            );
+            // Twenty waiters back to back (most within one millisecond of the server's clock), in the reverse
+            // of their tokens' order: a tie of arrival times must not fall back to the tokens' order.
+            let mut waiters: Vec<Token> = (0..20).map(|_| Token::random().unwrap()).collect();
+            waiters.sort_by(|a, b| b.as_str().cmp(a.as_str()));
+            for w in &waiters {
+                let r = node.permit(&k, w, ttl, fair).await.unwrap();
+                assert!(matches!(r, redlease::PermitReply::Full { .. }), "{r:?}");
+            }
+            node.permit(&k, &holder, ttl, PermitOp::Release)
+                .await
+                .unwrap();
+            for (i, w) in waiters.iter().enumerate() {
+                // Everyone behind the head is turned away; the head gets it.
+                for later in &waiters[i + 1..] {
+                    let r = node.permit(&k, later, ttl, fair).await.unwrap();
+                    assert!(
+                        matches!(r, redlease::PermitReply::Full { .. }),
+                        "{flavor} {backend:?}: waiter {} of 20 went before waiter {i}",
+                        i + 1
+                    );
+                }
+                let r = node.permit(&k, w, ttl, fair).await.unwrap();
+                assert_eq!(
+                    r,
+                    redlease::PermitReply::Done,
+                    "{flavor} {backend:?}: waiter {i}"
+                );
+                node.permit(&k, w, ttl, PermitOp::Release).await.unwrap();
+            }
+            assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{flavor} {backend:?}");
+        }
+    });
 }

@@ -232,7 +232,7 @@ async fn permit_client(
 #[test]
 fn a_semaphore_never_has_more_holders_than_permits_under_hostile_faults() {
     let mut total = 0;
-    let seeds = hostile_seeds("REDLEASE_SEMAPHORE_SEEDS", 200, |seed| {
+    let seeds = hostile_seeds("REDLEASE_SEMAPHORE_SEEDS", 1_000, |seed| {
         let mut c = hostile_cluster(seed);
         let history = History::new();
         let horizon = secs(8);
@@ -257,4 +257,204 @@ fn a_semaphore_never_has_more_holders_than_permits_under_hostile_faults() {
         total > seeds as usize * 3,
         "only {total} permits over {seeds} seeds"
     );
+}
+
+/// `permits` permits of a batching manager's semaphore (5 ms window, batches of 100) and `readers` read
+/// shares of a read/write lock, all renewed in the background every 10 s.
+fn hold_permits(
+    n: usize,
+    permits: usize,
+    readers: usize,
+) -> (Cluster, Vec<redlease::Lease>, Vec<redlease::Lease>) {
+    let cfg = config().with_renewal_batching(ms(5), 100);
+    let mut c = Cluster::with_spawner(n, 117, cfg);
+    let api = c
+        .manager
+        .semaphore("api", permits.max(1) as u32)
+        .unwrap()
+        .auto_renew(secs(10));
+    let held: Vec<_> = (0..permits)
+        .map(|_| {
+            let api = api.clone();
+            c.sim
+                .block_on(async move { api.try_acquire().await })
+                .unwrap()
+        })
+        .collect();
+    let rw = c.manager.rw_lock("report");
+    let read = rw.read().clone().auto_renew(secs(10));
+    let shares: Vec<_> = (0..readers)
+        .map(|_| c.try_acquire(&read).unwrap())
+        .collect();
+    (c, held, shares)
+}
+
+#[test]
+fn batched_renewal_renews_permits_with_one_call_per_node_and_batch() {
+    for n in [1usize, 3] {
+        let (mut c, held, shares) = hold_permits(n, 250, 0);
+        let start = c.now();
+        c.sim.run_for(secs(120));
+        for lease in &held {
+            assert_eq!(lease.state(), LeaseState::Held, "n={n}");
+            assert!(lease.valid_until() > c.now() + secs(15), "n={n}");
+        }
+        // 11 renewal waves of 250 permits (each up to 5 ms late), each in batches of at most 100: 3 calls
+        // per node per wave, against 250 one by one.
+        for f in &c.faults {
+            let calls = f.calls(Op::Extend);
+            assert!(
+                (11 * 3..=12 * 3).contains(&calls),
+                "n={n}: {calls} extension calls in {:?}",
+                c.now() - start
+            );
+        }
+        drop((held, shares));
+    }
+}
+
+#[test]
+fn read_shares_and_a_fair_holder_renew_in_batches_too() {
+    let (mut c, held, shares) = hold_permits(1, 0, 40);
+    let fair = c.manager.lock("printer").fair().auto_renew(secs(10));
+    let fair_lease = c.try_acquire(&fair).unwrap();
+    let before = c.faults[0].calls(Op::Extend);
+    c.sim.run_for(secs(61));
+    assert!(shares.iter().all(|l| l.state() == LeaseState::Held));
+    assert_eq!(fair_lease.state(), LeaseState::Held);
+    // 6 waves: one call for the 40 readers and one for the fair holder each (their own managers' renewers),
+    // against 41 one by one.
+    assert_eq!(c.faults[0].calls(Op::Extend) - before, 12);
+    drop((held, shares, fair_lease));
+}
+
+/// A node that extends lock keys in a batch but not permits (as a Lua-less server): the permits' batch
+/// falls back to one extension per permit inside the call, and they stay held.
+#[test]
+fn permits_renew_one_by_one_where_the_node_cannot_batch_them() {
+    struct LocksOnly(MemoryNode);
+    #[redlease::async_trait]
+    impl redlease::NodeWrapper for LocksOnly {
+        type Inner = MemoryNode;
+        fn inner(&self) -> &MemoryNode {
+            &self.0
+        }
+        async fn extend_many(
+            &self,
+            items: &[redlease::ExtendItem<'_>],
+        ) -> Result<Vec<bool>, redlease::NodeError> {
+            if items.iter().any(|i| i.permit) {
+                return Err(redlease::NodeError::not_applied(
+                    redlease::NodeErrorKind::Unsupported,
+                    "no permit batches",
+                ));
+            }
+            self.0.extend_many(items).await
+        }
+    }
+    let mut sim = redlease_testkit::Sim::new(118);
+    let clock = sim.clock();
+    let node = MemoryNode::with_timer(clock.clone());
+    let (faulty, faults) = redlease_testkit::FaultyNode::new(LocksOnly(node), clock.clone());
+    let manager = redlease::LockManager::single(faulty, config().with_renewal_batching(ms(5), 100))
+        .unwrap()
+        .with_timer(clock.clone())
+        .with_spawner(sim.spawner());
+    let api = manager.semaphore("api", 5).unwrap().auto_renew(secs(10));
+    let held: Vec<_> = (0..5)
+        .map(|_| {
+            let api = api.clone();
+            sim.block_on(async move { api.try_acquire().await })
+                .unwrap()
+        })
+        .collect();
+    sim.run_for(secs(31));
+    assert!(held.iter().all(|l| l.state() == LeaseState::Held));
+    // 3 waves, each one (refused) batch call and then one extension per permit inside it.
+    assert_eq!(faults.calls(Op::Extend), 3 * (1 + 5));
+}
+
+/// Records each lease of a client as a client of its own (`(client + 1) << 32 | lease`), so that one client
+/// may hold several permits at once in the history.
+struct PerLease {
+    history: History,
+    client: u64,
+    clock: redlease_testkit::SkewedClock,
+}
+
+impl redlease::Observer for PerLease {
+    fn event(&self, event: &redlease::LeaseEvent<'_>) {
+        let id = ((self.client + 1) << 32) | (event.lease.get() & 0xFFFF_FFFF);
+        redlease::Observer::event(
+            &self.history.recorder(id).on_clock(self.clock.clone()),
+            event,
+        );
+    }
+}
+
+/// Batched permit renewal under every hostile condition: four clients each run two permit holders through
+/// one semaphore (so their renewals share batches) of 3 permits on 1, 3 or 5 nodes; never more than 3
+/// believed holders. `REDLEASE_SEMAPHORE_SEEDS` runs more seeds.
+#[test]
+fn batched_permits_never_exceed_the_count_under_hostile_faults() {
+    let mut renewed = 0;
+    let seeds = hostile_seeds("REDLEASE_SEMAPHORE_SEEDS", 1_000, |seed| {
+        let n = [1usize, 3, 5][(seed % 3) as usize];
+        let cfg = config()
+            .with_expiry(secs(2))
+            .with_retry_delay(ms(50))
+            .with_jitter_seed(seed)
+            .with_renewal_batching(ms(3), 3);
+        let mut c = Cluster::hostile(n, seed, cfg);
+        let history = History::new();
+        let horizon = secs(8);
+        for id in 0..4u64 {
+            let (manager, clock) = c.hostile_client(id, &history, horizon, 2);
+            let manager = manager.with_observer(PerLease {
+                history: history.clone(),
+                client: id,
+                clock: clock.clone(),
+            });
+            let api = manager.semaphore("api", 3).unwrap();
+            for _ in 0..2 {
+                let rng = c.sim.rng();
+                c.sim
+                    .client(id)
+                    .spawn(permit_client(api.clone(), clock.clone(), rng, horizon));
+            }
+        }
+        assert!(
+            c.sim.run_until_idle(secs(120)),
+            "seed {seed}: clients stuck"
+        );
+        // The clients' pauses, for each of their leases.
+        let events = history.events();
+        let checked = History::new();
+        for e in &events {
+            if let redlease_testkit::EventKind::Paused { .. } = e.kind {
+                let mut ids: Vec<u64> = events
+                    .iter()
+                    .map(|l| l.client)
+                    .filter(|l| l >> 32 == e.client + 1)
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                for id in ids {
+                    let mut copy = e.clone();
+                    copy.client = id;
+                    checked.push(copy);
+                }
+            } else {
+                checked.push(e.clone());
+            }
+        }
+        if let Err(v) = checked.check_holders(3) {
+            panic!("seed {seed}: {v}");
+        }
+        renewed += events
+            .iter()
+            .filter(|e| matches!(e.kind, redlease_testkit::EventKind::Extended { .. }))
+            .count();
+    });
+    assert!(renewed > seeds as usize * 3, "only {renewed} renewals");
 }
