@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::driver::Engine;
 use crate::driver::Planned;
+use crate::driver::{Engine, RoundResult};
 use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::slots::Slots;
@@ -1364,61 +1364,27 @@ impl Lease {
         crate::trace::instrument(span, self.release_in())
     }
 
-    async fn release_in(mut self) -> Result<ReleaseReport, Error> {
+    async fn release_in(self) -> Result<ReleaseReport, Error> {
+        let releasing = self.begin_release();
+        // Armed before the first await: a release dropped from here on still deletes our token.
+        let mut guard = releasing.guard();
+        // A repair round of this lease in flight (writing the key where it was missing) may land after this
+        // deletion: that round deletes it again when it ends (`undo_repair_if_ended`), bounded by the
+        // operation timeout. Not waited for here: with a hung node it would double the release's time.
+        let r = releasing.round().await;
+        guard.disarm();
+        drop(guard);
+        releasing.finish(&r)
+    }
+
+    /// Ends the lease for a release (renewal stops, loss signals resolve); its compare-and-delete follows:
+    /// [`Releasing::round`], or one step together with other leases' (`crate::multi`).
+    pub(crate) fn begin_release(mut self) -> Releasing {
         self.armed = false;
         let shared = Arc::clone(&self.shared);
         drop(self);
         let prior = shared.end(Ending::Released);
-        let engine = &shared.engine;
-        // Armed before the first await: a release dropped from here on still deletes our token.
-        let mut guard = CleanupOnDrop::new(
-            engine,
-            &shared.key,
-            &shared.token,
-            shared.op_timeout,
-            shared.id,
-        );
-        // A repair round of this lease in flight (writing the key where it was missing) may land after this
-        // deletion: that round deletes it again when it ends (`undo_repair_if_ended`), bounded by the
-        // operation timeout. Not waited for here: with a hung node it would double the release's time.
-        let r = engine
-            .release_round(&shared.key, &shared.token, shared.op_timeout, None)
-            .await;
-        guard.disarm();
-        if engine.hook.active() {
-            engine.hook.emit(
-                &shared.key,
-                shared.id,
-                r.ended,
-                EventKind::ReleaseRound {
-                    nodes: Nodes::new(&r.tally),
-                    round: r.ended.saturating_duration_since(r.started),
-                },
-            );
-        }
-        if prior.is_some() {
-            return Err(shared
-                .loss_error()
-                .unwrap_or_else(|| shared.lost_error(LossReason::Expired, None)));
-        }
-        let n = engine.nodes.len();
-        if r.tally.yes() >= engine.quorum() {
-            Ok(ReleaseReport {
-                deleted: r.tally.yes(),
-                nodes: n,
-                failures: r.tally.errors(),
-            })
-        } else if r.tally.refused() {
-            Err(shared.lost_error(LossReason::NotHeld, None))
-        } else {
-            Err(QuorumError::new(
-                Operation::Release,
-                r.tally.yes(),
-                r.tally.required(),
-                r.tally.errors(),
-            )
-            .into())
-        }
+        Releasing { shared, prior }
     }
 
     /// Hands the lease to another process: ends it here without releasing it — renewal stops, loss signals
@@ -1618,6 +1584,91 @@ impl Drop for Lease {
                     (self.shared.id, CleanupCause::Dropped),
                 );
             }
+        }
+    }
+}
+
+/// A lease ended by a release whose compare-and-delete is under way (see [`Lease::begin_release`]).
+pub(crate) struct Releasing {
+    shared: Arc<Shared>,
+    /// Whether it had been lost before the release.
+    prior: Option<LossReason>,
+}
+
+impl Releasing {
+    pub(crate) fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    pub(crate) fn token(&self) -> &Token {
+        &self.shared.token
+    }
+
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.shared.engine
+    }
+
+    pub(crate) fn op_timeout(&self) -> Duration {
+        self.shared.op_timeout
+    }
+
+    /// Deletes the token in the background if dropped armed (the release's future was dropped).
+    pub(crate) fn guard(&self) -> CleanupOnDrop<'_> {
+        let shared = &self.shared;
+        CleanupOnDrop::new(
+            &shared.engine,
+            &shared.key,
+            &shared.token,
+            shared.op_timeout,
+            shared.id,
+        )
+    }
+
+    /// The lease's own compare-and-delete round on every node.
+    pub(crate) fn round(&self) -> impl Future<Output = RoundResult<bool>> + '_ {
+        let shared = &self.shared;
+        shared
+            .engine
+            .release_round(&shared.key, &shared.token, shared.op_timeout, None)
+    }
+
+    /// The release's outcome, from its compare-and-delete round `r`.
+    pub(crate) fn finish(self, r: &RoundResult<bool>) -> Result<ReleaseReport, Error> {
+        let Releasing { shared, prior } = self;
+        let engine = &shared.engine;
+        if engine.hook.active() {
+            engine.hook.emit(
+                &shared.key,
+                shared.id,
+                r.ended,
+                EventKind::ReleaseRound {
+                    nodes: Nodes::new(&r.tally),
+                    round: r.ended.saturating_duration_since(r.started),
+                },
+            );
+        }
+        if prior.is_some() {
+            return Err(shared
+                .loss_error()
+                .unwrap_or_else(|| shared.lost_error(LossReason::Expired, None)));
+        }
+        let n = engine.nodes.len();
+        if r.tally.yes() >= engine.quorum() {
+            Ok(ReleaseReport {
+                deleted: r.tally.yes(),
+                nodes: n,
+                failures: r.tally.errors(),
+            })
+        } else if r.tally.refused() {
+            Err(shared.lost_error(LossReason::NotHeld, None))
+        } else {
+            Err(QuorumError::new(
+                Operation::Release,
+                r.tally.yes(),
+                r.tally.required(),
+                r.tally.errors(),
+            )
+            .into())
         }
     }
 }
