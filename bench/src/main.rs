@@ -47,6 +47,7 @@ mod charts;
 mod clients;
 mod lateness;
 mod measure;
+mod multi;
 mod report;
 mod scenarios;
 
@@ -349,6 +350,9 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         for imp in large.into_iter().filter(named) {
             step(scenarios::renewal(&env, &plan, imp, cpu, plan.s6l()));
         }
+    }
+    if wanted("SM") {
+        multi::lock_all(&env, &plan).into_iter().for_each(&mut step);
     }
     if args.valkey {
         match scenarios::valkey_costs(&plan) {

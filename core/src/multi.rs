@@ -24,13 +24,26 @@ use crate::token::Token;
 /// starts, and none may stay held when the acquisition fails.
 ///
 /// # How it acquires
-/// The keys are taken one lock at a time in one fixed order (sorted), so two acquisitions of overlapping
-/// sets never wait for each other in a cycle. An attempt tries every key once; if one is held by another
-/// owner (or fails), every key this attempt took is released at once, and the next attempt — if the limit
-/// allows — first waits for that key the way [`Lock::acquire_until`] does (woken by its release where the
-/// node can subscribe), holding nothing else, then tries the rest. Each key is its own lease with its own
-/// token, TTL and renewal; the set is valid until the earliest of their deadlines. Fencing tokens, with
-/// [`fenced`](Self::fenced), are issued per key, each in its own key's atomic step, not all in one step.
+/// **On one node** (single mode) whose [`RedisNode::multi_key`](crate::RedisNode::multi_key) can do it — the
+/// adapters on any server that runs Lua scripts, and on Redis Cluster when every key (and fence counter)
+/// hashes to one slot (`{tag}`) — an attempt is **one atomic step**: every key is set with its own token and
+/// the TTL only if none is held by another owner, and otherwise nothing at all is written. With
+/// [`fenced`](Self::fenced), every key's fencing token is issued in that same step, so a refused attempt
+/// spends no fence. The release of the set is one step too.
+///
+/// **Otherwise** — Redlock, keys in several Cluster slots, a server without Lua, a node that does not
+/// implement `multi_key` — the keys are taken one lock at a time in one fixed order (sorted), so two
+/// acquisitions of overlapping sets never wait for each other in a cycle. An attempt tries every key once;
+/// if one is held by another owner (or fails), every key this attempt took is released at once. Each key's
+/// fencing token then comes from its own acquisition step, and a refused attempt may have spent the fences
+/// of the keys it took before.
+///
+/// Either way, an attempt that found a key held is followed — if the limit allows — by waiting for that key
+/// the way [`Lock::acquire_until`] does (woken by its release where the node can subscribe), holding nothing
+/// else; the next attempt starts with that key held (its fence is the one its own acquisition issued). Each
+/// key is its own lease with its own token, TTL and renewal (extensions and renewals go key by key, batched
+/// with [`Config::with_renewal_batching`](crate::Config::with_renewal_batching)); the set is valid until the
+/// earliest of their deadlines.
 ///
 /// ```
 /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
@@ -115,7 +128,9 @@ impl MultiLock {
     }
 
     /// Issues a fencing token for every key from the counter `fence_key(key)` (single mode only); see
-    /// [`Lock::fenced`]. Each key's token comes from its own acquisition step.
+    /// [`Lock::fenced`]. On a node that takes the set in one step (see [How it acquires](Self#how-it-acquires))
+    /// every token is issued in that step; otherwise each comes from its own key's step. The counters must
+    /// differ from each other and from the lock keys for the one step (else the keys go one at a time).
     #[must_use]
     pub fn fenced(&self, fence_key: impl Fn(&str) -> String) -> Self {
         self.map(|l| {
@@ -829,7 +844,8 @@ impl MultiLease {
         crate::lease::run_all(&self.leases, work).await
     }
 
-    /// Releases every part concurrently; see [`Lease::release`].
+    /// Releases every part — in one step on a node that can (see [`MultiLock`]'s "How it acquires"), else
+    /// concurrently — see [`Lease::release`].
     ///
     /// # Errors
     /// The first part's error, in key order ([`Error::Lost`] if it had been lost: work done under the set
