@@ -14,10 +14,11 @@ use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::slots::Slots;
 use crate::machine::unconfirmed::Unconfirmed;
+use crate::machine::unconfirmed::counts;
 use crate::machine::validity::deadline_after_round;
-use crate::machine::{RenewalSchedule, RenewalStep, Tally, Verdict};
-use crate::node::NodeError;
+use crate::machine::{RenewalSchedule, RenewalStep, Reply, Tally, Verdict, WaitFor};
 use crate::node::Ttl;
+use crate::node::{MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::ticket::LeaseTicket;
 use crate::time::Sleep;
@@ -1318,6 +1319,11 @@ impl Lease {
         let timeout = op_timeout.min(valid_until.saturating_duration_since(now));
         let outcome = self.shared.extend_once(ttl_wire, timeout, false).await;
         drop(permit);
+        self.conclude_extension(outcome).await
+    }
+
+    /// What a manual extension's round `outcome` makes of the lease (its permit released).
+    async fn conclude_extension(&self, outcome: Extension) -> Result<(), Error> {
         match outcome {
             Extension::Extended {
                 started,
@@ -1336,6 +1342,131 @@ impl Lease {
                 Err(self.shared.give_up(LossReason::ExtendFailed, None).await)
             }
         }
+    }
+
+    /// Extends `leases` — the parts of one set on one single-mode node — to `ttl` with one atomic step of the
+    /// node ([`MultiKeyOp::Extend`]): each part's permit, record and outcome as in its own
+    /// [`extend`](Self::extend), one request for all. `None` when they cannot go in one step (nothing was
+    /// applied): extend each on its own.
+    pub(crate) async fn extend_together(
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Option<Vec<Result<(), Error>>> {
+        // Every part's loss signal is polled meanwhile, so that a part whose deadline passes while the step
+        // waits for another part's permit (a renewal in flight) or for the node is reported at its deadline.
+        watching_losses(leases, Self::extend_together_unwatched(leases, ttl)).await
+    }
+
+    async fn extend_together_unwatched(
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Option<Vec<Result<(), Error>>> {
+        let engine = Arc::clone(&leases.first()?.shared.engine);
+        let one_node = engine.mode == crate::driver::Mode::Single
+            && engine.nodes.len() == 1
+            && !engine.permits
+            && leases
+                .iter()
+                .all(|l| Arc::ptr_eq(&l.shared.engine, &engine) && !l.shared.needs_repair());
+        if !one_node {
+            return None;
+        }
+        let ttl_wire = engine.config.check_expiry(ttl).ok()?;
+        let mut permits = Vec::with_capacity(leases.len());
+        for lease in leases {
+            permits.push(lease.shared.extend_permit().await);
+        }
+        let now = engine.timer.now();
+        let mut timeout = engine.config.operation_timeout_for(ttl);
+        let mut results: Vec<Option<Result<(), Error>>> = leases.iter().map(|_| None).collect();
+        let mut live = Vec::with_capacity(leases.len());
+        for (j, lease) in leases.iter().enumerate() {
+            match lease.shared.current(now) {
+                Ok(valid_until) => {
+                    timeout = timeout
+                        .min(lease.shared.op_timeout)
+                        .min(valid_until.saturating_duration_since(now));
+                    live.push(j);
+                }
+                Err(reason) => results[j] = Some(Err(lease.shared.lost_error(reason, None))),
+            }
+        }
+        // Recorded as possibly applied before the request is sent (see `Shared::prepare_extension`).
+        let planned: Vec<Planned> = live
+            .iter()
+            .map(|&j| leases[j].shared.prepare_extension(ttl_wire))
+            .collect();
+        let items: Vec<MultiKeyItem<'_>> = live
+            .iter()
+            .map(|&j| MultiKeyItem::new(&leases[j].shared.key, &leases[j].shared.token))
+            .collect();
+        let items_ref = &items;
+        let r = engine
+            .round(
+                WaitFor::All,
+                false,
+                timeout,
+                move |_, node| node.multi_key(items_ref, MultiKeyOp::Extend { ttl: ttl_wire }),
+                |_| true,
+            )
+            .await;
+        let (flags, error) = match r.values.first().cloned().flatten() {
+            Some(MultiKeyReply::Done(flags)) if flags.len() == items.len() => (flags, None),
+            Some(other) => (
+                Vec::new(),
+                Some(NodeError::ambiguous(
+                    NodeErrorKind::Protocol,
+                    format!(
+                        "multi_key answered {other:?} to an extension of {} keys",
+                        items.len()
+                    ),
+                )),
+            ),
+            None => (
+                Vec::new(),
+                Some(
+                    r.tally
+                        .errors()
+                        .into_iter()
+                        .next()
+                        .map_or_else(|| NodeError::timed_out(timeout), |(_, e)| e),
+                ),
+            ),
+        };
+        let unsupported = error
+            .as_ref()
+            .is_some_and(|e| e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous());
+        let suspended = r.suspended_by();
+        let mut outcomes = Vec::with_capacity(live.len());
+        for (k, &j) in live.iter().enumerate() {
+            let reply = match (&error, flags.get(k).copied()) {
+                (Some(e), _) => Reply::Failed(e.clone()),
+                (None, Some(true)) if counts(planned[k].unconfirmed.as_deref(), 0, ttl_wire) => {
+                    Reply::Yes
+                }
+                (None, Some(true)) => Reply::Failed(NodeError::ambiguous(
+                    NodeErrorKind::Other,
+                    "extended, but not counted: an earlier, shorter extension of this lease may still be \
+                     applied on this node after it",
+                )),
+                (None, _) => Reply::No,
+            };
+            let mut tally = Tally::new(1, engine.quorum(), WaitFor::Decision);
+            tally.handle_reply(0, reply);
+            // Settles the record either way (an unsupported step was not applied).
+            let outcome = leases[j].shared.finish_extension(
+                ttl_wire, false, &tally, r.started, r.ended, r.wall, &suspended,
+            );
+            outcomes.push((j, outcome));
+        }
+        drop(permits);
+        if unsupported {
+            return None;
+        }
+        for (j, outcome) in outcomes {
+            results[j] = Some(leases[j].conclude_extension(outcome).await);
+        }
+        Some(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
     }
 
     /// Releases the lease: compare-and-delete of its token on every node, waiting for each up to the operation
@@ -1586,6 +1717,24 @@ impl Drop for Lease {
             }
         }
     }
+}
+
+/// Drives `fut` while polling the loss signal of every lease in `leases` (not stopping for one), so that a
+/// lease whose deadline passes meanwhile is reported lost at its deadline, not when `fut` ends.
+pub(crate) async fn watching_losses<F: Future>(leases: &[Lease], fut: F) -> F::Output {
+    let mut signals: Vec<Option<LossSignal>> = leases.iter().map(|l| Some(l.lost())).collect();
+    let mut fut = pin!(fut);
+    std::future::poll_fn(|cx| {
+        for slot in &mut signals {
+            if let Some(signal) = slot {
+                if Pin::new(signal).poll(cx).is_ready() {
+                    *slot = None;
+                }
+            }
+        }
+        fut.as_mut().poll(cx)
+    })
+    .await
 }
 
 /// A lease ended by a release whose compare-and-delete is under way (see [`Lease::begin_release`]).

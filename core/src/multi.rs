@@ -824,15 +824,24 @@ impl MultiLease {
         })
     }
 
-    /// Extends every part to `ttl` from now, concurrently; see [`Lease::extend`].
+    /// Extends every part to `ttl` from now — in one step on a node that can (see [`MultiLock`]'s "How it
+    /// acquires"), else concurrently — see [`Lease::extend`].
     ///
     /// # Errors
     /// The first part's error, in key order (every part was tried).
     pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
-        join_all(self.leases.iter().map(|l| l.extend(ttl)))
-            .await
-            .into_iter()
-            .collect()
+        if let Some(results) = Lease::extend_together(&self.leases, ttl).await {
+            return results.into_iter().collect();
+        }
+        // Every part's loss signal is polled meanwhile: a part whose deadline passes while another part's
+        // extension is under way is reported lost at its deadline.
+        crate::lease::watching_losses(
+            &self.leases,
+            join_all(self.leases.iter().map(|l| l.extend(ttl))),
+        )
+        .await
+        .into_iter()
+        .collect()
     }
 
     /// Runs `work` while holding every part, renewing each meanwhile, and stops it as soon as any part is

@@ -231,6 +231,11 @@ async fn mixing_client(
                 set = set.fenced(|k| format!("{k}:fence"));
             }
             if let Ok(all) = set.acquire_within(patience).await {
+                if rng.next_u64() % 3 == 0 {
+                    // A manual extension of the whole set, longer or shorter than the TTL (one step on one
+                    // node).
+                    let _ = all.extend(ms(500 + rng.next_u64() % 3_000)).await;
+                }
                 let lost = all.lost();
                 let sleep = clock.sleep_until(clock.now() + hold);
                 race(lost, sleep).await;
@@ -430,6 +435,27 @@ fn on_one_node_a_set_is_one_step_and_a_refused_set_writes_nothing() {
             calls() - before.0,
             expected,
             "one step {one_step}: acquisition calls"
+        );
+        // Extended as one: longer, then shorter (which never shortens a key).
+        let extends = faults.calls(Op::Extend);
+        let set_ttls = |all: &redlease::MultiLease| {
+            all.leases()
+                .iter()
+                .map(|l| node.pttl(l.key()).flatten().unwrap())
+                .collect::<Vec<_>>()
+        };
+        c.sim.block_on(all.extend(secs(60))).unwrap();
+        assert_eq!(set_ttls(&all), vec![secs(60); 3]);
+        c.sim.block_on(all.extend(secs(5))).unwrap();
+        assert_eq!(set_ttls(&all), vec![secs(60); 3], "never shortened");
+        assert!(
+            all.remaining() <= secs(5),
+            "the set believes the shorter TTL it asked for"
+        );
+        assert_eq!(
+            faults.calls(Op::Extend) - extends,
+            2 * expected,
+            "one step {one_step}: extension calls"
         );
         c.sim.block_on(async move { all.release().await }).unwrap();
         assert_eq!(
