@@ -189,6 +189,15 @@ impl MultiLock {
         loop {
             let blocked = match self.attempt(first.take()).await {
                 Ok(lease) => return Ok(lease),
+                // A refusal no retry can change ends the wait at once (the one-step attempt names no key to
+                // wait for: the first key would be taken and the set refused again, until the deadline).
+                Err((
+                    _,
+                    e @ Error::NotAcquired {
+                        reason: NotAcquiredReason::Refused,
+                        ..
+                    },
+                )) => return Err(e),
                 Err((blocked, e)) => match self.locks.get(blocked) {
                     Some(lock) if lock.now() < deadline => lock,
                     _ => return Err(e),

@@ -508,3 +508,52 @@ fn a_one_step_set_cancelled_at_every_await_point_leaves_nothing_behind() {
         "completed in {polls} polls: nothing was cut inside it"
     );
 }
+
+/// A refusal no retry can change (here an unusable fence counter of the last key) ends a waiting set's
+/// acquisition at once, as it ends a single lock's: the set does not take its first key again and again
+/// until the deadline.
+#[test]
+fn a_set_refused_for_good_ends_its_wait_at_once() {
+    for n in [1, 3] {
+        let mut c = Cluster::new(n, 108, config());
+        for node in &c.nodes {
+            node.set("c:fence", "not a number", None);
+        }
+        let set = c.manager.lock_all(["a", "c"]);
+        let set = if n == 1 {
+            set.fenced(|k| format!("{k}:fence"))
+        } else {
+            // Redlock has no fences: a key of another owner that never expires stands in for it.
+            for node in &c.nodes {
+                node.set("c", "someone-else", None);
+            }
+            set
+        };
+        let start = c.now();
+        let r = c
+            .sim
+            .block_on(async move { set.acquire_within(secs(10)).await });
+        let e = r.unwrap_err();
+        if n == 1 {
+            assert!(
+                matches!(
+                    e,
+                    Error::NotAcquired {
+                        reason: redlease::NotAcquiredReason::Refused,
+                        ..
+                    }
+                ),
+                "n={n}: {e}"
+            );
+            assert!(
+                c.now() - start < secs(1),
+                "n={n}: refused for good, yet it kept trying for {:?} ({} calls)",
+                c.now() - start,
+                c.calls()
+            );
+        }
+        for node in &c.nodes {
+            assert_eq!(node.get("a"), None, "n={n}: nothing left");
+        }
+    }
+}
