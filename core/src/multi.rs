@@ -29,7 +29,7 @@ use crate::token::Token;
 /// hashes to one slot (`{tag}`) — an attempt is **one atomic step**: every key is set with its own token and
 /// the TTL only if none is held by another owner, and otherwise nothing at all is written. With
 /// [`fenced`](Self::fenced), every key's fencing token is issued in that same step, so a refused attempt
-/// spends no fence. The release of the set is one step too.
+/// spends no fence. The release of the set, and its manual extension, are one step too.
 ///
 /// **Otherwise** — Redlock, keys in several Cluster slots, a server without Lua, a node that does not
 /// implement `multi_key` — the keys are taken one lock at a time in one fixed order (sorted), so two
@@ -41,9 +41,9 @@ use crate::token::Token;
 /// Either way, an attempt that found a key held is followed — if the limit allows — by waiting for that key
 /// the way [`Lock::acquire_until`] does (woken by its release where the node can subscribe), holding nothing
 /// else; the next attempt starts with that key held (its fence is the one its own acquisition issued). Each
-/// key is its own lease with its own token, TTL and renewal (extensions and renewals go key by key, batched
-/// with [`Config::with_renewal_batching`](crate::Config::with_renewal_batching)); the set is valid until the
-/// earliest of their deadlines.
+/// key is its own lease with its own token, TTL and renewal; the set is valid until the earliest of their
+/// deadlines. A manual [`MultiLease::extend`] is one step where the acquisition is; renewals go key by key
+/// (batched with [`Config::with_renewal_batching`](crate::Config::with_renewal_batching)).
 ///
 /// ```
 /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
