@@ -1373,6 +1373,16 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::EXTEND_MANY_LIMIT
     }
 
+    /// The [`ACQUIRE_MANY`](crate::scripts::ACQUIRE_MANY), `EXTEND_MANY` or `RELEASE_MANY` script; unsupported
+    /// across Cluster slots and without Lua (the core then takes the keys one at a time).
+    async fn multi_key(
+        &self,
+        items: &[redlease::MultiKeyItem<'_>],
+        op: redlease::MultiKeyOp,
+    ) -> Result<redlease::MultiKeyReply, NodeError> {
+        ops::multi_key(self, items, op).await
+    }
+
     /// The [`PERMIT`](crate::scripts::PERMIT) script; without Lua, `TIME` and a sorted-set transaction
     /// (see the crate README's "Leased semaphores").
     async fn permit(

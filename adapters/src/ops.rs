@@ -2919,6 +2919,97 @@ pub(crate) async fn extend_many(
     r
 }
 
+/// Several keys in one step ([`RedisNode::multi_key`](redlease::RedisNode::multi_key)): the
+/// [`ACQUIRE_MANY`](scripts::ACQUIRE_MANY), [`EXTEND_MANY`](scripts::EXTEND_MANY) or
+/// [`RELEASE_MANY`](scripts::RELEASE_MANY) script. `Unsupported`, writing nothing, where one script cannot
+/// do it: keys (or fence counters) in different Redis Cluster slots, or a server without Lua (or a node
+/// pinned to native commands) — the core then takes the keys one at a time.
+pub(crate) async fn multi_key(
+    t: &impl Transport,
+    items: &[redlease::MultiKeyItem<'_>],
+    op: redlease::MultiKeyOp,
+) -> Result<redlease::MultiKeyReply, NodeError> {
+    use redlease::{MultiKeyOp, MultiKeyReply};
+    let unsupported =
+        |why: &'static str| Err(NodeError::not_applied(NodeErrorKind::Unsupported, why));
+    let Some(first) = items.first() else {
+        return Ok(match op {
+            MultiKeyOp::Acquire { .. } => MultiKeyReply::Taken { fences: Vec::new() },
+            _ => MultiKeyReply::Done(Vec::new()),
+        });
+    };
+    if t.clustered() {
+        let slot = slot::hash_slot(first.key.as_bytes());
+        let one_slot = items.iter().all(|i| {
+            slot::hash_slot(i.key.as_bytes()) == slot
+                && i.fence_key
+                    .is_none_or(|f| slot::hash_slot(f.as_bytes()) == slot)
+        });
+        if !one_slot {
+            return unsupported(
+                "keys in different Redis Cluster slots cannot be taken in one step (one hash tag puts them in one)",
+            );
+        }
+    }
+    let caps = path(t, first.key).await?;
+    if !caps.is_none_or(|c| c.lua && c.commands != Commands::Native) {
+        return unsupported("without scripts, several keys are taken one at a time");
+    }
+    let keys: Vec<&str> = items.iter().map(|i| i.key).collect();
+    let tokens = items.iter().map(|i| i.token.as_str());
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    match op {
+        MultiKeyOp::Acquire { ttl } => {
+            let mut all_keys = keys.clone();
+            let mut indices = Vec::with_capacity(items.len());
+            for item in items {
+                match item.fence_key {
+                    Some(fence_key) => {
+                        all_keys.push(fence_key);
+                        indices.push(all_keys.len().to_string());
+                    }
+                    None => indices.push("0".to_owned()),
+                }
+            }
+            let ttl = ttl.as_millis().to_string();
+            let mut args: Vec<&str> = vec![&ttl];
+            args.extend(tokens);
+            args.extend(indices.iter().map(String::as_str));
+            let reply = eval(t, &scripts::ACQUIRE_MANY, &all_keys, &args).await?;
+            let reply = scripts::parse_acquire_many(reply, items.len())?;
+            if matches!(reply, MultiKeyReply::Taken { .. }) {
+                t.probe().wrote_all(keys.iter().copied(), generation);
+            }
+            Ok(reply)
+        }
+        MultiKeyOp::Extend { ttl } => {
+            let ttl = ttl.as_millis().to_string();
+            let mut args: Vec<&str> = tokens.collect();
+            args.extend(items.iter().map(|_| ttl.as_str()));
+            let reply = eval(t, &scripts::EXTEND_MANY, &keys, &args).await?;
+            let flags = scripts::parse_flags(&scripts::EXTEND_MANY, reply, items.len())?;
+            let written = keys.iter().zip(&flags).filter(|(_, ok)| **ok);
+            t.probe().wrote_all(written.map(|(k, _)| *k), generation);
+            Ok(MultiKeyReply::Done(flags))
+        }
+        MultiKeyOp::Release => {
+            let command = if t.clustered() { "SPUBLISH" } else { "PUBLISH" };
+            let channels: Vec<String> = keys.iter().map(|k| notify::channel(k)).collect();
+            let mut args: Vec<&str> = tokens.collect();
+            args.push(command);
+            args.extend(channels.iter().map(String::as_str));
+            let reply = eval(t, &scripts::RELEASE_MANY, &keys, &args).await?;
+            let flags = scripts::parse_flags(&scripts::RELEASE_MANY, reply, items.len())?;
+            for item in items {
+                t.probe().forget_fence(item.key, item.token);
+            }
+            Ok(MultiKeyReply::Done(flags))
+        }
+        _ => unsupported("an operation this adapter does not know"),
+    }
+}
+
 pub(crate) async fn permit(
     t: &impl Transport,
     key: &str,

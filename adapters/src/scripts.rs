@@ -480,6 +480,153 @@ return out
     sha1: "9bb9e856fbbcba5998845bfd394842385b1bb4a6",
 };
 
+/// Several lock keys taken in one atomic step, all or nothing ([`RedisNode::multi_key`](redlease::RedisNode::multi_key)
+/// with `Acquire`). `KEYS[1..n]` the lock keys, then the fence counters of the fenced ones; `ARGV[1]` the TTL
+/// in ms, `ARGV[2..n+1]` the keys' tokens, `ARGV[n+2..2n+1]` per key the index in `KEYS` of its fence counter
+/// (`0`: unfenced).
+///
+/// Reads everything first: every fence counter (checked as in [`ACQUIRE_FENCED`]) and every lock key. If a
+/// lock key holds another value, nothing is written and the reply is `{0, i, pttl}`: `i` the key's 0-based
+/// position, `pttl` its remaining TTL (negative: none). Otherwise each absent key is set with its token and
+/// `PX ttl` (its counter `INCR`ed first), each key already holding its token keeps the longer of its
+/// remaining TTL and the TTL (never shortened, as in [`ACQUIRE`]), and the reply is `{1, f1, …, fn}`: each
+/// key's fence as a string (exact above 2^53; the counter's current value for a key that already held its
+/// token), `''` for an unfenced key. Every fence of the call is issued in this one step.
+///
+/// Error replies, all before any write: invalid arguments; `FENCE …` and `WRONGTYPE` as for
+/// [`ACQUIRE_FENCED`]; the error of a command the server refuses inside the script. Under `maxmemory` the
+/// first `INCR` or `SET` is refused with `OOM` before anything is written (no shebang, see the module
+/// docs). Fence counters are distinct and none is a lock key (redlease never sends otherwise: two items on
+/// one counter would be incremented twice). On a cluster all keys share one slot: the adapters answer
+/// `Unsupported` otherwise, and the core takes the keys one at a time.
+pub const ACQUIRE_MANY: Script = Script {
+    name: "acquire-many",
+    source: r#"local n = (#ARGV - 1) / 2
+if n < 1 or n ~= math.floor(n) or #KEYS < n then
+  return redis.error_reply('ERR redlease: acquire_many wants a TTL, then a token and a fence index per key')
+end
+local ttl = ARGV[1]
+if #ttl > 15 or not string.find(ttl, '^[1-9][0-9]*$') then
+  return redis.error_reply('ERR redlease: invalid TTL argument (want 1 to 999999999999999 ms)')
+end
+local fidx = {}
+local fences = {}
+for i = 1, n do
+  if ARGV[1 + i] == '' then
+    return redis.error_reply('ERR redlease: invalid token argument (empty)')
+  end
+  local f = tonumber(ARGV[1 + n + i])
+  if f == nil or f ~= math.floor(f) or (f ~= 0 and (f <= n or f > #KEYS)) then
+    return redis.error_reply('ERR redlease: invalid fence index argument')
+  end
+  fidx[i] = f
+  fences[i] = false
+  if f > 0 then
+    local fk = KEYS[f]
+    local fence = redis.pcall('GET', fk)
+    if type(fence) == 'table' then
+      if fence.err and string.sub(fence.err, 1, 9) == 'WRONGTYPE' then
+        return redis.error_reply('FENCE the fence key ' .. fk .. ' holds a value of another type')
+      end
+      return fence
+    end
+    if fence ~= false then
+      if fence ~= '0' and not string.find(fence, '^[1-9][0-9]*$') then
+        return redis.error_reply('FENCE the fence key ' .. fk .. ' does not hold a non-negative integer')
+      end
+      if #fence > 19 or (#fence == 19 and fence >= '9223372036854775807') then
+        return redis.error_reply('FENCE the fence counter ' .. fk .. ' is exhausted')
+      end
+      if redis.call('PTTL', fk) ~= -1 then
+        return redis.error_reply('FENCE the fence key ' .. fk .. ' has a TTL; fencing numbers would restart when it expires')
+      end
+    end
+    fences[i] = fence
+  end
+end
+local ours = {}
+for i = 1, n do
+  local cur = redis.pcall('GET', KEYS[i])
+  if type(cur) == 'table' then
+    if cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE' then
+      return redis.error_reply('WRONGTYPE the lock key ' .. KEYS[i] .. ' holds a value of another type')
+    end
+    return cur
+  end
+  if cur ~= false and cur ~= ARGV[1 + i] then
+    return {0, i - 1, redis.call('PTTL', KEYS[i])}
+  end
+  if cur ~= false and fidx[i] > 0 and fences[i] == false then
+    return redis.error_reply('FENCE the fence key ' .. KEYS[fidx[i]] .. ' is missing while the lock holds this token')
+  end
+  ours[i] = (cur ~= false)
+end
+local out = {1}
+for i = 1, n do
+  if ours[i] then
+    local left = redis.call('PTTL', KEYS[i])
+    if left >= 0 and left < tonumber(ttl) then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+    end
+  else
+    if fidx[i] > 0 then
+      redis.call('INCR', KEYS[fidx[i]])
+    end
+    redis.call('SET', KEYS[i], ARGV[1 + i], 'PX', ttl)
+  end
+  if fidx[i] > 0 then
+    out[i + 1] = redis.call('GET', KEYS[fidx[i]])
+  else
+    out[i + 1] = ''
+  end
+end
+return out
+"#,
+    sha1: "ee79ed70466a046c74d83b570988d962527e0b75",
+};
+
+/// Several compare-and-deletes in one atomic step ([`RedisNode::multi_key`](redlease::RedisNode::multi_key)
+/// with `Release`), each announced as [`RELEASE`] announces it. `KEYS[1..n]` the lock keys, `ARGV[1..n]` their
+/// tokens, `ARGV[n+1]` `PUBLISH`, `SPUBLISH` or `''` (no notification), `ARGV[n+2..2n+1]` each key's
+/// notification channel. Returns n flags: 1 deleted, 0 not (absent, another value, or a key of another type:
+/// never touched). Every key is read before the first deletion, so an error reply (a refused read) changes
+/// nothing.
+pub const RELEASE_MANY: Script = Script {
+    name: "release-many",
+    source: r#"local n = #KEYS
+if #ARGV ~= 2 * n + 1 then
+  return redis.error_reply('ERR redlease: release_many wants a token and a channel per key, and the publish command')
+end
+local held = {}
+for i = 1, n do
+  local cur = redis.pcall('GET', KEYS[i])
+  if type(cur) == 'table' then
+    if not (cur.err and string.sub(cur.err, 1, 9) == 'WRONGTYPE') then
+      return cur
+    end
+    held[i] = false
+  else
+    held[i] = (cur == ARGV[i])
+  end
+end
+local publish = ARGV[n + 1]
+local out = {}
+for i = 1, n do
+  if held[i] then
+    redis.call('DEL', KEYS[i])
+    if publish == 'SPUBLISH' or publish == 'PUBLISH' then
+      redis.pcall(publish, ARGV[n + 1 + i], string.sub(ARGV[i], 1, 8))
+    end
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"#,
+    sha1: "d0fd6873e9756b0b6b43ec925143062dc23792cf",
+};
+
 /// One operation on a leased semaphore ([`RedisNode::permit`](redlease::RedisNode::permit)): a sorted set at
 /// `KEYS[1]` whose members are the holders' tokens, each scored by its permit's expiry in the **server's**
 /// milliseconds (`TIME`). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` the operation (`acquire`, `extend`
@@ -970,7 +1117,7 @@ pub(crate) fn parse_probe_reply(reply: Reply) -> Result<[bool; 3], NodeError> {
 }
 
 /// All scripts, for loading or checking digests.
-pub const ALL: [Script; 15] = [
+pub const ALL: [Script; 17] = [
     ACQUIRE,
     ACQUIRE_FRESH,
     ACQUIRE_TTL,
@@ -980,6 +1127,8 @@ pub const ALL: [Script; 15] = [
     RELEASE_SILENT,
     EXTEND,
     EXTEND_MANY,
+    ACQUIRE_MANY,
+    RELEASE_MANY,
     EXTEND_PERMITS,
     INSPECT,
     PROBE,
@@ -1229,6 +1378,40 @@ pub fn parse_fence(reply: Reply) -> Result<Option<u64>, NodeError> {
             .map(Some)
             .ok_or_else(|| unexpected(script, &reply)),
         Reply::Int(n) if *n >= 1 => Ok(Some(n.unsigned_abs())),
+        _ => Err(unexpected(script, &reply)),
+    }
+}
+
+/// The reply of [`ACQUIRE_MANY`] for `n` keys: `{1, fences…}` (`''` for an unfenced key) or `{0, i, pttl}`.
+pub fn parse_acquire_many(reply: Reply, n: usize) -> Result<redlease::MultiKeyReply, NodeError> {
+    let script = &ACQUIRE_MANY;
+    let Reply::Array(items) = &reply else {
+        return Err(unexpected(script, &reply));
+    };
+    match items.first() {
+        Some(Reply::Int(1)) if items.len() == n + 1 => items[1..]
+            .iter()
+            .map(|item| match item {
+                Reply::Bytes(b) if b.is_empty() => Ok(None),
+                other => parse_fence(other.clone())
+                    .ok()
+                    .flatten()
+                    .map(Some)
+                    .ok_or_else(|| unexpected(script, &reply)),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|fences| redlease::MultiKeyReply::Taken { fences }),
+        Some(Reply::Int(0)) if items.len() == 3 => {
+            let index = parse_int(script, &items[1])?;
+            let pttl = parse_int(script, &items[2])?;
+            match usize::try_from(index) {
+                Ok(index) if index < n => Ok(redlease::MultiKeyReply::Held {
+                    index,
+                    remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+                }),
+                _ => Err(unexpected(script, &reply)),
+            }
+        }
         _ => Err(unexpected(script, &reply)),
     }
 }

@@ -49,6 +49,7 @@ mod contended;
 mod lateness;
 mod measure;
 mod primitives;
+mod multi;
 mod report;
 mod scenarios;
 
@@ -379,6 +380,9 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         primitives::fair(&env, &plan)
             .into_iter()
             .for_each(&mut step);
+    }
+    if wanted("SM") {
+        multi::lock_all(&env, &plan).into_iter().for_each(&mut step);
     }
     if args.valkey {
         match scenarios::valkey_costs(&plan) {

@@ -530,7 +530,7 @@ impl Engine {
     /// 3. durability (single mode): the replicas' acknowledgement; under the required policy a shortfall
     ///    becomes an ambiguous [`NodeErrorKind::NotReplicated`] error (the clean-up releases the key).
     #[allow(clippy::too_many_arguments)]
-    async fn after_acquire(
+    pub(crate) async fn after_acquire(
         &self,
         i: usize,
         node: &dyn RedisNode,

@@ -8,16 +8,17 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::driver::Engine;
 use crate::driver::Planned;
+use crate::driver::{Engine, RoundResult};
 use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::slots::Slots;
 use crate::machine::unconfirmed::Unconfirmed;
+use crate::machine::unconfirmed::counts;
 use crate::machine::validity::deadline_after_round;
-use crate::machine::{RenewalSchedule, RenewalStep, Tally, Verdict};
-use crate::node::NodeError;
+use crate::machine::{RenewalSchedule, RenewalStep, Reply, Tally, Verdict, WaitFor};
 use crate::node::Ttl;
+use crate::node::{MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::ticket::LeaseTicket;
 use crate::time::Sleep;
@@ -1318,6 +1319,11 @@ impl Lease {
         let timeout = op_timeout.min(valid_until.saturating_duration_since(now));
         let outcome = self.shared.extend_once(ttl_wire, timeout, false).await;
         drop(permit);
+        self.conclude_extension(outcome).await
+    }
+
+    /// What a manual extension's round `outcome` makes of the lease (its permit released).
+    async fn conclude_extension(&self, outcome: Extension) -> Result<(), Error> {
         match outcome {
             Extension::Extended {
                 started,
@@ -1336,6 +1342,131 @@ impl Lease {
                 Err(self.shared.give_up(LossReason::ExtendFailed, None).await)
             }
         }
+    }
+
+    /// Extends `leases` — the parts of one set on one single-mode node — to `ttl` with one atomic step of the
+    /// node ([`MultiKeyOp::Extend`]): each part's permit, record and outcome as in its own
+    /// [`extend`](Self::extend), one request for all. `None` when they cannot go in one step (nothing was
+    /// applied): extend each on its own.
+    pub(crate) async fn extend_together(
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Option<Vec<Result<(), Error>>> {
+        // Every part's loss signal is polled meanwhile, so that a part whose deadline passes while the step
+        // waits for another part's permit (a renewal in flight) or for the node is reported at its deadline.
+        watching_losses(leases, Self::extend_together_unwatched(leases, ttl)).await
+    }
+
+    async fn extend_together_unwatched(
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Option<Vec<Result<(), Error>>> {
+        let engine = Arc::clone(&leases.first()?.shared.engine);
+        let one_node = engine.mode == crate::driver::Mode::Single
+            && engine.nodes.len() == 1
+            && !engine.permits
+            && leases
+                .iter()
+                .all(|l| Arc::ptr_eq(&l.shared.engine, &engine) && !l.shared.needs_repair());
+        if !one_node {
+            return None;
+        }
+        let ttl_wire = engine.config.check_expiry(ttl).ok()?;
+        let mut permits = Vec::with_capacity(leases.len());
+        for lease in leases {
+            permits.push(lease.shared.extend_permit().await);
+        }
+        let now = engine.timer.now();
+        let mut timeout = engine.config.operation_timeout_for(ttl);
+        let mut results: Vec<Option<Result<(), Error>>> = leases.iter().map(|_| None).collect();
+        let mut live = Vec::with_capacity(leases.len());
+        for (j, lease) in leases.iter().enumerate() {
+            match lease.shared.current(now) {
+                Ok(valid_until) => {
+                    timeout = timeout
+                        .min(lease.shared.op_timeout)
+                        .min(valid_until.saturating_duration_since(now));
+                    live.push(j);
+                }
+                Err(reason) => results[j] = Some(Err(lease.shared.lost_error(reason, None))),
+            }
+        }
+        // Recorded as possibly applied before the request is sent (see `Shared::prepare_extension`).
+        let planned: Vec<Planned> = live
+            .iter()
+            .map(|&j| leases[j].shared.prepare_extension(ttl_wire))
+            .collect();
+        let items: Vec<MultiKeyItem<'_>> = live
+            .iter()
+            .map(|&j| MultiKeyItem::new(&leases[j].shared.key, &leases[j].shared.token))
+            .collect();
+        let items_ref = &items;
+        let r = engine
+            .round(
+                WaitFor::All,
+                false,
+                timeout,
+                move |_, node| node.multi_key(items_ref, MultiKeyOp::Extend { ttl: ttl_wire }),
+                |_| true,
+            )
+            .await;
+        let (flags, error) = match r.values.first().cloned().flatten() {
+            Some(MultiKeyReply::Done(flags)) if flags.len() == items.len() => (flags, None),
+            Some(other) => (
+                Vec::new(),
+                Some(NodeError::ambiguous(
+                    NodeErrorKind::Protocol,
+                    format!(
+                        "multi_key answered {other:?} to an extension of {} keys",
+                        items.len()
+                    ),
+                )),
+            ),
+            None => (
+                Vec::new(),
+                Some(
+                    r.tally
+                        .errors()
+                        .into_iter()
+                        .next()
+                        .map_or_else(|| NodeError::timed_out(timeout), |(_, e)| e),
+                ),
+            ),
+        };
+        let unsupported = error
+            .as_ref()
+            .is_some_and(|e| e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous());
+        let suspended = r.suspended_by();
+        let mut outcomes = Vec::with_capacity(live.len());
+        for (k, &j) in live.iter().enumerate() {
+            let reply = match (&error, flags.get(k).copied()) {
+                (Some(e), _) => Reply::Failed(e.clone()),
+                (None, Some(true)) if counts(planned[k].unconfirmed.as_deref(), 0, ttl_wire) => {
+                    Reply::Yes
+                }
+                (None, Some(true)) => Reply::Failed(NodeError::ambiguous(
+                    NodeErrorKind::Other,
+                    "extended, but not counted: an earlier, shorter extension of this lease may still be \
+                     applied on this node after it",
+                )),
+                (None, _) => Reply::No,
+            };
+            let mut tally = Tally::new(1, engine.quorum(), WaitFor::Decision);
+            tally.handle_reply(0, reply);
+            // Settles the record either way (an unsupported step was not applied).
+            let outcome = leases[j].shared.finish_extension(
+                ttl_wire, false, &tally, r.started, r.ended, r.wall, &suspended,
+            );
+            outcomes.push((j, outcome));
+        }
+        drop(permits);
+        if unsupported {
+            return None;
+        }
+        for (j, outcome) in outcomes {
+            results[j] = Some(leases[j].conclude_extension(outcome).await);
+        }
+        Some(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
     }
 
     /// Releases the lease: compare-and-delete of its token on every node, waiting for each up to the operation
@@ -1364,61 +1495,27 @@ impl Lease {
         crate::trace::instrument(span, self.release_in())
     }
 
-    async fn release_in(mut self) -> Result<ReleaseReport, Error> {
+    async fn release_in(self) -> Result<ReleaseReport, Error> {
+        let releasing = self.begin_release();
+        // Armed before the first await: a release dropped from here on still deletes our token.
+        let mut guard = releasing.guard();
+        // A repair round of this lease in flight (writing the key where it was missing) may land after this
+        // deletion: that round deletes it again when it ends (`undo_repair_if_ended`), bounded by the
+        // operation timeout. Not waited for here: with a hung node it would double the release's time.
+        let r = releasing.round().await;
+        guard.disarm();
+        drop(guard);
+        releasing.finish(&r)
+    }
+
+    /// Ends the lease for a release (renewal stops, loss signals resolve); its compare-and-delete follows:
+    /// [`Releasing::round`], or one step together with other leases' (`crate::multi`).
+    pub(crate) fn begin_release(mut self) -> Releasing {
         self.armed = false;
         let shared = Arc::clone(&self.shared);
         drop(self);
         let prior = shared.end(Ending::Released);
-        let engine = &shared.engine;
-        // Armed before the first await: a release dropped from here on still deletes our token.
-        let mut guard = CleanupOnDrop::new(
-            engine,
-            &shared.key,
-            &shared.token,
-            shared.op_timeout,
-            shared.id,
-        );
-        // A repair round of this lease in flight (writing the key where it was missing) may land after this
-        // deletion: that round deletes it again when it ends (`undo_repair_if_ended`), bounded by the
-        // operation timeout. Not waited for here: with a hung node it would double the release's time.
-        let r = engine
-            .release_round(&shared.key, &shared.token, shared.op_timeout, None)
-            .await;
-        guard.disarm();
-        if engine.hook.active() {
-            engine.hook.emit(
-                &shared.key,
-                shared.id,
-                r.ended,
-                EventKind::ReleaseRound {
-                    nodes: Nodes::new(&r.tally),
-                    round: r.ended.saturating_duration_since(r.started),
-                },
-            );
-        }
-        if prior.is_some() {
-            return Err(shared
-                .loss_error()
-                .unwrap_or_else(|| shared.lost_error(LossReason::Expired, None)));
-        }
-        let n = engine.nodes.len();
-        if r.tally.yes() >= engine.quorum() {
-            Ok(ReleaseReport {
-                deleted: r.tally.yes(),
-                nodes: n,
-                failures: r.tally.errors(),
-            })
-        } else if r.tally.refused() {
-            Err(shared.lost_error(LossReason::NotHeld, None))
-        } else {
-            Err(QuorumError::new(
-                Operation::Release,
-                r.tally.yes(),
-                r.tally.required(),
-                r.tally.errors(),
-            )
-            .into())
-        }
+        Releasing { shared, prior }
     }
 
     /// Hands the lease to another process: ends it here without releasing it — renewal stops, loss signals
@@ -1618,6 +1715,109 @@ impl Drop for Lease {
                     (self.shared.id, CleanupCause::Dropped),
                 );
             }
+        }
+    }
+}
+
+/// Drives `fut` while polling the loss signal of every lease in `leases` (not stopping for one), so that a
+/// lease whose deadline passes meanwhile is reported lost at its deadline, not when `fut` ends.
+pub(crate) async fn watching_losses<F: Future>(leases: &[Lease], fut: F) -> F::Output {
+    let mut signals: Vec<Option<LossSignal>> = leases.iter().map(|l| Some(l.lost())).collect();
+    let mut fut = pin!(fut);
+    std::future::poll_fn(|cx| {
+        for slot in &mut signals {
+            if let Some(signal) = slot {
+                if Pin::new(signal).poll(cx).is_ready() {
+                    *slot = None;
+                }
+            }
+        }
+        fut.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// A lease ended by a release whose compare-and-delete is under way (see [`Lease::begin_release`]).
+pub(crate) struct Releasing {
+    shared: Arc<Shared>,
+    /// Whether it had been lost before the release.
+    prior: Option<LossReason>,
+}
+
+impl Releasing {
+    pub(crate) fn key(&self) -> &str {
+        &self.shared.key
+    }
+
+    pub(crate) fn token(&self) -> &Token {
+        &self.shared.token
+    }
+
+    pub(crate) fn engine(&self) -> &Arc<Engine> {
+        &self.shared.engine
+    }
+
+    pub(crate) fn op_timeout(&self) -> Duration {
+        self.shared.op_timeout
+    }
+
+    /// Deletes the token in the background if dropped armed (the release's future was dropped).
+    pub(crate) fn guard(&self) -> CleanupOnDrop<'_> {
+        let shared = &self.shared;
+        CleanupOnDrop::new(
+            &shared.engine,
+            &shared.key,
+            &shared.token,
+            shared.op_timeout,
+            shared.id,
+        )
+    }
+
+    /// The lease's own compare-and-delete round on every node.
+    pub(crate) fn round(&self) -> impl Future<Output = RoundResult<bool>> + '_ {
+        let shared = &self.shared;
+        shared
+            .engine
+            .release_round(&shared.key, &shared.token, shared.op_timeout, None)
+    }
+
+    /// The release's outcome, from its compare-and-delete round `r`.
+    pub(crate) fn finish(self, r: &RoundResult<bool>) -> Result<ReleaseReport, Error> {
+        let Releasing { shared, prior } = self;
+        let engine = &shared.engine;
+        if engine.hook.active() {
+            engine.hook.emit(
+                &shared.key,
+                shared.id,
+                r.ended,
+                EventKind::ReleaseRound {
+                    nodes: Nodes::new(&r.tally),
+                    round: r.ended.saturating_duration_since(r.started),
+                },
+            );
+        }
+        if prior.is_some() {
+            return Err(shared
+                .loss_error()
+                .unwrap_or_else(|| shared.lost_error(LossReason::Expired, None)));
+        }
+        let n = engine.nodes.len();
+        if r.tally.yes() >= engine.quorum() {
+            Ok(ReleaseReport {
+                deleted: r.tally.yes(),
+                nodes: n,
+                failures: r.tally.errors(),
+            })
+        } else if r.tally.refused() {
+            Err(shared.lost_error(LossReason::NotHeld, None))
+        } else {
+            Err(QuorumError::new(
+                Operation::Release,
+                r.tally.yes(),
+                r.tally.required(),
+                r.tally.errors(),
+            )
+            .into())
         }
     }
 }

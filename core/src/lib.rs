@@ -93,8 +93,9 @@ pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{HolderInfo, Lock, LockManager, MAX_HOLDER_INFO_BYTES};
 pub use multi::{MultiLease, MultiLock};
 pub use node::{
-    Applied, Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper,
-    PermitOp, PermitReply, RedisNode, ReplicaWait, RunId, Ttl,
+    Applied, Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
+    NodeErrorKind, NodeFuture, NodeWrapper, PermitOp, PermitReply, RedisNode, ReplicaWait, RunId,
+    Ttl,
 };
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,

@@ -1279,6 +1279,75 @@ impl Lock {
         }))
     }
 
+    /// The checked TTL and operation timeout of an acquisition of this lock (for `crate::multi`).
+    pub(crate) fn ttl_and_timeout(&self) -> Result<(Ttl, Duration), Error> {
+        self.plan().map(|p| (p.ttl, p.op_timeout))
+    }
+
+    /// The fence counter of a fenced lock.
+    pub(crate) fn fence_key(&self) -> Option<&str> {
+        self.fence_key.as_deref()
+    }
+
+    /// A fresh token for an acquisition of this lock (with its holder info).
+    pub(crate) fn new_token(&self) -> Result<Token, Error> {
+        Ok(Token::random()?.with_info(self.holder_info.as_deref()))
+    }
+
+    /// The lease of an acquisition of this lock made outside its own rounds — one step that took several
+    /// keys at once (`crate::multi`) — whose request was sent at `started` and which is valid until
+    /// `valid_until`: its events and the lease, as [`won`](Self::won) makes them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn granted(
+        &self,
+        id: LeaseId,
+        token: Token,
+        fence: Option<u64>,
+        (ttl, op_timeout): (Ttl, Duration),
+        (started, wall_started): (Instant, Option<std::time::SystemTime>),
+        valid_until: Instant,
+        waited: Duration,
+    ) -> Lease {
+        let engine = &self.engine;
+        if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
+            match engine.watch.lock() {
+                Ok(mut w) => w.issued(fence_key, fence),
+                Err(p) => p.into_inner().issued(fence_key, fence),
+            }
+        }
+        let now = engine.timer.now();
+        engine.hook.emit(
+            &self.key,
+            id,
+            now,
+            EventKind::Acquired {
+                valid_until,
+                fence,
+                attempts: 1,
+                waited,
+                contended: false,
+            },
+        );
+        self.lease(Grant {
+            key: self.key.clone(),
+            token,
+            ttl,
+            op_timeout,
+            fence,
+            renew_interval: self.renew_every,
+            id,
+            acquired_at: now,
+            hold_until: self
+                .effective_max_hold()
+                .and_then(|d| started.checked_add(d)),
+            round_started: started,
+            wall_started,
+            unconfirmed: None,
+            missing: NodeSet::default(),
+            valid_until,
+        })
+    }
+
     fn lease(&self, grant: Grant) -> Lease {
         let shared = Shared::new(Arc::clone(&self.engine), grant);
         if let Some(spawner) = &self.engine.spawner {

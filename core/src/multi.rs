@@ -8,9 +8,14 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::ConfigError;
-use crate::error::{Error, LossReason};
-use crate::lease::{Lease, LeaseState, LossSignal};
+use crate::driver::{Engine, Mode, Notes};
+use crate::error::{Error, LossReason, NotAcquiredReason, QuorumError};
+use crate::lease::{CleanupOnDrop, Lease, LeaseState, LossSignal, Releasing};
+use crate::machine::{Reply, Tally, WaitFor};
 use crate::manager::Lock;
+use crate::node::{MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind};
+use crate::observe::{CleanupCause, LeaseId};
+use crate::token::Token;
 
 /// A description of several locks acquired all or nothing, held, renewed and released as one
 /// [`MultiLease`]. Made by [`LockManager::lock_all`](crate::LockManager::lock_all); cheap to clone.
@@ -19,13 +24,26 @@ use crate::manager::Lock;
 /// starts, and none may stay held when the acquisition fails.
 ///
 /// # How it acquires
-/// The keys are taken one lock at a time in one fixed order (sorted), so two acquisitions of overlapping
-/// sets never wait for each other in a cycle. An attempt tries every key once; if one is held by another
-/// owner (or fails), every key this attempt took is released at once, and the next attempt — if the limit
-/// allows — first waits for that key the way [`Lock::acquire_until`] does (woken by its release where the
-/// node can subscribe), holding nothing else, then tries the rest. Each key is its own lease with its own
-/// token, TTL and renewal; the set is valid until the earliest of their deadlines. Fencing tokens, with
-/// [`fenced`](Self::fenced), are issued per key, each in its own key's atomic step, not all in one step.
+/// **On one node** (single mode) whose [`RedisNode::multi_key`](crate::RedisNode::multi_key) can do it — the
+/// adapters on any server that runs Lua scripts, and on Redis Cluster when every key (and fence counter)
+/// hashes to one slot (`{tag}`) — an attempt is **one atomic step**: every key is set with its own token and
+/// the TTL only if none is held by another owner, and otherwise nothing at all is written. With
+/// [`fenced`](Self::fenced), every key's fencing token is issued in that same step, so a refused attempt
+/// spends no fence. The release of the set, and its manual extension, are one step too.
+///
+/// **Otherwise** — Redlock, keys in several Cluster slots, a server without Lua, a node that does not
+/// implement `multi_key` — the keys are taken one lock at a time in one fixed order (sorted), so two
+/// acquisitions of overlapping sets never wait for each other in a cycle. An attempt tries every key once;
+/// if one is held by another owner (or fails), every key this attempt took is released at once. Each key's
+/// fencing token then comes from its own acquisition step, and a refused attempt may have spent the fences
+/// of the keys it took before.
+///
+/// Either way, an attempt that found a key held is followed — if the limit allows — by waiting for that key
+/// the way [`Lock::acquire_until`] does (woken by its release where the node can subscribe), holding nothing
+/// else; the next attempt starts with that key held (its fence is the one its own acquisition issued). Each
+/// key is its own lease with its own token, TTL and renewal; the set is valid until the earliest of their
+/// deadlines. A manual [`MultiLease::extend`] is one step where the acquisition is; renewals go key by key
+/// (batched with [`Config::with_renewal_batching`](crate::Config::with_renewal_batching)).
 ///
 /// ```
 /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
@@ -110,7 +128,9 @@ impl MultiLock {
     }
 
     /// Issues a fencing token for every key from the counter `fence_key(key)` (single mode only); see
-    /// [`Lock::fenced`]. Each key's token comes from its own acquisition step.
+    /// [`Lock::fenced`]. On a node that takes the set in one step (see [How it acquires](Self#how-it-acquires))
+    /// every token is issued in that step; otherwise each comes from its own key's step. The counters must
+    /// differ from each other and from the lock keys for the one step (else the keys go one at a time).
     #[must_use]
     pub fn fenced(&self, fence_key: impl Fn(&str) -> String) -> Self {
         self.map(|l| {
@@ -169,6 +189,15 @@ impl MultiLock {
         loop {
             let blocked = match self.attempt(first.take()).await {
                 Ok(lease) => return Ok(lease),
+                // A refusal no retry can change ends the wait at once (the one-step attempt names no key to
+                // wait for: the first key would be taken and the set refused again, until the deadline).
+                Err((
+                    _,
+                    e @ Error::NotAcquired {
+                        reason: NotAcquiredReason::Refused,
+                        ..
+                    },
+                )) => return Err(e),
                 Err((blocked, e)) => match self.locks.get(blocked) {
                     Some(lock) if lock.now() < deadline => lock,
                     _ => return Err(e),
@@ -192,6 +221,13 @@ impl MultiLock {
                 0,
                 ConfigError::InvalidKey("lock_all needs at least one key").into(),
             ));
+        };
+        let held = match self.one_step_engine() {
+            Some(engine) => match self.attempt_in_one_step(&engine, held).await {
+                Step::Done(result) => return result,
+                Step::Unsupported(held) => held,
+            },
+            None => held,
         };
         let mut slots: Vec<Option<Lease>> = self.locks.iter().map(|_| None).collect();
         if let Some(lease) = held {
@@ -230,8 +266,323 @@ impl MultiLock {
             release_all(slots.into_iter().flatten().collect()).await;
             return Err(failed);
         }
-        let leases: Vec<Lease> = slots.into_iter().flatten().collect();
         // A part whose deadline passed with the last round is not handed out.
+        let _ = first;
+        self.hand_out(slots.into_iter().flatten().collect()).await
+    }
+
+    /// The manager's engine, if these keys may be taken in one step ([`RedisNode::multi_key`]): a single
+    /// node (not Redlock, not a semaphore's permits), one TTL for every key, and distinct fence counters that
+    /// are not lock keys. Whether the node can is its own answer.
+    ///
+    /// [`RedisNode::multi_key`]: crate::RedisNode::multi_key
+    fn one_step_engine(&self) -> Option<Arc<Engine>> {
+        let first = self.locks.first()?;
+        let engine = first.engine();
+        let shaped = engine.mode == Mode::Single
+            && engine.nodes.len() == 1
+            && !engine.permits
+            && !engine.contention_writes;
+        if !shaped {
+            return None;
+        }
+        let mut names: std::collections::HashSet<&str> = self.keys().collect();
+        for lock in self.locks.iter() {
+            if !Arc::ptr_eq(&lock.engine(), &engine)
+                || lock.effective_expiry() != first.effective_expiry()
+            {
+                return None;
+            }
+            if let Some(fence_key) = lock.fence_key() {
+                if !names.insert(fence_key) {
+                    return None;
+                }
+            }
+        }
+        Some(engine)
+    }
+
+    /// One attempt as one atomic step on the node ([`MultiKeyOp::Acquire`]): every key with its own token
+    /// (the key in `held`, taken by waiting for it, with its lease's), every fence issued in that step.
+    /// [`Step::Unsupported`] (with `held` back) when the node cannot, having sent nothing.
+    async fn attempt_in_one_step(&self, engine: &Arc<Engine>, held: Option<Lease>) -> Step {
+        let began = engine.timer.now();
+        let (ttl, op_timeout) = match self.locks[0].ttl_and_timeout() {
+            Ok(plan) => plan,
+            Err(e) => return Step::Done(Err((0, e))),
+        };
+        let held_at = held
+            .as_ref()
+            .and_then(|l| self.locks.iter().position(|k| k.key() == l.key()));
+        let mut tokens: Vec<Token> = Vec::with_capacity(self.locks.len());
+        for (i, lock) in self.locks.iter().enumerate() {
+            let token = match (&held, held_at == Some(i)) {
+                (Some(lease), true) => Ok(lease.token().clone()),
+                _ => lock.new_token(),
+            };
+            match token {
+                Ok(t) => tokens.push(t),
+                Err(e) => {
+                    release_all(held.into_iter().collect()).await;
+                    return Step::Done(Err((i, e)));
+                }
+            }
+        }
+        let ids: Vec<LeaseId> = self.locks.iter().map(|_| LeaseId::next()).collect();
+        let items: Vec<MultiKeyItem<'_>> = self
+            .locks
+            .iter()
+            .zip(&tokens)
+            .map(|(lock, token)| {
+                let item = MultiKeyItem::new(lock.key(), token);
+                match lock.fence_key() {
+                    Some(fence_key) => item.fenced(fence_key),
+                    None => item,
+                }
+            })
+            .collect();
+        // Armed before the request is sent: dropped from here on, the new tokens are deleted in the
+        // background (the held key's lease cleans up after itself).
+        let mut guards: Vec<CleanupOnDrop<'_>> = self
+            .locks
+            .iter()
+            .zip(&tokens)
+            .zip(&ids)
+            .enumerate()
+            .filter(|(i, _)| held_at != Some(*i))
+            .map(|(_, ((lock, token), id))| {
+                CleanupOnDrop::new(engine, lock.key(), token, op_timeout, *id)
+            })
+            .collect();
+        let disarm =
+            |guards: &mut Vec<CleanupOnDrop<'_>>| guards.iter_mut().for_each(CleanupOnDrop::disarm);
+        let items_ref = &items;
+        let round = engine.round(
+            WaitFor::Decision,
+            false,
+            op_timeout.saturating_add(engine.wait_allowance()),
+            move |_, node| node.multi_key(items_ref, MultiKeyOp::Acquire { ttl }),
+            |reply| matches!(reply, MultiKeyReply::Taken { .. }),
+        );
+        // The held key's lease is watched meanwhile, as in a one-key-at-a-time attempt: lost during the
+        // step, it ends the attempt at once (reported by its loss signal at its deadline).
+        let r = match watch_parts(std::slice::from_ref(&held), round).await {
+            Ok(r) => r,
+            Err(_) => {
+                self.clean_up(engine, &tokens, held_at, &ids, op_timeout)
+                    .await;
+                disarm(&mut guards);
+                return Step::Done(Err(self.held_lost(held, held_at).await));
+            }
+        };
+        let fences = match r.values.first().cloned().flatten() {
+            Some(MultiKeyReply::Taken { fences }) if fences.len() == items.len() => fences,
+            Some(MultiKeyReply::Held { index, .. }) if index < items.len() => {
+                // Nothing was written.
+                disarm(&mut guards);
+                release_all(held.into_iter().collect()).await;
+                return Step::Done(Err((
+                    index,
+                    self.not_acquired(index, NotAcquiredReason::Contended, None),
+                )));
+            }
+            reply => {
+                let error = match reply {
+                    Some(other) => NodeError::ambiguous(
+                        NodeErrorKind::Protocol,
+                        format!(
+                            "multi_key answered {other:?} to an acquisition of {} keys",
+                            items.len()
+                        ),
+                    ),
+                    None => r
+                        .tally
+                        .errors()
+                        .into_iter()
+                        .next()
+                        .map_or_else(|| NodeError::timed_out(op_timeout), |(_, e)| e),
+                };
+                if error.kind() == NodeErrorKind::Unsupported && !error.is_ambiguous() {
+                    disarm(&mut guards);
+                    return Step::Unsupported(held);
+                }
+                if error.is_ambiguous() {
+                    self.clean_up(engine, &tokens, held_at, &ids, op_timeout)
+                        .await;
+                }
+                disarm(&mut guards);
+                release_all(held.into_iter().collect()).await;
+                let reason = if error.is_permanent() {
+                    NotAcquiredReason::Refused
+                } else {
+                    NotAcquiredReason::TooFewNodes
+                };
+                return Step::Done(Err((0, self.not_acquired(0, reason, Some(error)))));
+            }
+        };
+        // What follows a won acquisition on the node, per key: restart detection, fence regression (which
+        // releases that key), the durability wait (as for one key).
+        let notes = Notes::default();
+        let node = engine.nodes[0].as_ref();
+        let mut failed = None;
+        let checks = async {
+            for (i, item) in items.iter().enumerate() {
+                let fence = fences[i].map_or(Some(0), Some);
+                // The held key's fence is its lease's, already recorded: not a new one to compare.
+                let fence_key = item.fence_key.filter(|_| held_at != Some(i));
+                let checked = engine
+                    .after_acquire(
+                        0,
+                        node,
+                        item.key,
+                        fence_key,
+                        item.token,
+                        ttl,
+                        Ok(fence),
+                        &notes,
+                    )
+                    .await;
+                if let Err(e) = checked {
+                    failed = Some((i, e));
+                    break;
+                }
+            }
+        };
+        if watch_parts(std::slice::from_ref(&held), checks)
+            .await
+            .is_err()
+        {
+            self.clean_up(engine, &tokens, held_at, &ids, op_timeout)
+                .await;
+            disarm(&mut guards);
+            return Step::Done(Err(self.held_lost(held, held_at).await));
+        }
+        let ended = engine.timer.now();
+        if engine.hook.active() {
+            notes.emit(engine, items[0].key, ids[0], ended);
+        }
+        let factor = engine.config.drift_factor();
+        let drift = crate::machine::validity::drift(ttl, factor);
+        let wall = (r.wall.0, engine.timer.wall_now());
+        let valid_until =
+            crate::machine::validity::deadline_after_round(r.started, ended, ttl, factor)
+                .filter(|_| !crate::time::suspended((r.started, ended), wall, drift));
+        let valid_until = match (failed, valid_until) {
+            (None, Some(valid_until)) => valid_until,
+            (failed, _) => {
+                self.clean_up(engine, &tokens, held_at, &ids, op_timeout)
+                    .await;
+                disarm(&mut guards);
+                release_all(held.into_iter().collect()).await;
+                let (index, reason, error) = match failed {
+                    Some((i, e)) if e.kind() == NodeErrorKind::NotReplicated => {
+                        (i, NotAcquiredReason::NotReplicated, Some(e))
+                    }
+                    Some((i, e)) if e.is_permanent() => (i, NotAcquiredReason::Refused, Some(e)),
+                    Some((i, e)) => (i, NotAcquiredReason::TooFewNodes, Some(e)),
+                    None => (0, NotAcquiredReason::ValidityExhausted, None),
+                };
+                return Step::Done(Err((index, self.not_acquired(index, reason, error))));
+            }
+        };
+        disarm(&mut guards);
+        drop(guards);
+        let waited = engine.timer.now().saturating_duration_since(began);
+        let mut held = held;
+        let mut leases = Vec::with_capacity(self.locks.len());
+        for (i, ((lock, token), fence)) in self.locks.iter().zip(tokens).zip(fences).enumerate() {
+            if held_at == Some(i) {
+                if let Some(lease) = held.take() {
+                    leases.push(lease);
+                    continue;
+                }
+            }
+            leases.push(lock.granted(
+                ids[i],
+                token,
+                fence.filter(|_| lock.fence_key().is_some()),
+                (ttl, op_timeout),
+                (r.started, r.wall.0),
+                valid_until,
+                waited,
+            ));
+        }
+        Step::Done(self.hand_out(leases).await)
+    }
+
+    /// A one-step attempt whose held part was lost meanwhile: releases it, and the attempt's error.
+    async fn held_lost(&self, held: Option<Lease>, held_at: Option<usize>) -> (usize, Error) {
+        let part = held_at.unwrap_or(0);
+        let reason = match held.as_ref().map(Lease::state) {
+            Some(LeaseState::Lost(reason)) => reason,
+            _ => LossReason::Expired,
+        };
+        release_all(held.into_iter().collect()).await;
+        let key = self.locks[part].key().to_owned();
+        (
+            part,
+            Error::Lost {
+                key,
+                reason,
+                source: None,
+            },
+        )
+    }
+
+    /// Deletes the tokens of a one-step attempt that may have been written (the held key's aside), one
+    /// compare-and-delete each, concurrently.
+    async fn clean_up(
+        &self,
+        engine: &Arc<Engine>,
+        tokens: &[Token],
+        held_at: Option<usize>,
+        ids: &[LeaseId],
+        timeout: Duration,
+    ) {
+        let rounds = self
+            .locks
+            .iter()
+            .zip(tokens)
+            .zip(ids)
+            .enumerate()
+            .filter(|(i, _)| held_at != Some(*i))
+            .map(|(_, ((lock, token), id))| {
+                engine.cleanup(
+                    lock.key(),
+                    token,
+                    timeout,
+                    None,
+                    (*id, CleanupCause::FailedAttempt),
+                )
+            });
+        join_all(rounds).await;
+    }
+
+    /// The error of a one-step attempt that failed on key `index`.
+    fn not_acquired(
+        &self,
+        index: usize,
+        reason: NotAcquiredReason,
+        error: Option<NodeError>,
+    ) -> Error {
+        Error::NotAcquired {
+            key: self.locks[index].key().to_owned(),
+            mode: Mode::Single,
+            attempts: 1,
+            reason,
+            last_error: error.map(|e| {
+                Box::new(QuorumError::new(
+                    crate::error::Operation::Acquire,
+                    0,
+                    1,
+                    vec![(0, e)],
+                ))
+            }),
+        }
+    }
+
+    /// The set, unless a part's deadline already passed (then every part is released).
+    async fn hand_out(&self, leases: Vec<Lease>) -> Result<MultiLease, (usize, Error)> {
         if let Some(part) = leases.iter().position(|l| !l.is_held()) {
             let reason = match leases[part].state() {
                 LeaseState::Lost(reason) => reason,
@@ -248,9 +599,10 @@ impl MultiLock {
                 },
             ));
         }
+        let acquired_at = self.locks[0].now();
         Ok(MultiLease {
             leases,
-            acquired_at: first.now(),
+            acquired_at,
         })
     }
 
@@ -265,6 +617,15 @@ impl MultiLock {
         }
         Ok(out)
     }
+}
+
+/// What a one-step attempt did.
+enum Step {
+    /// The node cannot take these keys in one step (nothing was sent): take them one at a time, starting
+    /// with the held lease given back.
+    Unsupported(Option<Lease>),
+    /// The attempt's outcome, as [`MultiLock::attempt`]'s.
+    Done(Result<MultiLease, (usize, Error)>),
 }
 
 /// Drives `fut` while watching the loss signals of the parts already held in `slots`: `Err(index)` of the
@@ -292,6 +653,80 @@ async fn watch_parts<F: Future>(slots: &[Option<Lease>], fut: F) -> Result<F::Ou
 /// node could not delete expires by its TTL).
 async fn release_all(leases: Vec<Lease>) {
     let _ = join_all(leases.into_iter().map(Lease::release)).await;
+}
+
+/// The compare-and-delete of every part as one step on the node ([`MultiKeyOp::Release`]): each part's
+/// round result, as if it had been its own round; `None` when the node cannot (nothing was sent).
+async fn release_in_one_step(
+    engine: &Arc<Engine>,
+    parts: &[Releasing],
+) -> Option<Vec<crate::driver::RoundResult<bool>>> {
+    let items: Vec<MultiKeyItem<'_>> = parts
+        .iter()
+        .map(|p| MultiKeyItem::new(p.key(), p.token()))
+        .collect();
+    let timeout = parts
+        .iter()
+        .map(Releasing::op_timeout)
+        .min()
+        .unwrap_or_default();
+    let items_ref = &items;
+    let r = engine
+        .round(
+            WaitFor::All,
+            false,
+            timeout,
+            move |_, node| node.multi_key(items_ref, MultiKeyOp::Release),
+            |_| true,
+        )
+        .await;
+    let replies: Vec<Reply> = match r.values.first().cloned().flatten() {
+        Some(MultiKeyReply::Done(flags)) if flags.len() == items.len() => flags
+            .into_iter()
+            .map(|ok| if ok { Reply::Yes } else { Reply::No })
+            .collect(),
+        reply => {
+            let error = match reply {
+                Some(other) => NodeError::ambiguous(
+                    NodeErrorKind::Protocol,
+                    format!(
+                        "multi_key answered {other:?} to a release of {} keys",
+                        items.len()
+                    ),
+                ),
+                None => r
+                    .tally
+                    .errors()
+                    .into_iter()
+                    .next()
+                    .map_or_else(|| NodeError::timed_out(timeout), |(_, e)| e),
+            };
+            if error.kind() == NodeErrorKind::Unsupported && !error.is_ambiguous() {
+                return None;
+            }
+            // As each part's own round would have failed: not retried per key, where a step that was
+            // applied would read as "not held".
+            items.iter().map(|_| Reply::Failed(error.clone())).collect()
+        }
+    };
+    Some(
+        replies
+            .into_iter()
+            .map(|reply| {
+                let yes = matches!(reply, Reply::Yes);
+                let answered = !matches!(reply, Reply::Failed(_));
+                let mut tally = Tally::new(1, engine.quorum(), WaitFor::All);
+                tally.handle_reply(0, reply);
+                crate::driver::RoundResult {
+                    tally,
+                    values: crate::machine::slots::Slots::from_fn(1, |_| answered.then_some(yes)),
+                    started: r.started,
+                    ended: r.ended,
+                    wall: r.wall,
+                }
+            })
+            .collect(),
+    )
 }
 
 /// Polls every future concurrently; their outputs in order.
@@ -398,15 +833,24 @@ impl MultiLease {
         })
     }
 
-    /// Extends every part to `ttl` from now, concurrently; see [`Lease::extend`].
+    /// Extends every part to `ttl` from now — in one step on a node that can (see [`MultiLock`]'s "How it
+    /// acquires"), else concurrently — see [`Lease::extend`].
     ///
     /// # Errors
     /// The first part's error, in key order (every part was tried).
     pub async fn extend(&self, ttl: Duration) -> Result<(), Error> {
-        join_all(self.leases.iter().map(|l| l.extend(ttl)))
-            .await
-            .into_iter()
-            .collect()
+        if let Some(results) = Lease::extend_together(&self.leases, ttl).await {
+            return results.into_iter().collect();
+        }
+        // Every part's loss signal is polled meanwhile: a part whose deadline passes while another part's
+        // extension is under way is reported lost at its deadline.
+        crate::lease::watching_losses(
+            &self.leases,
+            join_all(self.leases.iter().map(|l| l.extend(ttl))),
+        )
+        .await
+        .into_iter()
+        .collect()
     }
 
     /// Runs `work` while holding every part, renewing each meanwhile, and stops it as soon as any part is
@@ -418,14 +862,39 @@ impl MultiLease {
         crate::lease::run_all(&self.leases, work).await
     }
 
-    /// Releases every part concurrently; see [`Lease::release`].
+    /// Releases every part — in one step on a node that can (see [`MultiLock`]'s "How it acquires"), else
+    /// concurrently — see [`Lease::release`].
     ///
     /// # Errors
     /// The first part's error, in key order ([`Error::Lost`] if it had been lost: work done under the set
     /// may have overlapped another holder of that key). Every part was released whatever the errors.
     pub async fn release(self) -> Result<(), Error> {
-        join_all(self.leases.into_iter().map(Lease::release))
-            .await
+        let parts: Vec<Releasing> = self.leases.into_iter().map(Lease::begin_release).collect();
+        let Some(first) = parts.first() else {
+            return Ok(());
+        };
+        let engine = Arc::clone(first.engine());
+        let one_step = engine.mode == Mode::Single
+            && engine.nodes.len() == 1
+            && !engine.permits
+            && parts.iter().all(|p| Arc::ptr_eq(p.engine(), &engine));
+        // Armed before the first await: a release dropped from here on still deletes every token.
+        let mut guards: Vec<CleanupOnDrop<'_>> = parts.iter().map(Releasing::guard).collect();
+        let mut rounds = None;
+        if one_step {
+            rounds = release_in_one_step(&engine, &parts).await;
+        }
+        let rounds = match rounds {
+            Some(rounds) => rounds,
+            None => join_all(parts.iter().map(Releasing::round)).await,
+        };
+        guards.iter_mut().for_each(CleanupOnDrop::disarm);
+        drop(guards);
+        parts
+            .into_iter()
+            .zip(&rounds)
+            .map(|(part, r)| part.finish(r))
+            .collect::<Vec<_>>()
             .into_iter()
             .try_for_each(|r| r.map(|_| ()))
     }

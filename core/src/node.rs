@@ -243,7 +243,8 @@ impl ReplicaWait {
 ///
 /// Wherever a method sets the TTL of a key that already holds the caller's token ([`extend`](RedisNode::extend),
 /// [`extend_many`](RedisNode::extend_many), and the own-token branch of [`acquire`](RedisNode::acquire),
-/// [`acquire_or_ttl`](RedisNode::acquire_or_ttl) and [`acquire_fenced`](RedisNode::acquire_fenced)), the key's remaining
+/// [`acquire_or_ttl`](RedisNode::acquire_or_ttl), [`acquire_fenced`](RedisNode::acquire_fenced) and
+/// [`multi_key`](RedisNode::multi_key)), the key's remaining
 /// TTL becomes `max(remaining, ttl)` — Redis' `PEXPIRE key ttl GT`, or the same comparison of `PTTL` inside
 /// a script — and the answer is still `true` (the key is ours) when the TTL was already longer. A key without
 /// a TTL keeps none, as with `GT`. So a lease may believe a shorter deadline than its key has (a manual
@@ -615,6 +616,116 @@ pub trait RedisNode: Send + Sync {
             "this node has no leased semaphores (RedisNode::permit is not implemented)",
         ))
     }
+
+    /// One atomic step over several lock keys on this node, for
+    /// [`LockManager::lock_all`](crate::LockManager::lock_all): every item's key, token and (optional)
+    /// fence counter at once, all or nothing.
+    ///
+    /// - [`MultiKeyOp::Acquire`]: if every key is absent or holds its item's token, then for each item in
+    ///   order: an absent key is set to its token with `PX ttl` (a fenced item's counter `INCR`ed first, as
+    ///   [`acquire_fenced`](Self::acquire_fenced) does), a key holding its token keeps the longer of its
+    ///   remaining TTL and `ttl` (never shortened); the answer is [`MultiKeyReply::Taken`] with each item's
+    ///   fence (`None` for an unfenced item; for a key that already held its token, the counter's current
+    ///   value). Every fence of one call is issued in this one step. If some key holds another value,
+    ///   **nothing** is written and the answer is [`MultiKeyReply::Held`] naming the first such item and the
+    ///   holder's remaining TTL.
+    /// - [`MultiKeyOp::Release`]: each key holding its item's token is deleted (publishing the release
+    ///   notification, as [`release`](Self::release) does); [`MultiKeyReply::Done`] with one flag per item.
+    /// - [`MultiKeyOp::Extend`]: each key holding its item's token gets the longer of its remaining TTL and
+    ///   `ttl` (never shortened, as [`extend`](Self::extend)); [`MultiKeyReply::Done`] with one flag per
+    ///   item. Never creates a key.
+    ///
+    /// Every check that can fail (a key of another type, a fence counter that is not a non-negative integer,
+    /// has a TTL or is exhausted, invalid arguments) runs before the first write, so an error means nothing
+    /// was applied (unless it is ambiguous, as for any operation). Items name distinct keys; fence keys are
+    /// distinct and no lock key is a fence key (the core never sends anything else).
+    ///
+    /// An optional capability: the default answers [`NodeErrorKind::Unsupported`] without sending anything,
+    /// and the core then takes, renews and releases the keys one lock at a time, in a fixed order. A node
+    /// answers `Unsupported` too, without sending anything, for a call it cannot make one atomic step: keys
+    /// in different Redis Cluster slots, or a server without scripting.
+    async fn multi_key(
+        &self,
+        items: &[MultiKeyItem<'_>],
+        op: MultiKeyOp,
+    ) -> Result<MultiKeyReply, NodeError> {
+        let _ = (items, op);
+        Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "this node cannot take several keys in one step (RedisNode::multi_key is not implemented)",
+        ))
+    }
+}
+
+/// One key of a [`RedisNode::multi_key`] call.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct MultiKeyItem<'a> {
+    /// The lock key.
+    pub key: &'a str,
+    /// The token this key is (to be) held by.
+    pub token: &'a Token,
+    /// The fence counter of a fenced item ([`MultiKeyOp::Acquire`] only; ignored otherwise).
+    pub fence_key: Option<&'a str>,
+}
+
+impl<'a> MultiKeyItem<'a> {
+    /// An unfenced item: `key` held by `token`.
+    pub fn new(key: &'a str, token: &'a Token) -> Self {
+        Self {
+            key,
+            token,
+            fence_key: None,
+        }
+    }
+
+    /// This item, fenced by the counter at `fence_key`.
+    #[must_use]
+    pub fn fenced(mut self, fence_key: &'a str) -> Self {
+        self.fence_key = Some(fence_key);
+        self
+    }
+}
+
+/// What a [`RedisNode::multi_key`] call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MultiKeyOp {
+    /// Take every key, or none.
+    Acquire {
+        /// The TTL of every key.
+        ttl: Ttl,
+    },
+    /// Extend every key still holding its token, never shortening one.
+    Extend {
+        /// The TTL to extend to (at least).
+        ttl: Ttl,
+    },
+    /// Delete every key still holding its token.
+    Release,
+}
+
+/// The answer of [`RedisNode::multi_key`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MultiKeyReply {
+    /// [`MultiKeyOp::Acquire`]: every key is (now) held by its token; each item's fence, in item order.
+    Taken {
+        /// Per item: the fence issued (or, for a key that already held its token, the counter's value);
+        /// `None` for an unfenced item.
+        fences: Vec<Option<u64>>,
+    },
+    /// [`MultiKeyOp::Acquire`]: the key of item `index` (the first such, in item order) is held by another
+    /// owner; nothing was written.
+    Held {
+        /// The item whose key is held.
+        index: usize,
+        /// The holder's remaining TTL, learned in the same step (`None`: unknown or no expiry).
+        remaining: Option<Duration>,
+    },
+    /// [`MultiKeyOp::Extend`] / [`MultiKeyOp::Release`]: per item, in order, whether its key held its token
+    /// (and was extended or deleted).
+    Done(Vec<bool>),
 }
 
 /// A leased-semaphore operation ([`RedisNode::permit`]).
@@ -1020,6 +1131,21 @@ pub trait NodeWrapper: Send + Sync {
     {
         self.inner().permit(key, token, ttl, op)
     }
+
+    /// See [`RedisNode::multi_key`]; forwards by default.
+    fn multi_key<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [MultiKeyItem<'c>],
+        op: MultiKeyOp,
+    ) -> NodeFuture<'f, MultiKeyReply>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        self.inner().multi_key(items, op)
+    }
 }
 
 impl<W: NodeWrapper> RedisNode for W {
@@ -1203,6 +1329,20 @@ impl<W: NodeWrapper> RedisNode for W {
         Self: 'f,
     {
         NodeWrapper::permit(self, key, token, ttl, op)
+    }
+
+    fn multi_key<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [MultiKeyItem<'c>],
+        op: MultiKeyOp,
+    ) -> NodeFuture<'f, MultiKeyReply>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        NodeWrapper::multi_key(self, items, op)
     }
 }
 

@@ -9,8 +9,8 @@ use crate::error::Error;
 use crate::lease::Lease;
 use crate::manager::{Lock, LockManager};
 use crate::node::{
-    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, NodeFuture, NodeWrapper, PermitOp,
-    PermitReply, RedisNode, Ttl,
+    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind,
+    NodeFuture, NodeWrapper, PermitOp, PermitReply, RedisNode, Ttl,
 };
 use crate::token::Token;
 
@@ -580,6 +580,21 @@ impl NodeWrapper for PermitNode {
 
     fn extend_many_limit(&self) -> usize {
         RedisNode::extend_many_limit(&*self.inner)
+    }
+
+    fn multi_key<'a, 'b, 'c, 'f>(
+        &'a self,
+        _items: &'b [MultiKeyItem<'c>],
+        _op: MultiKeyOp,
+    ) -> NodeFuture<'f, MultiKeyReply>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        // The inner node's would act on lock keys, not permits.
+        Self::unsupported("permits are taken one key at a time")
     }
 
     fn endpoint(&self) -> Option<String> {

@@ -35,8 +35,8 @@ use std::time::Duration;
 
 use redlease::notify::{self, Subscription, Watch};
 use redlease::{
-    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, RedisNode, Timer, Token, Ttl,
-    async_trait,
+    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind,
+    RedisNode, Timer, Token, Ttl, async_trait,
 };
 
 /// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
@@ -93,6 +93,8 @@ pub const CASES: &[&str] = &[
     "wait_replicas_for_none_answers_at_once",
     "wait_replicas_for_more_than_exist_answers_a_shortfall_within_its_timeout",
     "extend_many_answers_each_item_as_extend_would",
+    "multi_key_takes_every_key_or_none_with_its_fences_in_one_step",
+    "multi_key_extends_without_shortening_and_releases_only_own_tokens",
     "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
     "a_node_that_notifies_publishes_each_release_and_unsubscribes",
     "permits_admit_at_most_n_and_expire_by_the_servers_clock",
@@ -398,6 +400,19 @@ pub async fn run_wrapper(
             )));
         }
         _ => {}
+    }
+    // Several keys in one step: a node that can must still can through the wrapper (a release of a key that
+    // does not exist writes nothing).
+    let nothing = [MultiKeyItem::new(&key, &other)];
+    let (w, i) = (
+        wrapper.multi_key(&nothing, MultiKeyOp::Release).await,
+        inner.multi_key(&nothing, MultiKeyOp::Release).await,
+    );
+    let unsupported = |r: &Result<MultiKeyReply, NodeError>| matches!(r, Err(e) if e.kind() == NodeErrorKind::Unsupported);
+    if unsupported(&w) != unsupported(&i) {
+        return Err(fail(format!(
+            "multi_key() answered {w:?}, the inner node's {i:?}: not forwarded"
+        )));
     }
     // The start-up check's answer (the default says nothing: `Unknown`).
     let (w, i) = (wrapper.readiness(&key).await, inner.readiness(&key).await);
@@ -1251,6 +1266,178 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             c.ensure(none.is_empty(), || {
                 format!("an empty batch answered {none:?}")
             })
+        }
+        "multi_key_takes_every_key_or_none_with_its_fences_in_one_step" => {
+            let (a, b, cc) = (c.key("a"), c.key("b"), c.key("c"));
+            let (fa, fc) = (c.key("a:fence"), c.key("c:fence"));
+            let (ta, tb, tc, other) = (token()?, token()?, token()?, token()?);
+            let items = [
+                MultiKeyItem::new(&a, &ta).fenced(&fa),
+                MultiKeyItem::new(&b, &tb),
+                MultiKeyItem::new(&cc, &tc).fenced(&fc),
+            ];
+            let acquire = |ttl_ms| MultiKeyOp::Acquire { ttl: ttl(ttl_ms) };
+            // Another owner holds the middle key: nothing at all is written, not even the first key or a fence.
+            c.ok("acquire", node.acquire(&b, &other, ttl(LONG)).await)?;
+            match node.multi_key(&items, acquire(LONG * 2)).await {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous() => {
+                    // Not claimed: it must have sent nothing.
+                    c.expect_absent(&a).await?;
+                    c.expect_absent(&cc).await?;
+                    return c.expect_held(&b, &other, long, SLACK).await;
+                }
+                Err(e) => return Err(c.fail(format!("multi_key returned an error: {e}"))),
+                Ok(MultiKeyReply::Held {
+                    index: 1,
+                    remaining,
+                }) => {
+                    c.ensure(
+                        remaining.is_none_or(|r| r <= long && r + SLACK > long),
+                        || format!("the holder's remaining TTL {remaining:?}, not about {long:?}"),
+                    )?;
+                }
+                Ok(other) => {
+                    return Err(c.fail(format!(
+                        "multi_key over a held second key answered {other:?}, expected Held {{ index: 1, .. }}"
+                    )));
+                }
+            }
+            c.expect_absent(&a).await?;
+            c.expect_absent(&cc).await?;
+            c.expect_held(&b, &other, long, SLACK).await?;
+            c.ensure(c.fence_value(&fa).await?.is_none(), || {
+                "a refused multi_key created a fence".into()
+            })?;
+            c.ensure(c.fence_value(&fc).await?.is_none(), || {
+                "a refused multi_key created a fence".into()
+            })?;
+            // Free: every key set with its token and the TTL, every fence issued, in one call.
+            c.ok("release", node.release(&b, &other).await)?;
+            let reply = c.ok("multi_key", node.multi_key(&items, acquire(LONG)).await)?;
+            c.ensure(
+                reply
+                    == MultiKeyReply::Taken {
+                        fences: vec![Some(1), None, Some(1)],
+                    },
+                || format!("multi_key on free keys answered {reply:?}"),
+            )?;
+            c.expect_held(&a, &ta, long, SLACK).await?;
+            c.expect_held(&b, &tb, long, SLACK).await?;
+            c.expect_held(&cc, &tc, long, SLACK).await?;
+            c.ensure(c_fence_eq(c.fence_value(&fa).await?, 1), || {
+                "fence a".into()
+            })?;
+            c.ensure(c_fence_eq(c.fence_value(&fc).await?, 1), || {
+                "fence c".into()
+            })?;
+            // Again with our tokens (a retry whose reply was lost), shorter: nothing shortened, no new fence.
+            let again = c.ok("multi_key", node.multi_key(&items, acquire(LONG / 2)).await)?;
+            c.ensure(
+                again
+                    == MultiKeyReply::Taken {
+                        fences: vec![Some(1), None, Some(1)],
+                    },
+                || format!("multi_key with our own tokens answered {again:?}"),
+            )?;
+            c.expect_held(&a, &ta, long, SLACK).await?;
+            c.expect_held(&cc, &tc, long, SLACK).await?;
+            // One key ours, another taken by someone else meanwhile: refused, and ours is not touched.
+            c.ok("release", node.release(&cc, &tc).await)?;
+            c.ok("acquire", node.acquire(&cc, &other, ttl(LONG * 3)).await)?;
+            let refused = c.ok("multi_key", node.multi_key(&items, acquire(LONG * 2)).await)?;
+            c.ensure(
+                matches!(refused, MultiKeyReply::Held { index: 2, .. }),
+                || format!("multi_key with the third key held by another answered {refused:?}"),
+            )?;
+            c.expect_held(&a, &ta, long, SLACK).await?;
+            c.ensure(c_fence_eq(c.fence_value(&fc).await?, 1), || {
+                "fence c changed".into()
+            })?;
+            // A fence counter that is not an integer: a definite error, and nothing written.
+            let (x, y, fx) = (c.key("x"), c.key("y"), c.key("x:fence"));
+            c.ok("acquire", node.acquire(&fx, &other, ttl(LONG)).await)?;
+            let bad = [
+                MultiKeyItem::new(&y, &tb),
+                MultiKeyItem::new(&x, &ta).fenced(&fx),
+            ];
+            match node.multi_key(&bad, acquire(LONG)).await {
+                Err(e) => c.ensure(!e.is_ambiguous(), || {
+                    format!("expected a definite error for a bad fence counter, got {e}")
+                })?,
+                Ok(r) => return Err(c.fail(format!("a bad fence counter answered {r:?}"))),
+            }
+            c.expect_absent(&x).await?;
+            c.expect_absent(&y).await
+        }
+        "multi_key_extends_without_shortening_and_releases_only_own_tokens" => {
+            let (a, b, missing) = (c.key("a"), c.key("b"), c.key("missing"));
+            let (ta, tb, other) = (token()?, token()?, token()?);
+            let both = [MultiKeyItem::new(&a, &ta), MultiKeyItem::new(&b, &tb)];
+            match node
+                .multi_key(&both, MultiKeyOp::Acquire { ttl: ttl(LONG * 2) })
+                .await
+            {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous() => {
+                    c.expect_absent(&a).await?;
+                    return c.expect_absent(&b).await;
+                }
+                r => {
+                    let r = c.ok("multi_key", r)?;
+                    c.ensure(matches!(r, MultiKeyReply::Taken { .. }), || {
+                        format!("multi_key on free keys answered {r:?}")
+                    })?;
+                }
+            }
+            let items = [
+                MultiKeyItem::new(&a, &ta),
+                MultiKeyItem::new(&b, &other),
+                MultiKeyItem::new(&missing, &ta),
+            ];
+            // Shorter: kept; the foreign item and the missing key answer false, nothing created.
+            let short = c.ok(
+                "multi_key",
+                node.multi_key(&items, MultiKeyOp::Extend { ttl: ttl(LONG) })
+                    .await,
+            )?;
+            c.ensure(short == MultiKeyReply::Done(vec![true, false, false]), || {
+                format!("a shorter extension answered {short:?}, expected Done([true, false, false])")
+            })?;
+            c.expect_held(&a, &ta, long * 2, SLACK).await?;
+            c.expect_absent(&missing).await?;
+            let longer = c.ok(
+                "multi_key",
+                node.multi_key(&items, MultiKeyOp::Extend { ttl: ttl(LONG * 3) })
+                    .await,
+            )?;
+            c.ensure(
+                longer == MultiKeyReply::Done(vec![true, false, false]),
+                || format!("a longer extension answered {longer:?}"),
+            )?;
+            c.expect_held(&a, &ta, long * 3, SLACK).await?;
+            c.expect_held(&b, &tb, long * 2, SLACK).await?;
+            // Released: only keys holding their item's token.
+            let released = c.ok(
+                "multi_key",
+                node.multi_key(&items, MultiKeyOp::Release).await,
+            )?;
+            c.ensure(
+                released == MultiKeyReply::Done(vec![true, false, false]),
+                || {
+                    format!(
+                        "the release answered {released:?}, expected Done([true, false, false])"
+                    )
+                },
+            )?;
+            c.expect_absent(&a).await?;
+            c.expect_held(&b, &tb, long * 2, SLACK).await?;
+            let gone = c.ok(
+                "multi_key",
+                node.multi_key(&both, MultiKeyOp::Release).await,
+            )?;
+            c.ensure(gone == MultiKeyReply::Done(vec![false, true]), || {
+                format!("the second release answered {gone:?}, expected Done([false, true])")
+            })?;
+            c.expect_absent(&b).await
         }
         "fenced_own_token_without_counter_fails" => {
             let (k, f, t) = (c.key("lock"), c.key("fence"), token()?);

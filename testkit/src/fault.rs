@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use redlease::machine::Jitter;
 use redlease::notify::Notifier;
 use redlease::{
-    Claim, ExtendItem, KeyState, NodeError, NodeErrorKind, PermitOp, PermitReply, Readiness,
-    RedisNode, ReplicaWait, RunId, Spawn, Timer, Token, Ttl, async_trait,
+    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind,
+    PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId, Spawn, Timer, Token, Ttl,
+    async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -1183,6 +1184,50 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             detach,
         )
         .await
+    }
+
+    /// Counted and faulted as one call of the lock operation it stands for ([`Op::Acquire`], or
+    /// [`Op::AcquireFenced`] when an item is fenced; [`Op::Extend`]; [`Op::Release`]): a fault hits the whole
+    /// step, as a failed connection or a lost reply would.
+    async fn multi_key(
+        &self,
+        items: &[MultiKeyItem<'_>],
+        op: MultiKeyOp,
+    ) -> Result<MultiKeyReply, NodeError> {
+        let owned: Vec<(String, Token, Option<String>)> = items
+            .iter()
+            .map(|i| {
+                (
+                    i.key.to_owned(),
+                    i.token.clone(),
+                    i.fence_key.map(str::to_owned),
+                )
+            })
+            .collect();
+        let detach = move |n: Arc<N>| -> BoxFuture<Reply<MultiKeyReply>> {
+            let owned = owned.clone();
+            Box::pin(async move {
+                let items: Vec<MultiKeyItem<'_>> = owned
+                    .iter()
+                    .map(|(k, t, f)| {
+                        let item = MultiKeyItem::new(k, t);
+                        match f {
+                            Some(f) => item.fenced(f),
+                            None => item,
+                        }
+                    })
+                    .collect();
+                n.multi_key(&items, op).await
+            })
+        };
+        let counted = match op {
+            MultiKeyOp::Release => Op::Release,
+            MultiKeyOp::Extend { .. } => Op::Extend,
+            _ if items.iter().any(|i| i.fence_key.is_some()) => Op::AcquireFenced,
+            _ => Op::Acquire,
+        };
+        self.run(counted, self.inner.multi_key(items, op), detach)
+            .await
     }
 
     fn acquire_fresh_is_nx(&self) -> bool {

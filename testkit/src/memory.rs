@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Claim, CommandPaths, ExtendItem, KeyState, NodeError, NodeErrorKind, Path, PermitOp,
-    PermitReply, Readiness, RedisNode, ReplicaWait, RunId, SystemTimer, Timer, Token, Ttl,
-    async_trait,
+    Claim, CommandPaths, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
+    NodeErrorKind, Path, PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId,
+    SystemTimer, Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -814,6 +814,134 @@ impl RedisNode for MemoryNode {
 
     fn extend_many_limit(&self) -> usize {
         1000
+    }
+
+    /// All items under one lock (one call, one instant), all or nothing, every check before the first write,
+    /// as the adapters' script does; a release publishes each deletion.
+    async fn multi_key(
+        &self,
+        items: &[MultiKeyItem<'_>],
+        op: MultiKeyOp,
+    ) -> Result<MultiKeyReply, NodeError> {
+        let now = self.now();
+        let ttl = match op {
+            MultiKeyOp::Release => {
+                let deleted: Vec<bool> = {
+                    let mut store = self.lock();
+                    items
+                        .iter()
+                        .map(|item| {
+                            let ours = store
+                                .live(item.key, now)
+                                .is_some_and(|e| item.token.matches(&e.value));
+                            if ours {
+                                store.keys.remove(item.key);
+                            }
+                            ours
+                        })
+                        .collect()
+                };
+                for (item, deleted) in items.iter().zip(&deleted) {
+                    if *deleted {
+                        self.publish(item.key, item.token);
+                    }
+                }
+                return Ok(MultiKeyReply::Done(deleted));
+            }
+            MultiKeyOp::Extend { ttl } => {
+                let mut store = self.lock();
+                return Ok(MultiKeyReply::Done(
+                    items
+                        .iter()
+                        .map(|item| match store.live(item.key, now) {
+                            Some(entry) if item.token.matches(&entry.value) => {
+                                self.clock.extend(entry, now, ttl);
+                                true
+                            }
+                            _ => false,
+                        })
+                        .collect(),
+                ));
+            }
+            MultiKeyOp::Acquire { ttl } => ttl,
+            _ => {
+                return Err(NodeError::not_applied(
+                    NodeErrorKind::Unsupported,
+                    "MemoryNode: an unknown multi-key operation",
+                ));
+            }
+        };
+        let mut store = self.lock();
+        // Every check first: the fence counters, then the lock keys (first held key wins).
+        let mut fences: Vec<Option<u64>> = Vec::with_capacity(items.len());
+        for item in items {
+            let fence = match item.fence_key {
+                Some(fence_key) => {
+                    let fence = fence_value(store.live(fence_key, now).as_deref())?;
+                    if fence.is_some_and(|f| f >= i64::MAX as u64) {
+                        return Err(NodeError::not_applied(
+                            NodeErrorKind::Fence,
+                            "the fence counter is exhausted",
+                        ));
+                    }
+                    fence
+                }
+                None => None,
+            };
+            fences.push(fence);
+        }
+        let mut ours = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            match store.live(item.key, now) {
+                Some(entry) if item.token.matches(&entry.value) => {
+                    if item.fence_key.is_some() && fences[i].is_none() {
+                        return Err(NodeError::not_applied(
+                            NodeErrorKind::Fence,
+                            "the fence key is missing while the lock holds this token",
+                        ));
+                    }
+                    ours.push(true);
+                }
+                Some(entry) => {
+                    return Ok(MultiKeyReply::Held {
+                        index: i,
+                        remaining: entry.expires_at.map(|at| self.clock.remaining(at, now)),
+                    });
+                }
+                None => ours.push(false),
+            }
+        }
+        let mut issued = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            if ours[i] {
+                if let Some(entry) = store.live(item.key, now) {
+                    self.clock.extend(entry, now, ttl);
+                }
+                issued.push(item.fence_key.and(fences[i]));
+                continue;
+            }
+            let fence = match item.fence_key {
+                Some(fence_key) => {
+                    let next = fences[i].unwrap_or(0) + 1;
+                    let counter = store.keys.entry(fence_key.to_owned()).or_insert(Entry {
+                        value: Vec::new(),
+                        expires_at: None,
+                    });
+                    counter.value = next.to_string().into_bytes();
+                    Some(next)
+                }
+                None => None,
+            };
+            store.keys.insert(
+                item.key.to_owned(),
+                Entry {
+                    value: item.token.as_str().as_bytes().to_vec(),
+                    expires_at: self.clock.expiry_ttl(now, ttl),
+                },
+            );
+            issued.push(fence);
+        }
+        Ok(MultiKeyReply::Taken { fences: issued })
     }
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {

@@ -1,9 +1,13 @@
 //! Lease lifetimes and composition on real servers (issue 24): several keys at once, a lease handed to
 //! another manager, hold limits — on every single-server setup and on clusters, both clients.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use redlease::{Error, LeaseTicket, LockManager, LossReason};
+use redlease::{
+    Claim, Error, LeaseTicket, LockManager, LossReason, MultiKeyItem, MultiKeyOp, MultiKeyReply,
+    NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait,
+};
 use redlease_testkit::server::{RedisCluster, RedisServer};
 
 use crate::common::{self, ALL_BACKENDS, CLUSTERS, config, key, on_every_server, on_servers};
@@ -169,6 +173,223 @@ fn lock_all_across_slots_and_handoff_work_on_clusters() {
                     .is_none(),
                 "{flavor} {name}"
             );
+        }
+    });
+}
+
+/// Counts the acquisition, release and one-step calls that reach the node (to tell the one-step path from
+/// the key-by-key one).
+struct Counting {
+    inner: std::sync::Arc<dyn RedisNode>,
+    one_step: AtomicUsize,
+    per_key: AtomicUsize,
+}
+
+impl Counting {
+    fn new(inner: std::sync::Arc<dyn RedisNode>) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            inner,
+            one_step: AtomicUsize::new(0),
+            per_key: AtomicUsize::new(0),
+        })
+    }
+
+    /// (one-step calls, key-by-key acquisitions and releases) since the last call.
+    fn take(&self) -> (usize, usize) {
+        (
+            self.one_step.swap(0, Ordering::SeqCst),
+            self.per_key.swap(0, Ordering::SeqCst),
+        )
+    }
+}
+
+#[async_trait]
+impl NodeWrapper for Counting {
+    type Inner = dyn RedisNode;
+
+    fn inner(&self) -> &(dyn RedisNode + 'static) {
+        &*self.inner
+    }
+
+    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.per_key.fetch_add(1, Ordering::SeqCst);
+        RedisNode::acquire(&*self.inner, key, token, ttl).await
+    }
+
+    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.per_key.fetch_add(1, Ordering::SeqCst);
+        RedisNode::acquire_fresh(&*self.inner, key, token, ttl).await
+    }
+
+    async fn acquire_fenced(
+        &self,
+        key: &str,
+        fence_key: &str,
+        token: &Token,
+        ttl: Ttl,
+    ) -> Result<Option<u64>, NodeError> {
+        self.per_key.fetch_add(1, Ordering::SeqCst);
+        RedisNode::acquire_fenced(&*self.inner, key, fence_key, token, ttl).await
+    }
+
+    async fn acquire_or_ttl(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        fresh: bool,
+    ) -> Result<Claim, NodeError> {
+        self.per_key.fetch_add(1, Ordering::SeqCst);
+        RedisNode::acquire_or_ttl(&*self.inner, key, token, ttl, fresh).await
+    }
+
+    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+        self.per_key.fetch_add(1, Ordering::SeqCst);
+        RedisNode::release(&*self.inner, key, token).await
+    }
+
+    async fn multi_key(
+        &self,
+        items: &[MultiKeyItem<'_>],
+        op: MultiKeyOp,
+    ) -> Result<MultiKeyReply, NodeError> {
+        self.one_step.fetch_add(1, Ordering::SeqCst);
+        RedisNode::multi_key(&*self.inner, items, op).await
+    }
+}
+
+/// What one `lock_all` of `keys` (fenced by `<key>:fence`) sends, and that it is all or nothing: with the
+/// last key held by another owner nothing is written, then every key is taken and released. `one_step`:
+/// whether the node takes them in one step (one call for the failed attempt, one for the won one, one for
+/// the release, and no key-by-key call) or key by key (its `multi_key` answers unsupported).
+async fn lock_all_in_one_step_or_key_by_key(
+    what: &str,
+    node: std::sync::Arc<Counting>,
+    keys: [&str; 3],
+    one_step: bool,
+    cmd: impl Fn(&[&str]) -> String,
+) {
+    let manager = LockManager::single(node.clone(), config(TTL)).unwrap();
+    let set = manager.lock_all(keys).fenced(|k| format!("{k}:fence"));
+    let last = keys[2];
+    cmd(&["SET", last, "someone-else", "PX", "5000"]);
+    let e = set.try_acquire().await.unwrap_err();
+    assert!(e.is_contended(), "{what}: {e}");
+    let calls = node.take();
+    for key in &keys[..2] {
+        assert_eq!(cmd(&["EXISTS", key]), "0", "{what}: {key} left behind");
+        let fence = format!("{key}:fence");
+        if one_step {
+            // Nothing was written, not even a fence: the refusal came before any write.
+            assert_eq!(cmd(&["EXISTS", &fence]), "0", "{what}: {fence} issued");
+        }
+    }
+    if one_step {
+        assert_eq!(calls, (1, 0), "{what}: one step, no key-by-key call");
+    } else {
+        // Unsupported (nothing sent), then the keys one at a time: two taken and released, one refused.
+        assert_eq!(calls.1, 5, "{what}: key by key ({calls:?})");
+    }
+    cmd(&["DEL", last]);
+    let all = set.try_acquire().await.unwrap();
+    for lease in all.leases() {
+        assert_eq!(cmd(&["GET", lease.key()]), lease.token().as_str(), "{what}");
+        let pttl: u64 = cmd(&["PTTL", lease.key()]).parse().unwrap();
+        assert!(
+            pttl > 0 && pttl <= TTL.as_millis() as u64,
+            "{what}: PTTL {pttl}"
+        );
+        let fence = format!("{}:fence", lease.key());
+        assert_eq!(
+            cmd(&["GET", &fence]),
+            lease.fencing_token().unwrap().to_string(),
+            "{what}: {fence}"
+        );
+    }
+    let calls = node.take();
+    assert_eq!(
+        calls,
+        if one_step { (1, 0) } else { (1, 3) },
+        "{what}: the winning attempt"
+    );
+    all.release().await.unwrap();
+    for key in keys {
+        assert_eq!(cmd(&["EXISTS", key]), "0", "{what}: {key} released");
+    }
+    let calls = node.take();
+    assert_eq!(
+        calls,
+        if one_step { (1, 0) } else { (1, 3) },
+        "{what}: the release"
+    );
+}
+
+#[test]
+fn lock_all_takes_and_releases_every_key_in_one_step_where_the_server_runs_scripts() {
+    let test = "lock_all_takes_and_releases_every_key_in_one_step_where_the_server_runs_scripts";
+    on_every_server(test, |flavor| async move {
+        let server = RedisServer::start_flavor(flavor, &[]);
+        for backend in ALL_BACKENDS {
+            let node = Counting::new(common::node(backend, &server.url()).await);
+            let (a, b, c) = (
+                key("one-a", backend),
+                key("one-b", backend),
+                key("one-c", backend),
+            );
+            lock_all_in_one_step_or_key_by_key(
+                &format!("{flavor} {backend:?}"),
+                node,
+                [a.as_str(), b.as_str(), c.as_str()],
+                common::has_lua(flavor),
+                |args| server.cmd(args),
+            )
+            .await;
+        }
+    });
+}
+
+#[test]
+fn lock_all_is_one_step_within_a_cluster_slot_and_key_by_key_across_slots() {
+    let test = "lock_all_is_one_step_within_a_cluster_slot_and_key_by_key_across_slots";
+    on_servers(test, &CLUSTERS, |flavor| async move {
+        let Some(cluster) = RedisCluster::start_flavor_or_skip(test, flavor) else {
+            return;
+        };
+        let nodes: [(&str, std::sync::Arc<dyn RedisNode>); 2] = [
+            (
+                "redis-rs",
+                std::sync::Arc::new(crate::cluster::redis_rs_node(&cluster).await),
+            ),
+            (
+                "fred",
+                std::sync::Arc::new(crate::cluster::fred_node(&cluster).await),
+            ),
+        ];
+        for (name, node) in nodes {
+            let node = Counting::new(node);
+            // One hash tag: one slot (the fence counters too), one step.
+            let same: Vec<String> = (0..3).map(|i| format!("{{multi:{name}}}:{i}")).collect();
+            lock_all_in_one_step_or_key_by_key(
+                &format!("{flavor} {name} one slot"),
+                node.clone(),
+                [same[0].as_str(), same[1].as_str(), same[2].as_str()],
+                true,
+                |args| cluster.cmd_for_key(args[1], args),
+            )
+            .await;
+            // Three hash tags: three slots, key by key (each fence counter in its key's slot).
+            let apart: Vec<String> = ["x", "y", "z"]
+                .iter()
+                .map(|t| format!("{{multi:{name}:{t}}}:k"))
+                .collect();
+            lock_all_in_one_step_or_key_by_key(
+                &format!("{flavor} {name} three slots"),
+                node,
+                [apart[0].as_str(), apart[1].as_str(), apart[2].as_str()],
+                false,
+                |args| cluster.cmd_for_key(args[1], args),
+            )
+            .await;
         }
     });
 }

@@ -2,8 +2,12 @@
 
 use std::time::Duration;
 
-use redlease::{ConfigError, Error, LeaseState, LossReason, RedisNode, Timer};
-use redlease_testkit::{EventKind, History};
+use redlease::{
+    ConfigError, Error, LeaseState, LossReason, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
+    NodeErrorKind, NodeWrapper, RedisNode, Timer,
+};
+use redlease_testkit::cancel::each_poll;
+use redlease_testkit::{EventKind, Fault, History, Op};
 
 use crate::support::*;
 
@@ -55,7 +59,14 @@ fn all_keys_are_taken_or_none_are() {
 
 #[test]
 fn a_set_waits_for_its_blocking_key_and_wins_when_it_is_released() {
-    let mut c = Cluster::new(3, 102, config());
+    // One node takes the set in one step, three key by key: both wait for the blocking key alone.
+    for n in [1, 3] {
+        set_waits_for_its_blocking_key(n);
+    }
+}
+
+fn set_waits_for_its_blocking_key(n: usize) {
+    let mut c = Cluster::new(n, 102, config());
     let holder = c.try_acquire(&c.manager.lock("b")).unwrap();
     let clock = c.clock.clone();
     let set = c.manager.lock_all(["a", "b"]);
@@ -77,10 +88,10 @@ fn a_set_waits_for_its_blocking_key_and_wins_when_it_is_released() {
     c.sim.run_for(secs(1));
     let (r, at) = result.lock().unwrap().take().expect("finished");
     let all = r.unwrap();
-    assert!(all.is_held());
+    assert!(all.is_held(), "n={n}");
     assert!(
         at - released_at < ms(300),
-        "won {:?} after the release",
+        "n={n}: won {:?} after the release",
         at - released_at
     );
 }
@@ -220,6 +231,11 @@ async fn mixing_client(
                 set = set.fenced(|k| format!("{k}:fence"));
             }
             if let Ok(all) = set.acquire_within(patience).await {
+                if rng.next_u64() % 3 == 0 {
+                    // A manual extension of the whole set, longer or shorter than the TTL (one step on one
+                    // node).
+                    let _ = all.extend(ms(500 + rng.next_u64() % 3_000)).await;
+                }
                 let lost = all.lost();
                 let sleep = clock.sleep_until(clock.now() + hold);
                 race(lost, sleep).await;
@@ -320,4 +336,224 @@ fn sets_single_and_resumed_leases_never_overlap_on_a_key_under_hostile_faults() 
         resumed * 20 > total,
         "only {resumed} resumptions of {total}"
     );
+}
+
+/// A node whose `multi_key` is not implemented (a custom node of an older version): the default answer.
+struct NoMultiKey(Box<dyn RedisNode>);
+
+impl NodeWrapper for NoMultiKey {
+    type Inner = dyn RedisNode;
+
+    fn inner(&self) -> &(dyn RedisNode + 'static) {
+        &*self.0
+    }
+
+    fn multi_key<'a, 'b, 'c, 'f>(
+        &'a self,
+        _items: &'b [MultiKeyItem<'c>],
+        _op: MultiKeyOp,
+    ) -> redlease::NodeFuture<'f, MultiKeyReply>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        Box::pin(std::future::ready(Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "not implemented",
+        ))))
+    }
+}
+
+/// On one node a set is one atomic step: a set refused for its last key writes nothing at all — no earlier
+/// key, no fence — in one call; a won set gets every key and every fence in one call, and its release is
+/// one call. A node without the step takes the keys one at a time (the first keys written and deleted
+/// again, their fences spent), with the same outcome.
+#[test]
+fn on_one_node_a_set_is_one_step_and_a_refused_set_writes_nothing() {
+    for one_step in [true, false] {
+        let mut c = Cluster::new(1, 106, config());
+        let (manager, faults) = if one_step {
+            (c.manager.clone(), c.faults[0].clone())
+        } else {
+            let (faulty, faults) = redlease_testkit::FaultyNode::with_spawner(
+                c.nodes[0].clone(),
+                c.clock.clone(),
+                c.sim.spawner(),
+            );
+            let manager = redlease::LockManager::single(NoMultiKey(Box::new(faulty)), config())
+                .unwrap()
+                .with_timer(c.clock.clone());
+            (manager, faults)
+        };
+        let calls = || faults.calls(Op::AcquireFenced) + faults.calls(Op::Acquire);
+        let node = c.nodes[0].clone();
+        node.set("c", "someone-else", Some(secs(5)));
+        let set = manager
+            .lock_all(["b", "a", "c"])
+            .fenced(|k| format!("{k}:fence"));
+        let r = c.sim.block_on({
+            let set = set.clone();
+            async move { set.try_acquire().await }
+        });
+        assert!(r.unwrap_err().is_contended(), "one step {one_step}");
+        if one_step {
+            assert_eq!(calls(), 1, "one call for the whole set");
+            assert_eq!(node.keys(), ["c"], "nothing written: no key, no fence");
+        } else {
+            assert_eq!(calls(), 3, "one call per key");
+            assert_eq!(node.get("a"), None, "released again");
+            assert_eq!(
+                node.get("a:fence").as_deref(),
+                Some(&b"1"[..]),
+                "a fence spent"
+            );
+        }
+        node.del("c");
+        let before = (calls(), faults.calls(Op::Release));
+        let all = c
+            .sim
+            .block_on({
+                let set = set.clone();
+                async move { set.try_acquire().await }
+            })
+            .unwrap();
+        for lease in all.leases() {
+            assert_eq!(
+                node.get(lease.key()).as_deref(),
+                Some(lease.token().as_str().as_bytes())
+            );
+            let fence = node.get(&format!("{}:fence", lease.key())).unwrap();
+            assert_eq!(
+                lease.fencing_token().map(|f| f.to_string().into_bytes()),
+                Some(fence)
+            );
+        }
+        let expected = if one_step { 1 } else { 3 };
+        assert_eq!(
+            calls() - before.0,
+            expected,
+            "one step {one_step}: acquisition calls"
+        );
+        // Extended as one: longer, then shorter (which never shortens a key).
+        let extends = faults.calls(Op::Extend);
+        let set_ttls = |all: &redlease::MultiLease| {
+            all.leases()
+                .iter()
+                .map(|l| node.pttl(l.key()).flatten().unwrap())
+                .collect::<Vec<_>>()
+        };
+        c.sim.block_on(all.extend(secs(60))).unwrap();
+        assert_eq!(set_ttls(&all), vec![secs(60); 3]);
+        c.sim.block_on(all.extend(secs(5))).unwrap();
+        assert_eq!(set_ttls(&all), vec![secs(60); 3], "never shortened");
+        assert!(
+            all.remaining() <= secs(5),
+            "the set believes the shorter TTL it asked for"
+        );
+        assert_eq!(
+            faults.calls(Op::Extend) - extends,
+            2 * expected,
+            "one step {one_step}: extension calls"
+        );
+        c.sim.block_on(async move { all.release().await }).unwrap();
+        assert_eq!(
+            faults.calls(Op::Release) - before.1,
+            expected,
+            "one step {one_step}: release calls"
+        );
+        for key in ["a", "b", "c"] {
+            assert_eq!(node.get(key), None, "{key} released");
+        }
+    }
+}
+
+/// A set's one-step acquisition and release dropped at every await point (the step slow, so that a cut
+/// lands while it is on its way): nothing is left behind once the background clean-up ran, and the set
+/// can be taken again at once.
+#[test]
+fn a_one_step_set_cancelled_at_every_await_point_leaves_nothing_behind() {
+    let polls = each_poll(
+        || {
+            let c = Cluster::with_spawner(1, 107, config().with_expiry(secs(30)));
+            c.faults[0].script(Op::Acquire, [Fault::SlowReply(ms(40))]);
+            c.faults[0].script(Op::Release, [Fault::SlowReply(ms(40))]);
+            c
+        },
+        |c| {
+            let set = c.manager.lock_all(["a", "b", "c"]);
+            Box::pin(async move {
+                let all = set.try_acquire().await.unwrap();
+                all.release().await.unwrap();
+            })
+        },
+        |c, cut| {
+            c.sim.run_for(secs(1));
+            for key in ["a", "b", "c"] {
+                assert_eq!(c.nodes[0].get(key), None, "{cut:?}: {key} left behind");
+            }
+            let set = c.manager.lock_all(["a", "b", "c"]);
+            let again = c
+                .sim
+                .block_on(async move { set.try_acquire().await })
+                .unwrap();
+            c.sim
+                .block_on(async move { again.release().await })
+                .unwrap();
+        },
+    );
+    assert!(
+        polls >= 3,
+        "completed in {polls} polls: nothing was cut inside it"
+    );
+}
+
+/// A refusal no retry can change (here an unusable fence counter of the last key) ends a waiting set's
+/// acquisition at once, as it ends a single lock's: the set does not take its first key again and again
+/// until the deadline.
+#[test]
+fn a_set_refused_for_good_ends_its_wait_at_once() {
+    for n in [1, 3] {
+        let mut c = Cluster::new(n, 108, config());
+        for node in &c.nodes {
+            node.set("c:fence", "not a number", None);
+        }
+        let set = c.manager.lock_all(["a", "c"]);
+        let set = if n == 1 {
+            set.fenced(|k| format!("{k}:fence"))
+        } else {
+            // Redlock has no fences: a key of another owner that never expires stands in for it.
+            for node in &c.nodes {
+                node.set("c", "someone-else", None);
+            }
+            set
+        };
+        let start = c.now();
+        let r = c
+            .sim
+            .block_on(async move { set.acquire_within(secs(10)).await });
+        let e = r.unwrap_err();
+        if n == 1 {
+            assert!(
+                matches!(
+                    e,
+                    Error::NotAcquired {
+                        reason: redlease::NotAcquiredReason::Refused,
+                        ..
+                    }
+                ),
+                "n={n}: {e}"
+            );
+            assert!(
+                c.now() - start < secs(1),
+                "n={n}: refused for good, yet it kept trying for {:?} ({} calls)",
+                c.now() - start,
+                c.calls()
+            );
+        }
+        for node in &c.nodes {
+            assert_eq!(node.get("a"), None, "n={n}: nothing left");
+        }
+    }
 }
