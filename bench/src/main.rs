@@ -48,8 +48,8 @@ mod clients;
 mod contended;
 mod lateness;
 mod measure;
-mod primitives;
 mod multi;
+mod primitives;
 mod report;
 mod scenarios;
 
