@@ -2479,18 +2479,7 @@ async fn extend_locks_many(
     })
     .await?;
     // Group by slot on a cluster (a script's or a WATCH's keys must share one); one group otherwise.
-    let mut groups: Vec<(u16, Vec<usize>)> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let slot = if t.clustered() {
-            slot::hash_slot(item.key.as_bytes())
-        } else {
-            0
-        };
-        match groups.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, members)) => members.push(i),
-            None => groups.push((slot, vec![i])),
-        }
-    }
+    let groups = slot_groups(t, items);
     // One watched transaction per slot, one after the other (each holds the node's transaction gate).
     let watched = async || {
         let mut out = vec![false; items.len()];
