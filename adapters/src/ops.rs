@@ -540,6 +540,17 @@ fn note_refused<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T
     result
 }
 
+/// Whether `err` is the server refusing to write a waiter marker — the ACL (`NOPERM` on the marker key),
+/// `maxmemory` (`OOM`, or `EXECABORT` after a refused queued command) — rather than a failure to reach it
+/// (not connected, a broken connection, no answer): definite, and no retry would write it.
+fn marker_refused(err: &NodeError) -> bool {
+    !err.is_ambiguous()
+        && !matches!(
+            err.kind(),
+            NodeErrorKind::Connection | NodeErrorKind::Io | NodeErrorKind::Timeout
+        )
+}
+
 /// Whether `err` refused the `EVALSHA` command itself (the ACL), so that the script did not run.
 fn evalsha_refused(err: &NodeError) -> bool {
     err.kind() == NodeErrorKind::Auth && err.message().to_ascii_lowercase().contains("'evalsha'")
@@ -1607,9 +1618,14 @@ async fn waiting(
     let pttl = match marked {
         Ok(mut replies) if replies.len() == 3 => replies.swap_remove(2),
         Ok(replies) => return Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
-        Err(e) if e.is_ambiguous() => return Err(e),
         // Refused (an ACL on the marker, `maxmemory`): the holder's TTL alone.
-        Err(_) => return Ok((plain, note(t, t.command(plain, key, &["PTTL", key]).await)?)),
+        Err(e) if marker_refused(&e) => {
+            return Ok((plain, note(t, t.command(plain, key, &["PTTL", key]).await)?));
+        }
+        // Not sent, cut, or of unknown fate (a dropped connection): the attempt fails, as any attempt whose
+        // command failed does. Reading the TTL alone on a connection that may have come back would report
+        // contention with no marker behind it, so the holder's release would publish nothing.
+        Err(e) => return Err(e),
     };
     if let Reply::Int(left) = pttl
         && let Ok(left) = u64::try_from(left)
@@ -3848,6 +3864,59 @@ mod tests {
                 ],
             ]]
         );
+    }
+
+    #[test]
+    fn a_native_wait_whose_marker_was_not_sent_fails_instead_of_waiting_unmarked() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        // SET NX GET finds another holder; the marking transaction is not sent (the connection dropped and
+        // came back): a plain PTTL would now answer, but a holder's release would publish nothing.
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([Ok(Reply::Bytes(b"someone".to_vec())), Ok(Reply::Int(5000))]);
+        t.txs.lock().unwrap().push_back(Err(NodeError::not_applied(
+            NodeErrorKind::Connection,
+            "not connected (not sent)",
+        )));
+        let err = block_on(acquire_or_ttl(&t, "l", &token, ttl, true)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Connection, "{err}");
+        assert_eq!(*t.sent.lock().unwrap(), ["SET", "MULTI SET PEXPIRE PTTL"]);
+    }
+
+    #[test]
+    fn a_native_wait_whose_marker_is_refused_reads_the_holders_ttl_alone() {
+        for kind in [
+            NodeErrorKind::OutOfMemory,
+            NodeErrorKind::Auth,
+            NodeErrorKind::Other,
+        ] {
+            let t = native();
+            let token = Token::random().unwrap();
+            let ttl = Ttl::from_millis(1000).unwrap();
+            t.replies
+                .lock()
+                .unwrap()
+                .extend([Ok(Reply::Bytes(b"someone".to_vec())), Ok(Reply::Int(5000))]);
+            t.txs
+                .lock()
+                .unwrap()
+                .push_back(Err(NodeError::not_applied(kind, "refused")));
+            let claim = block_on(acquire_or_ttl(&t, "l", &token, ttl, true)).unwrap();
+            assert_eq!(
+                claim,
+                Claim::Held {
+                    remaining: Some(std::time::Duration::from_millis(5000))
+                },
+                "{kind:?}"
+            );
+            assert_eq!(
+                *t.sent.lock().unwrap(),
+                ["SET", "MULTI SET PEXPIRE PTTL", "PTTL"]
+            );
+        }
     }
 
     #[test]
