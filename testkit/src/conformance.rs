@@ -1563,9 +1563,18 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             c.ensure(released, || {
                 "release with the owner's token returned false".into()
             })?;
-            c.ensure(c.notified(&mut watch).await, || {
-                format!("no notification within {NOTIFY_WAIT:?} of a release")
-            })?;
+            if !c.notified(&mut watch).await {
+                // What the notifier saw and whether the waiter marker is there tell a lost message from a
+                // release that did not publish.
+                let marker = match (notify::waiting_key(&k), c.reader) {
+                    (Some(marker), Some(reader)) => format!("{:?}", reader.read(&marker).await),
+                    (marker, _) => format!("{marker:?} (not read)"),
+                };
+                return Err(c.fail(format!(
+                    "no notification within {NOTIFY_WAIT:?} of a release (notifier {:?}, waiter marker {marker})",
+                    notifier.stats()
+                )));
+            }
             watch.begin_attempt();
             watch.end_attempt(notify::Outcome::Held);
             // A release of the watch's own token is recognised by its payload and wakes nobody.

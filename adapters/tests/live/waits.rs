@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redlease::{Durability, LockManager, RedisNode, ReplicaWait};
+use redlease_adapters::fred::FredNode;
+use redlease_adapters::fred::fred::prelude::*;
 use redlease_adapters::redis::{ManagedNode, MultiplexedNode, redis};
 use redlease_testkit::server::RedisServer;
 
@@ -13,11 +15,22 @@ use crate::common::{config, on_every_server};
 const TTL: Duration = Duration::from_secs(3);
 const LEASES: usize = 20;
 
-/// The redis-rs nodes that wait on connections of their own: a multiplexed and a managed node from their
-/// `connect` constructors, and a lazy node (what `redis::single` builds).
+/// The nodes that wait on connections of their own: redis-rs multiplexed and managed nodes from their
+/// `connect` constructors and a lazy node (what `redis::single` builds); fred nodes over a connected client,
+/// a lazy client (what `fred::single` builds) and a pool.
 async fn nodes(url: &str) -> Vec<(&'static str, Arc<dyn RedisNode>)> {
     let client = redis::Client::open(url).unwrap();
+    let fred_client = crate::common::fred_client(url);
+    fred_client.init().await.unwrap();
+    let fred_pool = crate::common::fred_builder(url).build_pool(2).unwrap();
+    fred_pool.init().await.unwrap();
     vec![
+        ("fred", Arc::new(FredNode::new(fred_client))),
+        (
+            "fred lazy",
+            Arc::new(FredNode::lazy(crate::common::fred_client(url))),
+        ),
+        ("fred pool", Arc::new(FredNode::new(fred_pool))),
         (
             "multiplexed",
             Arc::new(MultiplexedNode::connect(&client).await.unwrap()),
