@@ -1677,7 +1677,15 @@ impl Subscriber for FredSubscriber {
             let result = if cluster {
                 client.ssubscribe(channel).await
             } else {
-                client.subscribe(channel).await
+                // fred takes `SUBSCRIBE` as answered once written (its confirmation arrives out of band), so
+                // the server may not have subscribed yet: a release published meanwhile would wake nobody,
+                // although the waiter was told it listens. A `PING` behind it on the same connection (allowed
+                // in subscriber mode) answers only after the server ran the `SUBSCRIBE`. (`SSUBSCRIBE` waits
+                // for its own reply in fred.)
+                match client.subscribe(channel).await {
+                    Ok(()) => client.ping::<Value>(None).await.map(|_| ()),
+                    Err(e) => Err(e),
+                }
             };
             result.map_err(|e| classify(Some(&SUBSCRIBE), &e))
         })

@@ -899,3 +899,56 @@ async fn a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on
     )
     .await;
 }
+
+/// A subscription the notifier reports confirmed is one the server has: `PUBSUB NUMSUB` counts it at that
+/// moment, on every adapter, with 150 ms between client and server each way on the subscriber connection
+/// (opened first, without delay, for another key), so that a confirmation given before the server's answer
+/// shows. fred took `SUBSCRIBE` as answered once written: a release published in that window woke nobody
+/// (`PUBLISH` answered 0 receivers while the waiter believed it listened).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmed_subscription_is_on_the_server_for_every_adapter() {
+    let test = "a_confirmed_subscription_is_on_the_server_for_every_adapter";
+    let Some(server) = RedisServer::start_flavor_or_skip(test, Flavor::Redis, &[]) else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr().parse().unwrap()).unwrap();
+    for backend in common::ALL_BACKENDS {
+        let node = common::node(backend, &format!("{}/0", proxy.url())).await;
+        let notifier = node.notifier().expect("the node notifies").clone();
+        // Opens the subscriber connection.
+        let mut first = notifier.watch(&format!("push:{{first:{backend:?}}}:lock"));
+        assert!(
+            confirmed(&mut first).await,
+            "{backend:?}: {:?}",
+            notifier.stats()
+        );
+        proxy.set_mode(redlease_testkit::proxy::ProxyMode::Latency(
+            Duration::from_millis(150),
+        ));
+        let key = format!("push:{{confirmed:{backend:?}}}:lock");
+        let mut watch = notifier.watch(&key);
+        assert!(
+            confirmed(&mut watch).await,
+            "{backend:?}: never confirmed: {:?}",
+            notifier.stats()
+        );
+        assert_eq!(
+            numsub(&server, false, &channel(&key)),
+            1,
+            "{backend:?}: confirmed, but the server has no subscriber on the channel"
+        );
+        proxy.set_mode(redlease_testkit::proxy::ProxyMode::Forward);
+    }
+}
+
+/// Subscribes `watch` and waits (up to 10 s) for the confirmation that wakes it; whether it is then active.
+async fn confirmed(watch: &mut redlease::notify::Watch) -> bool {
+    let _ = watch.subscribe(Instant::now());
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        std::future::poll_fn(|cx| watch.poll_notified(cx, Instant::now()).map(|_| ())),
+    )
+    .await
+    .is_ok()
+        && watch.is_active()
+}
