@@ -16,8 +16,8 @@ use redlease::{
 use redis::RedisError;
 
 use super::{
-    connect_error, is_dropped, plain_cmd, script_cmd, send, send_publishing, send_transaction,
-    transaction_pipe,
+    Waiter, connect_error, is_dropped, plain_cmd, script_cmd, send, send_publishing,
+    send_transaction, transaction_pipe,
 };
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{Reply, Script};
@@ -42,9 +42,12 @@ const WRITES_KEPT: usize = 1024;
 ///   id: with the restart quarantine on, the core emits a
 ///   [`NodeRestarted`](redlease::EventKind::NodeRestarted) event).
 /// - **Durability.** `WAIT` counts the writes of its own connection. The node remembers which connection
-///   carried the last write of each key, sends the `WAIT` for that key on that same connection, and if the
-///   node has moved to another primary since, answers a definite [`NodeErrorKind::Connection`] error
-///   instead of a count of another server's replicas: under
+///   carried the last write of each key; if the node has moved to another primary since, it answers a
+///   definite [`NodeErrorKind::Connection`] error instead of a count of another server's replicas.
+///   Otherwise the `WAIT` goes on a connection of its own to that same server, behind a `PUBLISH` that
+///   brings its replication offset up to the server's (as the other redis-rs nodes do: a `WAIT` blocks its
+///   connection, and must not hold up other leases), followed by a `PING` on the write's connection that
+///   proves it still reaches the server that took the write (else the same error). Under
 ///   [`Durability::Required`](redlease::Durability::Required) the lease is then not handed out or not
 ///   extended.
 /// - **What a failover can lose.** The Sentinels promote a replica, which has only what was replicated to
@@ -86,6 +89,8 @@ pub struct SentinelNode {
 #[derive(Default)]
 struct Current {
     conn: Option<MultiplexedConnection>,
+    /// Connections of their own for `WAIT`, to the server `conn` reaches (see [`Waiter`]).
+    waiter: Option<Waiter>,
     generation: u64,
     writes: VecDeque<(String, u64)>,
 }
@@ -284,6 +289,7 @@ impl SentinelNode {
             Some(existing) => existing.clone(),
             None => {
                 current.conn = Some(conn.clone());
+                current.waiter = Some(Waiter::new(&primary, self.config.clone()));
                 current.generation += 1;
                 self.probe.opened();
                 conn
@@ -467,6 +473,8 @@ impl Transport for SentinelNode {
 struct Pinned<'a> {
     node: &'a SentinelNode,
     conn: MultiplexedConnection,
+    /// Wait connections to the server `conn` reaches.
+    waiter: Option<Waiter>,
     generation: u64,
 }
 
@@ -522,6 +530,34 @@ impl Transport for Pinned<'_> {
 
     fn probe(&self) -> &Probe {
         &self.node.probe
+    }
+
+    /// On a wait connection of its own to the server the pinned connection reaches (the address the
+    /// Sentinels named for it), so that the `WAIT` does not hold up other leases' commands on the shared
+    /// connection; then a `PING` on the pinned connection proves that it still reaches the server that took
+    /// the write (a server restarted at that address would have dropped it, and lost the write). Where no
+    /// wait connection can be used, the pinned connection itself.
+    async fn wait_command(
+        &self,
+        what: &Script,
+        key: &str,
+        args: &[&str],
+    ) -> Result<Reply, NodeError> {
+        let Some(reply) = (match &self.waiter {
+            Some(waiter) => waiter.wait(what, args).await,
+            None => None,
+        }) else {
+            return self.command(what, key, args).await;
+        };
+        match self.command(what, key, &["PING"]).await {
+            Ok(_) => reply,
+            Err(e) => Err(NodeError::not_applied(
+                NodeErrorKind::Connection,
+                "WAIT: the connection that carried the write failed while the wait ran (the primary \
+                 failed or restarted), so its replication cannot be confirmed",
+            )
+            .with_source(e)),
+        }
     }
 }
 
@@ -590,6 +626,7 @@ impl RedisNode for SentinelNode {
                 (Some(g), Some(conn)) if g == current.generation => Some(Pinned {
                     node: self,
                     conn: conn.clone(),
+                    waiter: current.waiter.clone(),
                     generation: g,
                 }),
                 (None, _) => None,

@@ -541,3 +541,18 @@ async fn a_sentinel_node_leaves_a_stopped_primary_for_the_new_one_fred() {
 async fn a_sentinel_node_leaves_a_stopped_primary_for_the_new_one_fred_valkey_9_1() {
     a_stopped_primary_is_left_for_the_new_one(Adapter::Fred, Flavor::Valkey91).await;
 }
+
+/// A redis-rs Sentinel node's durability waits run on connections of their own to the primary (see
+/// `waits::never_held_up`): with the replica stopped, 20 `BestEffort` leases and an unrelated lock on the
+/// node are never held up. (fred's Sentinel nodes still wait on their shared connection: a client of their
+/// own could reach another primary after a failover.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_nodes_durability_waits_never_hold_up_other_leases_redis_rs() {
+    let test = "a_sentinel_nodes_durability_waits_never_hold_up_other_leases_redis_rs";
+    let Some(set) = SentinelSet::start_or_skip(test, Flavor::Redis) else {
+        return;
+    };
+    set.wait_replicated(Duration::from_secs(10)).unwrap();
+    let node = sentinel_node(Adapter::RedisRs, &set).await;
+    crate::waits::never_held_up("sentinel redis-rs", "sentinel", node, set.replica()).await;
+}

@@ -58,91 +58,102 @@ fn durability_waits_never_hold_up_other_leases_or_locks_on_the_node() {
             primary
                 .wait_for_replicas(1, Duration::from_secs(10))
                 .unwrap();
-            let wait = ReplicaWait::new(1, Duration::from_millis(300));
             for (name, node) in nodes(&primary.url()).await {
-                let what = format!("{flavor} {name}");
-                let cfg = config(TTL);
-                let op = cfg.operation_timeout_for(TTL);
-                let waiting = LockManager::single(
-                    Arc::clone(&node),
-                    cfg.clone().with_durability(Durability::BestEffort(wait)),
-                )
-                .unwrap();
-                let plain = LockManager::single(Arc::clone(&node), cfg).unwrap();
-                // Warm up (connects a lazy node, runs the capability check).
-                plain
-                    .lock(format!("waits:{{{name}}}:warm"))
-                    .try_acquire()
-                    .await
-                    .unwrap()
-                    .release()
-                    .await
-                    .unwrap();
-
-                replica.pause();
-                let acquiring: Vec<_> = (0..LEASES)
-                    .map(|i| {
-                        let lock = waiting.lock(format!("waits:{{{name}:{i}}}:lock"));
-                        tokio::spawn(async move { lock.try_acquire().await })
-                    })
-                    .collect();
-                let mut leases = Vec::new();
-                for (i, task) in acquiring.into_iter().enumerate() {
-                    let lease = task.await.unwrap();
-                    leases.push(Arc::new(
-                        lease.unwrap_or_else(|e| panic!("{what}: lease {i}: {e}")),
-                    ));
-                }
-                for round in 0..3 {
-                    let extending: Vec<_> = leases
-                        .iter()
-                        .map(|lease| {
-                            let lease = Arc::clone(lease);
-                            tokio::spawn(async move { lease.extend(TTL).await })
-                        })
-                        .collect();
-                    let extended = async {
-                        let mut out = Vec::new();
-                        for task in extending {
-                            out.push(task.await.unwrap());
-                        }
-                        out
-                    };
-                    let unrelated = async {
-                        let started = Instant::now();
-                        let lease = plain
-                            .lock(format!("waits:{{{name}}}:unrelated"))
-                            .try_acquire()
-                            .await;
-                        let took = started.elapsed();
-                        (lease, took)
-                    };
-                    let (extended, (unrelated, took)) = tokio::join!(extended, unrelated);
-                    for (i, r) in extended.into_iter().enumerate() {
-                        assert!(
-                            r.is_ok(),
-                            "{what}: round {round}: extension of lease {i}: {r:?}"
-                        );
-                    }
-                    let unrelated = unrelated.unwrap_or_else(|e| {
-                        panic!("{what}: round {round}: the unrelated lock: {e}")
-                    });
-                    // Within one operation timeout, as when no wait runs.
-                    assert!(
-                        took <= op,
-                        "{what}: round {round}: the unrelated lock took {took:?}"
-                    );
-                    unrelated.release().await.unwrap();
-                }
-                assert!(leases.iter().all(|l| l.is_held()), "{what}");
-                replica.resume();
-                for lease in leases {
-                    let Ok(lease) = Arc::try_unwrap(lease) else {
-                        panic!("{what}: a lease still shared");
-                    };
-                    lease.release().await.unwrap();
-                }
+                never_held_up(&format!("{flavor} {name}"), name, node, &replica).await;
             }
         },
     );
+}
+
+/// With `replica` (of `node`'s primary) stopped, every durability wait runs to its timeout: 20 `BestEffort`
+/// leases on `node` are acquired and extended three times at once, while an unrelated lock on the same node
+/// is taken and released; every acquisition and extension succeeds and the unrelated lock never waits for
+/// them.
+pub(crate) async fn never_held_up(
+    what: &str,
+    name: &str,
+    node: Arc<dyn RedisNode>,
+    replica: &RedisServer,
+) {
+    let wait = ReplicaWait::new(1, Duration::from_millis(300));
+    let cfg = config(TTL);
+    let op = cfg.operation_timeout_for(TTL);
+    let waiting = LockManager::single(
+        Arc::clone(&node),
+        cfg.clone().with_durability(Durability::BestEffort(wait)),
+    )
+    .unwrap();
+    let plain = LockManager::single(Arc::clone(&node), cfg).unwrap();
+    // Warm up (connects a lazy node, runs the capability check).
+    plain
+        .lock(format!("waits:{{{name}}}:warm"))
+        .try_acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    replica.pause();
+    let acquiring: Vec<_> = (0..LEASES)
+        .map(|i| {
+            let lock = waiting.lock(format!("waits:{{{name}:{i}}}:lock"));
+            tokio::spawn(async move { lock.try_acquire().await })
+        })
+        .collect();
+    let mut leases = Vec::new();
+    for (i, task) in acquiring.into_iter().enumerate() {
+        let lease = task.await.unwrap();
+        leases.push(Arc::new(
+            lease.unwrap_or_else(|e| panic!("{what}: lease {i}: {e}")),
+        ));
+    }
+    for round in 0..3 {
+        let extending: Vec<_> = leases
+            .iter()
+            .map(|lease| {
+                let lease = Arc::clone(lease);
+                tokio::spawn(async move { lease.extend(TTL).await })
+            })
+            .collect();
+        let extended = async {
+            let mut out = Vec::new();
+            for task in extending {
+                out.push(task.await.unwrap());
+            }
+            out
+        };
+        let unrelated = async {
+            let started = Instant::now();
+            let lease = plain
+                .lock(format!("waits:{{{name}}}:unrelated"))
+                .try_acquire()
+                .await;
+            let took = started.elapsed();
+            (lease, took)
+        };
+        let (extended, (unrelated, took)) = tokio::join!(extended, unrelated);
+        for (i, r) in extended.into_iter().enumerate() {
+            assert!(
+                r.is_ok(),
+                "{what}: round {round}: extension of lease {i}: {r:?}"
+            );
+        }
+        let unrelated =
+            unrelated.unwrap_or_else(|e| panic!("{what}: round {round}: the unrelated lock: {e}"));
+        // Within one operation timeout, as when no wait runs.
+        assert!(
+            took <= op,
+            "{what}: round {round}: the unrelated lock took {took:?}"
+        );
+        unrelated.release().await.unwrap();
+    }
+    assert!(leases.iter().all(|l| l.is_held()), "{what}");
+    replica.resume();
+    for lease in leases {
+        let Ok(lease) = Arc::try_unwrap(lease) else {
+            panic!("{what}: a lease still shared");
+        };
+        lease.release().await.unwrap();
+    }
 }
