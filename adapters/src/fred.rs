@@ -26,7 +26,10 @@
 //! most once; if its connection closes the caller gets the error instead of a replay) and `fail_fast: true`
 //! (while the client is not connected the command fails at once, unsent, instead of queueing until a
 //! reconnection that may come after redlease's timeout). The client's own settings for other commands are
-//! untouched.
+//! untouched. Transactions (`MULTI … EXEC`, used where the server runs no Lua) are sent as plain pipelines
+//! of those commands, not through fred's transaction API, which re-sends a whole transaction once after
+//! reconnecting whatever `max_attempts` says, from inside its connection task (so after the caller may have
+//! given up); a transaction whose reply is lost is an error, never a second run.
 //!
 //! On Redis Cluster, following a `MOVED`/`ASK` redirection would be a second write, which
 //! `max_attempts: Some(1)` refuses ("too many failed write attempts"; fred refreshes its slot map first, so
@@ -93,7 +96,7 @@ use std::time::{Duration, Instant};
 
 use fred::clients::{Client, Pool};
 use fred::error::{Error as FredError, ErrorKind};
-use fred::interfaces::{ClientLike, EventInterface, PubsubInterface, TransactionInterface};
+use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
 use fred::types::config::{Options, Server, ServerConfig};
 use fred::types::{ClientState, ClusterHash, CustomCommand, Value};
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
@@ -905,7 +908,16 @@ impl<C: KeyRouted> FredNode<C> {
         self.sent(result, index, what)
     }
 
-    /// Sends `cmds` once as a `MULTI … EXEC` transaction, through the client that carries `key`.
+    /// Sends `cmds` once as a `MULTI … EXEC` transaction, through the client that carries `key`: `EXEC`'s
+    /// reply (`Nil` when a `WATCH` aborted it).
+    ///
+    /// Written as a plain pipeline of `MULTI`, the commands and `EXEC`, each command carrying the node's
+    /// options (one attempt), not through fred's transaction API: fred re-sends a whole transaction once
+    /// after reconnecting whatever `max_attempts` says, waiting inside its connection task for the
+    /// reconnection — so a lost reply ran the writes twice (two `INCR`s for one call), and the copy could
+    /// run long after the caller gave up. A pipeline's commands are written back to back on the member's
+    /// connection and never re-sent; a connection that drops before `EXEC` arrives makes the server discard
+    /// the transaction.
     async fn send_multi(
         &self,
         cmds: Vec<(CustomCommand, Vec<Value>)>,
@@ -915,13 +927,23 @@ impl<C: KeyRouted> FredNode<C> {
         let (client, index) = self.prepare(key, what).await?;
         let flight = InFlight::new(self, index);
         let options = self.options();
-        // Queued locally and written as one MULTI … EXEC batch on the member's connection.
-        let tx = client.multi();
+        let hash = self.hash(key);
+        let pipeline = client.pipeline();
+        let count = cmds.len();
         let mut queued = Ok(());
-        for (cmd, values) in cmds {
-            if let Err(e) = tx
+        let all = std::iter::once((
+            CustomCommand::new_static("MULTI", hash.clone(), false),
+            Vec::new(),
+        ))
+        .chain(cmds)
+        .chain(std::iter::once((
+            CustomCommand::new_static("EXEC", hash, false),
+            Vec::new(),
+        )));
+        for (cmd, values) in all {
+            if let Err(e) = pipeline
                 .with_options(&options)
-                .custom::<Value, Value>(cmd, values)
+                .custom::<(), Value>(cmd, values)
                 .await
             {
                 queued = Err(e);
@@ -929,13 +951,27 @@ impl<C: KeyRouted> FredNode<C> {
             }
         }
         let result = match queued {
-            // `true`: the first refusal among the replies (of `MULTI`, or of a command while it was
-            // queued) is the error, rather than `EXEC`'s bare `EXECABORT`, so that its cause is named.
-            Ok(()) => tx.exec::<Value>(true).await,
+            Ok(()) => {
+                let mut replies = pipeline.try_all::<Value>().await;
+                match (replies.len() == count + 2)
+                    .then(|| replies.pop())
+                    .flatten()
+                {
+                    // `EXEC` refused itself (`EXECABORT`): the first refusal among `MULTI` and the queued
+                    // commands names the cause.
+                    Some(Err(exec)) => {
+                        Err(replies.into_iter().find_map(Result::err).unwrap_or(exec))
+                    }
+                    Some(exec) => exec,
+                    None => Err(FredError::new(
+                        ErrorKind::Protocol,
+                        "a transaction pipeline with a missing reply",
+                    )),
+                }
+            }
             Err(e) => Err(e),
-        }
-        .map(to_reply)
-        .map_err(|e| classify(Some(what), &e));
+        };
+        let result = result.map(to_reply).map_err(|e| classify(Some(what), &e));
         flight.landed();
         self.sent(result, index, what)
     }

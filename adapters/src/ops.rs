@@ -1244,9 +1244,9 @@ async fn fence_writable(t: &impl Transport, key: &str, fence_key: &str) -> Resul
 ///
 /// Gaps in the sequence (numbers issued to no holder): an `INCR` whose lock had already expired (step 3
 /// finds another or no value: `None`), one followed by a refusal, one whose reply was lost (its retry takes a
-/// new number), and one whose transaction fred re-sent after reconnecting (it replays a whole `MULTI … EXEC`
-/// once, whatever `max_attempts` says: the replay issues a second number, and that one is returned, from the
-/// replay's own check that the lock is still ours). Every number handed out is larger than every earlier one
+/// new number). (A fred node sends its transactions as plain pipelines, written once: fred's transaction API
+/// re-sent a whole `MULTI … EXEC` after reconnecting, which issued a second number.) Every number handed out
+/// is larger than every earlier one
 /// (the lost-reply cases of the fault tier's `matrix` check it on both clients). An ambiguous error after step 2
 /// may leave the lock key (with its TTL) for the core's clean-up, as an ambiguous script reply does.
 async fn fenced_native(
@@ -1395,10 +1395,8 @@ fn publish_args(t: &impl Transport, key: &str) -> (String, &'static str) {
 }
 
 /// Native release: `DELIFEQ key token`, with `PUBLISH channel payload` pipelined behind it (one round trip,
-/// two commands). Not a transaction: a transaction cannot make the publish conditional either, and fred
-/// re-sends a whole `MULTI … EXEC` once after reconnecting (its transaction retry allows one more attempt
-/// than `max_attempts`), which would report a release whose reply was lost as "not held". A plain pipeline is
-/// written once; a refused `PUBLISH` (a channel ACL) does not affect the `DELIFEQ` before it. So a release
+/// two commands). Not a transaction: a transaction cannot make the publish conditional either. A plain
+/// pipeline is written once; a refused `PUBLISH` (a channel ACL) does not affect the `DELIFEQ` before it. So a release
 /// that deleted nothing publishes too (a waiter then spends one attempt), and if the connection drops between
 /// the two, the notification is lost (waiters wait for the TTL bound). 1 deleted, 0 not (another value,
 /// absent, or another type: never touched).
@@ -1787,9 +1785,8 @@ const WATCHED_ATTEMPTS: usize = 3;
 ///
 /// A lock key of another type is a `WrongType` error (the extension answers "not extended", an acquisition
 /// reports it). What it cannot exclude: commands the application itself sends on the same connection (a
-/// shared client's own `EXEC` or `UNWATCH` between the two steps), and fred's replay of a transaction after a
-/// reconnect (issue 22 #9), on a connection without the `WATCH` (`GT` bounds what such a replay can do: it
-/// never shortens a key).
+/// shared client's own `EXEC` or `UNWATCH` between the two steps). (`GT` bounds what such an unwatched
+/// transaction can do: it never shortens a key.)
 async fn extend_watched(
     t: &impl Transport,
     key: &str,

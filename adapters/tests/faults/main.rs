@@ -20,3 +20,4 @@ mod matrix;
 mod renewal;
 mod slow_quorum;
 mod stall;
+mod transaction_replay;
