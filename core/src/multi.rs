@@ -204,8 +204,8 @@ impl MultiLock {
                 },
             };
             // Wait for the key that stopped the attempt, holding nothing else; the next attempt starts with
-            // it held.
-            first = Some(blocked.acquire_until(deadline).await?);
+            // it held. Its background renewal, if any, starts with the set's (see `hand_out`).
+            first = Some(blocked.in_foreground().acquire_until(deadline).await?);
         }
     }
 
@@ -497,7 +497,8 @@ impl MultiLock {
                     continue;
                 }
             }
-            leases.push(lock.granted(
+            // Renewed in the background, if at all, together with the other parts (see `hand_out`).
+            leases.push(lock.in_foreground().granted(
                 ids[i],
                 token,
                 fence.filter(|_| lock.fence_key().is_some()),
@@ -598,6 +599,11 @@ impl MultiLock {
                     source: None,
                 },
             ));
+        }
+        if self.locks[0].renews_in_background() {
+            // Parts that nothing renews yet (all of a set taken in one step, and the key it waited for):
+            // together, one step per round, where the node can.
+            crate::lease::renew_set_in_background(&leases);
         }
         let acquired_at = self.locks[0].now();
         Ok(MultiLease {

@@ -557,3 +557,230 @@ fn a_set_refused_for_good_ends_its_wait_at_once() {
         }
     }
 }
+
+/// What a [`SetNode`] counted and how it behaves.
+#[derive(Default)]
+struct SetNetState {
+    /// `extend` calls (one key each).
+    extends: u64,
+    /// `multi_key(Extend)` calls (the whole set in one step).
+    joint_extends: u64,
+    /// Answer every `multi_key` with a definite `Unsupported` (a node without the step), sending nothing.
+    unsupported: bool,
+    /// Keep the next this many `multi_key(Extend)` requests in the network: the caller never hears back,
+    /// [`SetNet::deliver`] applies them later.
+    hold: u32,
+    /// Extensions set the TTL asked for even when the key had more left (a plain `PEXPIRE`): a node that
+    /// breaks the never-shorten rule, so that only the core's records of requests in flight keep a lease
+    /// safe from a late, shorter one.
+    shortening: bool,
+    held: Vec<Box<dyn FnOnce() + Send>>,
+}
+
+/// The control panel of a [`SetNode`].
+#[derive(Clone, Default)]
+struct SetNet(std::sync::Arc<std::sync::Mutex<SetNetState>>);
+
+impl SetNet {
+    fn with<T>(&self, f: impl FnOnce(&mut SetNetState) -> T) -> T {
+        f(&mut self.0.lock().unwrap())
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        self.with(|s| (s.joint_extends, s.extends))
+    }
+
+    /// Applies every held request now, in the order they were sent.
+    fn deliver(&self) -> usize {
+        let held = self.with(|s| std::mem::take(&mut s.held));
+        let n = held.len();
+        for apply in held {
+            apply();
+        }
+        n
+    }
+}
+
+/// A [`MemoryNode`](redlease_testkit::MemoryNode) that counts extension requests by kind and can hold
+/// one-step extensions in the network or apply extensions as a plain `PEXPIRE`.
+struct SetNode {
+    node: redlease_testkit::MemoryNode,
+    net: SetNet,
+}
+
+impl SetNode {
+    /// Extends `key` held by `token` to `ttl` as this node does; whether it held the token.
+    fn apply_extend(
+        node: &redlease_testkit::MemoryNode,
+        shortening: bool,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> bool {
+        if node.get(key).as_deref() != Some(token.as_str().as_bytes()) {
+            return false;
+        }
+        if shortening {
+            node.set(key, token.as_str(), Some(ttl.as_duration()));
+            true
+        } else {
+            redlease_testkit::block_on(node.extend(key, token, ttl)).unwrap()
+        }
+    }
+}
+
+impl NodeWrapper for SetNode {
+    type Inner = redlease_testkit::MemoryNode;
+
+    fn inner(&self) -> &redlease_testkit::MemoryNode {
+        &self.node
+    }
+
+    fn extend<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> redlease::NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        let shortening = self.net.with(|s| {
+            s.extends += 1;
+            s.shortening
+        });
+        let done = Self::apply_extend(&self.node, shortening, key, token, ttl);
+        Box::pin(std::future::ready(Ok(done)))
+    }
+
+    fn multi_key<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [MultiKeyItem<'c>],
+        op: MultiKeyOp,
+    ) -> redlease::NodeFuture<'f, MultiKeyReply>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        let mut st = self.net.0.lock().unwrap();
+        if st.unsupported {
+            return Box::pin(std::future::ready(Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                "not implemented",
+            ))));
+        }
+        let MultiKeyOp::Extend { ttl } = op else {
+            drop(st);
+            return self.node.multi_key(items, op);
+        };
+        st.joint_extends += 1;
+        let owned: Vec<(String, redlease::Token)> = items
+            .iter()
+            .map(|i| (i.key.to_owned(), i.token.clone()))
+            .collect();
+        let node = self.node.clone();
+        let shortening = st.shortening;
+        let apply = move || -> Vec<bool> {
+            owned
+                .iter()
+                .map(|(key, token)| Self::apply_extend(&node, shortening, key, token, ttl))
+                .collect()
+        };
+        if st.hold > 0 {
+            st.hold -= 1;
+            st.held.push(Box::new(move || {
+                let _ = apply();
+            }));
+            return Box::pin(std::future::pending());
+        }
+        drop(st);
+        Box::pin(std::future::ready(Ok(MultiKeyReply::Done(apply()))))
+    }
+}
+
+/// A manager over one [`SetNode`] on `sim`'s clock (with its spawner), reporting to `history` as client 1.
+fn set_node_manager(
+    sim: &redlease_testkit::Sim,
+    node: &redlease_testkit::MemoryNode,
+    net: &SetNet,
+    history: &History,
+    config: redlease::Config,
+) -> redlease::LockManager {
+    let set_node = SetNode {
+        node: node.clone(),
+        net: net.clone(),
+    };
+    redlease::LockManager::single(set_node, config)
+        .unwrap()
+        .with_timer(sim.clock())
+        .with_spawner(sim.spawner())
+        .with_observer(history.recorder(1))
+}
+
+const SET_OF_FOUR: [&str; 4] = ["a", "b", "c", "d"];
+
+/// Renewal of a set on one node is one step per round, like its acquisition, extension and release: a set
+/// of four keys held by `run` over ten renewal intervals sends one `multi_key` extension per round and no
+/// extension of a single key, and every part is renewed in each round (its own `Extended` event).
+#[test]
+fn a_set_renewed_by_run_extends_every_key_in_one_step_per_round() {
+    let mut sim = redlease_testkit::Sim::new(121);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let set = manager.lock_all(SET_OF_FOUR).renew_every(secs(1));
+    let all = sim.block_on(set.try_acquire()).unwrap();
+    let held = sim.block_on(all.run(clock.sleep_until(clock.now() + ms(10_500))));
+    assert!(held.is_ok(), "{held:?}");
+    let (joint, single) = net.counts();
+    assert_eq!(single, 0, "no key was extended on its own");
+    assert_eq!(
+        joint, 10,
+        "one step per renewal round (every second for 10.5 s)"
+    );
+    for key in SET_OF_FOUR {
+        let renewed = history
+            .events()
+            .iter()
+            .filter(|e| e.lock == key && matches!(e.kind, EventKind::Extended { .. }))
+            .count();
+        assert_eq!(renewed, 10, "{key}: renewed in every round");
+        assert!(node.pttl(key).flatten().unwrap() > secs(2), "{key}");
+    }
+    sim.block_on(all.release()).unwrap();
+    assert_eq!(history.check(), Ok(()));
+}
+
+/// The same for a set renewed in the background ([`MultiLock::auto_renew`](redlease::MultiLock)): one
+/// step per round, no extension of a single key, until the set is released; nothing after it.
+#[test]
+fn a_set_renewed_in_the_background_extends_every_key_in_one_step_per_round() {
+    let mut sim = redlease_testkit::Sim::new(122);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let set = manager.lock_all(SET_OF_FOUR).auto_renew(secs(1));
+    let all = sim.block_on(set.try_acquire()).unwrap();
+    sim.run_for(ms(10_500));
+    assert!(all.is_held());
+    let (joint, single) = net.counts();
+    assert_eq!(single, 0, "no key was extended on its own");
+    assert_eq!(
+        joint, 10,
+        "one step per renewal round (every second for 10.5 s)"
+    );
+    for key in SET_OF_FOUR {
+        assert!(node.pttl(key).flatten().unwrap() > secs(2), "{key}");
+    }
+    sim.block_on(all.release()).unwrap();
+    sim.run_for(secs(5));
+    assert_eq!(net.counts(), (10, 0), "no renewal after the release");
+    assert_eq!(history.check(), Ok(()));
+}
