@@ -2006,15 +2006,22 @@ pub(crate) async fn run_all<F: Future>(leases: &[Lease], work: F) -> Result<F::O
     // A joint renewal finishes its round, if one is in flight, and gives up every part lost, then stops.
     // The other leases' renewals stop here (their rounds were recorded when planned); they stay held.
     work.set(None);
-    if let Some(j) = joint.take() {
-        j.await;
-    }
-    if let Some(r) = renewals.get_mut(i).and_then(Option::take) {
-        r.await;
-    }
+    let joint = joint.take();
+    let renewal = renewals.get_mut(i).and_then(Option::take);
     drop(renewals);
     let shared = &leases[i].shared;
-    shared.clean_up().await;
+    // Meanwhile every part's loss signal is still polled: another part whose deadline passes during this
+    // clean-up (up to an operation timeout) is reported lost at its deadline, not when `run` returns.
+    watching_losses(leases, async {
+        if let Some(j) = joint {
+            j.await;
+        }
+        if let Some(r) = renewal {
+            r.await;
+        }
+        shared.clean_up().await;
+    })
+    .await;
     drop(claims);
     Err(shared
         .loss_error()

@@ -184,8 +184,8 @@ fn an_empty_set_or_a_repeated_key_is_refused_before_anything_is_sent() {
 type Mailbox = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
 /// One hostile client that takes random subsets of three keys as sets, single keys, and leases another
-/// client handed off; holds them for a while (renewed in the background or not) and releases, drops or
-/// hands them off.
+/// client handed off; holds them for a while (renewed in the background, by a set's `run`, or not) and
+/// releases, drops or hands them off.
 async fn mixing_client(
     manager: redlease::LockManager,
     clock: redlease_testkit::SkewedClock,
@@ -238,7 +238,13 @@ async fn mixing_client(
                 }
                 let lost = all.lost();
                 let sleep = clock.sleep_until(clock.now() + hold);
-                race(lost, sleep).await;
+                if !renew && rng.next_u64() % 2 == 0 {
+                    // Held by `run`: renewed meanwhile (on one node together, one step per round), and cut
+                    // wherever the hold ends.
+                    let _ = all.run(sleep).await;
+                } else {
+                    race(lost, sleep).await;
+                }
                 if rng.next_u64() % 4 == 0 {
                     drop(all);
                 } else {
