@@ -1070,3 +1070,98 @@ fn a_part_lost_from_a_joint_renewal_is_reported_and_the_others_stay_held() {
         assert_eq!(history.check(), Ok(()));
     }
 }
+
+/// A set held by `run` with its parts renewed together, on one node, `run` dropped after each of its polls
+/// (the joint rounds' requests applied at once and answered 40 ms later, one of them held in the network for
+/// 500 ms): afterwards no part believes it is held longer than its key lives, a shorter and then a longer
+/// manual extension keep that true, and another client that takes each key once the set's belief ends never
+/// overlaps it.
+#[test]
+fn a_set_run_cut_at_every_poll_never_believes_more_than_its_keys_hold() {
+    struct Env {
+        c: Cluster,
+        all: std::sync::Arc<redlease::MultiLease>,
+        history: History,
+    }
+    impl redlease_testkit::cancel::SimHost for Env {
+        fn sim(&mut self) -> &mut redlease_testkit::Sim {
+            &mut self.c.sim
+        }
+    }
+    let believes_no_more_than_its_keys = |env: &Env, when: &str| {
+        for lease in env.all.leases() {
+            if lease.is_held() {
+                let left = env.c.nodes[0].pttl(lease.key()).flatten();
+                assert!(
+                    left.is_some_and(|left| left >= lease.remaining()),
+                    "{when}: {} believes {:?}, its key has {left:?}",
+                    lease.key(),
+                    lease.remaining()
+                );
+            }
+        }
+    };
+    let polls = each_poll(
+        || {
+            let mut c = Cluster::with_spawner(1, 127, config().with_expiry(secs(3)));
+            let history = History::new();
+            c.manager = c.manager.clone().with_observer(history.recorder(1));
+            let set = c.manager.lock_all(SET_OF_FOUR).renew_every(secs(1));
+            let all = std::sync::Arc::new(c.sim.block_on(set.try_acquire()).unwrap());
+            c.faults[0].script(
+                Op::Extend,
+                [
+                    Fault::SlowReply(ms(40)),
+                    Fault::Late(ms(500)),
+                    Fault::SlowReply(ms(40)),
+                ],
+            );
+            Env { c, all, history }
+        },
+        |env| {
+            let (all, clock) = (env.all.clone(), env.c.clock.clone());
+            async move {
+                let held = all.run(clock.sleep_until(clock.now() + ms(3_500))).await;
+                assert!(held.is_ok(), "{held:?}");
+            }
+        },
+        |env, cut| {
+            believes_no_more_than_its_keys(env, &format!("{cut:?}"));
+            let all = env.all.clone();
+            let _ = env.c.sim.block_on(async move { all.extend(secs(1)).await });
+            believes_no_more_than_its_keys(env, &format!("{cut:?}, extended to 1 s"));
+            let all = env.all.clone();
+            let _ = env.c.sim.block_on(async move { all.extend(secs(5)).await });
+            believes_no_more_than_its_keys(env, &format!("{cut:?}, extended to 5 s"));
+            // Another client takes each key as soon as it can (polling every 100 ms) and holds it a while.
+            let clock = env.c.clock.clone();
+            let other = redlease::LockManager::single(env.c.nodes[0].clone(), config())
+                .unwrap()
+                .with_timer(clock.clone())
+                .with_observer(env.history.recorder(2));
+            for key in SET_OF_FOUR {
+                let (other, clock) = (other.clone(), clock.clone());
+                env.c.sim.spawn(async move {
+                    let lock = other.lock(key).expiry(secs(3));
+                    for _ in 0..100 {
+                        if let Ok(lease) = lock.try_acquire().await {
+                            clock.sleep_until(clock.now() + secs(1)).await;
+                            drop(lease);
+                            return;
+                        }
+                        clock.sleep_until(clock.now() + ms(100)).await;
+                    }
+                    panic!("{key} never came free");
+                });
+            }
+            env.c.sim.run_for(secs(12));
+            if let Err(v) = env.history.check() {
+                panic!("{cut:?}: {v}");
+            }
+        },
+    );
+    assert!(
+        polls >= 5,
+        "completed in {polls} polls: nothing was cut inside it"
+    );
+}
