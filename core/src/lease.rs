@@ -1745,8 +1745,9 @@ pub(crate) enum Together {
 ///
 /// A part that ends leaves the set. A part that is lost is marked lost at once (every part lost in one turn
 /// before any clean-up) and its token deleted; then, with `stop_on_loss` ([`run_all`], which stops the work
-/// on any part's loss), this returns [`Together::Done`]; otherwise (background renewal) the other parts go on
-/// being renewed, as they were when each had a loop of its own. [`Together::Separately`] when the node
+/// on any part's loss), this returns [`Together::Done`] once that is done; otherwise (background renewal)
+/// the deletion runs on the manager's spawner and the other parts go on being renewed, as they were when
+/// each had a loop of its own. [`Together::Separately`] when the node
 /// answers that it cannot take the step: the parts are marked to be renewed one by one for the rest of
 /// their hold.
 pub(crate) async fn renew_together(mut parts: Vec<Arc<Shared>>, stop_on_loss: bool) -> Together {
@@ -1771,7 +1772,7 @@ pub(crate) async fn renew_together(mut parts: Vec<Arc<Shared>>, stop_on_loss: bo
                 let part = parts.remove(i);
                 steps.remove(i);
                 // Whoever noticed the loss may not have deleted our token (a loss signal only observes).
-                Box::pin(part.clean_up()).await;
+                let_go(&part, stop_on_loss).await;
                 if stop_on_loss {
                     return Together::Done;
                 }
@@ -1874,12 +1875,23 @@ pub(crate) async fn renew_together(mut parts: Vec<Arc<Shared>>, stop_on_loss: bo
         if lost.is_empty() {
             continue;
         }
-        for part in lost {
-            Box::pin(part.clean_up()).await;
+        for part in &lost {
+            let_go(part, stop_on_loss).await;
         }
         if stop_on_loss {
             return Together::Done;
         }
+    }
+}
+
+/// Deletes the token of a part lost from a joint renewal ([`Shared::clean_up`]): awaited when the renewal
+/// stops there (`wait`), otherwise on the manager's spawner, so that the other parts' next round does not
+/// wait for it (it may take an operation timeout).
+async fn let_go(part: &Arc<Shared>, wait: bool) {
+    if wait || part.engine.spawner.is_none() {
+        Box::pin(part.clean_up()).await;
+    } else {
+        part.spawn_clean_up();
     }
 }
 
