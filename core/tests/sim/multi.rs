@@ -1165,3 +1165,41 @@ fn a_set_run_cut_at_every_poll_never_believes_more_than_its_keys_hold() {
         "completed in {polls} polls: nothing was cut inside it"
     );
 }
+
+/// A set renewed in the background that first waited for one of its keys (taken on its own, then the rest
+/// in one step) renews all of them together too: the waited-for key is not left with a renewal of its own.
+#[test]
+fn a_set_that_waited_for_a_key_renews_every_key_in_one_step() {
+    let mut sim = redlease_testkit::Sim::new(128);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let holder = sim
+        .block_on(manager.lock("b").expiry(secs(3)).try_acquire())
+        .unwrap();
+    let set = manager.lock_all(SET_OF_FOUR).auto_renew(secs(1));
+    let won = std::sync::Arc::new(std::sync::Mutex::new(None));
+    sim.spawn({
+        let won = won.clone();
+        async move {
+            *won.lock().unwrap() = Some(set.acquire_within(secs(20)).await);
+        }
+    });
+    sim.run_for(ms(500));
+    sim.block_on(holder.release()).unwrap();
+    sim.run_for(ms(100));
+    let all = won.lock().unwrap().take().expect("won").unwrap();
+    let before = net.counts();
+    sim.run_for(ms(10_500));
+    assert!(all.is_held());
+    let (joint, single) = net.counts();
+    assert_eq!(single - before.1, 0, "no key was extended on its own");
+    assert!(
+        (9..=11).contains(&(joint - before.0)),
+        "{} joint rounds in 10.5 s",
+        joint - before.0
+    );
+    sim.block_on(all.release()).unwrap();
+    assert_eq!(history.check(), Ok(()));
+}
