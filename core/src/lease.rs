@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::driver::Planned;
-use crate::driver::{Engine, RoundResult};
+use crate::driver::{Engine, Mode, RoundResult, Spawn};
 use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::slots::Slots;
@@ -65,6 +65,9 @@ struct State {
     /// The generation of the renewer's current entry for this lease: older entries are stale.
     batch_gen: u32,
     extending: bool,
+    /// Its node cannot extend it together with the other parts of its set in one step
+    /// ([`renew_together`]): renewed on its own for the rest of its hold.
+    separately: bool,
     /// Which nodes may still apply an earlier request of this lease (written when a round is planned).
     unconfirmed: Unconfirmed,
     /// Nodes that have never confirmed holding this lease's key (a Redlock acquisition won without them):
@@ -93,6 +96,20 @@ impl State {
     #[must_use]
     fn take_waiters(&mut self) -> Vec<(u64, Waker)> {
         std::mem::take(&mut self.waiters)
+    }
+
+    /// Why a renewal loop asleep since the deadline was `planned_for` must wake before its planned instant,
+    /// if it must: the lease ended, was lost, or its deadline moved earlier.
+    fn woken(&self, planned_for: Instant) -> Option<Woken> {
+        if self.ended {
+            Some(Woken::Ended)
+        } else if self.lost.is_some() {
+            Some(Woken::Lost)
+        } else if self.valid_until < planned_for {
+            Some(Woken::Moved)
+        } else {
+            None
+        }
     }
 }
 
@@ -183,6 +200,7 @@ impl Shared {
                 batched: false,
                 batch_gen: 0,
                 extending: false,
+                separately: false,
                 unconfirmed: Unconfirmed::from_acquisition(grant.unconfirmed),
                 missing: grant.missing,
                 waiters: Vec::new(),
@@ -677,6 +695,18 @@ impl Shared {
         !std::mem::replace(&mut st.renewing, true)
     }
 
+    /// Renews this lease in the background (its claim held by the caller): in the manager's shared renewer's
+    /// batches when renewal batching is on, otherwise in a task of its own on `spawner`.
+    pub(crate) fn renew_in_background(self: &Arc<Self>, spawner: &Arc<dyn Spawn>) {
+        if self.engine.batch_size().is_some() {
+            // No task of its own: the manager's shared renewer renews it with others in batches.
+            self.renew_batched();
+        } else {
+            // Boxed once: the renewal loop stops by itself when the lease ends.
+            spawner.spawn(Box::pin(Arc::clone(self).renew()));
+        }
+    }
+
     /// Hands this lease's renewal (whose claim the caller holds) to the manager's shared renewer.
     pub(crate) fn renew_batched(&self) {
         self.lock().batched = true;
@@ -1043,14 +1073,8 @@ impl Future for SleepUnlessEnded<'_> {
         let this = &mut *self;
         {
             let mut st = this.shared.lock();
-            if st.ended {
-                return Poll::Ready(Woken::Ended);
-            }
-            if st.lost.is_some() {
-                return Poll::Ready(Woken::Lost);
-            }
-            if st.valid_until < this.planned_for {
-                return Poll::Ready(Woken::Moved);
+            if let Some(woken) = st.woken(this.planned_for) {
+                return Poll::Ready(woken);
             }
             st.register(this.id, cx.waker());
         }
@@ -1061,6 +1085,53 @@ impl Future for SleepUnlessEnded<'_> {
 impl Drop for SleepUnlessEnded<'_> {
     fn drop(&mut self) {
         self.shared.lock().deregister(self.id);
+    }
+}
+
+/// [`SleepUnlessEnded`] for the parts of a set renewed together ([`renew_together`]), with one timer for all:
+/// resolves with the first part (in order) that ended, was lost or whose deadline moved earlier than when
+/// the sleep was planned, or with [`Woken::Due`] (index 0) at the planned instant.
+struct SleepUnlessAnyEnded<'a> {
+    parts: &'a [Arc<Shared>],
+    id: u64,
+    /// Per part, its deadline when the sleep was planned.
+    planned_for: Vec<Instant>,
+    sleep: Sleep,
+}
+
+impl<'a> SleepUnlessAnyEnded<'a> {
+    fn new(parts: &'a [Arc<Shared>], engine: &Engine, at: Instant) -> Self {
+        Self {
+            parts,
+            id: waiter_id(),
+            planned_for: parts.iter().map(|p| p.lock().valid_until).collect(),
+            sleep: engine.timer.sleep_until(at),
+        }
+    }
+}
+
+impl Future for SleepUnlessAnyEnded<'_> {
+    type Output = (usize, Woken);
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<(usize, Woken)> {
+        let this = &mut *self;
+        for (i, (part, &planned_for)) in this.parts.iter().zip(&this.planned_for).enumerate() {
+            // Checked and registered under one lock, so a change in between cannot be missed.
+            let mut st = part.lock();
+            if let Some(woken) = st.woken(planned_for) {
+                return Poll::Ready((i, woken));
+            }
+            st.register(this.id, cx.waker());
+        }
+        this.sleep.as_mut().poll(cx).map(|()| (0, Woken::Due))
+    }
+}
+
+impl Drop for SleepUnlessAnyEnded<'_> {
+    fn drop(&mut self) {
+        for part in self.parts {
+            part.lock().deregister(self.id);
+        }
     }
 }
 
@@ -1361,16 +1432,7 @@ impl Lease {
         leases: &[Lease],
         ttl: Duration,
     ) -> Option<Vec<Result<(), Error>>> {
-        let engine = Arc::clone(&leases.first()?.shared.engine);
-        let one_node = engine.mode == crate::driver::Mode::Single
-            && engine.nodes.len() == 1
-            && !engine.permits
-            && leases
-                .iter()
-                .all(|l| Arc::ptr_eq(&l.shared.engine, &engine) && !l.shared.needs_repair());
-        if !one_node {
-            return None;
-        }
+        let engine = one_step_engine(leases.iter().map(|l| &*l.shared))?;
         let ttl_wire = engine.config.check_expiry(ttl).ok()?;
         let mut permits = Vec::with_capacity(leases.len());
         for lease in leases {
@@ -1391,79 +1453,10 @@ impl Lease {
                 Err(reason) => results[j] = Some(Err(lease.shared.lost_error(reason, None))),
             }
         }
-        // Recorded as possibly applied before the request is sent (see `Shared::prepare_extension`).
-        let planned: Vec<Planned> = live
-            .iter()
-            .map(|&j| leases[j].shared.prepare_extension(ttl_wire))
-            .collect();
-        let items: Vec<MultiKeyItem<'_>> = live
-            .iter()
-            .map(|&j| MultiKeyItem::new(&leases[j].shared.key, &leases[j].shared.token))
-            .collect();
-        let items_ref = &items;
-        let r = engine
-            .round(
-                WaitFor::All,
-                false,
-                timeout,
-                move |_, node| node.multi_key(items_ref, MultiKeyOp::Extend { ttl: ttl_wire }),
-                |_| true,
-            )
-            .await;
-        let (flags, error) = match r.values.first().cloned().flatten() {
-            Some(MultiKeyReply::Done(flags)) if flags.len() == items.len() => (flags, None),
-            Some(other) => (
-                Vec::new(),
-                Some(NodeError::ambiguous(
-                    NodeErrorKind::Protocol,
-                    format!(
-                        "multi_key answered {other:?} to an extension of {} keys",
-                        items.len()
-                    ),
-                )),
-            ),
-            None => (
-                Vec::new(),
-                Some(
-                    r.tally
-                        .errors()
-                        .into_iter()
-                        .next()
-                        .map_or_else(|| NodeError::timed_out(timeout), |(_, e)| e),
-                ),
-            ),
-        };
-        let unsupported = error
-            .as_ref()
-            .is_some_and(|e| e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous());
-        let suspended = r.suspended_by();
-        let mut outcomes = Vec::with_capacity(live.len());
-        for (k, &j) in live.iter().enumerate() {
-            let reply = match (&error, flags.get(k).copied()) {
-                (Some(e), _) => Reply::Failed(e.clone()),
-                (None, Some(true)) if counts(planned[k].unconfirmed.as_deref(), 0, ttl_wire) => {
-                    Reply::Yes
-                }
-                (None, Some(true)) => Reply::Failed(NodeError::ambiguous(
-                    NodeErrorKind::Other,
-                    "extended, but not counted: an earlier, shorter extension of this lease may still be \
-                     applied on this node after it",
-                )),
-                (None, _) => Reply::No,
-            };
-            let mut tally = Tally::new(1, engine.quorum(), WaitFor::Decision);
-            tally.handle_reply(0, reply);
-            // Settles the record either way (an unsupported step was not applied).
-            let outcome = leases[j].shared.finish_extension(
-                ttl_wire, false, &tally, r.started, r.ended, r.wall, &suspended,
-            );
-            outcomes.push((j, outcome));
-        }
+        let parts: Vec<&Shared> = live.iter().map(|&j| &*leases[j].shared).collect();
+        let outcomes = extend_in_one_step(&engine, &parts, ttl_wire, timeout, false).await;
         drop(permits);
-        if unsupported {
-            return None;
-        }
-        for (j, outcome) in outcomes {
+        for (&j, outcome) in live.iter().zip(outcomes?) {
             results[j] = Some(leases[j].conclude_extension(outcome).await);
         }
         Some(results.into_iter().map(|r| r.unwrap_or(Ok(()))).collect())
@@ -1604,10 +1597,348 @@ impl Lease {
     }
 }
 
+/// The engine of `parts` if one step of its node can extend them all ([`MultiKeyOp::Extend`]): a single
+/// node in single mode (not a semaphore's permits), every part on it, none missing its key.
+fn one_step_engine<'a>(parts: impl Iterator<Item = &'a Shared> + Clone) -> Option<Arc<Engine>> {
+    let engine = Arc::clone(&parts.clone().next()?.engine);
+    let one_node = engine.mode == Mode::Single
+        && engine.nodes.len() == 1
+        && !engine.permits
+        && parts
+            .into_iter()
+            .all(|p| Arc::ptr_eq(&p.engine, &engine) && !p.needs_repair());
+    one_node.then_some(engine)
+}
+
+/// One extension round of `parts` to `ttl` as one atomic step of `engine`'s node ([`MultiKeyOp::Extend`]),
+/// bounded by `timeout`; the caller holds every part's extension permit. Each part's round is recorded as
+/// possibly applied before the request is sent ([`Shared::prepare_extension`]: the future may be dropped at
+/// any await), and its flag in the answer becomes its own [`Extension`], as if it had been its own round
+/// ([`Shared::finish_extension`], which reports it with `renewal`).
+///
+/// `None` when the node cannot take the step (a definite `Unsupported`: nothing was applied, and no round is
+/// reported): the records are settled, and the parts must be extended one by one.
+async fn extend_in_one_step(
+    engine: &Engine,
+    parts: &[&Shared],
+    ttl: Ttl,
+    timeout: Duration,
+    renewal: bool,
+) -> Option<Vec<Extension>> {
+    if parts.is_empty() {
+        return Some(Vec::new());
+    }
+    // Recorded as possibly applied before the request is sent (see `Shared::prepare_extension`).
+    let planned: Vec<Planned> = parts.iter().map(|p| p.prepare_extension(ttl)).collect();
+    let items: Vec<MultiKeyItem<'_>> = parts
+        .iter()
+        .map(|p| MultiKeyItem::new(&p.key, &p.token))
+        .collect();
+    let items_ref = &items;
+    let r = engine
+        .round(
+            WaitFor::All,
+            false,
+            timeout,
+            move |_, node| node.multi_key(items_ref, MultiKeyOp::Extend { ttl }),
+            |_| true,
+        )
+        .await;
+    let (flags, error) = match r.values.first().cloned().flatten() {
+        Some(MultiKeyReply::Done(flags)) if flags.len() == items.len() => (flags, None),
+        Some(other) => (
+            Vec::new(),
+            Some(NodeError::ambiguous(
+                NodeErrorKind::Protocol,
+                format!(
+                    "multi_key answered {other:?} to an extension of {} keys",
+                    items.len()
+                ),
+            )),
+        ),
+        None => (
+            Vec::new(),
+            Some(
+                r.tally
+                    .errors()
+                    .into_iter()
+                    .next()
+                    .map_or_else(|| NodeError::timed_out(timeout), |(_, e)| e),
+            ),
+        ),
+    };
+    let unsupported = error
+        .as_ref()
+        .is_some_and(|e| e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous());
+    let tallies = planned.iter().enumerate().map(|(k, planned)| {
+        let reply = match (&error, flags.get(k).copied()) {
+            (Some(e), _) => Reply::Failed(e.clone()),
+            (None, Some(true)) if counts(planned.unconfirmed.as_deref(), 0, ttl) => Reply::Yes,
+            (None, Some(true)) => Reply::Failed(NodeError::ambiguous(
+                NodeErrorKind::Other,
+                "extended, but not counted: an earlier, shorter extension of this lease may still be \
+                 applied on this node after it",
+            )),
+            (None, _) => Reply::No,
+        };
+        let mut tally = Tally::new(1, engine.quorum(), WaitFor::Decision);
+        tally.handle_reply(0, reply);
+        tally
+    });
+    if unsupported {
+        // Nothing was applied: the records are settled (a definite answer), and no round happened.
+        let n = engine.nodes.len();
+        for (part, tally) in parts.iter().zip(tallies) {
+            part.handle_round(n, &tally);
+        }
+        return None;
+    }
+    let suspended = r.suspended_by();
+    Some(
+        parts
+            .iter()
+            .zip(tallies)
+            .map(|(part, tally)| {
+                part.finish_extension(ttl, renewal, &tally, r.started, r.ended, r.wall, &suspended)
+            })
+            .collect(),
+    )
+}
+
+/// Whether the parts of a set may be renewed together, one step of their node per round
+/// ([`renew_together`]): two or more, on a node that can extend them in one step (as for
+/// [`Lease::extend_together`]), with one TTL, not renewed in the manager's batches (which already send many
+/// keys per request), and not found unable to before.
+fn renewable_together<'a>(parts: impl Iterator<Item = &'a Shared> + Clone) -> bool {
+    let Some(first) = parts.clone().next() else {
+        return false;
+    };
+    parts.clone().nth(1).is_some()
+        && one_step_engine(parts.clone()).is_some_and(|e| e.batch_size().is_none())
+        && parts
+            .into_iter()
+            .all(|p| p.ttl == first.ttl && !p.lock().separately)
+}
+
+/// How [`renew_together`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Together {
+    /// Nothing more to renew: every part ended or was lost (stopping on a loss: a part was lost).
+    Done,
+    /// The node cannot extend the parts in one step (nothing was applied): each part is to be renewed on its
+    /// own from now on, its renewal claim still held by the caller.
+    Separately,
+}
+
+/// Automatic renewal of a set's parts (in key order) together: one step of their node per round
+/// ([`MultiKeyOp::Extend`]) instead of one request per part. The caller holds every part's renewal claim and
+/// checked [`renewable_together`].
+///
+/// Each turn is one turn of [`Shared::renew`]'s loop for every part at once: sleep until the earliest part's
+/// planned step, woken early when a part ends, is lost or its deadline moves earlier (one timer for all);
+/// take every part's extension permit, in key order (as a manual extension of the set does, so neither waits
+/// for the other in a cycle); per part, its current deadline (a part lost meanwhile is given up, a part whose
+/// planned loss a manual extension averted is re-planned); then one round for every part whose step is a
+/// renewal — due or not yet, so that the parts stay in step — bounded by the earliest deadline. Every part's
+/// round is recorded before the request is sent ([`extend_in_one_step`]), and its own outcome is applied as
+/// its own renewal's would be (extended, at risk, or lost).
+///
+/// A part that ends leaves the set. A part that is lost is marked lost at once (every part lost in one turn
+/// before any clean-up) and its token deleted; then, with `stop_on_loss` ([`run_all`], which stops the work
+/// on any part's loss), this returns [`Together::Done`] once that is done; otherwise (background renewal)
+/// the deletion runs on the manager's spawner and the other parts go on being renewed, as they were when
+/// each had a loop of its own. [`Together::Separately`] when the node
+/// answers that it cannot take the step: the parts are marked to be renewed one by one for the rest of
+/// their hold.
+pub(crate) async fn renew_together(mut parts: Vec<Arc<Shared>>, stop_on_loss: bool) -> Together {
+    let Some(first) = parts.first() else {
+        return Together::Done;
+    };
+    let engine = Arc::clone(&first.engine);
+    let ttl = first.ttl;
+    let mut steps: Vec<RenewalStep> = parts.iter().map(|p| p.replan()).collect();
+    loop {
+        let Some(at) = steps.iter().map(|&s| step_instant(s)).min() else {
+            return Together::Done;
+        };
+        match SleepUnlessAnyEnded::new(&parts, &engine, at).await {
+            (_, Woken::Due) => {}
+            (i, Woken::Ended) => {
+                parts.remove(i);
+                steps.remove(i);
+                continue;
+            }
+            (i, Woken::Lost) => {
+                let part = parts.remove(i);
+                steps.remove(i);
+                // Whoever noticed the loss may not have deleted our token (a loss signal only observes).
+                let_go(&part, stop_on_loss).await;
+                if stop_on_loss {
+                    return Together::Done;
+                }
+                continue;
+            }
+            (i, Woken::Moved) => {
+                // A manual extension moved this part's deadline earlier than its plan allows for.
+                steps[i] = parts[i].replan();
+                continue;
+            }
+        }
+        let mut permits = Vec::with_capacity(parts.len());
+        for part in &parts {
+            permits.push(part.extend_permit().await);
+        }
+        let now = engine.timer.now();
+        // The parts in this round: index, deadline, bound.
+        let mut members: Vec<(usize, Instant, Duration)> = Vec::with_capacity(parts.len());
+        // The parts leaving the set: index, and the loss reason (`None`: ended).
+        let mut leaving: Vec<(usize, Option<LossReason>)> = Vec::new();
+        let mut due = false;
+        for (i, part) in parts.iter().enumerate() {
+            let valid_until = match part.current(now) {
+                Ok(v) => v,
+                Err(LossReason::Released) => {
+                    leaving.push((i, None));
+                    continue;
+                }
+                Err(reason) => {
+                    leaving.push((i, Some(reason)));
+                    continue;
+                }
+            };
+            if let RenewalStep::LostAt(t) = steps[i] {
+                if t > now {
+                    // No renewal can finish in time: it waits for its deadline.
+                    continue;
+                }
+                // A manual extension moved the deadline since we planned to give up: plan afresh.
+                steps[i] = part.replan();
+            }
+            let RenewalStep::RenewAt(t) = steps[i] else {
+                continue;
+            };
+            match part.schedule().round_timeout(now, valid_until) {
+                Some(timeout) => {
+                    due |= t <= now;
+                    members.push((i, valid_until, timeout));
+                }
+                None => leaving.push((i, Some(part.expiry_reason(valid_until)))),
+            }
+        }
+        if due {
+            let timeout = members.iter().map(|m| m.2).min().unwrap_or_default();
+            let in_round: Vec<&Shared> = members.iter().map(|m| &*parts[m.0]).collect();
+            let lead = in_round[0];
+            let span = crate::trace::span(crate::trace::SpanOf::Renewal(
+                &lead.key,
+                engine.mode,
+                lead.id,
+            ));
+            let round = crate::trace::instrument(
+                span,
+                extend_in_one_step(&engine, &in_round, ttl, timeout, true),
+            );
+            let Some(outcomes) = Box::pin(round).await else {
+                // The node cannot take the step (nothing was applied): each part on its own from now on.
+                for part in &parts {
+                    part.lock().separately = true;
+                }
+                return Together::Separately;
+            };
+            for (&(i, valid_until, _), outcome) in members.iter().zip(outcomes) {
+                match parts[i].after_renewal(outcome, valid_until) {
+                    AfterRenewal::Next(step) => steps[i] = step,
+                    AfterRenewal::Ended => leaving.push((i, None)),
+                    AfterRenewal::GiveUp(reason) => leaving.push((i, Some(reason))),
+                }
+            }
+        }
+        // Every part lost in this turn is marked lost before any clean-up round: its loss signals fire now.
+        for &(i, reason) in &leaving {
+            if let Some(reason) = reason {
+                parts[i].mark_lost_by(reason, None);
+            }
+        }
+        drop(permits);
+        if leaving.is_empty() {
+            continue;
+        }
+        leaving.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        let mut lost = Vec::new();
+        for (i, reason) in leaving {
+            let part = parts.remove(i);
+            steps.remove(i);
+            if reason.is_some() {
+                lost.push(part);
+            }
+        }
+        if lost.is_empty() {
+            continue;
+        }
+        for part in &lost {
+            let_go(part, stop_on_loss).await;
+        }
+        if stop_on_loss {
+            return Together::Done;
+        }
+    }
+}
+
+/// Deletes the token of a part lost from a joint renewal ([`Shared::clean_up`]): awaited when the renewal
+/// stops there (`wait`), otherwise on the manager's spawner, so that the other parts' next round does not
+/// wait for it (it may take an operation timeout).
+async fn let_go(part: &Arc<Shared>, wait: bool) {
+    if wait || part.engine.spawner.is_none() {
+        Box::pin(part.clean_up()).await;
+    } else {
+        part.spawn_clean_up();
+    }
+}
+
+/// The instant a renewal step is planned for.
+fn step_instant(step: RenewalStep) -> Instant {
+    match step {
+        RenewalStep::RenewAt(t) | RenewalStep::LostAt(t) => t,
+    }
+}
+
+/// Starts the background renewal ([`Lock::auto_renew`](crate::Lock::auto_renew)) of a set's parts that
+/// nothing renews yet, on the manager's spawner: together, one step of their node per round
+/// ([`renew_together`]), where they may be and none is renewed already; otherwise each on its own, as a
+/// single lease is.
+pub(crate) fn renew_set_in_background(leases: &[Lease]) {
+    let Some(spawner) = leases.first().and_then(|l| l.shared.engine.spawner.clone()) else {
+        return;
+    };
+    let claimed: Vec<bool> = leases.iter().map(|l| l.shared.claim_renewal()).collect();
+    if claimed.iter().all(|&c| c) && renewable_together(leases.iter().map(|l| &*l.shared)) {
+        let parts: Vec<Arc<Shared>> = leases.iter().map(|l| Arc::clone(&l.shared)).collect();
+        let own = Arc::clone(&spawner);
+        spawner.spawn(Box::pin(async move {
+            if renew_together(parts.clone(), false).await == Together::Separately {
+                for part in &parts {
+                    part.renew_in_background(&own);
+                }
+            }
+        }));
+        return;
+    }
+    for (lease, claimed) in leases.iter().zip(claimed) {
+        if claimed {
+            lease.shared.renew_in_background(&spawner);
+        }
+    }
+}
+
 /// [`Lease::run`] over several leases at once (a [`MultiLease`](crate::MultiLease)'s parts): renews each
 /// (where no other renewal runs for it) and stops `work` as soon as any of them is lost.
+///
+/// Parts that may be renewed together ([`renewable_together`]) and that no other renewal has are renewed
+/// together, one step of their node per round ([`renew_together`]); otherwise, or when the node cannot,
+/// each on its own.
 pub(crate) async fn run_all<F: Future>(leases: &[Lease], work: F) -> Result<F::Output, Error> {
     type Renewal = Pin<Box<dyn Future<Output = ()> + Send>>;
+    type JointRenewal = Pin<Box<dyn Future<Output = Together> + Send>>;
     let n = leases.len();
     // Inline for one lease: `Lease::run` allocates nothing more than before.
     let mut signals = Slots::from_fn(n, |i| leases[i].lost());
@@ -1616,16 +1947,43 @@ pub(crate) async fn run_all<F: Future>(leases: &[Lease], work: F) -> Result<F::O
         held: false,
     });
     let mut renewals: Slots<Option<Renewal>> = Slots::from_fn(n, |_| None);
+    // The renewal of every part together, while it runs (it holds every claim).
+    let mut joint: Option<JointRenewal> = None;
+    let together = n > 1 && renewable_together(leases.iter().map(|l| &*l.shared));
     // In an `Option`, so that it can be dropped in place (stopped) the moment a lease is lost.
     let mut work = pin!(Some(work));
     let lost = std::future::poll_fn(|cx| {
+        // Whether the parts whose claim is held but that nothing renews yet are to be renewed on their own now:
+        // given back by the joint renewal (the node cannot take the step), or claimed for a joint renewal
+        // while another renewal had some other part.
+        let mut separately = false;
+        if let Some(j) = joint.as_mut() {
+            if let Poll::Ready(how) = j.as_mut().poll(cx) {
+                joint = None;
+                separately = how == Together::Separately;
+            }
+        } else if together && claims.iter().all(|c| !c.held) {
+            for claim in claims.iter_mut() {
+                claim.held = claim.shared.claim_renewal();
+            }
+            if claims.iter().all(|c| c.held) {
+                let parts = leases.iter().map(|l| Arc::clone(&l.shared)).collect();
+                let mut j: JointRenewal = Box::pin(renew_together(parts, true));
+                match j.as_mut().poll(cx) {
+                    Poll::Pending => joint = Some(j),
+                    Poll::Ready(how) => separately = how == Together::Separately,
+                }
+            } else {
+                separately = true;
+            }
+        }
         for ((renewal, claim), lease) in renewals.iter_mut().zip(claims.iter_mut()).zip(leases) {
             let shared = &lease.shared;
             if let Some(r) = renewal.as_mut() {
                 if r.as_mut().poll(cx).is_ready() {
                     *renewal = None;
                 }
-            } else if !claim.held && shared.claim_renewal() {
+            } else if (separately && claim.held) || (!claim.held && shared.claim_renewal()) {
                 // No renewal runs (none yet, or another `run` that renewed has returned): take it over.
                 claim.held = true;
                 if shared.engine.batch_size().is_some() {
@@ -1657,14 +2015,25 @@ pub(crate) async fn run_all<F: Future>(leases: &[Lease], work: F) -> Result<F::O
     // Lost: stop the work at once (it must no longer act as the owner), but let the lost lease's own renewal
     // finish giving up — its compare-and-delete is bounded by the operation timeout — and delete our token
     // ourselves if nobody did (the loss may have come from an `extend` inside the work we just dropped).
+    // A joint renewal finishes its round, if one is in flight, and gives up every part lost, then stops.
     // The other leases' renewals stop here (their rounds were recorded when planned); they stay held.
     work.set(None);
-    if let Some(r) = renewals.get_mut(i).and_then(Option::take) {
-        r.await;
-    }
+    let joint = joint.take();
+    let renewal = renewals.get_mut(i).and_then(Option::take);
     drop(renewals);
     let shared = &leases[i].shared;
-    shared.clean_up().await;
+    // Meanwhile every part's loss signal is still polled: another part whose deadline passes during this
+    // clean-up (up to an operation timeout) is reported lost at its deadline, not when `run` returns.
+    watching_losses(leases, async {
+        if let Some(j) = joint {
+            j.await;
+        }
+        if let Some(r) = renewal {
+            r.await;
+        }
+        shared.clean_up().await;
+    })
+    .await;
     drop(claims);
     Err(shared
         .loss_error()

@@ -1289,6 +1289,20 @@ impl Lock {
         self.fence_key.as_deref()
     }
 
+    /// Whether its leases are renewed in the background ([`auto_renew`](Self::auto_renew)).
+    pub(crate) fn renews_in_background(&self) -> bool {
+        self.background
+    }
+
+    /// This description without background renewal: the leases it grants are renewed by whoever takes
+    /// them (a [`MultiLock`] starts its set's renewal once the set is complete).
+    pub(crate) fn in_foreground(&self) -> Self {
+        Self {
+            background: false,
+            ..self.clone()
+        }
+    }
+
     /// A fresh token for an acquisition of this lock (with its holder info).
     pub(crate) fn new_token(&self) -> Result<Token, Error> {
         Ok(Token::random()?.with_info(self.holder_info.as_deref()))
@@ -1361,13 +1375,7 @@ impl Lock {
         }
         if let (true, Some(spawner)) = (self.background, &self.engine.spawner) {
             if shared.claim_renewal() {
-                if self.engine.batch_size().is_some() {
-                    // No task of its own: the manager's shared renewer renews it with others in batches.
-                    shared.renew_batched();
-                } else {
-                    // Boxed once: the renewal loop stops by itself when the lease ends.
-                    spawner.spawn(Box::pin(Arc::clone(&shared).renew()));
-                }
+                shared.renew_in_background(spawner);
             }
         }
         Lease::new(shared)

@@ -42,8 +42,13 @@ use crate::token::Token;
 /// the way [`Lock::acquire_until`] does (woken by its release where the node can subscribe), holding nothing
 /// else; the next attempt starts with that key held (its fence is the one its own acquisition issued). Each
 /// key is its own lease with its own token, TTL and renewal; the set is valid until the earliest of their
-/// deadlines. A manual [`MultiLease::extend`] is one step where the acquisition is; renewals go key by key
-/// (batched with [`Config::with_renewal_batching`](crate::Config::with_renewal_batching)).
+/// deadlines. A manual [`MultiLease::extend`] is one step where the acquisition is, and so is each round of
+/// the set's renewal ([`MultiLease::run`], [`auto_renew`](Self::auto_renew)) when every key has the same TTL:
+/// one request extends every part, each part's outcome its own (renewed, at risk, or lost). Renewals go key
+/// by key with Redlock, keys in several slots, a node that answers that it cannot extend the set in one step
+/// (asked once per hold), or with [`Config::with_renewal_batching`](crate::Config::with_renewal_batching)
+/// (whose batches already carry many keys per request). A set renewed in the background that was taken key by
+/// key renews each key on its own.
 ///
 /// ```
 /// # mod doc_support { include!("doc_support.rs"); } use doc_support::*;
@@ -204,8 +209,8 @@ impl MultiLock {
                 },
             };
             // Wait for the key that stopped the attempt, holding nothing else; the next attempt starts with
-            // it held.
-            first = Some(blocked.acquire_until(deadline).await?);
+            // it held. Its background renewal, if any, starts with the set's (see `hand_out`).
+            first = Some(blocked.in_foreground().acquire_until(deadline).await?);
         }
     }
 
@@ -497,7 +502,8 @@ impl MultiLock {
                     continue;
                 }
             }
-            leases.push(lock.granted(
+            // Renewed in the background, if at all, together with the other parts (see `hand_out`).
+            leases.push(lock.in_foreground().granted(
                 ids[i],
                 token,
                 fence.filter(|_| lock.fence_key().is_some()),
@@ -598,6 +604,11 @@ impl MultiLock {
                     source: None,
                 },
             ));
+        }
+        if self.locks[0].renews_in_background() {
+            // Parts that nothing renews yet (all of a set taken in one step, and the key it waited for):
+            // together, one step per round, where the node can.
+            crate::lease::renew_set_in_background(&leases);
         }
         let acquired_at = self.locks[0].now();
         Ok(MultiLease {
@@ -853,8 +864,9 @@ impl MultiLease {
         .collect()
     }
 
-    /// Runs `work` while holding every part, renewing each meanwhile, and stops it as soon as any part is
-    /// lost; see [`Lease::run`]. The parts stay held when it returns: release the `MultiLease` afterwards.
+    /// Runs `work` while holding every part, renewing each meanwhile — on one node together, one step per
+    /// round (see [`MultiLock`]'s "How it acquires") — and stops it as soon as any part is lost; see
+    /// [`Lease::run`]. The parts stay held when it returns: release the `MultiLease` afterwards.
     ///
     /// # Errors
     /// [`Error::Lost`] for the first part found lost, with its cause.

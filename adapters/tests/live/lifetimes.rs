@@ -177,8 +177,8 @@ fn lock_all_across_slots_and_handoff_work_on_clusters() {
     });
 }
 
-/// Counts the acquisition, release and one-step calls that reach the node (to tell the one-step path from
-/// the key-by-key one).
+/// Counts the acquisition, release, extension and one-step calls that reach the node (to tell the one-step
+/// path from the key-by-key one).
 struct Counting {
     inner: std::sync::Arc<dyn RedisNode>,
     one_step: AtomicUsize,
@@ -194,7 +194,7 @@ impl Counting {
         })
     }
 
-    /// (one-step calls, key-by-key acquisitions and releases) since the last call.
+    /// (one-step calls, key-by-key acquisitions, releases and extensions) since the last call.
     fn take(&self) -> (usize, usize) {
         (
             self.one_step.swap(0, Ordering::SeqCst),
@@ -248,6 +248,11 @@ impl NodeWrapper for Counting {
         RedisNode::release(&*self.inner, key, token).await
     }
 
+    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+        self.per_key.fetch_add(1, Ordering::SeqCst);
+        RedisNode::extend(&*self.inner, key, token, ttl).await
+    }
+
     async fn multi_key(
         &self,
         items: &[MultiKeyItem<'_>],
@@ -260,8 +265,9 @@ impl NodeWrapper for Counting {
 
 /// What one `lock_all` of `keys` (fenced by `<key>:fence`) sends, and that it is all or nothing: with the
 /// last key held by another owner nothing is written, then every key is taken and released. `one_step`:
-/// whether the node takes them in one step (one call for the failed attempt, one for the won one, one for
-/// the release, and no key-by-key call) or key by key (its `multi_key` answers unsupported).
+/// whether the node takes them in one step (one call for the failed attempt, one for the won one, one per
+/// renewal round of `run`, one for the release, and no key-by-key call) or key by key (its `multi_key`
+/// answers unsupported, asked once for the renewal too).
 async fn lock_all_in_one_step_or_key_by_key(
     what: &str,
     node: std::sync::Arc<Counting>,
@@ -270,7 +276,10 @@ async fn lock_all_in_one_step_or_key_by_key(
     cmd: impl Fn(&[&str]) -> String,
 ) {
     let manager = LockManager::single(node.clone(), config(TTL)).unwrap();
-    let set = manager.lock_all(keys).fenced(|k| format!("{k}:fence"));
+    let set = manager
+        .lock_all(keys)
+        .fenced(|k| format!("{k}:fence"))
+        .renew_every(TTL * 3 / 10);
     let last = keys[2];
     cmd(&["SET", last, "someone-else", "PX", "5000"]);
     let e = set.try_acquire().await.unwrap_err();
@@ -312,6 +321,25 @@ async fn lock_all_in_one_step_or_key_by_key(
         if one_step { (1, 0) } else { (1, 3) },
         "{what}: the winning attempt"
     );
+    // Held by `run` for 1.5 TTLs: it survives only if renewed.
+    let held = all.run(tokio::time::sleep(TTL * 3 / 2)).await;
+    assert!(held.is_ok(), "{what}: {held:?}");
+    for lease in all.leases() {
+        let pttl: i64 = cmd(&["PTTL", lease.key()]).parse().unwrap();
+        assert!(pttl > 0, "{what}: {} has PTTL {pttl}", lease.key());
+    }
+    let (joint, single) = node.take();
+    if one_step {
+        assert!(
+            joint >= 1 && single == 0,
+            "{what}: renewed in one step per round ({joint} steps, {single} extensions of one key)"
+        );
+    } else {
+        assert!(
+            joint == 1 && single >= 3 && single % 3 == 0,
+            "{what}: renewed key by key after one refused step ({joint} steps, {single} extensions)"
+        );
+    }
     all.release().await.unwrap();
     for key in keys {
         assert_eq!(cmd(&["EXISTS", key]), "0", "{what}: {key} released");

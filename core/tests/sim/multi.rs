@@ -184,8 +184,8 @@ fn an_empty_set_or_a_repeated_key_is_refused_before_anything_is_sent() {
 type Mailbox = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
 /// One hostile client that takes random subsets of three keys as sets, single keys, and leases another
-/// client handed off; holds them for a while (renewed in the background or not) and releases, drops or
-/// hands them off.
+/// client handed off; holds them for a while (renewed in the background, by a set's `run`, or not) and
+/// releases, drops or hands them off.
 async fn mixing_client(
     manager: redlease::LockManager,
     clock: redlease_testkit::SkewedClock,
@@ -238,7 +238,13 @@ async fn mixing_client(
                 }
                 let lost = all.lost();
                 let sleep = clock.sleep_until(clock.now() + hold);
-                race(lost, sleep).await;
+                if !renew && rng.next_u64() % 2 == 0 {
+                    // Held by `run`: renewed meanwhile (on one node together, one step per round), and cut
+                    // wherever the hold ends.
+                    let _ = all.run(sleep).await;
+                } else {
+                    race(lost, sleep).await;
+                }
                 if rng.next_u64() % 4 == 0 {
                     drop(all);
                 } else {
@@ -556,4 +562,644 @@ fn a_set_refused_for_good_ends_its_wait_at_once() {
             assert_eq!(node.get("a"), None, "n={n}: nothing left");
         }
     }
+}
+
+/// What a [`SetNode`] counted and how it behaves.
+#[derive(Default)]
+struct SetNetState {
+    /// `extend` calls (one key each).
+    extends: u64,
+    /// `multi_key(Extend)` calls (the whole set in one step).
+    joint_extends: u64,
+    /// Answer every `multi_key(Extend)` with a definite `Unsupported`, sending nothing (a node that takes
+    /// and releases a set in one step but cannot extend one so).
+    unsupported: bool,
+    /// `multi_key(Extend)` calls answered `Unsupported`.
+    refused: u64,
+    /// Keep the next this many `multi_key(Extend)` requests in the network: the caller never hears back,
+    /// [`SetNet::deliver`] applies them later.
+    hold: u32,
+    /// Extensions set the TTL asked for even when the key had more left (a plain `PEXPIRE`): a node that
+    /// breaks the never-shorten rule, so that only the core's records of requests in flight keep a lease
+    /// safe from a late, shorter one.
+    shortening: bool,
+    held: Vec<Box<dyn FnOnce() + Send>>,
+}
+
+/// The control panel of a [`SetNode`].
+#[derive(Clone, Default)]
+struct SetNet(std::sync::Arc<std::sync::Mutex<SetNetState>>);
+
+impl SetNet {
+    fn with<T>(&self, f: impl FnOnce(&mut SetNetState) -> T) -> T {
+        f(&mut self.0.lock().unwrap())
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        self.with(|s| (s.joint_extends, s.extends))
+    }
+
+    /// Applies every held request now, in the order they were sent.
+    fn deliver(&self) -> usize {
+        let held = self.with(|s| std::mem::take(&mut s.held));
+        let n = held.len();
+        for apply in held {
+            apply();
+        }
+        n
+    }
+}
+
+/// A [`MemoryNode`](redlease_testkit::MemoryNode) that counts extension requests by kind and can hold
+/// one-step extensions in the network or apply extensions as a plain `PEXPIRE`.
+struct SetNode {
+    node: redlease_testkit::MemoryNode,
+    net: SetNet,
+}
+
+impl SetNode {
+    /// Extends `key` held by `token` to `ttl` as this node does; whether it held the token.
+    fn apply_extend(
+        node: &redlease_testkit::MemoryNode,
+        shortening: bool,
+        key: &str,
+        token: &redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> bool {
+        if node.get(key).as_deref() != Some(token.as_str().as_bytes()) {
+            return false;
+        }
+        if shortening {
+            node.set(key, token.as_str(), Some(ttl.as_duration()));
+            true
+        } else {
+            redlease_testkit::block_on(node.extend(key, token, ttl)).unwrap()
+        }
+    }
+}
+
+impl NodeWrapper for SetNode {
+    type Inner = redlease_testkit::MemoryNode;
+
+    fn inner(&self) -> &redlease_testkit::MemoryNode {
+        &self.node
+    }
+
+    fn extend<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c redlease::Token,
+        ttl: redlease::Ttl,
+    ) -> redlease::NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        let shortening = self.net.with(|s| {
+            s.extends += 1;
+            s.shortening
+        });
+        let done = Self::apply_extend(&self.node, shortening, key, token, ttl);
+        Box::pin(std::future::ready(Ok(done)))
+    }
+
+    fn multi_key<'a, 'b, 'c, 'f>(
+        &'a self,
+        items: &'b [MultiKeyItem<'c>],
+        op: MultiKeyOp,
+    ) -> redlease::NodeFuture<'f, MultiKeyReply>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        let mut st = self.net.0.lock().unwrap();
+        let MultiKeyOp::Extend { ttl } = op else {
+            drop(st);
+            return self.node.multi_key(items, op);
+        };
+        if st.unsupported {
+            st.refused += 1;
+            return Box::pin(std::future::ready(Err(NodeError::not_applied(
+                NodeErrorKind::Unsupported,
+                "not implemented",
+            ))));
+        }
+        st.joint_extends += 1;
+        let owned: Vec<(String, redlease::Token)> = items
+            .iter()
+            .map(|i| (i.key.to_owned(), i.token.clone()))
+            .collect();
+        let node = self.node.clone();
+        let shortening = st.shortening;
+        let apply = move || -> Vec<bool> {
+            owned
+                .iter()
+                .map(|(key, token)| Self::apply_extend(&node, shortening, key, token, ttl))
+                .collect()
+        };
+        if st.hold > 0 {
+            st.hold -= 1;
+            st.held.push(Box::new(move || {
+                let _ = apply();
+            }));
+            return Box::pin(std::future::pending());
+        }
+        drop(st);
+        Box::pin(std::future::ready(Ok(MultiKeyReply::Done(apply()))))
+    }
+}
+
+/// A manager over one [`SetNode`] on `sim`'s clock (with its spawner), reporting to `history` as client 1.
+fn set_node_manager(
+    sim: &redlease_testkit::Sim,
+    node: &redlease_testkit::MemoryNode,
+    net: &SetNet,
+    history: &History,
+    config: redlease::Config,
+) -> redlease::LockManager {
+    let set_node = SetNode {
+        node: node.clone(),
+        net: net.clone(),
+    };
+    redlease::LockManager::single(set_node, config)
+        .unwrap()
+        .with_timer(sim.clock())
+        .with_spawner(sim.spawner())
+        .with_observer(history.recorder(1))
+}
+
+const SET_OF_FOUR: [&str; 4] = ["a", "b", "c", "d"];
+
+/// Renewal of a set on one node is one step per round, like its acquisition, extension and release: a set
+/// of four keys held by `run` over ten renewal intervals sends one `multi_key` extension per round and no
+/// extension of a single key, and every part is renewed in each round (its own `Extended` event).
+#[test]
+fn a_set_renewed_by_run_extends_every_key_in_one_step_per_round() {
+    let mut sim = redlease_testkit::Sim::new(121);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let set = manager.lock_all(SET_OF_FOUR).renew_every(secs(1));
+    let all = sim.block_on(set.try_acquire()).unwrap();
+    let held = sim.block_on(all.run(clock.sleep_until(clock.now() + ms(10_500))));
+    assert!(held.is_ok(), "{held:?}");
+    let (joint, single) = net.counts();
+    assert_eq!(single, 0, "no key was extended on its own");
+    assert_eq!(
+        joint, 10,
+        "one step per renewal round (every second for 10.5 s)"
+    );
+    for key in SET_OF_FOUR {
+        let renewed = history
+            .events()
+            .iter()
+            .filter(|e| e.lock == key && matches!(e.kind, EventKind::Extended { .. }))
+            .count();
+        assert_eq!(renewed, 10, "{key}: renewed in every round");
+        assert!(node.pttl(key).flatten().unwrap() > secs(2), "{key}");
+    }
+    sim.block_on(all.release()).unwrap();
+    assert_eq!(history.check(), Ok(()));
+}
+
+/// The same for a set renewed in the background ([`MultiLock::auto_renew`](redlease::MultiLock)): one
+/// step per round, no extension of a single key, until the set is released; nothing after it.
+#[test]
+fn a_set_renewed_in_the_background_extends_every_key_in_one_step_per_round() {
+    let mut sim = redlease_testkit::Sim::new(122);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let set = manager.lock_all(SET_OF_FOUR).auto_renew(secs(1));
+    let all = sim.block_on(set.try_acquire()).unwrap();
+    sim.run_for(ms(10_500));
+    assert!(all.is_held());
+    let (joint, single) = net.counts();
+    assert_eq!(single, 0, "no key was extended on its own");
+    assert_eq!(
+        joint, 10,
+        "one step per renewal round (every second for 10.5 s)"
+    );
+    for key in SET_OF_FOUR {
+        assert!(node.pttl(key).flatten().unwrap() > secs(2), "{key}");
+    }
+    sim.block_on(all.release()).unwrap();
+    sim.run_for(secs(5));
+    assert_eq!(net.counts(), (10, 0), "no renewal after the release");
+    assert_eq!(history.check(), Ok(()));
+}
+
+/// Waits until `d` has passed on `clock`; `fut` is dropped then if it has not finished. `true` if it did.
+async fn within(clock: &impl Timer, d: Duration, fut: impl std::future::Future) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    let mut sleep = clock.sleep_until(clock.now() + d);
+    std::future::poll_fn(|cx| {
+        if fut.as_mut().poll(cx).is_ready() {
+            return std::task::Poll::Ready(true);
+        }
+        sleep.as_mut().poll(cx).map(|()| false)
+    })
+    .await
+}
+
+/// A second client over `node` that tries to take `key` at `at` (reporting to `history` as client 2) and
+/// holds it for a while if it can.
+fn other_client_tries(
+    sim: &redlease_testkit::Sim,
+    node: &redlease_testkit::MemoryNode,
+    history: &History,
+    key: &'static str,
+    at: std::time::Instant,
+) {
+    let clock = sim.clock();
+    let other = redlease::LockManager::single(node.clone(), config())
+        .unwrap()
+        .with_timer(clock.clone())
+        .with_observer(history.recorder(2));
+    sim.spawn(async move {
+        clock.sleep_until(at).await;
+        if let Ok(lease) = other.lock(key).expiry(secs(30)).try_acquire().await {
+            clock.sleep_until(clock.now() + secs(5)).await;
+            drop(lease);
+        }
+    });
+}
+
+/// Whether client 2 acquired a lock.
+fn took(history: &History) -> bool {
+    history
+        .events()
+        .iter()
+        .any(|e| e.client == 2 && matches!(e.kind, EventKind::Acquired { .. }))
+}
+
+/// A joint renewal round dropped with its request still in the network (`run` returned mid-round) must stay
+/// on record: a longer manual extension right after it must not count the node, because the stale renewal
+/// (10 s) may land after it. On a node that applies a late extension as a plain `PEXPIRE` (shortening the
+/// key), counting it would have the set believe 60 s while the key expires 10 s after the late request
+/// lands, and another client take it.
+#[test]
+fn a_dropped_joint_renewal_round_stays_on_record_for_a_later_longer_extension() {
+    let mut sim = redlease_testkit::Sim::new(123);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    net.with(|s| s.shortening = true);
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(10)));
+    let set = manager.lock_all(SET_OF_FOUR).renew_every(secs(3));
+    let start = clock.now();
+    let all = sim.block_on(set.try_acquire()).unwrap();
+    let lost = all.lost();
+    sim.spawn(async move {
+        lost.await;
+    });
+    // The renewal round at 3 s is held in the network; `run` returns at 3.1 s and drops it.
+    net.with(|s| s.hold = 1);
+    let work = clock.sleep_until(start + ms(3_100));
+    assert!(sim.block_on(all.run(work)).is_ok());
+    assert_eq!(
+        net.counts(),
+        (1, 0),
+        "one joint renewal round, cut in flight"
+    );
+    // A longer manual extension of the set: applied, but the node may still apply the stale 10 s after it.
+    let extended = sim.block_on(all.extend(secs(60)));
+    // The stale renewal lands: the keys expire 10 s from now (shortened from 60 s).
+    assert_eq!(net.deliver(), 1);
+    let landed = clock.now();
+    other_client_tries(&sim, &node, &history, "a", landed + ms(10_500));
+    sim.run_for(secs(20));
+    assert!(took(&history), "the other client took the expired key");
+    assert_eq!(
+        history.check(),
+        Ok(()),
+        "two holders of a key (the extension: {extended:?})"
+    );
+    assert!(
+        matches!(extended, Err(Error::Quorum(_))),
+        "the node counted although a shorter renewal may still land after it: {extended:?}"
+    );
+    assert!(!all.is_held());
+    drop(all);
+}
+
+/// A shorter manual extension of the set (2 s) cut with its request in the network must keep the next joint
+/// renewal round (10 s) from counting the node: on a node that applies a late extension as a plain `PEXPIRE`,
+/// the stale 2 s landing after the renewal shortens every key under the set's belief. The set is lost at the
+/// capped deadline instead, and the other client's acquisition never overlaps it.
+#[test]
+fn a_joint_renewal_does_not_count_a_node_where_a_shorter_extension_may_still_land() {
+    let mut sim = redlease_testkit::Sim::new(124);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    net.with(|s| s.shortening = true);
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(10)));
+    let set = manager.lock_all(SET_OF_FOUR).renew_every(secs(3));
+    let start = clock.now();
+    let all = sim.block_on(set.try_acquire()).unwrap();
+    // The stale 2 s extension lands at 3.2 s, after the renewal rounds planned for the capped deadline
+    // (2.48 s on) and before the next renewal a round counted at 2.48 s would plan (5.48 s): the keys expire
+    // at 5.2 s, and the other client tries at 5.3 s.
+    {
+        let (net, clock) = (net.clone(), clock.clone());
+        sim.spawn(async move {
+            clock.sleep_until(start + ms(3_200)).await;
+            net.deliver();
+        });
+    }
+    other_client_tries(&sim, &node, &history, "a", start + ms(5_300));
+    let work = async {
+        clock.sleep_until(start + secs(1)).await;
+        net.with(|s| s.hold = 1);
+        let done = within(&clock, ms(10), all.extend(secs(2))).await;
+        assert!(!done, "the extension was cut before any reply");
+        clock.sleep_until(start + secs(8)).await;
+    };
+    let r = sim.block_on(all.run(work));
+    assert!(
+        matches!(r, Err(Error::Lost { .. })),
+        "the set's renewal counted the node: {r:?}"
+    );
+    sim.run_for(secs(10));
+    assert_eq!(history.check(), Ok(()), "two holders of a key");
+    assert!(took(&history), "the other client took the key");
+    assert!(net.counts().0 >= 2, "joint renewal rounds ran");
+    drop(all);
+}
+
+/// A node that takes and releases a set in one step but cannot extend one (`Unsupported`, nothing sent):
+/// the set's renewal falls back to one extension per key for the rest of its hold — asked once, not again
+/// by a later `run` — and the set stays held, never at risk.
+#[test]
+fn a_set_whose_node_cannot_extend_it_in_one_step_is_renewed_key_by_key() {
+    for background in [false, true] {
+        let mut sim = redlease_testkit::Sim::new(125);
+        let clock = sim.clock();
+        let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+        let (net, history) = (SetNet::default(), History::new());
+        net.with(|s| s.unsupported = true);
+        let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+        let set = manager.lock_all(SET_OF_FOUR);
+        let set = if background {
+            set.auto_renew(secs(1))
+        } else {
+            set.renew_every(secs(1))
+        };
+        let all = sim.block_on(set.try_acquire()).unwrap();
+        let mut states = Vec::new();
+        for _ in 0..2 {
+            if background {
+                sim.run_for(ms(5_250));
+            } else {
+                let start = clock.now();
+                let held = sim.block_on(all.run(async {
+                    while clock.now() < start + ms(5_250) {
+                        clock.sleep_until(clock.now() + ms(50)).await;
+                        states.push(all.state());
+                    }
+                }));
+                assert!(held.is_ok(), "{held:?}");
+            }
+        }
+        assert!(
+            states.iter().all(|s| *s == LeaseState::Held),
+            "background {background}: {states:?}"
+        );
+        assert_eq!(all.state(), LeaseState::Held, "background {background}");
+        let (joint, single) = net.counts();
+        assert_eq!(joint, 0, "background {background}");
+        assert_eq!(
+            net.with(|s| s.refused),
+            1,
+            "background {background}: the step asked for once"
+        );
+        assert!(
+            (36..=44).contains(&single),
+            "background {background}: {single} extensions of one key (4 keys, every second for 10.5 s)"
+        );
+        for key in SET_OF_FOUR {
+            assert!(node.pttl(key).flatten().unwrap() > secs(1), "{key}");
+        }
+        sim.block_on(all.release()).unwrap();
+        assert_eq!(history.check(), Ok(()));
+    }
+}
+
+/// One part of a set renewed together is deleted by someone else: the next joint round finds it gone. `run`
+/// stops the work with `Error::Lost` naming that part; the other parts stay held (until the set is
+/// released). Renewed in the background, the other parts go on being renewed together.
+#[test]
+fn a_part_lost_from_a_joint_renewal_is_reported_and_the_others_stay_held() {
+    for background in [false, true] {
+        let mut sim = redlease_testkit::Sim::new(126);
+        let clock = sim.clock();
+        let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+        let (net, history) = (SetNet::default(), History::new());
+        let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+        let set = manager.lock_all(SET_OF_FOUR);
+        let set = if background {
+            set.auto_renew(secs(1))
+        } else {
+            set.renew_every(secs(1))
+        };
+        let all = sim.block_on(set.try_acquire()).unwrap();
+        let start = clock.now();
+        let c = all.leases()[2].token().clone();
+        let deleted = {
+            let (node, clock) = (node.clone(), clock.clone());
+            async move {
+                clock.sleep_until(start + ms(1_500)).await;
+                assert!(node.release("c", &c).await.unwrap());
+            }
+        };
+        if background {
+            sim.block_on(deleted);
+            sim.run_for(secs(10));
+            assert_eq!(
+                all.leases()[2].state(),
+                LeaseState::Lost(LossReason::NotHeld)
+            );
+            let (joint, single) = net.counts();
+            assert_eq!(single, 0);
+            assert!(joint >= 10, "{joint} joint rounds");
+        } else {
+            let r = sim.block_on(all.run(async {
+                deleted.await;
+                clock.sleep_until(clock.now() + secs(30)).await;
+            }));
+            match r {
+                Err(Error::Lost {
+                    reason: LossReason::NotHeld,
+                    ref key,
+                    ..
+                }) if key == "c" => {}
+                other => panic!("{other:?}"),
+            }
+            assert!(
+                clock.now() < start + ms(2_500),
+                "stopped at the first round after the deletion"
+            );
+            assert_eq!(net.counts(), (2, 0));
+        }
+        assert_eq!(all.state(), LeaseState::Lost(LossReason::NotHeld));
+        for (i, lease) in all.leases().iter().enumerate() {
+            if i == 2 {
+                continue;
+            }
+            assert_eq!(lease.state(), LeaseState::Held, "background {background}");
+            assert_eq!(
+                node.get(lease.key()).as_deref(),
+                Some(lease.token().as_str().as_bytes())
+            );
+        }
+        let released = sim.block_on(all.release());
+        assert!(
+            matches!(released, Err(Error::Lost { ref key, .. }) if key == "c"),
+            "{released:?}"
+        );
+        for key in SET_OF_FOUR {
+            assert_eq!(node.get(key), None, "{key} released");
+        }
+        assert_eq!(history.check(), Ok(()));
+    }
+}
+
+/// A set held by `run` with its parts renewed together, on one node, `run` dropped after each of its polls
+/// (the joint rounds' requests applied at once and answered 40 ms later, one of them held in the network for
+/// 500 ms): afterwards no part believes it is held longer than its key lives, a shorter and then a longer
+/// manual extension keep that true, and another client that takes each key once the set's belief ends never
+/// overlaps it.
+#[test]
+fn a_set_run_cut_at_every_poll_never_believes_more_than_its_keys_hold() {
+    struct Env {
+        c: Cluster,
+        all: std::sync::Arc<redlease::MultiLease>,
+        history: History,
+    }
+    impl redlease_testkit::cancel::SimHost for Env {
+        fn sim(&mut self) -> &mut redlease_testkit::Sim {
+            &mut self.c.sim
+        }
+    }
+    let believes_no_more_than_its_keys = |env: &Env, when: &str| {
+        for lease in env.all.leases() {
+            if lease.is_held() {
+                let left = env.c.nodes[0].pttl(lease.key()).flatten();
+                assert!(
+                    left.is_some_and(|left| left >= lease.remaining()),
+                    "{when}: {} believes {:?}, its key has {left:?}",
+                    lease.key(),
+                    lease.remaining()
+                );
+            }
+        }
+    };
+    let polls = each_poll(
+        || {
+            let mut c = Cluster::with_spawner(1, 127, config().with_expiry(secs(3)));
+            let history = History::new();
+            c.manager = c.manager.clone().with_observer(history.recorder(1));
+            let set = c.manager.lock_all(SET_OF_FOUR).renew_every(secs(1));
+            let all = std::sync::Arc::new(c.sim.block_on(set.try_acquire()).unwrap());
+            c.faults[0].script(
+                Op::Extend,
+                [
+                    Fault::SlowReply(ms(40)),
+                    Fault::Late(ms(500)),
+                    Fault::SlowReply(ms(40)),
+                ],
+            );
+            Env { c, all, history }
+        },
+        |env| {
+            let (all, clock) = (env.all.clone(), env.c.clock.clone());
+            async move {
+                let held = all.run(clock.sleep_until(clock.now() + ms(3_500))).await;
+                assert!(held.is_ok(), "{held:?}");
+            }
+        },
+        |env, cut| {
+            believes_no_more_than_its_keys(env, &format!("{cut:?}"));
+            let all = env.all.clone();
+            let _ = env.c.sim.block_on(async move { all.extend(secs(1)).await });
+            believes_no_more_than_its_keys(env, &format!("{cut:?}, extended to 1 s"));
+            let all = env.all.clone();
+            let _ = env.c.sim.block_on(async move { all.extend(secs(5)).await });
+            believes_no_more_than_its_keys(env, &format!("{cut:?}, extended to 5 s"));
+            // Another client takes each key as soon as it can (polling every 100 ms) and holds it a while.
+            let clock = env.c.clock.clone();
+            let other = redlease::LockManager::single(env.c.nodes[0].clone(), config())
+                .unwrap()
+                .with_timer(clock.clone())
+                .with_observer(env.history.recorder(2));
+            for key in SET_OF_FOUR {
+                let (other, clock) = (other.clone(), clock.clone());
+                env.c.sim.spawn(async move {
+                    let lock = other.lock(key).expiry(secs(3));
+                    for _ in 0..100 {
+                        if let Ok(lease) = lock.try_acquire().await {
+                            clock.sleep_until(clock.now() + secs(1)).await;
+                            drop(lease);
+                            return;
+                        }
+                        clock.sleep_until(clock.now() + ms(100)).await;
+                    }
+                    panic!("{key} never came free");
+                });
+            }
+            env.c.sim.run_for(secs(12));
+            if let Err(v) = env.history.check() {
+                panic!("{cut:?}: {v}");
+            }
+        },
+    );
+    assert!(
+        polls >= 5,
+        "completed in {polls} polls: nothing was cut inside it"
+    );
+}
+
+/// A set renewed in the background that first waited for one of its keys (taken on its own, then the rest
+/// in one step) renews all of them together too: the waited-for key is not left with a renewal of its own.
+#[test]
+fn a_set_that_waited_for_a_key_renews_every_key_in_one_step() {
+    let mut sim = redlease_testkit::Sim::new(128);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let holder = sim
+        .block_on(manager.lock("b").expiry(secs(3)).try_acquire())
+        .unwrap();
+    let set = manager.lock_all(SET_OF_FOUR).auto_renew(secs(1));
+    let won = std::sync::Arc::new(std::sync::Mutex::new(None));
+    sim.spawn({
+        let won = won.clone();
+        async move {
+            *won.lock().unwrap() = Some(set.acquire_within(secs(20)).await);
+        }
+    });
+    sim.run_for(ms(500));
+    sim.block_on(holder.release()).unwrap();
+    sim.run_for(ms(100));
+    let all = won.lock().unwrap().take().expect("won").unwrap();
+    let before = net.counts();
+    sim.run_for(ms(10_500));
+    assert!(all.is_held());
+    let (joint, single) = net.counts();
+    assert_eq!(single - before.1, 0, "no key was extended on its own");
+    assert!(
+        (9..=11).contains(&(joint - before.0)),
+        "{} joint rounds in 10.5 s",
+        joint - before.0
+    );
+    sim.block_on(all.release()).unwrap();
+    assert_eq!(history.check(), Ok(()));
 }
