@@ -359,10 +359,16 @@ impl<C: KeyRouted> FredNode<C> {
             )
         });
         // One server behind the config: a client of the same config reaches the server that carried the
-        // write. (Behind Sentinel it may reach another primary after a failover; on a cluster `WAIT` is
-        // refused anyway.)
-        let waiter = matches!(config.server, ServerConfig::Centralized { .. })
-            .then(|| client.members().first().map(FredWaiter::new))
+        // write. Behind Sentinel it may reach another primary after a failover, so each wait there checks
+        // the server (see `FredWaiter`); on a cluster `WAIT` is refused anyway.
+        let sentinel = matches!(config.server, ServerConfig::Sentinel { .. });
+        let waiter = (sentinel || matches!(config.server, ServerConfig::Centralized { .. }))
+            .then(|| {
+                client
+                    .members()
+                    .first()
+                    .map(|member| FredWaiter::new(member, sentinel))
+            })
             .flatten();
         Self {
             notifier,
@@ -1318,8 +1324,27 @@ impl<C: KeyRouted> Transport for FredNode<C> {
         key: &str,
         args: &[&str],
     ) -> Result<Reply, NodeError> {
-        if let Some(waiter) = &self.waiter
-            && let Some(reply) = waiter.wait(what, args).await
+        let Some(waiter) = &self.waiter else {
+            return self.command(what, key, args).await;
+        };
+        let mut expected = None;
+        if waiter.sentinel {
+            // The server the write's connection reaches now, and that connection still the write's.
+            if let Ok(Reply::Bytes(text)) = self.command(what, key, &["INFO", "server"]).await {
+                expected =
+                    ops::info_field(&String::from_utf8_lossy(&text), "run_id").map(str::to_owned);
+            }
+            self.notice_reconnections();
+            if self.probe.written_before_a_reconnect(key) {
+                return Err(NodeError::not_applied(
+                    NodeErrorKind::Connection,
+                    "WAIT for replicas: the connection that carried the write was replaced since (a \
+                     reconnect), and WAIT on this one would not count that write (not sent)",
+                ));
+            }
+        }
+        if (!waiter.sentinel || expected.is_some())
+            && let Some(reply) = waiter.wait(what, args, expected.as_deref()).await
         {
             return reply;
         }
@@ -1349,10 +1374,19 @@ const WAIT_MARGIN: Duration = Duration::from_secs(1);
 /// server's, which covers every write applied before — the lease's among them, since its reply came first.
 /// Where the `PUBLISH` is refused (a channel ACL), the client cannot connect or its connection dropped,
 /// `None`: the node waits on its shared connection as before. fred runs on tokio: outside a runtime, `None`.
+///
+/// Behind Sentinel a wait client asks the Sentinels for the primary by itself, and could reach another server
+/// than the one that took the write (after a failover). So there the node first reads the run id of the
+/// server its own connection reaches (`INFO server`, on the connection that carried the write, checked not
+/// replaced since), and the wait client sends `INFO server` in the same pipeline as its `PUBLISH` and `WAIT`:
+/// its answer counts only if both run ids agree (else the client is ended and the node waits on its shared
+/// connection).
 #[derive(Clone)]
 struct FredWaiter {
     template: Client,
     idle: Arc<Mutex<Vec<Client>>>,
+    /// The node's config is a Sentinel one: each wait checks the server (see above).
+    sentinel: bool,
 }
 
 /// A wait client taken from a [`FredWaiter`]: ended in the background unless given back.
@@ -1372,10 +1406,11 @@ impl Drop for WaitClient {
 }
 
 impl FredWaiter {
-    fn new(client: &Client) -> Self {
+    fn new(client: &Client, sentinel: bool) -> Self {
         Self {
             template: client.clone_new(),
             idle: Arc::default(),
+            sentinel,
         }
     }
 
@@ -1384,8 +1419,14 @@ impl FredWaiter {
     }
 
     /// `args` (a `WAIT` or `WAITAOF`, its timeout in milliseconds last) behind the `PUBLISH` on a wait
-    /// client: its reply, or `None` where the shared connection must be used.
-    async fn wait(&self, what: &Script, args: &[&str]) -> Option<Result<Reply, NodeError>> {
+    /// client: its reply, or `None` where the shared connection must be used. With `expected` (a run id),
+    /// only if `INFO server` in the same pipeline names that server.
+    async fn wait(
+        &self,
+        what: &Script,
+        args: &[&str],
+        expected: Option<&str>,
+    ) -> Option<Result<Reply, NodeError>> {
         let handle = tokio::runtime::Handle::try_current().ok()?;
         let (name, rest) = args.split_first()?;
         let taken = self.idle().pop();
@@ -1409,6 +1450,16 @@ impl FredWaiter {
         };
         // A plain pipeline, not a transaction: a `WAIT` inside `MULTI` does not block (and waits for nothing).
         let pipeline = client.pipeline();
+        if expected.is_some() {
+            pipeline
+                .with_options(&options)
+                .custom::<(), Value>(
+                    CustomCommand::new_static("INFO", ClusterHash::FirstKey, false),
+                    vec![Value::from("server")],
+                )
+                .await
+                .ok()?;
+        }
         pipeline
             .with_options(&options)
             .custom::<(), Value>(
@@ -1426,6 +1477,16 @@ impl FredWaiter {
             .await
             .ok()?;
         let mut replies = pipeline.try_all::<Value>().await.into_iter();
+        if let Some(expected) = expected {
+            let info = replies.next()?.ok().map(to_reply);
+            let Some(Reply::Bytes(text)) = info else {
+                return None;
+            };
+            if ops::info_field(&String::from_utf8_lossy(&text), "run_id") != Some(expected) {
+                // Another server than the write's: ended (on drop), not kept, and its answer not used.
+                return None;
+            }
+        }
         let (Some(publish), Some(wait)) = (replies.next(), replies.next()) else {
             return None;
         };

@@ -331,7 +331,7 @@ impl Probe {
     }
 
     /// Whether `key`'s last recorded write went over a connection the node has since seen replaced.
-    fn written_before_a_reconnect(&self, key: &str) -> bool {
+    pub(crate) fn written_before_a_reconnect(&self, key: &str) -> bool {
         self.lock().writes.is_stale(key)
     }
 
@@ -2679,12 +2679,8 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
         ));
     };
     let text = String::from_utf8_lossy(&text);
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
-    let id = field("run_id").filter(|id| !id.is_empty()).ok_or_else(|| {
+    let field = |name: &str| info_field(&text, name);
+    let id = info_field(&text, "run_id").ok_or_else(|| {
         NodeError::not_applied(NodeErrorKind::Protocol, "INFO server has no run_id line")
     })?;
     let id = RunId::new(id);
@@ -2726,6 +2722,14 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
         _ => None,
     };
     Ok(reported(&state, id))
+}
+
+/// The value of `name` in an `INFO` reply (`name:value` lines), if present and not empty.
+pub(crate) fn info_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
 }
 
 /// How much longer than its `uptime_in_seconds` a server may have run (see [`run_id`]): a second for the
