@@ -34,18 +34,9 @@ impl<F: Fn(Task) + Send + Sync> Spawn for F {
     }
 }
 
-/// Single authority or Redlock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Mode {
-    /// One logical Redis authority; fencing tokens available.
-    Single,
-    /// An odd number (≥ 3) of independent primaries; majority acquisition and renewal, no fencing.
-    Redlock,
-}
-
 pub(crate) use crate::machine::acquisition::Fresh;
 use crate::machine::nodeset::NodeSet;
+use crate::mode::Mode;
 
 /// What a lease's extension round was planned with (see `Shared::prepare_extension`).
 pub(crate) struct Planned {

@@ -3,7 +3,7 @@
 use std::fmt;
 
 use crate::config::ConfigError;
-use crate::driver::Mode;
+use crate::mode::Mode;
 use crate::node::NodeError;
 use crate::token::TokenError;
 

@@ -9,7 +9,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::driver::Planned;
-use crate::driver::{Engine, Mode, RoundResult, Spawn};
+use crate::driver::{Engine, RoundResult, Spawn};
 use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::slots::Slots;
@@ -17,6 +17,7 @@ use crate::machine::unconfirmed::Unconfirmed;
 use crate::machine::unconfirmed::counts;
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{RenewalSchedule, RenewalStep, Reply, Tally, Verdict, WaitFor};
+use crate::mode::Mode;
 use crate::node::Ttl;
 use crate::node::{MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};

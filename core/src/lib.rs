@@ -70,6 +70,7 @@ mod error;
 mod lease;
 pub mod machine;
 mod manager;
+mod mode;
 mod multi;
 mod node;
 pub mod notify;
@@ -87,10 +88,11 @@ pub mod metrics;
 pub use async_trait::async_trait;
 pub use check::{CHECK_TIMEOUT_FLOOR, CheckReport, CommandPaths, NodeCheck, Path, Readiness};
 pub use config::{Config, ConfigError, Durability, MAX_KEY_BYTES};
-pub use driver::{Mode, Spawn, Task};
+pub use driver::{Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
 pub use manager::{HolderInfo, Lock, LockManager, MAX_HOLDER_INFO_BYTES};
+pub use mode::Mode;
 pub use multi::{MultiLease, MultiLock};
 pub use node::{
     Applied, Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,

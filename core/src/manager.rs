@@ -7,7 +7,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigError};
-use crate::driver::{Engine, Mode, Planned, RoundResult, Spawn, TtlHint};
+use crate::driver::{Engine, Planned, RoundResult, Spawn, TtlHint};
 use crate::error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 use crate::lease::{Grant, Lease, Shared};
 use crate::machine::Jitter;
@@ -16,6 +16,7 @@ use crate::machine::WaitFor;
 use crate::machine::acquisition::{Acquisition, Decision, Limit, Next, Shape};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::unconfirmed::Unconfirmed;
+use crate::mode::Mode;
 use crate::multi::MultiLock;
 use crate::node::{KeyState, RedisNode, Ttl};
 use crate::notify::{Outcome, Watch};
@@ -150,7 +151,7 @@ impl LockManager {
                 timer: SharedTimer(Arc::new(SystemTimer)),
                 spawner: None,
                 jitter: Mutex::new(jitter),
-                hook: Hook::default(),
+                hook: Hook::with_sink(crate::trace::SINK),
                 watch: Arc::default(),
                 batcher: Default::default(),
             }),
@@ -233,8 +234,8 @@ impl LockManager {
     /// leases (see [`Observer`]). Replaces an earlier observer.
     #[must_use]
     pub fn with_observer(self, observer: impl Observer) -> Self {
-        let hook = Hook::new(Arc::new(observer));
-        self.rebuild(|e| e.hook = hook)
+        let observer: Arc<dyn crate::Observer> = Arc::new(observer);
+        self.rebuild(|e| e.hook = e.hook.observed(observer))
     }
 
     /// Describes a lock on `key` with this manager's defaults; adjust it with the builder methods.

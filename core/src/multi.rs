@@ -8,11 +8,12 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::ConfigError;
-use crate::driver::{Engine, Mode, Notes};
+use crate::driver::{Engine, Notes};
 use crate::error::{Error, LossReason, NotAcquiredReason, QuorumError};
 use crate::lease::{CleanupOnDrop, Lease, LeaseState, LossSignal, Releasing};
 use crate::machine::{Reply, Tally, WaitFor};
 use crate::manager::Lock;
+use crate::mode::Mode;
 use crate::node::{MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind};
 use crate::observe::{CleanupCause, LeaseId};
 use crate::token::Token;

@@ -472,20 +472,38 @@ pub(crate) fn loss_str(reason: LossReason) -> &'static str {
     }
 }
 
-/// The observer of a manager, if any, with the calls the driver makes.
+/// A function every event is also given to (the `tracing` feature's log lines: the `trace` module).
+pub(crate) type Sink = fn(&LeaseEvent<'_>);
+
+/// The observer of a manager, if any, and a sink (the `tracing` feature's), with the calls the driver makes.
 #[derive(Clone, Default)]
-pub(crate) struct Hook(Option<std::sync::Arc<dyn Observer>>);
+pub(crate) struct Hook {
+    observer: Option<std::sync::Arc<dyn Observer>>,
+    sink: Option<Sink>,
+}
 
 impl Hook {
-    pub(crate) fn new(observer: std::sync::Arc<dyn Observer>) -> Self {
-        Self(Some(observer))
+    /// A hook that gives every event to `sink` (and to no observer yet).
+    pub(crate) fn with_sink(sink: Option<Sink>) -> Self {
+        Self {
+            observer: None,
+            sink,
+        }
+    }
+
+    /// This hook with `observer` (replacing any earlier one), keeping its sink.
+    pub(crate) fn observed(&self, observer: std::sync::Arc<dyn Observer>) -> Self {
+        Self {
+            observer: Some(observer),
+            sink: self.sink,
+        }
     }
 
     /// Whether anything listens: callers check this before computing an event's fields. Always `true` with
-    /// the `tracing` feature (the subscriber decides, per call site, what it records).
+    /// a sink (the `tracing` feature's subscriber decides, per call site, what it records).
     #[inline]
     pub(crate) fn active(&self) -> bool {
-        cfg!(feature = "tracing") || self.0.is_some()
+        self.sink.is_some() || self.observer.is_some()
     }
 
     #[inline]
@@ -499,9 +517,10 @@ impl Hook {
             at,
             kind,
         };
-        #[cfg(feature = "tracing")]
-        crate::trace::event(&event);
-        if let Some(o) = &self.0 {
+        if let Some(sink) = self.sink {
+            sink(&event);
+        }
+        if let Some(o) = &self.observer {
             o.event(&event);
         }
     }

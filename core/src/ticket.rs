@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::driver::Mode;
+use crate::mode::Mode;
 use crate::token::{TOKEN_BYTES, Token};
 
 /// A held lease, handed over: what another process needs to continue it with

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 
-use crate::driver::Mode;
+use crate::mode::Mode;
 use crate::observe::LeaseId;
 #[cfg(feature = "tracing")]
 use crate::observe::{LeaseEvent, loss_str, not_acquired_str};
@@ -121,6 +121,13 @@ fn record(field: &'static str, value: &dyn tracing::Value) {
         span.record(field, value);
     }
 }
+
+/// The event hook's sink for the log lines: every event a manager emits is also given to [`event`].
+#[cfg(feature = "tracing")]
+pub(crate) const SINK: Option<crate::observe::Sink> = Some(event);
+/// Without the feature nothing is logged.
+#[cfg(not(feature = "tracing"))]
+pub(crate) const SINK: Option<crate::observe::Sink> = None;
 
 /// Logs one lease event at the level an operator expects, and records outcomes on the current span.
 ///
