@@ -1264,6 +1264,15 @@ pub(crate) const WATCHED_PERMIT: Script = Script {
     sha1: "",
 };
 
+/// Not a script: names a read/write or fair lock's acquisition without Lua (`WATCH` of the lock key and a
+/// fenced writer's counter, `TIME`, `ZRANGE … WITHSCORES`, `MULTI … EXEC`), which does what [`RW_PERMIT`]
+/// does.
+pub(crate) const WATCHED_RW_PERMIT: Script = Script {
+    name: "WATCH/TIME/ZRANGE/MULTI … EXEC (read/write or fair lock without Lua)",
+    source: "",
+    sha1: "",
+};
+
 /// The reply of a conditional `SET` (`NX` or `IFEQ`, without `GET`): `OK` when it was set, nil when not.
 pub(crate) fn parse_set_ok(script: &Script, reply: Reply) -> Result<bool, NodeError> {
     match &reply {
