@@ -10,7 +10,7 @@ use redlease::notify::channel;
 use redlease::{Config, LockManager, NodeErrorKind, PermitOp, RedisNode, Token, Ttl};
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-use crate::common::{self, ALL_BACKENDS, Backend, WITH_LUA, config, on_every_server, on_servers};
+use crate::common::{self, ALL_BACKENDS, Backend, config, on_every_server};
 use crate::push::{eventually, numsub};
 
 /// How many holders the semaphore at `key` has on `server` (expired ones included until purged).
@@ -378,8 +378,8 @@ fn a_killed_reader_or_writer_frees_its_share_within_its_ttl() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
-    // Read/write locks need Lua (see the adapters' README).
-    on_servers(TEST, &WITH_LUA, |flavor| {
+    // Every server: without Lua the shares are the watched transactions' entries.
+    on_every_server(TEST, |flavor| {
         let exe = exe.clone();
         async move {
             let server = RedisServer::start_flavor(flavor, &[]);
@@ -554,14 +554,7 @@ fn a_fenced_writer_takes_a_larger_fence_with_each_grant_on_every_server() {
                 let key = common::key("fenced-writer", backend);
                 let fence = common::fence_of(&key);
                 let rw = manager.rw_lock(key.clone()).fenced(fence.clone());
-                if !common::has_lua(flavor) {
-                    // Read/write locks need Lua: a typed refusal, nothing written.
-                    let err = rw.write().try_acquire().await.unwrap_err();
-                    let node_err = common::first_node_error(&err).unwrap();
-                    assert_eq!(node_err.kind(), NodeErrorKind::Unsupported, "{err}");
-                    assert_eq!(server.cmd(&["EXISTS", &key, &fence]), "0");
-                    continue;
-                }
+                // Without Lua too: the counter's INCR is in the EXEC that grants the writer the lock.
                 let first = rw.write().try_acquire().await.unwrap();
                 assert_eq!(first.fencing_token(), Some(1), "{flavor} {backend:?}");
                 assert_eq!(server.cmd(&["GET", &fence]), "1");
@@ -662,15 +655,15 @@ fn permits_renew_in_one_batch_per_wave_on_every_server() {
 }
 
 #[test]
-fn fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_lua_server() {
+fn fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_server() {
     const TEST: &str =
-        "fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_lua_server";
-    on_servers(TEST, &WITH_LUA, |flavor| async move {
+        "fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_server";
+    on_every_server(TEST, |flavor| async move {
         let server = RedisServer::start_flavor(flavor, &[]);
         let ttl = Ttl::from_millis(10_000).unwrap();
         let fair = PermitOp::AcquireFair {
             claim: Ttl::from_millis(10_000).unwrap(),
-            queue: 100,
+            queue: 20,
         };
         for backend in ALL_BACKENDS {
             let node = common::node(backend, &server.url()).await;
@@ -688,6 +681,22 @@ fn fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_lua_se
                 let r = node.permit(&k, w, ttl, fair).await.unwrap();
                 assert!(matches!(r, redlease::PermitReply::Full { .. }), "{r:?}");
             }
+            // The queue holds 20: a 21st waiter is refused (definitely, nothing written); a waiter in it is
+            // not.
+            let before = server.cmd(&["ZRANGE", &k, "0", "-1"]);
+            let err = node
+                .permit(&k, &Token::random().unwrap(), ttl, fair)
+                .await
+                .unwrap_err();
+            assert_eq!(
+                err.kind(),
+                NodeErrorKind::Busy,
+                "{flavor} {backend:?}: {err}"
+            );
+            assert!(!err.is_ambiguous(), "{flavor} {backend:?}: {err}");
+            assert_eq!(server.cmd(&["ZRANGE", &k, "0", "-1"]), before);
+            let r = node.permit(&k, &waiters[19], ttl, fair).await.unwrap();
+            assert!(matches!(r, redlease::PermitReply::Full { .. }), "{r:?}");
             node.permit(&k, &holder, ttl, PermitOp::Release)
                 .await
                 .unwrap();
@@ -710,6 +719,164 @@ fn fair_waiters_arriving_within_one_millisecond_keep_their_order_on_every_lua_se
                 node.permit(&k, w, ttl, PermitOp::Release).await.unwrap();
             }
             assert_eq!(server.cmd(&["EXISTS", &k]), "0", "{flavor} {backend:?}");
+        }
+    });
+}
+
+/// Whether the read/write lock at `key` on `server` holds a writer's claim (`c:` and a token).
+fn has_claim(server: &RedisServer, key: &str) -> bool {
+    server
+        .cmd(&["ZRANGE", key, "0", "-1"])
+        .lines()
+        .any(|m| m.trim().starts_with("c:"))
+}
+
+#[test]
+fn a_waiting_writer_holds_new_readers_off_and_goes_next_on_every_server() {
+    const TEST: &str = "a_waiting_writer_holds_new_readers_off_and_goes_next_on_every_server";
+    on_every_server(TEST, |flavor| async move {
+        let server = RedisServer::start_flavor(flavor, &[]);
+        for backend in ALL_BACKENDS {
+            let node = common::node(backend, &server.url()).await;
+            let manager = LockManager::single(node, config(Duration::from_secs(10)))
+                .unwrap()
+                .with_spawner(redlease_adapters::runtime::TokioSpawner::current().unwrap());
+            let key = common::key("writer-preference", backend);
+            let rw = manager.rw_lock(key.clone());
+            let first = rw.read().try_acquire().await.unwrap();
+            let second = rw.read().try_acquire().await.unwrap();
+            let writer = tokio::spawn({
+                let rw = rw.clone();
+                async move {
+                    let lease = rw.write().acquire_within(Duration::from_secs(20)).await;
+                    (lease, Instant::now())
+                }
+            });
+            // The waiting writer's claim is on the server: a new reader is held off, while the readers in
+            // keep theirs (one renews it).
+            assert!(
+                eventually(Duration::from_secs(5), || has_claim(&server, &key)).await,
+                "{flavor} {backend:?}: no claim"
+            );
+            for _ in 0..3 {
+                let err = rw.read().try_acquire().await.unwrap_err();
+                assert!(err.is_contended(), "{flavor} {backend:?}: {err}");
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+            first.extend(Duration::from_secs(10)).await.unwrap();
+            first.release().await.unwrap();
+            assert!(
+                !writer.is_finished(),
+                "{flavor} {backend:?}: beside a reader"
+            );
+            second.release().await.unwrap();
+            let released = Instant::now();
+            let (lease, won) = writer.await.unwrap();
+            let lease = lease.unwrap();
+            // Woken by the release (or its next attempt, at most max_retry_delay later).
+            let waited = won.saturating_duration_since(released);
+            eprintln!(
+                "rw: {flavor} {backend:?}: the waiting writer got the lock {waited:?} after the last reader left"
+            );
+            assert!(
+                waited
+                    <= config(Duration::from_secs(10)).max_retry_delay()
+                        + Duration::from_millis(500),
+                "{flavor} {backend:?}: {waited:?}"
+            );
+            assert!(
+                !has_claim(&server, &key),
+                "{flavor} {backend:?}: claim left"
+            );
+            let err = rw.read().try_acquire().await.unwrap_err();
+            assert!(err.is_contended(), "{flavor} {backend:?}: {err}");
+            lease.release().await.unwrap();
+            rw.read()
+                .try_acquire()
+                .await
+                .unwrap()
+                .release()
+                .await
+                .unwrap();
+            assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
+        }
+    });
+}
+
+#[test]
+fn readers_and_writers_racing_from_eight_connections_never_overlap_on_every_server() {
+    const TEST: &str =
+        "readers_and_writers_racing_from_eight_connections_never_overlap_on_every_server";
+    on_every_server(TEST, |flavor| async move {
+        let server = RedisServer::start_flavor(flavor, &[]);
+        for backend in ALL_BACKENDS {
+            let history = redlease_testkit::History::new();
+            let key = common::key("rw-race", backend);
+            let mut clients = Vec::new();
+            // Clients 0–3 write, 4–7 read; each on its own connection, so that without Lua their watched
+            // transactions abort one another.
+            for id in 0..8u64 {
+                let node = common::node(backend, &server.url()).await;
+                let manager = LockManager::single(node, config(Duration::from_secs(2)))
+                    .unwrap()
+                    .with_observer(history.recorder(id));
+                let rw = manager.rw_lock(key.clone());
+                clients.push(tokio::spawn(async move {
+                    let lock = if id < 4 {
+                        rw.write().clone()
+                    } else {
+                        rw.read().clone()
+                    };
+                    let (mut won, mut contended, mut busy) = (0u32, 0u32, 0u32);
+                    let end = Instant::now() + Duration::from_millis(2_000);
+                    while Instant::now() < end {
+                        match lock.try_acquire().await {
+                            Ok(lease) => {
+                                won += 1;
+                                tokio::time::sleep(Duration::from_millis(2)).await;
+                                lease.release().await.unwrap();
+                            }
+                            Err(err) if err.is_contended() => contended += 1,
+                            // Without Lua: five aborted EXECs in a row (a definite error, nothing written).
+                            Err(err)
+                                if common::first_node_error(&err).is_some_and(|e| {
+                                    e.kind() == NodeErrorKind::Busy && !e.is_ambiguous()
+                                }) =>
+                            {
+                                busy += 1
+                            }
+                            Err(err) => panic!("client {id}: {err}"),
+                        }
+                        tokio::time::sleep(Duration::from_millis(1 + id % 3)).await;
+                    }
+                    (won, contended, busy)
+                }));
+            }
+            let mut totals = [[0u32; 3]; 2];
+            for (id, client) in clients.into_iter().enumerate() {
+                let (won, contended, busy) = client.await.unwrap();
+                let side = &mut totals[usize::from(id >= 4)];
+                side[0] += won;
+                side[1] += contended;
+                side[2] += busy;
+            }
+            eprintln!(
+                "rw: {flavor} {backend:?}: 4 writers won {} times ({} contended, {} busy), 4 readers {} times ({} \
+                 contended, {} busy) in 2 s",
+                totals[0][0], totals[0][1], totals[0][2], totals[1][0], totals[1][1], totals[1][2]
+            );
+            if let Err(v) = history.check_readers_writers(|client| client < 4) {
+                panic!("{flavor} {backend:?}: {v}");
+            }
+            assert!(
+                totals[0][0] >= 5 && totals[1][0] >= 5,
+                "{flavor} {backend:?}: {totals:?}"
+            );
+            assert!(
+                totals[0][1] + totals[1][1] > 0,
+                "{flavor} {backend:?}: no contention"
+            );
+            assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
         }
     });
 }
