@@ -1955,8 +1955,8 @@ struct RwPlan {
 /// - the key's expiry is only raised (`PEXPIREAT … NX`, then `… GT`) to the latest entry's, as in
 ///   [`permit_watched`] (the script sets it exactly; an exact value computed from a read could cut another
 ///   holder's entry short if the `WATCH` were lost);
-/// - a grant or refresh ends with `ZRANGEBYSCORE key (now (order WITHSCORES`, the live entries after the write,
-///   for [`rw_conflict`].
+/// - a grant or refresh reads `ZRANGEBYSCORE key (now (order WITHSCORES`, the live entries after the write,
+///   for [`rw_conflict`], before the key's expiry is raised.
 #[allow(clippy::too_many_arguments)]
 fn rw_plan(
     key: &str,
@@ -2160,14 +2160,6 @@ fn rw_plan(
         RwOutcome::Granted(_) => live_max(&format!("c:{tok}")).max(now + ttl),
         RwOutcome::Blocked(_) => live_max(&format!("c:{tok}")).max(now + life),
     };
-    for cond in ["NX", "GT"] {
-        writes.push(vec![
-            "PEXPIREAT".into(),
-            k.clone(),
-            num(latest),
-            cond.into(),
-        ]);
-    }
     let check = match outcome {
         RwOutcome::Blocked(_) => None,
         _ => {
@@ -2181,6 +2173,17 @@ fn rw_plan(
             Some(writes.len() - 1)
         }
     };
+    // After the check: an expiry computed from the read's `now` may already have passed when the EXEC runs
+    // (entries of a TTL shorter than the round trip), and the key is then deleted at once, which the check
+    // must not mistake for a lost entry.
+    for cond in ["NX", "GT"] {
+        writes.push(vec![
+            "PEXPIREAT".into(),
+            k.clone(),
+            num(latest),
+            cond.into(),
+        ]);
+    }
     Ok(RwPlan {
         writes,
         outcome,
@@ -2193,12 +2196,14 @@ fn rw_plan(
 /// closing `ZRANGEBYSCORE` of [`rw_plan`]'s transaction) show that the `WATCH` was lost and the write made
 /// the wrong decision: `Some(true)` when the token's `member` shares the lock with an entry it excludes (a
 /// reader beside a writer, a writer beside a reader or another writer), `Some(false)` when `member` is not
-/// there (a refresh of an entry purged meanwhile: `ZADD XX` added nothing), `None` when all is well.
-fn rw_conflict(member: &str, after: &[(Vec<u8>, u64)]) -> Option<bool> {
+/// there (a refresh of an entry purged meanwhile: `ZADD XX` added nothing), `None` when all is well. A fair
+/// lock's holder (`fair`) is excluded by another holder only, as the script grants it (readers are no part
+/// of a fair lock).
+fn rw_conflict(member: &str, fair: bool, after: &[(Vec<u8>, u64)]) -> Option<bool> {
     if !after.iter().any(|(m, _)| m.as_slice() == member.as_bytes()) {
         return Some(false);
     }
-    let writer = member.starts_with("x:");
+    let writer = member.starts_with("x:") && !fair;
     let excluded = after.iter().any(|(m, _)| {
         m.as_slice() != member.as_bytes()
             && (m.starts_with(b"x:") || (writer && m.starts_with(b"s:")))
@@ -2224,9 +2229,10 @@ fn rw_conflict(member: &str, after: &[(Vec<u8>, u64)]) -> Option<bool> {
 ///
 /// Should the `WATCH` still be lost (a shared connection's own `EXEC`, fred's replay of a transaction on a new
 /// connection), a grant's transaction ends with a read of the live entries ([`rw_conflict`]): a reader found
-/// beside a writer, or a writer beside anyone, removes its entry again (with a release notification) and
-/// answers "blocked", so readers and writers never hold together (a fenced writer's number then stays
-/// unused: a gap); a refresh whose entry had expired meanwhile reads again.
+/// beside a writer, or a writer beside anyone (a fair lock's holder: beside another holder), removes its
+/// entry again (with a release notification) and answers "blocked", so readers and writers never hold
+/// together (a fenced writer's number then stays unused: a gap); a refresh whose entry had expired meanwhile
+/// reads again.
 ///
 /// Refused on a cluster node (`TIME` there is not routed by key, and the key's server's clock is the one that
 /// counts).
@@ -2427,7 +2433,10 @@ async fn rw_watched_once(
     };
     if let Some(check) = plan.check {
         let after = parse_scored(what, replies[check].clone())?;
-        match rw_conflict(member, &after) {
+        let refreshed = matches!(plan.outcome, RwOutcome::Refreshed(_));
+        match rw_conflict(member, name == "fair", &after) {
+            // A refresh changes nobody's share: the script refreshes whatever else the key holds.
+            None | Some(true) if refreshed => {}
             None => {}
             // A refreshed entry that expired meanwhile: the script would have made a new acquisition.
             Some(false) => return Ok(None),
@@ -4535,8 +4544,6 @@ mod tests {
             [
                 vec!["ZREMRANGEBYSCORE", "k", "-inf", "1000000"],
                 vec!["ZADD", "k", "1001000", "s:t"],
-                vec!["PEXPIREAT", "k", "1001500", "NX"],
-                vec!["PEXPIREAT", "k", "1001500", "GT"],
                 vec![
                     "ZRANGEBYSCORE",
                     "k",
@@ -4544,9 +4551,11 @@ mod tests {
                     "(1000000000000000",
                     "WITHSCORES"
                 ],
+                vec!["PEXPIREAT", "k", "1001500", "NX"],
+                vec!["PEXPIREAT", "k", "1001500", "GT"],
             ]
         );
-        assert_eq!(granted.check, Some(4));
+        assert_eq!(granted.check, Some(2));
         // A reader that holds its share refreshes it (never earlier), even beside a claim.
         let refresh = plan(&[("s:t", NOW + 2000), ("c:w", NOW + 200)]);
         assert_eq!(refresh.outcome, RwOutcome::Refreshed("s:t".into()));
@@ -4554,7 +4563,7 @@ mod tests {
             cmds(&refresh)[0],
             ["ZADD", "k", "XX", "GT", "1001000", "s:t"]
         );
-        assert_eq!(cmds(&refresh)[1], ["PEXPIREAT", "k", "1002000", "NX"]);
+        assert_eq!(cmds(&refresh)[2], ["PEXPIREAT", "k", "1002000", "NX"]);
     }
 
     /// Writers, as `RW_PERMIT`'s `exclusive`: readers or a writer block it, and it records (or refreshes)
@@ -4592,8 +4601,6 @@ mod tests {
                 vec!["ZREM", "k", "c:t", "o:t"],
                 vec!["ZADD", "k", "1001000", "x:t"],
                 vec!["INCR", "f"],
-                vec!["PEXPIREAT", "k", "1002500", "NX"],
-                vec!["PEXPIREAT", "k", "1002500", "GT"],
                 vec![
                     "ZRANGEBYSCORE",
                     "k",
@@ -4601,9 +4608,11 @@ mod tests {
                     "(1000000000000000",
                     "WITHSCORES"
                 ],
+                vec!["PEXPIREAT", "k", "1002500", "NX"],
+                vec!["PEXPIREAT", "k", "1002500", "GT"],
             ]
         );
-        assert_eq!((granted.incr, granted.check), (Some(3), Some(6)));
+        assert_eq!((granted.incr, granted.check), (Some(3), Some(4)));
         // The holder's retry refreshes (no INCR); with its counter gone, a Fence error and nothing written.
         let list = members(&[("x:t", NOW + 800)]);
         let refresh = rw_plan("k", "t", fence, 1000, 300, 1, NOW, &list).unwrap();
@@ -4697,24 +4706,17 @@ mod tests {
     #[test]
     fn a_lost_watch_is_caught_by_the_grants_closing_read() {
         let after = |list: &[(&str, u64)]| members(list);
-        assert_eq!(
-            rw_conflict("s:t", &after(&[("s:t", 1), ("s:u", 1), ("c:w", 1)])),
-            None
-        );
-        assert_eq!(
-            rw_conflict("s:t", &after(&[("s:t", 1), ("x:w", 1)])),
-            Some(true)
-        );
-        assert_eq!(
-            rw_conflict("x:t", &after(&[("x:t", 1), ("s:r", 1)])),
-            Some(true)
-        );
-        assert_eq!(
-            rw_conflict("x:t", &after(&[("x:t", 1), ("x:u", 1)])),
-            Some(true)
-        );
-        assert_eq!(rw_conflict("x:t", &after(&[("x:t", 1), ("c:u", 1)])), None);
-        assert_eq!(rw_conflict("x:t", &after(&[("x:u", 1)])), Some(false));
+        let rw = |member, list: &[(&str, u64)]| rw_conflict(member, false, &after(list));
+        assert_eq!(rw("s:t", &[("s:t", 1), ("s:u", 1), ("c:w", 1)]), None);
+        assert_eq!(rw("s:t", &[("s:t", 1), ("x:w", 1)]), Some(true));
+        assert_eq!(rw("x:t", &[("x:t", 1), ("s:r", 1)]), Some(true));
+        assert_eq!(rw("x:t", &[("x:t", 1), ("x:u", 1)]), Some(true));
+        assert_eq!(rw("x:t", &[("x:t", 1), ("c:u", 1)]), None);
+        assert_eq!(rw("x:t", &[("x:u", 1)]), Some(false));
+        // A fair lock's holder: another holder only (the script grants it beside readers' entries).
+        let fair = |list: &[(&str, u64)]| rw_conflict("x:t", true, &after(list));
+        assert_eq!(fair(&[("x:t", 1), ("s:r", 1)]), None);
+        assert_eq!(fair(&[("x:t", 1), ("x:u", 1)]), Some(true));
     }
 
     /// The whole Lua-less fenced writer through a transport: `WATCH` of both keys, the counter checked, the
@@ -4744,9 +4746,9 @@ mod tests {
             Reply::Int(0),
             Reply::Int(1),
             Reply::Int(42),
+            scored(&[(&x, NOW + 1000)]).unwrap(),
             Reply::Int(1),
             Reply::Int(0),
-            scored(&[(&x, NOW + 1000)]).unwrap(),
         ]));
         let ttl = Ttl::from_millis(1000).unwrap();
         let write = PermitOp::AcquireExclusive {
@@ -4756,7 +4758,7 @@ mod tests {
         let reply = block_on(permit(&t, "k", &token, ttl, write)).unwrap();
         assert_eq!(reply, PermitReply::Fenced { fence: 42 });
         let round = ["WATCH", "GET", "PTTL", "TIME", "ZRANGE"];
-        let exec = "MULTI ZREMRANGEBYSCORE ZREM ZADD INCR PEXPIREAT PEXPIREAT ZRANGEBYSCORE";
+        let exec = "MULTI ZREMRANGEBYSCORE ZREM ZADD INCR ZRANGEBYSCORE PEXPIREAT PEXPIREAT";
         let mut want: Vec<&str> = round.to_vec();
         want.push(exec);
         want.extend(round);
@@ -4807,9 +4809,9 @@ mod tests {
             .extend([ok(), time(NOW), scored(&[]), Ok(Reply::Int(1))]);
         t.txs.lock().unwrap().push_back(Ok(vec![
             Reply::Int(1),
+            scored(&[(&s, NOW + 1000), ("x:w", NOW + 900)]).unwrap(),
             Reply::Int(1),
             Reply::Int(0),
-            scored(&[(&s, NOW + 1000), ("x:w", NOW + 900)]).unwrap(),
         ]));
         let ttl = Ttl::from_millis(1000).unwrap();
         let reply = block_on(permit(&t, "k", &token, ttl, PermitOp::AcquireShared)).unwrap();

@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use redlease::notify::channel;
 use redlease::{Config, LockManager, NodeErrorKind, PermitOp, RedisNode, Token, Ttl};
+use redlease_adapters::Commands;
 use redlease_testkit::server::{RedisServer, RedisServers};
 
-use crate::common::{self, ALL_BACKENDS, Backend, config, on_every_server};
+use crate::common::{self, ALL_BACKENDS, Backend, config, on_every_server, on_servers};
 use crate::push::{eventually, numsub};
 
 /// How many holders the semaphore at `key` has on `server` (expired ones included until purged).
@@ -879,4 +880,161 @@ fn readers_and_writers_racing_from_eight_connections_never_overlap_on_every_serv
             assert_eq!(server.cmd(&["EXISTS", &key]), "0", "{flavor} {backend:?}");
         }
     });
+}
+
+/// The entries of the read/write or fair lock at `key` live at least 50 ms past the server's `now`, and
+/// its arrival markers whose place is such an entry, in arrival order: what a later operation can tell
+/// apart (entries about to expire and markers of expired places count for nothing; the script purges them
+/// where the Lua-less path may leave them to the next write).
+fn live_entries(server: &RedisServer, key: &str, now: u64) -> (Vec<String>, Vec<String>) {
+    let reply = server.cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"]);
+    let lines: Vec<&str> = reply.lines().map(str::trim).collect();
+    let pairs: Vec<(&str, u64)> = lines
+        .chunks(2)
+        .filter(|p| p.len() == 2)
+        .map(|p| (p[0], p[1].parse::<f64>().unwrap() as u64))
+        .collect();
+    let order = 1_000_000_000_000_000u64;
+    let mut entries: Vec<String> = pairs
+        .iter()
+        .filter(|(_, s)| *s < order && *s > now + 50)
+        .map(|(m, _)| (*m).to_owned())
+        .collect();
+    entries.sort();
+    let markers = pairs
+        .iter()
+        .filter(|(m, s)| *s >= order && entries.contains(&format!("c:{}", &m[2..])))
+        .map(|(m, _)| (*m).to_owned())
+        .collect();
+    (entries, markers)
+}
+
+fn server_now(server: &RedisServer) -> u64 {
+    let time = server.cmd(&["TIME"]);
+    let mut parts = time.lines().map(|l| l.trim().parse::<u64>().unwrap());
+    let (secs, micros) = (parts.next().unwrap(), parts.next().unwrap());
+    secs * 1000 + micros / 1000
+}
+
+/// The Lua-less path against the script itself: on Valkey 9.1 (which runs both), a node pinned to scripts
+/// and one pinned to native commands make the same random sequence of read/write, fenced-writer and fair
+/// operations (four tokens; TTLs and claims of 60 s, 30 s or 1 ms, so that entries also expire between
+/// steps; queues of one or two; extensions, releases, counters deleted) on two keys: every answer, every
+/// fence, and the live entries and queue after each step are the same.
+#[test]
+fn the_lua_less_read_write_path_answers_as_the_rw_permit_script_does() {
+    const TEST: &str = "the_lua_less_read_write_path_answers_as_the_rw_permit_script_does";
+    on_servers(
+        TEST,
+        &[redlease_testkit::server::Flavor::Valkey91],
+        |flavor| async move {
+            let server = RedisServer::start_flavor(flavor, &[]);
+            for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+                let (script, _) = common::node_in(backend, &server.url(), Commands::Scripts).await;
+                let (native, caps) =
+                    common::node_in(backend, &server.url(), Commands::Native).await;
+                assert!(caps.native_acquire(), "{caps:?}");
+                let (ks, kn) = (
+                    common::key("differential-script", backend),
+                    common::key("differential-native", backend),
+                );
+                let (fs, fn_) = (common::fence_of(&ks), common::fence_of(&kn));
+                let tokens: Vec<Token> = (0..4).map(|_| Token::random().unwrap()).collect();
+                let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ backend as u64;
+                let mut next = move |n: u64| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    seed % n
+                };
+                let millis = |ms: u64| Ttl::from_millis(ms).unwrap();
+                let mut seen = std::collections::BTreeMap::<String, usize>::new();
+                for step in 0..600 {
+                    let token = &tokens[next(4) as usize];
+                    let ttl = millis([60_000, 60_000, 60_000, 1][next(4) as usize]);
+                    let claim = millis([30_000, 30_000, 1][next(3) as usize]);
+                    let which = next(40);
+                    let queue = 1 + next(2) as u32;
+                    if which == 39 {
+                        server.cmd(&["DEL", &fs, &fn_]);
+                        continue;
+                    }
+                    let run = |node: &Arc<dyn RedisNode>, key: String, fence: String| {
+                        let node = Arc::clone(node);
+                        let token = token.clone();
+                        async move {
+                            let op = match which {
+                                0..=9 => PermitOp::AcquireShared,
+                                10..=15 => PermitOp::AcquireExclusive { claim, fence: None },
+                                16..=23 => PermitOp::AcquireExclusive {
+                                    claim,
+                                    fence: Some(&fence),
+                                },
+                                24..=32 => PermitOp::AcquireFair { claim, queue },
+                                33..=35 => PermitOp::Extend,
+                                _ => PermitOp::Release,
+                            };
+                            let name = format!("{op:?}");
+                            (name, node.permit(&key, &token, ttl, op).await)
+                        }
+                    };
+                    let (name, by_script) = run(&script, ks.clone(), fs.clone()).await;
+                    let (_, by_native) = run(&native, kn.clone(), fn_.clone()).await;
+                    let now = server_now(&server);
+                    let what = format!(
+                        "{backend:?} step {step}: {name} ttl {ttl:?} by token {}",
+                        &token.as_str()[..8]
+                    );
+                    let outcome = match (&by_script, &by_native) {
+                        (
+                            Ok(redlease::PermitReply::Full {
+                                next_expiry: Some(a),
+                            }),
+                            Ok(redlease::PermitReply::Full {
+                                next_expiry: Some(b),
+                            }),
+                        ) => {
+                            assert!(
+                                a.abs_diff(*b) <= Duration::from_millis(200),
+                                "{what}: full for {a:?} by the script, {b:?} without Lua"
+                            );
+                            "full".to_owned()
+                        }
+                        (Ok(a), Ok(b)) => {
+                            assert_eq!(a, b, "{what}");
+                            format!("{a:?}")
+                                .split([' ', '{'])
+                                .next()
+                                .unwrap()
+                                .to_owned()
+                        }
+                        (Err(a), Err(b)) => {
+                            assert_eq!(
+                                (a.kind(), a.is_ambiguous()),
+                                (b.kind(), b.is_ambiguous()),
+                                "{what}: {a} / {b}"
+                            );
+                            format!("{:?}", a.kind())
+                        }
+                        _ => {
+                            panic!("{what}: {by_script:?} by the script, {by_native:?} without Lua")
+                        }
+                    };
+                    *seen.entry(format!("{name:.14} {outcome}")).or_default() += 1;
+                    let (entries_s, markers_s) = live_entries(&server, &ks, now);
+                    let (entries_n, markers_n) = live_entries(&server, &kn, now);
+                    assert_eq!(entries_s, entries_n, "{what}: live entries");
+                    assert_eq!(markers_s, markers_n, "{what}: queue");
+                    assert_eq!(
+                        server.cmd(&["GET", &fs]),
+                        server.cmd(&["GET", &fn_]),
+                        "{what}: fence counters"
+                    );
+                    // Entries of 1 ms expire before the next step.
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+                eprintln!("rw differential: {flavor} {backend:?}: {seen:?}");
+            }
+        },
+    );
 }
