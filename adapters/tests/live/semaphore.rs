@@ -98,7 +98,7 @@ fn ten_concurrent_acquisitions_of_three_permits_give_exactly_three() {
                     match task.await.unwrap() {
                         Ok(lease) => leases.push(lease),
                         Err(err) if err.is_contended() => contended += 1,
-                        Err(err) => panic!("{flavor} {backend:?}: {err}"),
+                        Err(err) => panic!("{flavor} {backend:?}: {}", common::chain(&err)),
                     }
                 }
                 assert_eq!(leases.len(), 3, "{flavor} {backend:?}: holders");
@@ -247,6 +247,11 @@ impl Share {
     }
 }
 
+/// Whether an acquisition failed only because its node call exceeded the operation timeout.
+fn timed_out(err: &redlease::Error) -> bool {
+    common::first_node_error(err).is_some_and(|e| e.kind() == NodeErrorKind::Timeout)
+}
+
 /// The permits' TTL in the kill test.
 const KILL_TTL: Duration = Duration::from_millis(1000);
 
@@ -302,7 +307,12 @@ async fn killed_holder(
         match semaphore.try_acquire().await {
             Ok(lease) => break lease,
             Err(err) if err.is_contended() => {}
-            Err(err) => panic!("{flavor} {backend:?}: {err}"),
+            // A round that exceeded the operation timeout on the loaded machine (all servers' holders and
+            // contenders run at once): polled again; the bound below still holds it to one round.
+            Err(err) if timed_out(&err) => {
+                eprintln!("{flavor} {backend:?}: {}", common::chain(&err))
+            }
+            Err(err) => panic!("{flavor} {backend:?}: {}", common::chain(&err)),
         }
         assert!(
             killed.elapsed() < KILL_TTL * 3,
@@ -847,7 +857,9 @@ fn readers_and_writers_racing_from_eight_connections_never_overlap_on_every_serv
                             {
                                 busy += 1
                             }
-                            Err(err) => panic!("client {id}: {err}"),
+                            // A round past the operation timeout on the loaded machine: not held.
+                            Err(err) if timed_out(&err) => busy += 1,
+                            Err(err) => panic!("client {id}: {}", common::chain(&err)),
                         }
                         tokio::time::sleep(Duration::from_millis(1 + id % 3)).await;
                     }
@@ -863,8 +875,8 @@ fn readers_and_writers_racing_from_eight_connections_never_overlap_on_every_serv
                 side[2] += busy;
             }
             eprintln!(
-                "rw: {flavor} {backend:?}: 4 writers won {} times ({} contended, {} busy), 4 readers {} times ({} \
-                 contended, {} busy) in 2 s",
+                "rw: {flavor} {backend:?}: 4 writers won {} times ({} contended, {} busy or timed out), 4 readers \
+                 {} times ({} contended, {} busy or timed out) in 2 s",
                 totals[0][0], totals[0][1], totals[0][2], totals[1][0], totals[1][1], totals[1][2]
             );
             if let Err(v) = history.check_readers_writers(|client| client < 4) {
