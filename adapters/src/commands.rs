@@ -10,7 +10,8 @@
 /// | release | `DELIFEQ` where offered, else script | script | `DELIFEQ` |
 /// | extend | script; without Lua the watched extension (`WATCH`, `GET`, and if ours `MULTI PEXPIRE … GT EXEC`) | script | the watched extension |
 /// | inspect | script; without Lua `MULTI GET PTTL EXEC` | script | `MULTI GET PTTL EXEC` |
-/// | semaphore permit | script; without Lua `WATCH`, `TIME`, `ZRANGE`/`ZSCORE`, `MULTI … EXEC` | script | `WATCH`, `TIME`, `ZRANGE`/`ZSCORE`, `MULTI … EXEC` (not on a cluster) |
+/// | semaphore permit | script; without Lua `WATCH`, `TIME`, `ZRANGE`/`ZMSCORE`, `MULTI … EXEC` (not on a cluster) | script | `WATCH`, `TIME`, `ZRANGE`/`ZMSCORE`, `MULTI … EXEC` (not on a cluster) |
+/// | read/write or fair lock | script (`RW_PERMIT`); without Lua `WATCH` (lock key and fence counter), `GET`/`PTTL` of a fenced writer's counter, `TIME`, `ZRANGE`, `MULTI … EXEC` with the fence's `INCR` (not on a cluster) | script | the `WATCH` … `EXEC` form (not on a cluster) |
 ///
 /// An extension never shortens a key ([`RedisNode`](redlease::RedisNode#extensions-never-shorten-a-key)), so
 /// the native `SET key token IFEQ token PX ttl`, which sets exactly `ttl`, extends nothing: a late or

@@ -1626,8 +1626,8 @@ impl<C: KeyRouted> RedisNode for FredNode<C> {
         ops::multi_key(self, items, op).await
     }
 
-    /// The [`PERMIT`](crate::scripts::PERMIT) script; without Lua, `TIME` and a sorted-set transaction
-    /// (see the crate README's "Leased semaphores").
+    /// The [`PERMIT`](crate::scripts::PERMIT) or [`RW_PERMIT`](crate::scripts::RW_PERMIT) script; without
+    /// Lua, `TIME` and a watched sorted-set transaction (see the crate README's "Leased semaphores").
     async fn permit(
         &self,
         key: &str,

@@ -1874,8 +1874,8 @@ fn rw_permit_args(op: PermitOp<'_>) -> Option<(&'static str, u64, u32)> {
     }
 }
 
-/// A read/write or fair lock's acquisition: the [`RW_PERMIT`](scripts::RW_PERMIT) script. Without Lua (or on a
-/// node pinned to native commands) not supported: its reads and writes have no transaction path yet.
+/// A read/write or fair lock's acquisition: the [`RW_PERMIT`](scripts::RW_PERMIT) script, or where scripts
+/// cannot run (or the node is pinned to native commands) [`rw_watched`].
 async fn rw_permit(
     t: &impl Transport,
     key: &str,
@@ -1889,23 +1889,621 @@ async fn rw_permit(
     {
         slot::check_same_slot(key, fence_key)?;
     }
+    let args = (name, claim.max(1), queue);
     if path(t, key).await?.is_some_and(|c| c.native_acquire()) {
-        return Err(NodeError::not_applied(
-            NodeErrorKind::Unsupported,
-            "read/write and fair locks need Lua on the server (not sent)",
-        ));
+        return rw_watched(t, key, token, ttl, args, fence_key).await;
     }
     let (millis, claim, queue) = (
         ttl.as_millis().to_string(),
         claim.max(1).to_string(),
         queue.to_string(),
     );
-    let args = [token.as_str(), &millis, name, &claim, &queue];
+    let script_args = [token.as_str(), &millis, name, &claim, &queue];
     let reply = match fence_key {
-        Some(fence_key) => eval(t, &scripts::RW_PERMIT, &[key, fence_key], &args).await?,
-        None => eval(t, &scripts::RW_PERMIT, &[key], &args).await?,
+        Some(fence_key) => eval(t, &scripts::RW_PERMIT, &[key, fence_key], &script_args).await,
+        None => eval(t, &scripts::RW_PERMIT, &[key], &script_args).await,
     };
-    scripts::parse_rw_permit(reply)
+    match reply {
+        // The server lost Lua behind the connection (the check is forgotten): nothing ran, so the acquisition
+        // goes again by the path a new check finds.
+        Err(e) if refused_command(&e) => {
+            if path(t, key).await?.is_some_and(|c| c.native_acquire()) {
+                rw_watched(t, key, token, ttl, args, fence_key).await
+            } else {
+                Err(e)
+            }
+        }
+        Err(e) => Err(e),
+        Ok(reply) => scripts::parse_rw_permit(reply),
+    }
+}
+
+/// Scores at and above this are a fair lock's arrival markers, not expiries (`order` in
+/// [`RW_PERMIT`](scripts::RW_PERMIT)).
+const ARRIVAL_ORDER: u64 = 1_000_000_000_000_000;
+
+/// Which acquisition of [`RW_PERMIT`](scripts::RW_PERMIT) a Lua-less one makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RwKind<'a> {
+    Shared,
+    /// A writer; with the fence counter's key and whether the counter exists (its `GET` was not nil).
+    Exclusive(Option<(&'a str, bool)>),
+    Fair,
+}
+
+/// What a Lua-less read/write or fair acquisition found, decided by [`rw_plan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RwOutcome {
+    /// Granted now: the token's entry (`s:` or `x:` and the token) was added.
+    Granted(String),
+    /// The token held this entry already: refreshed (never moved earlier).
+    Refreshed(String),
+    /// Blocked: the time in ms until the earliest blocking entry expires (capped at the claim's life where
+    /// the script caps it).
+    Blocked(u64),
+}
+
+/// The decision of [`rw_plan`]: the commands of the `MULTI … EXEC` (none: nothing is written) and the
+/// outcome they make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RwPlan {
+    writes: Vec<Vec<String>>,
+    outcome: RwOutcome,
+    /// Index in `writes` of a fenced writer's `INCR` (its reply is the fence).
+    incr: Option<usize>,
+    /// Index in `writes` of the closing read of the live entries (`ZRANGEBYSCORE`), checked after the `EXEC`
+    /// in case the `WATCH` was lost (see [`rw_conflict`]).
+    check: Option<usize>,
+}
+
+/// The operation of [`RW_PERMIT`](scripts::RW_PERMIT) decided in Rust, from what a Lua-less acquisition read
+/// under `WATCH`: the server's time `now` (ms) and every member of the lock's sorted set with its score, in
+/// the order `ZRANGE … WITHSCORES` gives (by score, ties by member). `ttl`, `claim` and `queue` are the
+/// script's `ARGV[2]`, `ARGV[4]` and `ARGV[5]`. Same answers as the script, same errors (written as the
+/// adapter classifies the script's: `Busy` for a full queue, `Fence` for a held fenced writer whose counter
+/// is missing), and the same writes except that:
+///
+/// - a blocked reader writes nothing (the script purges expired entries and sets the key's expiry: nothing a
+///   later reader or writer could tell apart, since expired entries count for nothing);
+/// - the key's expiry is only raised (`PEXPIREAT … NX`, then `… GT`) to the latest entry's, as in
+///   [`permit_watched`] (the script sets it exactly; an exact value computed from a read could cut another
+///   holder's entry short if the `WATCH` were lost);
+/// - a grant or refresh reads `ZRANGEBYSCORE key (now (order WITHSCORES`, the live entries after the write,
+///   for [`rw_conflict`], before the key's expiry is raised.
+#[allow(clippy::too_many_arguments)]
+fn rw_plan(
+    key: &str,
+    token: &str,
+    kind: RwKind<'_>,
+    ttl: u64,
+    claim: u64,
+    queue_limit: u32,
+    now: u64,
+    members: &[(Vec<u8>, u64)],
+) -> Result<RwPlan, NodeError> {
+    let life = claim.min(ttl);
+    let (mut shared, mut excl) = (Vec::new(), Vec::new());
+    // Live claims by token, in score order.
+    let mut claims: Vec<(&[u8], u64)> = Vec::new();
+    let mut held: Option<String> = None;
+    let mut purged = false;
+    for (member, score) in members {
+        let score = *score;
+        if score >= ARRIVAL_ORDER {
+            continue;
+        }
+        if score <= now {
+            purged = true;
+            continue;
+        }
+        let (prefix, t) = member.split_at(member.len().min(2));
+        match prefix {
+            b"s:" => shared.push(score),
+            b"x:" => excl.push(score),
+            b"c:" => claims.push((t, score)),
+            _ => {}
+        }
+        if t == token.as_bytes() && matches!(prefix, b"s:" | b"x:") {
+            held = Some(String::from_utf8_lossy(member).into_owned());
+        }
+    }
+    let claim_of = |t: &[u8]| claims.iter().find(|(c, _)| *c == t).map(|(_, s)| *s);
+    // The queue: arrival markers whose claim is live, in arrival order; the others are removed.
+    let mut queue: Vec<(&[u8], u64)> = Vec::new();
+    let mut orphans: Vec<String> = Vec::new();
+    for (member, score) in members {
+        if *score < ARRIVAL_ORDER {
+            continue;
+        }
+        let t = member.get(2..).unwrap_or_default();
+        if claim_of(t).is_some() {
+            queue.push((t, *score));
+        } else {
+            orphans.push(String::from_utf8_lossy(member).into_owned());
+        }
+    }
+    let earliest = |lists: &[&[u64]]| lists.iter().flat_map(|l| l.iter()).min().copied();
+    let (k, tok) = (key.to_owned(), token.to_owned());
+    let num = |n: u64| n.to_string();
+    let mut writes: Vec<Vec<String>> = Vec::new();
+    if purged {
+        writes.push(vec![
+            "ZREMRANGEBYSCORE".into(),
+            k.clone(),
+            "-inf".into(),
+            num(now),
+        ]);
+    }
+    if !orphans.is_empty() {
+        let mut zrem = vec!["ZREM".to_owned(), k.clone()];
+        zrem.extend(orphans);
+        writes.push(zrem);
+    }
+    // The latest live entry's expiry but `skip`'s (arrival markers aside): for the key's expiry.
+    let live_max = |skip: &str| {
+        members
+            .iter()
+            .filter(|(m, s)| *s > now && *s < ARRIVAL_ORDER && m.as_slice() != skip.as_bytes())
+            .map(|(_, s)| *s)
+            .max()
+            .unwrap_or(0)
+    };
+    let take = |writes: &mut Vec<Vec<String>>, member: String| {
+        writes.push(vec![
+            "ZREM".into(),
+            k.clone(),
+            format!("c:{tok}"),
+            format!("o:{tok}"),
+        ]);
+        writes.push(vec!["ZADD".into(), k.clone(), num(now + ttl), member]);
+    };
+    let mut incr = None;
+    let outcome = if let Some(member) = held {
+        if let RwKind::Exclusive(Some((fence_key, false))) = kind {
+            return Err(fence_error(format!(
+                "FENCE the fence key {fence_key} is missing while the writer holds this token"
+            )));
+        }
+        writes.push(vec![
+            "ZADD".into(),
+            k.clone(),
+            "XX".into(),
+            "GT".into(),
+            num(now + ttl),
+            member.clone(),
+        ]);
+        RwOutcome::Refreshed(member)
+    } else {
+        match kind {
+            RwKind::Shared => {
+                match earliest(&[&excl, &claims.iter().map(|c| c.1).collect::<Vec<_>>()]) {
+                    Some(next) => {
+                        return Ok(RwPlan {
+                            writes: Vec::new(),
+                            outcome: RwOutcome::Blocked(next - now),
+                            incr: None,
+                            check: None,
+                        });
+                    }
+                    None => {
+                        let member = format!("s:{tok}");
+                        writes.push(vec![
+                            "ZADD".into(),
+                            k.clone(),
+                            num(now + ttl),
+                            member.clone(),
+                        ]);
+                        RwOutcome::Granted(member)
+                    }
+                }
+            }
+            RwKind::Exclusive(fence) => match earliest(&[&shared, &excl]) {
+                Some(next) => {
+                    writes.push(vec![
+                        "ZADD".into(),
+                        k.clone(),
+                        num(now + life),
+                        format!("c:{tok}"),
+                    ]);
+                    RwOutcome::Blocked((next - now).min(life))
+                }
+                None => {
+                    let member = format!("x:{tok}");
+                    take(&mut writes, member.clone());
+                    if let Some((fence_key, _)) = fence {
+                        incr = Some(writes.len());
+                        writes.push(vec!["INCR".into(), fence_key.to_owned()]);
+                    }
+                    RwOutcome::Granted(member)
+                }
+            },
+            RwKind::Fair => {
+                if excl.is_empty() && queue.first().is_none_or(|(t, _)| *t == token.as_bytes()) {
+                    let member = format!("x:{tok}");
+                    take(&mut writes, member.clone());
+                    RwOutcome::Granted(member)
+                } else {
+                    let mine = claim_of(token.as_bytes());
+                    if mine.is_none() && queue.len() >= queue_limit as usize {
+                        return Err(NodeError::not_applied(
+                            NodeErrorKind::Busy,
+                            format!(
+                                "BUSY redlease: the fair lock's queue is full ({} waiters)",
+                                queue.len()
+                            ),
+                        ));
+                    }
+                    let mut next = life;
+                    if let Some(first) = excl.first() {
+                        next = next.min(first - now);
+                    }
+                    if let Some((head, _)) = queue.first() {
+                        next = next.min(claim_of(head).unwrap_or(now + life) - now);
+                    }
+                    if mine.is_none() {
+                        let mut mark = ARRIVAL_ORDER + now;
+                        if let Some(&(_, last)) = queue.iter().max_by_key(|(_, s)| *s)
+                            && last >= mark
+                        {
+                            mark = last + 1;
+                        }
+                        writes.push(vec![
+                            "ZADD".into(),
+                            k.clone(),
+                            num(mark),
+                            format!("o:{tok}"),
+                        ]);
+                    }
+                    writes.push(vec![
+                        "ZADD".into(),
+                        k.clone(),
+                        num(now + life),
+                        format!("c:{tok}"),
+                    ]);
+                    RwOutcome::Blocked(next)
+                }
+            }
+        }
+    };
+    // The key lives as long as its latest entry after the write (arrival markers aside): a refreshed entry
+    // never moves earlier, a grant removes the token's claim, a blocked writer's or waiter's claim is set
+    // to its life.
+    let latest = match &outcome {
+        RwOutcome::Refreshed(_) => live_max("").max(now + ttl),
+        RwOutcome::Granted(_) => live_max(&format!("c:{tok}")).max(now + ttl),
+        RwOutcome::Blocked(_) => live_max(&format!("c:{tok}")).max(now + life),
+    };
+    let check = match outcome {
+        RwOutcome::Blocked(_) => None,
+        _ => {
+            writes.push(vec![
+                "ZRANGEBYSCORE".into(),
+                k.clone(),
+                format!("({now}"),
+                format!("({ARRIVAL_ORDER}"),
+                "WITHSCORES".into(),
+            ]);
+            Some(writes.len() - 1)
+        }
+    };
+    // After the check: an expiry computed from the read's `now` may already have passed when the EXEC runs
+    // (entries of a TTL shorter than the round trip), and the key is then deleted at once, which the check
+    // must not mistake for a lost entry.
+    for cond in ["NX", "GT"] {
+        writes.push(vec![
+            "PEXPIREAT".into(),
+            k.clone(),
+            num(latest),
+            cond.into(),
+        ]);
+    }
+    Ok(RwPlan {
+        writes,
+        outcome,
+        incr,
+        check,
+    })
+}
+
+/// Whether the live entries of a read/write or fair lock after a Lua-less grant or refresh (`after`, the
+/// closing `ZRANGEBYSCORE` of [`rw_plan`]'s transaction) show that the `WATCH` was lost and the write made
+/// the wrong decision: `Some(true)` when the token's `member` shares the lock with an entry it excludes (a
+/// reader beside a writer, a writer beside a reader or another writer), `Some(false)` when `member` is not
+/// there (a refresh of an entry purged meanwhile: `ZADD XX` added nothing), `None` when all is well. A fair
+/// lock's holder (`fair`) is excluded by another holder only, as the script grants it (readers are no part
+/// of a fair lock).
+fn rw_conflict(member: &str, fair: bool, after: &[(Vec<u8>, u64)]) -> Option<bool> {
+    if !after.iter().any(|(m, _)| m.as_slice() == member.as_bytes()) {
+        return Some(false);
+    }
+    let writer = member.starts_with("x:") && !fair;
+    let excluded = after.iter().any(|(m, _)| {
+        m.as_slice() != member.as_bytes()
+            && (m.starts_with(b"x:") || (writer && m.starts_with(b"s:")))
+    });
+    excluded.then_some(true)
+}
+
+/// A read/write or fair lock's acquisition without Lua: what [`RW_PERMIT`](scripts::RW_PERMIT) does, as a
+/// read under `WATCH` and a conditional write, as [`permit_watched`] does for the semaphore.
+///
+/// `WATCH key` (and a fenced writer's counter: `WATCH key fence`); for a fenced writer `GET fence` and
+/// `PTTL fence`, checked as the script checks them (a `Fence` error, nothing written); `TIME`; `ZRANGE key 0
+/// -1 WITHSCORES` (every entry, arrival markers included). [`rw_plan`] decides in Rust what the script would,
+/// and its writes go in one `MULTI … EXEC`: the purge of expired entries, the removal of arrival markers whose
+/// place expired, the reader's or writer's entry (`ZADD`, `XX GT` for a refresh), a blocked writer's claim
+/// or a waiter's place and arrival marker, the key's expiry raised (`PEXPIREAT … NX`, `… GT`), and for a
+/// fenced writer's grant `INCR fence`, whose reply is the fence (a refresh answers the counter read under the
+/// `WATCH`). The server runs the `EXEC` only if neither key was touched since the `WATCH`; an aborted one
+/// reads again, up to [`PERMIT_ATTEMPTS`] times, then a definite `Busy` error (nothing written). A blocked
+/// reader writes nothing (`UNWATCH`). A full fair queue is a definite `Busy` error, a key of another type
+/// `WrongType`, both before any write. From the `WATCH` to the `EXEC` the call holds the node's transaction
+/// gate ([`Probe::tx_gate`]), and a reconnect noticed in between fails it before the transaction is sent.
+///
+/// Should the `WATCH` still be lost (a shared connection's own `EXEC`, fred's replay of a transaction on a new
+/// connection), a grant's transaction ends with a read of the live entries ([`rw_conflict`]): a reader found
+/// beside a writer, or a writer beside anyone (a fair lock's holder: beside another holder), removes its
+/// entry again (with a release notification) and answers "blocked", so readers and writers never hold
+/// together (a fenced writer's number then stays unused: a gap); a refresh whose entry had expired meanwhile
+/// reads again.
+///
+/// Refused on a cluster node (`TIME` there is not routed by key, and the key's server's clock is the one that
+/// counts).
+async fn rw_watched(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+    args: (&'static str, u64, u32),
+    fence_key: Option<&str>,
+) -> Result<PermitReply, NodeError> {
+    let what = &scripts::WATCHED_RW_PERMIT;
+    if t.clustered() {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Unsupported,
+            "read/write and fair locks on a cluster node need Lua: without it the key's server clock cannot \
+             be read in the same step (not sent)",
+        ));
+    }
+    for _ in 0..PERMIT_ATTEMPTS {
+        if let Some(reply) = rw_watched_once(t, key, token, ttl, args, fence_key).await? {
+            return Ok(reply);
+        }
+    }
+    Err(NodeError::not_applied(
+        NodeErrorKind::Busy,
+        format!(
+            "{}: the lock changed between the read and the write {PERMIT_ATTEMPTS} times in a row (each \
+             EXEC aborted by its WATCH; nothing was written)",
+            what.name
+        ),
+    ))
+}
+
+/// The lock key of a read/write or fair lock holds another type: worded as the script words it.
+fn rw_wrong_type(what: &Script, key: &str, e: NodeError) -> NodeError {
+    NodeError::not_applied(
+        NodeErrorKind::WrongType,
+        format!(
+            "the {} command was refused: WRONGTYPE the lock key {key} holds a value of another type",
+            what.name
+        ),
+    )
+    .with_source(e)
+}
+
+/// One read and conditional write of [`rw_watched`]: `None` when the `EXEC` was aborted by the `WATCH` (or
+/// found a refreshed entry gone).
+async fn rw_watched_once(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+    (name, claim, queue): (&'static str, u64, u32),
+    fence_key: Option<&str>,
+) -> Result<Option<PermitReply>, NodeError> {
+    let what = &scripts::WATCHED_RW_PERMIT;
+    let gate = t.probe().tx_gate().await;
+    t.notice_reconnections();
+    let generation = t.probe().generation();
+    let watch: &[&str] = match fence_key {
+        Some(fence_key) => &["WATCH", key, fence_key],
+        None => &["WATCH", key],
+    };
+    note(t, t.command(what, key, watch).await)?;
+    let read = async {
+        let fence = match fence_key {
+            Some(fence_key) => {
+                let value = match note(t, t.command(what, key, &["GET", fence_key]).await) {
+                    Err(e) if e.kind() == NodeErrorKind::WrongType => {
+                        return Err(fence_error(format!(
+                            "FENCE the fence key {fence_key} holds a value of another type"
+                        ))
+                        .with_source(e));
+                    }
+                    other => other?,
+                };
+                let pttl = note(t, t.command(what, key, &["PTTL", fence_key]).await)?;
+                check_fence(fence_key, &value, &pttl)?;
+                Some(value)
+            }
+            None => None,
+        };
+        let now = server_millis(t, what, key).await?;
+        let args = ["ZRANGE", key, "0", "-1", "WITHSCORES"];
+        let members = match note(t, t.command(what, key, &args).await) {
+            Err(e) if e.kind() == NodeErrorKind::WrongType => {
+                return Err(rw_wrong_type(what, key, e));
+            }
+            other => parse_scored(what, other?)?,
+        };
+        Ok::<_, NodeError>((fence, now, members))
+    }
+    .await;
+    let unwatch = || async {
+        let _ = note(t, t.command(what, key, &["UNWATCH"]).await);
+    };
+    let (fence, now, members) = match read {
+        Ok(read) => read,
+        Err(e) => {
+            unwatch().await;
+            return Err(e);
+        }
+    };
+    let kind = match name {
+        "shared" => RwKind::Shared,
+        "fair" => RwKind::Fair,
+        _ => RwKind::Exclusive(fence_key.map(|f| (f, fence != Some(Reply::Nil)))),
+    };
+    let plan = rw_plan(
+        key,
+        token.as_str(),
+        kind,
+        ttl.as_millis(),
+        claim,
+        queue,
+        now,
+        &members,
+    );
+    let plan = match plan {
+        Ok(plan) if !plan.writes.is_empty() => plan,
+        other => {
+            unwatch().await;
+            return match other?.outcome {
+                RwOutcome::Blocked(next) => Ok(Some(PermitReply::Full {
+                    next_expiry: Some(std::time::Duration::from_millis(next)),
+                })),
+                // Every grant and refresh writes.
+                _ => Err(scripts::unexpected_reply(
+                    what,
+                    &Reply::Other("a grant without a write"),
+                )),
+            };
+        }
+    };
+    t.notice_reconnections();
+    if t.probe().generation() != generation {
+        return Err(NodeError::not_applied(
+            NodeErrorKind::Connection,
+            format!(
+                "{}: the connection was replaced between WATCH and EXEC, so the write could not be made \
+                 conditional (not sent)",
+                what.name
+            ),
+        ));
+    }
+    let cmds: Vec<Vec<&str>> = plan
+        .writes
+        .iter()
+        .map(|c| c.iter().map(String::as_str).collect())
+        .collect();
+    let cmds: Vec<&[&str]> = cmds.iter().map(Vec::as_slice).collect();
+    let result = note(t, t.transaction(what, key, &cmds).await);
+    drop(gate);
+    let granted = match &plan.outcome {
+        RwOutcome::Granted(member) => Some(member.as_str()),
+        _ => None,
+    };
+    let replies = match (result, granted) {
+        (Ok(replies), _) => replies,
+        // A command inside the EXEC was refused (only if the WATCH was lost: a fenced writer's counter that
+        // changed type or overflowed), the others ran: a granted entry is removed again.
+        (Err(e), Some(member)) if !e.is_ambiguous() => {
+            let e = match fence_key {
+                Some(fence_key) => incr_refused(fence_key, e),
+                None => e,
+            };
+            return match note(t, t.command(what, key, &["ZREM", key, member]).await) {
+                Ok(_) => Err(e),
+                Err(cleanup) => Err(NodeError::ambiguous(
+                    e.kind(),
+                    format!(
+                        "{}; removing the entry written before it failed too ({}), so it may remain until its \
+                         TTL",
+                        e.message(),
+                        cleanup.message()
+                    ),
+                )
+                .with_source(e)),
+            };
+        }
+        (Err(e), _) => return Err(e),
+    };
+    if replies.is_empty() {
+        // Aborted by the WATCH: nothing ran.
+        return Ok(None);
+    }
+    if replies.len() != plan.writes.len() {
+        return Err(scripts::unexpected_reply(what, &Reply::Array(replies)));
+    }
+    let member = match &plan.outcome {
+        RwOutcome::Blocked(next) => {
+            return Ok(Some(PermitReply::Full {
+                next_expiry: Some(std::time::Duration::from_millis(*next)),
+            }));
+        }
+        RwOutcome::Granted(member) | RwOutcome::Refreshed(member) => member,
+    };
+    if let Some(check) = plan.check {
+        let after = parse_scored(what, replies[check].clone())?;
+        let refreshed = matches!(plan.outcome, RwOutcome::Refreshed(_));
+        match rw_conflict(member, name == "fair", &after) {
+            // A refresh changes nobody's share: the script refreshes whatever else the key holds.
+            None | Some(true) if refreshed => {}
+            None => {}
+            // A refreshed entry that expired meanwhile: the script would have made a new acquisition.
+            Some(false) => return Ok(None),
+            Some(true) => {
+                // Only if the WATCH was lost: removed again, with a notification for those it held off.
+                let (channel, command) = publish_args(t, key);
+                let undone = note(
+                    t,
+                    t.command_and_publish(
+                        what,
+                        key,
+                        &["ZREM", key, member],
+                        &[command, &channel, notify::payload(token)],
+                    )
+                    .await,
+                );
+                return match undone {
+                    Ok(_) => Ok(Some(PermitReply::Full { next_expiry: None })),
+                    Err(cleanup) => Err(NodeError::ambiguous(
+                        NodeErrorKind::Other,
+                        format!(
+                            "{}: the lock was granted beside another holder (the WATCH was lost) and removing \
+                             the entry failed ({}); it may remain until its TTL",
+                            what.name,
+                            cleanup.message()
+                        ),
+                    )
+                    .with_source(cleanup)),
+                };
+            }
+        }
+    }
+    let fenced = |n: Option<u64>, reply: &Reply| {
+        n.filter(|n| *n >= 1)
+            .map(|fence| PermitReply::Fenced { fence })
+            .ok_or_else(|| scripts::unexpected_reply(what, reply))
+    };
+    match (fence_key, &plan.outcome, plan.incr) {
+        (Some(_), RwOutcome::Granted(_), Some(i)) => {
+            let n = scripts::parse_integer(what, &replies[i])?;
+            fenced(u64::try_from(n).ok(), &replies[i]).map(Some)
+        }
+        // A refresh by the holder (or, as the script does, a writer's attempt by a token holding a read
+        // share) answers the counter's current value.
+        (Some(_), RwOutcome::Refreshed(_), _) if name == "exclusive" => {
+            let value = fence.unwrap_or(Reply::Nil);
+            let n = match &value {
+                Reply::Bytes(b) => std::str::from_utf8(b).ok().and_then(|s| s.parse().ok()),
+                _ => None,
+            };
+            fenced(n, &value).map(Some)
+        }
+        _ => Ok(Some(PermitReply::Done)),
+    }
 }
 
 /// The name of a semaphore operation as the [`PERMIT`](scripts::PERMIT) script takes it.
@@ -2058,7 +2656,7 @@ async fn server_millis(t: &impl Transport, what: &Script, key: &str) -> Result<u
 /// TTL, from which the core measures validity.
 ///
 /// - **Acquire** and **extend** read under `WATCH key`: `TIME`, then `ZRANGE key 0 -1 WITHSCORES` (acquire)
-///   or `ZSCORE key token` (extend). If the token holds a live permit, or (acquire) fewer than `permits`
+///   or `ZMSCORE` (extend; see below). If the token holds a live permit, or (acquire) fewer than `permits`
 ///   are live: `MULTI`, `ZREMRANGEBYSCORE key -inf now`, `ZADD key [XX] expiry token`, `ZCARD key` (acquire)
 ///   or `ZSCORE key token` (extend), the key's expiry raised (`PEXPIREAT key expiry NX`, then `… GT`),
 ///   `EXEC`, which the server runs only if nothing touched the key since the `WATCH`. An aborted `EXEC`
@@ -2067,9 +2665,13 @@ async fn server_millis(t: &impl Transport, what: &Script, key: &str) -> Result<u
 ///   "not held", nothing written. From the `WATCH` to the `EXEC` the call holds the node's transaction gate
 ///   ([`Probe::tx_gate`]), and a reconnect noticed in between fails the call before the transaction is
 ///   sent, as in [`extend_watched`].
-/// - **Release** needs no read: `MULTI ZREMRANGEBYSCORE key -inf now ZREM key token EXEC` (an expired permit
-///   is purged first, so removing it answers "not held"); one that removed a permit then publishes the
-///   release notification (a separate command, whose refusal by a channel ACL leaves the release done).
+/// - **Release** needs no read: `MULTI ZREMRANGEBYSCORE key -inf now ZREM key c:token o:token ZREM key token
+///   s:token x:token EXEC` (an expired permit is purged first, so removing it answers "not held"; a waiting
+///   writer's claim or a fair waiter's place and arrival marker go either way, as in the script); one that
+///   removed a permit then publishes the release notification (a separate command, whose refusal by a
+///   channel ACL leaves the release done), as the script publishes.
+/// - **Extension** finds the member as the script does: `ZMSCORE key token s:token x:token`, the first that
+///   exists (a read/write or fair lock's holder is stored as `s:` or `x:` and its token).
 ///
 /// Should a `WATCH` still be lost (a shared connection's own `EXEC`, fred's replay of a transaction on a new
 /// connection), the transaction stays safe: `XX` never adds, an expired permit is purged before it could be
@@ -2092,7 +2694,7 @@ async fn permit_watched(
     op: PermitOp<'_>,
 ) -> Result<PermitReply, NodeError> {
     let what = &scripts::WATCHED_PERMIT;
-    // Read/write and fair locks: not implemented by the adapters yet.
+    // Read/write and fair locks' acquisitions go through `rw_watched`.
     permit_op_name(op)?;
     if t.clustered() {
         return Err(NodeError::not_applied(
@@ -2127,25 +2729,29 @@ async fn release_permit_native(
 ) -> Result<PermitReply, NodeError> {
     let what = &scripts::WATCHED_PERMIT;
     let now = server_millis(t, what, key).await?.to_string();
+    let tok = token.as_str();
+    let (claim, marker) = (format!("c:{tok}"), format!("o:{tok}"));
+    let (shared, exclusive) = (format!("s:{tok}"), format!("x:{tok}"));
     let result = tx(
         t,
         what,
         key,
         &[
             &["ZREMRANGEBYSCORE", key, "-inf", &now],
-            &["ZREM", key, token.as_str()],
+            &["ZREM", key, &claim, &marker],
+            &["ZREM", key, token.as_str(), &shared, &exclusive],
         ],
     )
     .await;
     let replies = match note(t, result) {
         Ok(replies) => replies,
-        // A key of another type holds no permit (neither command touched it).
+        // A key of another type holds no permit (no command touched it).
         Err(e) if e.kind() == NodeErrorKind::WrongType => return Ok(PermitReply::NotHeld),
         Err(e) => return Err(e),
     };
     match replies.as_slice() {
-        [_, Reply::Int(1)] => {}
-        [_, Reply::Int(0)] => return Ok(PermitReply::NotHeld),
+        [_, _, Reply::Int(n)] if *n >= 1 => {}
+        [_, _, Reply::Int(0)] => return Ok(PermitReply::NotHeld),
         _ => return Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
     }
     // After the removal, as the script publishes.
@@ -2172,6 +2778,8 @@ async fn permit_watched_once(
         PermitOp::Acquire { permits } => Some(permits),
         _ => None,
     };
+    let tok = token.as_str();
+    let names = [tok.to_owned(), format!("s:{tok}"), format!("x:{tok}")];
     let gate = t.probe().tx_gate().await;
     t.notice_reconnections();
     let generation = t.probe().generation();
@@ -2182,11 +2790,19 @@ async fn permit_watched_once(
             let args = ["ZRANGE", key, "0", "-1", "WITHSCORES"];
             parse_scored(what, note(t, t.command(what, key, &args).await)?)?
         } else {
-            let args = ["ZSCORE", key, token.as_str()];
-            match note(t, t.command(what, key, &args).await)? {
-                Reply::Nil => Vec::new(),
-                score => {
-                    let pair = Reply::Array(vec![Reply::Bytes(token.as_str().into()), score]);
+            // The script's member: the token, else a read/write or fair lock's `s:` or `x:` entry of it (the
+            // first that exists, expired or not).
+            let args = ["ZMSCORE", key, &names[0], &names[1], &names[2]];
+            let Reply::Array(scores) = note(t, t.command(what, key, &args).await)? else {
+                return Err(NodeError::not_applied(
+                    NodeErrorKind::Protocol,
+                    format!("{}: a ZMSCORE reply of the wrong shape", what.name),
+                ));
+            };
+            match names.iter().zip(scores).find(|(_, s)| *s != Reply::Nil) {
+                None => Vec::new(),
+                Some((member, score)) => {
+                    let pair = Reply::Array(vec![Reply::Bytes(member.as_bytes().to_vec()), score]);
                     parse_scored(what, pair)?
                 }
             }
@@ -2213,9 +2829,14 @@ async fn permit_watched_once(
         .map(|(_, at)| *at)
         .filter(|at| *at > now)
         .collect();
+    // The member to add or refresh: the token, or (extension) the entry of it that was found.
+    let member = match (permits, members.first()) {
+        (None, Some((m, _))) => String::from_utf8_lossy(m).into_owned(),
+        _ => tok.to_owned(),
+    };
     let mine = members
         .iter()
-        .any(|(m, at)| *at > now && m.as_slice() == token.as_str().as_bytes());
+        .any(|(m, at)| *at > now && m.as_slice() == member.as_bytes());
     match permits {
         Some(permits) if !mine && live.len() >= permits as usize => {
             unwatch().await;
@@ -2250,8 +2871,8 @@ async fn permit_watched_once(
         )
     } else {
         (
-            &["ZADD", key, "XX", "GT", &expiry, token.as_str()],
-            &["ZSCORE", key, token.as_str()],
+            &["ZADD", key, "XX", "GT", &expiry, &member],
+            &["ZSCORE", key, &member],
         )
     };
     let replies = note(
@@ -3791,7 +4412,7 @@ mod tests {
         assert!(t.txs.lock().unwrap().is_empty());
         assert_eq!(
             *t.sent.lock().unwrap(),
-            ["TIME", "MULTI ZREMRANGEBYSCORE ZREM"]
+            ["TIME", "MULTI ZREMRANGEBYSCORE ZREM ZREM"]
         );
     }
 
@@ -3953,6 +4574,403 @@ mod tests {
         assert_eq!(
             *t.sent.lock().unwrap(),
             ["SET", "MULTI SET PEXPIRE PTTL", "PEXPIRE"]
+        );
+    }
+
+    /// A plan's commands as `&str`s, for comparing.
+    fn cmds(plan: &RwPlan) -> Vec<Vec<&str>> {
+        plan.writes
+            .iter()
+            .map(|c| c.iter().map(String::as_str).collect())
+            .collect()
+    }
+
+    fn members(list: &[(&str, u64)]) -> Vec<(Vec<u8>, u64)> {
+        list.iter()
+            .map(|(m, s)| (m.as_bytes().to_vec(), *s))
+            .collect()
+    }
+
+    const NOW: u64 = 1_000_000;
+    const ORDER: u64 = ARRIVAL_ORDER;
+
+    /// Readers, as `RW_PERMIT`'s `shared`: a live writer or claim (a waiting writer's or a fair waiter's)
+    /// blocks, answered with the earliest one's time left and nothing written; expired ones count for
+    /// nothing and are purged in the grant's transaction.
+    #[test]
+    fn a_reader_without_lua_is_blocked_by_a_live_writer_or_claim_and_writes_nothing_then() {
+        let plan = |list: &[(&str, u64)]| {
+            rw_plan("k", "t", RwKind::Shared, 1000, 300, 1, NOW, &members(list)).unwrap()
+        };
+        let blocked = plan(&[("s:a", NOW + 900), ("c:w", NOW + 200), ("x:v", NOW + 500)]);
+        assert_eq!(blocked.outcome, RwOutcome::Blocked(200));
+        assert!(blocked.writes.is_empty());
+        assert_eq!(plan(&[("x:v", NOW + 500)]).outcome, RwOutcome::Blocked(500));
+        // Expired (a score not later than now): purged, and the reader gets in beside the live reader.
+        let granted = plan(&[("x:v", NOW), ("c:w", NOW - 5), ("s:a", NOW + 1500)]);
+        assert_eq!(granted.outcome, RwOutcome::Granted("s:t".into()));
+        assert_eq!(
+            cmds(&granted),
+            [
+                vec!["ZREMRANGEBYSCORE", "k", "-inf", "1000000"],
+                vec!["ZADD", "k", "1001000", "s:t"],
+                vec![
+                    "ZRANGEBYSCORE",
+                    "k",
+                    "(1000000",
+                    "(1000000000000000",
+                    "WITHSCORES"
+                ],
+                vec!["PEXPIREAT", "k", "1001500", "NX"],
+                vec!["PEXPIREAT", "k", "1001500", "GT"],
+            ]
+        );
+        assert_eq!(granted.check, Some(2));
+        // A reader that holds its share refreshes it (never earlier), even beside a claim.
+        let refresh = plan(&[("s:t", NOW + 2000), ("c:w", NOW + 200)]);
+        assert_eq!(refresh.outcome, RwOutcome::Refreshed("s:t".into()));
+        assert_eq!(
+            cmds(&refresh)[0],
+            ["ZADD", "k", "XX", "GT", "1001000", "s:t"]
+        );
+        assert_eq!(cmds(&refresh)[2], ["PEXPIREAT", "k", "1002000", "NX"]);
+    }
+
+    /// Writers, as `RW_PERMIT`'s `exclusive`: readers or a writer block it, and it records (or refreshes)
+    /// its claim, answered with the earliest blocking entry's time left capped at the claim's life; free, it
+    /// takes the lock, dropping its claim and arrival marker, and a fenced one `INCR`s the counter in the same
+    /// transaction.
+    #[test]
+    fn a_writer_without_lua_claims_while_blocked_and_takes_the_lock_with_its_fence_in_one_exec() {
+        let list = members(&[("s:a", NOW + 700), ("s:b", NOW + 400), ("c:u", NOW + 900)]);
+        let blocked = rw_plan("k", "t", RwKind::Exclusive(None), 1000, 300, 1, NOW, &list).unwrap();
+        assert_eq!(blocked.outcome, RwOutcome::Blocked(300));
+        assert_eq!(
+            cmds(&blocked),
+            [
+                vec!["ZADD", "k", "1000300", "c:t"],
+                vec!["PEXPIREAT", "k", "1000900", "NX"],
+                vec!["PEXPIREAT", "k", "1000900", "GT"],
+            ]
+        );
+        assert_eq!(blocked.check, None);
+        // A claim's life is capped at the TTL; a short wait is reported as it is.
+        let list = members(&[("s:a", NOW + 100)]);
+        let blocked = rw_plan("k", "t", RwKind::Exclusive(None), 250, 300, 1, NOW, &list).unwrap();
+        assert_eq!(blocked.outcome, RwOutcome::Blocked(100));
+        assert_eq!(cmds(&blocked)[0], ["ZADD", "k", "1000250", "c:t"]);
+        // Free (its own claim and another writer's claim do not block a writer): taken, fenced.
+        let list = members(&[("c:t", NOW + 300), ("c:u", NOW + 2500), ("s:old", NOW - 1)]);
+        let fence = RwKind::Exclusive(Some(("f", true)));
+        let granted = rw_plan("k", "t", fence, 1000, 300, 1, NOW, &list).unwrap();
+        assert_eq!(granted.outcome, RwOutcome::Granted("x:t".into()));
+        assert_eq!(
+            cmds(&granted),
+            [
+                vec!["ZREMRANGEBYSCORE", "k", "-inf", "1000000"],
+                vec!["ZREM", "k", "c:t", "o:t"],
+                vec!["ZADD", "k", "1001000", "x:t"],
+                vec!["INCR", "f"],
+                vec![
+                    "ZRANGEBYSCORE",
+                    "k",
+                    "(1000000",
+                    "(1000000000000000",
+                    "WITHSCORES"
+                ],
+                vec!["PEXPIREAT", "k", "1002500", "NX"],
+                vec!["PEXPIREAT", "k", "1002500", "GT"],
+            ]
+        );
+        assert_eq!((granted.incr, granted.check), (Some(3), Some(4)));
+        // The holder's retry refreshes (no INCR); with its counter gone, a Fence error and nothing written.
+        let list = members(&[("x:t", NOW + 800)]);
+        let refresh = rw_plan("k", "t", fence, 1000, 300, 1, NOW, &list).unwrap();
+        assert_eq!(refresh.outcome, RwOutcome::Refreshed("x:t".into()));
+        assert_eq!(refresh.incr, None);
+        let missing = RwKind::Exclusive(Some(("f", false)));
+        let err = rw_plan("k", "t", missing, 1000, 300, 1, NOW, &list).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
+        assert!(!err.is_ambiguous());
+        // Another writer holds it: blocked, the claim recorded.
+        let list = members(&[("x:u", NOW + 50)]);
+        let blocked = rw_plan("k", "t", fence, 1000, 300, 1, NOW, &list).unwrap();
+        assert_eq!(blocked.outcome, RwOutcome::Blocked(50));
+        assert_eq!(blocked.incr, None);
+    }
+
+    /// Fair locks, as `RW_PERMIT`'s `fair`: only the head of the queue (arrival markers scored 10^15 + arrival,
+    /// whose place is live) takes a free lock; a newcomer joins at the end (one past the last marker when that
+    /// is not earlier); markers whose place expired are removed and count for nothing; a full queue refuses
+    /// a new waiter (`Busy`, nothing written) but not one already in it.
+    #[test]
+    fn a_fair_lock_without_lua_serves_the_head_of_the_queue_and_refuses_a_full_queue() {
+        let fair = |token: &str, limit: u32, list: &[(&str, u64)]| {
+            rw_plan(
+                "k",
+                token,
+                RwKind::Fair,
+                10_000,
+                2_000,
+                limit,
+                NOW,
+                &members(list),
+            )
+        };
+        let queue = [
+            ("o:a", ORDER + NOW - 20),
+            ("o:b", ORDER + NOW - 10),
+            ("o:z", ORDER + NOW - 30),
+            ("c:a", NOW + 1500),
+            ("c:b", NOW + 1800),
+        ];
+        // `z`'s place expired: its marker goes, and `a` is the head.
+        let second = fair("b", 10, &queue).unwrap();
+        assert_eq!(second.outcome, RwOutcome::Blocked(1500));
+        assert_eq!(
+            cmds(&second),
+            [
+                vec!["ZREM", "k", "o:z"],
+                vec!["ZADD", "k", "1002000", "c:b"],
+                vec!["PEXPIREAT", "k", "1002000", "NX"],
+                vec!["PEXPIREAT", "k", "1002000", "GT"],
+            ]
+        );
+        let head = fair("a", 10, &queue).unwrap();
+        assert_eq!(head.outcome, RwOutcome::Granted("x:a".into()));
+        assert_eq!(cmds(&head)[1], ["ZREM", "k", "c:a", "o:a"]);
+        assert_eq!(cmds(&head)[2], ["ZADD", "k", "1010000", "x:a"]);
+        // A holder blocks even the head; a newcomer joins after the last marker (here later than its own
+        // arrival: one past it).
+        let mut held = queue.to_vec();
+        held.push(("x:h", NOW + 700));
+        held.push(("o:c", ORDER + NOW + 5));
+        held.push(("c:c", NOW + 1900));
+        assert_eq!(
+            fair("a", 10, &held).unwrap().outcome,
+            RwOutcome::Blocked(700)
+        );
+        let newcomer = fair("n", 10, &held).unwrap();
+        assert_eq!(newcomer.outcome, RwOutcome::Blocked(700));
+        assert!(cmds(&newcomer).contains(&vec!["ZADD", "k", "1000000001000006", "o:n"]));
+        // Three waiters queue (z's marker does not count): a fourth is refused with a limit of 3, nothing
+        // written; a waiter already in the queue refreshes its place.
+        let err = fair("n", 3, &held).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Busy, "{err}");
+        assert!(!err.is_ambiguous());
+        assert!(err.message().contains("queue is full (3 waiters)"), "{err}");
+        assert!(fair("n", 4, &held).is_ok());
+        assert_eq!(
+            fair("b", 3, &held).unwrap().outcome,
+            RwOutcome::Blocked(700)
+        );
+        // An empty queue: the newcomer takes the free lock at once.
+        assert_eq!(
+            fair("n", 1, &[]).unwrap().outcome,
+            RwOutcome::Granted("x:n".into())
+        );
+    }
+
+    /// The closing read of a grant's transaction: a reader beside a writer, or a writer beside anyone, is a
+    /// conflict (only possible if the `WATCH` was lost); a refreshed entry that is gone reads again.
+    #[test]
+    fn a_lost_watch_is_caught_by_the_grants_closing_read() {
+        let after = |list: &[(&str, u64)]| members(list);
+        let rw = |member, list: &[(&str, u64)]| rw_conflict(member, false, &after(list));
+        assert_eq!(rw("s:t", &[("s:t", 1), ("s:u", 1), ("c:w", 1)]), None);
+        assert_eq!(rw("s:t", &[("s:t", 1), ("x:w", 1)]), Some(true));
+        assert_eq!(rw("x:t", &[("x:t", 1), ("s:r", 1)]), Some(true));
+        assert_eq!(rw("x:t", &[("x:t", 1), ("x:u", 1)]), Some(true));
+        assert_eq!(rw("x:t", &[("x:t", 1), ("c:u", 1)]), None);
+        assert_eq!(rw("x:t", &[("x:u", 1)]), Some(false));
+        // A fair lock's holder: another holder only (the script grants it beside readers' entries).
+        let fair = |list: &[(&str, u64)]| rw_conflict("x:t", true, &after(list));
+        assert_eq!(fair(&[("x:t", 1), ("s:r", 1)]), None);
+        assert_eq!(fair(&[("x:t", 1), ("x:u", 1)]), Some(true));
+    }
+
+    /// The whole Lua-less fenced writer through a transport: `WATCH` of both keys, the counter checked, the
+    /// set read with the server's time, one `EXEC` whose `INCR` reply is the fence; an aborted `EXEC` reads
+    /// again.
+    #[test]
+    fn a_fenced_writer_without_lua_watches_both_keys_and_takes_its_fence_from_the_exec() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let tok = token.as_str().to_owned();
+        let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
+        let read = |t: &Scripted| {
+            t.replies.lock().unwrap().extend([
+                ok(),
+                Ok(Reply::Bytes(b"41".to_vec())),
+                Ok(Reply::Int(-1)),
+                time(NOW),
+                scored(&[("s:gone", NOW - 1)]),
+            ]);
+        };
+        read(&t);
+        t.txs.lock().unwrap().push_back(Ok(vec![]));
+        read(&t);
+        let x = format!("x:{tok}");
+        t.txs.lock().unwrap().push_back(Ok(vec![
+            Reply::Int(1),
+            Reply::Int(0),
+            Reply::Int(1),
+            Reply::Int(42),
+            scored(&[(&x, NOW + 1000)]).unwrap(),
+            Reply::Int(1),
+            Reply::Int(0),
+        ]));
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let write = PermitOp::AcquireExclusive {
+            claim: Ttl::from_millis(300).unwrap(),
+            fence: Some("f"),
+        };
+        let reply = block_on(permit(&t, "k", &token, ttl, write)).unwrap();
+        assert_eq!(reply, PermitReply::Fenced { fence: 42 });
+        let round = ["WATCH", "GET", "PTTL", "TIME", "ZRANGE"];
+        let exec = "MULTI ZREMRANGEBYSCORE ZREM ZADD INCR ZRANGEBYSCORE PEXPIREAT PEXPIREAT";
+        let mut want: Vec<&str> = round.to_vec();
+        want.push(exec);
+        want.extend(round);
+        want.push(exec);
+        assert_eq!(*t.sent.lock().unwrap(), want);
+        assert_eq!(t.tx_args.lock().unwrap()[1][3], ["INCR", "f"]);
+        // A counter with a TTL: refused before any write, the WATCH ended.
+        let t = native();
+        t.replies.lock().unwrap().extend([
+            ok(),
+            Ok(Reply::Bytes(b"41".to_vec())),
+            Ok(Reply::Int(5000)),
+            ok(),
+        ]);
+        let err = block_on(permit(&t, "k", &token, ttl, write)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
+        assert_eq!(*t.sent.lock().unwrap(), ["WATCH", "GET", "PTTL", "UNWATCH"]);
+        // A blocked reader: nothing written.
+        let t = native();
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([ok(), time(NOW), scored(&[("x:w", NOW + 250)]), ok()]);
+        let reply = block_on(permit(&t, "k", &token, ttl, PermitOp::AcquireShared)).unwrap();
+        assert_eq!(
+            reply,
+            PermitReply::Full {
+                next_expiry: Some(std::time::Duration::from_millis(250))
+            }
+        );
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["WATCH", "TIME", "ZRANGE", "UNWATCH"]
+        );
+    }
+
+    /// Should the `WATCH` be lost, a reader granted beside a writer removes its share again (publishing) and
+    /// answers "blocked".
+    #[test]
+    fn a_reader_granted_beside_a_writer_after_a_lost_watch_removes_its_share_again() {
+        let t = native();
+        let token = Token::random().unwrap();
+        let s = format!("s:{}", token.as_str());
+        let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([ok(), time(NOW), scored(&[]), Ok(Reply::Int(1))]);
+        t.txs.lock().unwrap().push_back(Ok(vec![
+            Reply::Int(1),
+            scored(&[(&s, NOW + 1000), ("x:w", NOW + 900)]).unwrap(),
+            Reply::Int(1),
+            Reply::Int(0),
+        ]));
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let reply = block_on(permit(&t, "k", &token, ttl, PermitOp::AcquireShared)).unwrap();
+        assert_eq!(reply, PermitReply::Full { next_expiry: None });
+        assert_eq!(
+            t.sent.lock().unwrap().last().map(String::as_str),
+            Some("ZREM+PUBLISH")
+        );
+        assert_eq!(t.tx_args.lock().unwrap()[1][0], ["ZREM", "k", s.as_str()]);
+    }
+
+    /// Without Lua a read/write or fair lock's holder (`s:`/`x:` and its token) is extended and released as
+    /// the script finds it: the extension refreshes that entry, the release removes it with the token's
+    /// claim and arrival marker, and publishes only when it removed a held entry.
+    #[test]
+    fn a_read_write_holder_without_lua_is_extended_and_released_by_its_entry() {
+        let token = Token::random().unwrap();
+        let tok = token.as_str().to_owned();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
+        let t = native();
+        t.replies.lock().unwrap().extend([
+            ok(),
+            time(NOW),
+            Ok(Reply::Array(vec![
+                Reply::Nil,
+                Reply::Bytes(b"1000400".to_vec()),
+                Reply::Nil,
+            ])),
+        ]);
+        t.txs.lock().unwrap().push_back(Ok(vec![
+            Reply::Int(0),
+            Reply::Int(0),
+            Reply::Bytes(b"1001000".to_vec()),
+            Reply::Int(0),
+            Reply::Int(1),
+        ]));
+        let reply = block_on(permit(&t, "k", &token, ttl, PermitOp::Extend)).unwrap();
+        assert_eq!(reply, PermitReply::Done);
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            [
+                "WATCH",
+                "TIME",
+                "ZMSCORE",
+                "MULTI ZREMRANGEBYSCORE ZADD ZSCORE PEXPIREAT PEXPIREAT"
+            ]
+        );
+        let s = format!("s:{tok}");
+        assert_eq!(
+            t.tx_args.lock().unwrap()[0][1],
+            ["ZADD", "k", "XX", "GT", "1001000", s.as_str()]
+        );
+        // Release of a writer: its entry, claim and marker go; published once.
+        let t = native();
+        t.replies
+            .lock()
+            .unwrap()
+            .extend([time(NOW), Ok(Reply::Int(1))]);
+        t.txs
+            .lock()
+            .unwrap()
+            .push_back(Ok(vec![Reply::Int(0), Reply::Int(0), Reply::Int(1)]));
+        let reply = block_on(permit(&t, "k", &token, ttl, PermitOp::Release)).unwrap();
+        assert_eq!(reply, PermitReply::Done);
+        let (c, o, x) = (format!("c:{tok}"), format!("o:{tok}"), format!("x:{tok}"));
+        assert_eq!(
+            t.tx_args.lock().unwrap()[0][1..],
+            [
+                vec!["ZREM", "k", c.as_str(), o.as_str()],
+                vec!["ZREM", "k", tok.as_str(), s.as_str(), x.as_str()],
+            ]
+        );
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["TIME", "MULTI ZREMRANGEBYSCORE ZREM ZREM", "PUBLISH"]
+        );
+        // A waiting writer that gives up: its claim goes, nothing was held, nothing published.
+        let t = native();
+        t.replies.lock().unwrap().push_back(time(NOW));
+        t.txs
+            .lock()
+            .unwrap()
+            .push_back(Ok(vec![Reply::Int(0), Reply::Int(2), Reply::Int(0)]));
+        let reply = block_on(permit(&t, "k", &token, ttl, PermitOp::Release)).unwrap();
+        assert_eq!(reply, PermitReply::NotHeld);
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["TIME", "MULTI ZREMRANGEBYSCORE ZREM ZREM"]
         );
     }
 }

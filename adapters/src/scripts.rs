@@ -752,7 +752,9 @@ return 1
 /// refreshed when the token already holds it) or `-1 - ms` (blocked; `ms` until the earliest blocking entry
 /// expires, capped at the claim's life so that a waiter refreshes it in time). A full queue is a `BUSY`
 /// error; a key of another type `WRONGTYPE`. Extension and release go through [`PERMIT`], which finds
-/// these members. The key's own expiry follows its latest expiry (arrival markers excluded).
+/// these members. The key's own expiry follows its latest expiry (arrival markers excluded). Where no script
+/// runs (except on a cluster) the adapters make the same decision in Rust from a read under `WATCH` and write
+/// it in one `MULTI … EXEC` (`WATCHED_RW_PERMIT` in messages).
 ///
 /// A **fenced writer** (`exclusive` with `KEYS[2]`, the fence counter, in the lock key's slot): the counter is
 /// checked first, before any write, as [`ACQUIRE_FENCED`] checks it (`FENCE` errors for another type, a value
@@ -1260,6 +1262,15 @@ pub(crate) const WATCHED_EXTEND: Script = Script {
 /// `WATCH`, `MULTI … EXEC`).
 pub(crate) const WATCHED_PERMIT: Script = Script {
     name: "WATCH/TIME/ZRANGE/MULTI … EXEC (semaphore without Lua)",
+    source: "",
+    sha1: "",
+};
+
+/// Not a script: names a read/write or fair lock's acquisition without Lua (`WATCH` of the lock key and a
+/// fenced writer's counter, `TIME`, `ZRANGE … WITHSCORES`, `MULTI … EXEC`), which does what [`RW_PERMIT`]
+/// does.
+pub(crate) const WATCHED_RW_PERMIT: Script = Script {
+    name: "WATCH/TIME/ZRANGE/MULTI … EXEC (read/write or fair lock without Lua)",
     source: "",
     sha1: "",
 };

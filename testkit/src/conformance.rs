@@ -1097,7 +1097,8 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 "permit acquire",
                 node.permit(&sem, &b, ttl(SHORT_PERMIT), two).await,
             )?;
-            // Read/write locks are optional too (the adapters without Lua): their item is left out then.
+            // Read/write locks are optional too (the adapters on a cluster node without Lua): their item is left
+            // out then.
             let shared = match node
                 .permit(&rw, &r, ttl(SHORT_PERMIT), PermitOp::AcquireShared)
                 .await

@@ -77,6 +77,26 @@ async fn conformance_on(flavor: Flavor, test: &str) {
                     Err(e) => panic!("matrix: {flavor} {backend:?} {mode:?}: permit {op:?}: {e}"),
                 }
             }
+            // So do the read/write and fair lock cases (without Lua too: the watched transactions).
+            let claim = Ttl::from_millis(2_000).unwrap();
+            let fair = PermitOp::AcquireFair { claim, queue: 10 };
+            let write = PermitOp::AcquireExclusive { claim, fence: None };
+            for op in [PermitOp::AcquireShared, write, fair] {
+                let k = common::key(&format!("matrix-rw-{mode:?}"), backend);
+                for (op, want) in [
+                    (op, PermitReply::Done),
+                    (PermitOp::Release, PermitReply::Done),
+                ] {
+                    match node.permit(&k, &token, ttl, op).await {
+                        Ok(reply) => {
+                            assert_eq!(reply, want, "{flavor} {backend:?} {mode:?} {op:?}")
+                        }
+                        Err(e) => {
+                            panic!("matrix: {flavor} {backend:?} {mode:?}: permit {op:?}: {e}")
+                        }
+                    }
+                }
+            }
             eprintln!("matrix: {flavor} {backend:?} {mode:?}: conformance passed ({caps:?})");
         }
     }
