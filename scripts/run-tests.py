@@ -41,6 +41,7 @@ SLOW = {pair for lane in SLOW_LANES for pair in lane}
 # failovers: with libtest's two tests at a time and the testkit's four servers' bodies per process at once
 # (`REDLEASE_MATRIX_PARALLEL`), one test on the four servers (restart detection, then 135 s) held every slot
 # while the others queued: 400 s for 70 s of CPU. Six tests and twelve bodies at once: about 2 minutes.
+# `RUST_TEST_THREADS` or `REDLEASE_MATRIX_PARALLEL` in the environment overrides these.
 SETTINGS = {
     ("redlease-adapters", "live"): (["--test-threads=6"], {"REDLEASE_MATRIX_PARALLEL": "12"}),
 }
@@ -118,7 +119,12 @@ def report(name, ok, seconds, cpu, log_path):
 def run_binary(b):
     extra, settings = SETTINGS.get((b["package"], b["target"]), ([], {}))
     env = dict(os.environ)
-    env.update(settings)
+    # What the caller set wins: `RUST_TEST_THREADS=2 REDLEASE_MATRIX_PARALLEL=4` gives every binary libtest's
+    # and the testkit's defaults again.
+    if "RUST_TEST_THREADS" in env:
+        extra = [a for a in extra if not a.startswith("--test-threads")]
+    for name, value in settings.items():
+        env.setdefault(name, value)
     env["CARGO_MANIFEST_DIR"] = b["dir"]
     env["CARGO_PKG_NAME"] = b["package"]
     name = label(b)
