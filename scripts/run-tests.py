@@ -4,14 +4,20 @@
     python3 scripts/run-tests.py --all-features
 
 `cargo test` runs its test binaries one at a time. Here every binary that `cargo test <args>` builds is run
-(the same executables, with the environment cargo gives them), but in three lanes side by side: the slow
-binaries that start servers of their own on free ports and share nothing fill two (SLOW_LANES), the rest run
-one after another in the third, followed there by the doctests (`cargo test <args> --doc`).
-Each binary's output is kept and printed whole when it fails; every binary's time is printed as it ends.
-Exit status 1 if any binary or the doctests failed.
+(the same executables, with the environment cargo gives them), in four lanes side by side: each of the three
+slow binaries that start servers of their own on free ports and share nothing starts a lane (SLOW_LANES), and
+every other binary and the doctests (`cargo test <args> --doc`) wait in one queue that the fourth lane starts
+on and the others join when their slow binary is done, so that the lanes end close together. At most four
+test processes run at once.
 
-CI (`.ci/run`) uses this; `cargo test --all-features`, the README's test command, runs the same tests in one
-process tree (about twice as long).
+Most of the tests wait more than they compute (`live` took about 70 s of CPU in 400 s; all the binaries
+together about 180 s of CPU): SETTINGS gives `live` more tests at a time (`--test-threads`) and more
+servers' bodies at once (`REDLEASE_MATRIX_PARALLEL`). Each binary's time and CPU time (its own and its
+servers') is printed as it ends, its output kept and printed whole when it fails. Exit status 1 if any binary
+or the doctests failed.
+
+CI (`.ci/run`) uses this; `cargo test --all-features`, the README's test command, runs the same tests one
+binary after another with libtest's and the testkit's defaults (several times as long).
 """
 
 import json
@@ -21,14 +27,24 @@ import sys
 import threading
 import time
 
-# The slow binaries, each a minute or more, that start servers of their own: `live` runs in a lane of its own,
-# `faults` then `soak` in a second; everything else runs in a third, in cargo's order. (A lane each for the
-# three made four processes of timing-sensitive tests on two cores; their timeouts then failed under load.)
+# The slow binaries, each a minute or more, that start servers of their own: a lane each, then the queue of
+# everything else. (The faults' timeouts are a few hundred milliseconds: `faults` keeps libtest's and the
+# testkit's defaults.)
 SLOW_LANES = [
     [("redlease-adapters", "live")],
-    [("redlease-adapters", "faults"), ("redlease-chaos", "soak")],
+    [("redlease-adapters", "faults")],
+    [("redlease-chaos", "soak")],
 ]
 SLOW = {pair for lane in SLOW_LANES for pair in lane}
+
+# Arguments and environment for binaries that are mostly waiting. `live`'s tests sleep out leases, restarts and
+# failovers: with libtest's two tests at a time and the testkit's four servers' bodies per process at once
+# (`REDLEASE_MATRIX_PARALLEL`), one test on the four servers (restart detection, then 135 s) held every slot
+# while the others queued: 400 s for 70 s of CPU. Six tests and twelve bodies at once: about 2 minutes.
+# `RUST_TEST_THREADS` or `REDLEASE_MATRIX_PARALLEL` in the environment overrides these.
+SETTINGS = {
+    ("redlease-adapters", "live"): (["--test-threads=6"], {"REDLEASE_MATRIX_PARALLEL": "12"}),
+}
 
 LOG_DIR = os.path.join("target", "run-tests")
 
@@ -77,36 +93,54 @@ print_lock = threading.Lock()
 failures = []
 
 
-def report(name, ok, seconds, log_path):
+def run_measured(cmd, log, **kwargs):
+    """Runs `cmd` with its output to `log`; returns its exit code and the CPU seconds (user + system) of it
+    and of the processes it waited for (the servers a test binary started and stopped)."""
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, **kwargs)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
+def report(name, ok, seconds, cpu, log_path):
     with open(log_path, encoding="utf-8", errors="replace") as f:
         text = f.read()
     summary = [l for l in text.splitlines() if l.startswith("test result:")]
     with print_lock:
         status = "ok  " if ok else "FAIL"
-        print(f"{status} {seconds:6.1f} s  {name}  {summary[-1] if summary else ''}", flush=True)
+        print(
+            f"{status} {seconds:6.1f} s (CPU {cpu:5.1f} s)  {name}  {summary[-1] if summary else ''}", flush=True
+        )
         if not ok:
             failures.append(name)
             print(f"----- output of {name} -----\n{text}----- end of {name} -----", flush=True)
 
 
-def run_binary(b, extra):
+def run_binary(b):
+    extra, settings = SETTINGS.get((b["package"], b["target"]), ([], {}))
     env = dict(os.environ)
+    # What the caller set wins: `RUST_TEST_THREADS=2 REDLEASE_MATRIX_PARALLEL=4` gives every binary libtest's
+    # and the testkit's defaults again.
+    if "RUST_TEST_THREADS" in env:
+        extra = [a for a in extra if not a.startswith("--test-threads")]
+    for name, value in settings.items():
+        env.setdefault(name, value)
     env["CARGO_MANIFEST_DIR"] = b["dir"]
     env["CARGO_PKG_NAME"] = b["package"]
     name = label(b)
     log_path = os.path.join(LOG_DIR, name.replace(" ", "_").replace("/", "_") + ".log")
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.call([b["exe"], *extra], cwd=b["dir"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    report(name, code == 0, time.monotonic() - start, log_path)
+        code, cpu = run_measured([b["exe"], *extra], log, cwd=b["dir"], env=env)
+    report(name, code == 0, time.monotonic() - start, cpu, log_path)
 
 
 def run_doctests(args):
     log_path = os.path.join(LOG_DIR, "doctests.log")
     start = time.monotonic()
     with open(log_path, "w", encoding="utf-8") as log:
-        code = subprocess.call(["cargo", "test", *args, "--doc"], stdout=log, stderr=subprocess.STDOUT)
-    report("doctests", code == 0, time.monotonic() - start, log_path)
+        code, cpu = run_measured(["cargo", "test", *args, "--doc"], log)
+    report("doctests", code == 0, time.monotonic() - start, cpu, log_path)
 
 
 def main():
@@ -120,20 +154,32 @@ def main():
         print(f"run-tests.py: SLOW names binaries cargo did not build: {sorted(missing)}", file=sys.stderr)
         sys.exit(1)
 
-    def rest_lane():
-        for b in rest:
-            run_binary(b, [])
-        run_doctests(args)
+    # The queue the lanes share: the doctests first (about 20 s, among the longest of the rest, and the longest
+    # had best start early for the lanes to end together), then the other binaries in cargo's order.
+    queue = [None, *rest]
+    queue_lock = threading.Lock()
+
+    def take_from_queue():
+        while True:
+            with queue_lock:
+                if not queue:
+                    return
+                b = queue.pop(0)
+            if b is None:
+                run_doctests(args)
+            else:
+                run_binary(b)
 
     def slow_lane(pairs):
         for pair in pairs:
             for b in slow:
                 if (b["package"], b["target"]) == pair:
-                    run_binary(b, [])
+                    run_binary(b)
+        take_from_queue()
 
     start = time.monotonic()
     lanes = [threading.Thread(target=slow_lane, args=(pairs,)) for pairs in SLOW_LANES]
-    lanes.append(threading.Thread(target=rest_lane))
+    lanes.append(threading.Thread(target=take_from_queue))
     for lane in lanes:
         lane.start()
     for lane in lanes:

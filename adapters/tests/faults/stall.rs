@@ -12,7 +12,10 @@ use crate::common::{
 };
 
 const TTL: Duration = Duration::from_secs(10);
-const OP: Duration = Duration::from_millis(200);
+/// The operation timeout: the healthy nodes must answer within it while another is stopped. 200 ms was too
+/// little on a loaded 2-core machine (a minority stall failed as "too few nodes succeeded" with one stopped:
+/// a healthy node's reply took longer); every bound below is derived from it.
+const OP: Duration = Duration::from_millis(500);
 /// Scheduling slack on a loaded 2-core machine; the property is "bounded", not the exact bound.
 const SLACK: Duration = Duration::from_millis(400);
 

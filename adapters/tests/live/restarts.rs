@@ -66,90 +66,118 @@ enum Contact {
 /// is valid: the restarted servers forgot client 1's keys, and only the restart quarantine (on by default)
 /// keeps client 2 from counting them. Every client kind, with different pauses between the restart and
 /// client 2's first attempt.
-#[test]
-fn a_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it() {
-    on_every_server(
-        "a_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it",
-        |flavor| async move {
-            let mut servers = RedisServers::start_flavor(flavor, 3);
-            let urls = servers.urls();
-            let cfg = config(TTL);
-            for kind in [
-                Kind::RedisUrls,
-                Kind::FredUrls,
-                Kind::RedisManager,
-                Kind::FredClient,
-            ] {
-                let rounds = [
-                    (Contact::Check, 0u64),
-                    (Contact::Holder, 300),
-                    (Contact::Contended, 300),
-                    (Contact::Acquired, 700),
-                ];
-                for (round, (contact, pause_ms)) in rounds.into_iter().enumerate() {
-                    let what = format!("{kind:?} round {round} ({contact:?}, pause {pause_ms} ms)");
-                    let k = format!("live:restarts:{{{kind:?}:{round}}}:lock");
-                    // Fresh clients each round (client 1 is not held up by the quarantine of the last).
-                    let one = manager(kind, &urls, cfg.clone()).await;
-                    let two = manager(kind, &urls, cfg.clone()).await;
-                    let held = one.lock(&k).try_acquire().await.unwrap();
-                    let valid_until = Instant::now() + held.remaining();
-                    match contact {
-                        Contact::Check => {
-                            let report = two.check(&k).await.unwrap();
-                            assert!(report.quorum_ready(), "{what}: {report}");
-                        }
-                        Contact::Holder => {
-                            two.lock(&k).holder_info().await.unwrap();
-                        }
-                        Contact::Contended => {
-                            let err = two.lock(&k).try_acquire().await.unwrap_err();
-                            assert!(err.is_contended(), "{what}: {err}");
-                        }
-                        Contact::Acquired => {
-                            let other = format!("live:restarts:{{{kind:?}:{round}}}:other");
-                            two.lock(other)
-                                .try_acquire()
-                                .await
-                                .unwrap()
-                                .release()
-                                .await
-                                .unwrap();
-                        }
-                    }
-                    // More than 2.5 s after client 2's first contact: a client that never read a run id
-                    // before tells the restart by the restarted server's uptime (`uptime_in_seconds` is whole
-                    // seconds; see `ops::run_id`). (The check reads the run id.)
-                    let quiet = match contact {
-                        Contact::Check => 300,
-                        _ => 2700,
-                    };
-                    tokio::time::sleep(Duration::from_millis(quiet)).await;
-                    servers.get_mut(0).restart();
-                    servers.get_mut(1).restart();
-                    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-                    // Client 2 tries for as long as most of client 1's validity lasts.
-                    let stop = valid_until - Duration::from_millis(1500);
-                    let mut attempts = 0;
-                    while Instant::now() < stop {
-                        attempts += 1;
-                        if let Ok(second) = two.lock(&k).try_acquire().await {
-                            let at = Instant::now();
-                            let both = held.is_held() && at < valid_until;
-                            let _ = second.release().await;
-                            assert!(
-                                !both,
-                                "{what}: client 2 acquired at attempt {attempts}, {:?} before client 1's \
-                                 lease ends: two holders",
-                                valid_until - at
-                            );
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    assert!(attempts > 0, "{what}: no attempt made");
-                    let _ = held.release().await;
+///
+/// One test per client kind (each about 35 s: four rounds of most of a 10 s lease, one after another on its
+/// own servers, which every round restarts), so that the kinds run side by side.
+fn a_client_that_talked_to_every_server_never_counts_a_restarted_one(test: &str, kind: Kind) {
+    on_every_server(test, |flavor| async move {
+        let mut servers = RedisServers::start_flavor(flavor, 3);
+        let urls = servers.urls();
+        let cfg = config(TTL);
+        let rounds = [
+            (Contact::Check, 0u64),
+            (Contact::Holder, 300),
+            (Contact::Contended, 300),
+            (Contact::Acquired, 700),
+        ];
+        for (round, (contact, pause_ms)) in rounds.into_iter().enumerate() {
+            let what = format!("{kind:?} round {round} ({contact:?}, pause {pause_ms} ms)");
+            let k = format!("live:restarts:{{{kind:?}:{round}}}:lock");
+            // Fresh clients each round (client 1 is not held up by the quarantine of the last).
+            let one = manager(kind, &urls, cfg.clone()).await;
+            let two = manager(kind, &urls, cfg.clone()).await;
+            let held = one.lock(&k).try_acquire().await.unwrap();
+            let valid_until = Instant::now() + held.remaining();
+            match contact {
+                Contact::Check => {
+                    let report = two.check(&k).await.unwrap();
+                    assert!(report.quorum_ready(), "{what}: {report}");
+                }
+                Contact::Holder => {
+                    two.lock(&k).holder_info().await.unwrap();
+                }
+                Contact::Contended => {
+                    let err = two.lock(&k).try_acquire().await.unwrap_err();
+                    assert!(err.is_contended(), "{what}: {err}");
+                }
+                Contact::Acquired => {
+                    let other = format!("live:restarts:{{{kind:?}:{round}}}:other");
+                    two.lock(other)
+                        .try_acquire()
+                        .await
+                        .unwrap()
+                        .release()
+                        .await
+                        .unwrap();
                 }
             }
-        },
+            // More than 2.5 s after client 2's first contact: a client that never read a run id
+            // before tells the restart by the restarted server's uptime (`uptime_in_seconds` is whole
+            // seconds; see `ops::run_id`). (The check reads the run id.)
+            let quiet = match contact {
+                Contact::Check => 300,
+                _ => 2700,
+            };
+            tokio::time::sleep(Duration::from_millis(quiet)).await;
+            servers.get_mut(0).restart();
+            servers.get_mut(1).restart();
+            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+            // Client 2 tries for as long as most of client 1's validity lasts.
+            let stop = valid_until - Duration::from_millis(1500);
+            let mut attempts = 0;
+            while Instant::now() < stop {
+                attempts += 1;
+                if let Ok(second) = two.lock(&k).try_acquire().await {
+                    let at = Instant::now();
+                    let both = held.is_held() && at < valid_until;
+                    let _ = second.release().await;
+                    assert!(
+                        !both,
+                        "{what}: client 2 acquired at attempt {attempts}, {:?} before client 1's \
+                                 lease ends: two holders",
+                        valid_until - at
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert!(attempts > 0, "{what}: no attempt made");
+            let _ = held.release().await;
+        }
+    });
+}
+
+#[test]
+fn a_redis_url_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it()
+ {
+    a_client_that_talked_to_every_server_never_counts_a_restarted_one(
+        "a_redis_url_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it",
+        Kind::RedisUrls,
+    );
+}
+
+#[test]
+fn a_fred_url_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it()
+ {
+    a_client_that_talked_to_every_server_never_counts_a_restarted_one(
+        "a_fred_url_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it",
+        Kind::FredUrls,
+    );
+}
+
+#[test]
+fn a_redis_manager_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it()
+ {
+    a_client_that_talked_to_every_server_never_counts_a_restarted_one(
+        "a_redis_manager_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it",
+        Kind::RedisManager,
+    );
+}
+
+#[test]
+fn a_fred_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it()
+ {
+    a_client_that_talked_to_every_server_never_counts_a_restarted_one(
+        "a_fred_client_that_talked_to_every_server_never_counts_a_restarted_one_while_a_lease_relies_on_it",
+        Kind::FredClient,
     );
 }
