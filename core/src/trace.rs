@@ -91,10 +91,17 @@ pub(crate) fn enter(span: &Span) -> tracing::span::Entered<'_> {
     span.enter()
 }
 
-/// Without the `tracing` feature: nothing.
+/// Without the `tracing` feature: a guard that does nothing (not `()`, so that `let _in = enter(…)` reads
+/// the same with and without the feature).
 #[cfg(not(feature = "tracing"))]
 #[inline(always)]
-pub(crate) fn enter(_: &Span) {}
+pub(crate) fn enter(_: &Span) -> NotEntered {
+    NotEntered
+}
+
+/// What [`enter`] returns without the `tracing` feature.
+#[cfg(not(feature = "tracing"))]
+pub(crate) struct NotEntered;
 
 /// Runs `fut` inside `span`.
 #[cfg(feature = "tracing")]
