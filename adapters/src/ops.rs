@@ -3645,7 +3645,10 @@ pub(crate) async fn permit(
     op: PermitOp<'_>,
 ) -> Result<PermitReply, NodeError> {
     let op_writes = op != PermitOp::Release;
-    let done = move |r: &PermitReply| op_writes && *r == PermitReply::Done;
+    // A grant wrote the key, fenced or not (a fenced writer's grant is `Fenced`).
+    let done = move |r: &PermitReply| {
+        op_writes && matches!(r, PermitReply::Done | PermitReply::Fenced { .. })
+    };
     recorded(t, key, || permit_unrecorded(t, key, token, ttl, op), done).await
 }
 
@@ -4835,6 +4838,14 @@ mod tests {
         want.push(exec);
         assert_eq!(*t.sent.lock().unwrap(), want);
         assert_eq!(t.tx_args.lock().unwrap()[1][3], ["INCR", "f"]);
+        // The grant is a write of "k" on this connection: after the connection is replaced, a durability
+        // `WAIT` for it must be refused rather than counted on the new one.
+        assert!(!t.probe().written_before_a_reconnect("k"));
+        t.probe().forget();
+        assert!(
+            t.probe().written_before_a_reconnect("k"),
+            "a fenced grant was not recorded as a write"
+        );
         // A counter with a TTL: refused before any write, the WATCH ended.
         let t = native();
         t.replies.lock().unwrap().extend([
