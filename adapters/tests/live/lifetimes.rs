@@ -351,7 +351,9 @@ async fn lock_all_in_one_step_or_key_by_key(
         // Each part renews on its own schedule, from its own acquisition: the work's end can fall between
         // two parts' rounds, so the counts may differ by one (4, 4, 5 under load), but every key is renewed.
         assert!(
-            joint == 1 && single == per_key.iter().sum::<usize>() && per_key.iter().all(|&n| n >= 1),
+            joint == 1
+                && single == per_key.iter().sum::<usize>()
+                && per_key.iter().all(|&n| n >= 1),
             "{what}: renewed key by key after one refused step ({joint} steps, extensions per key {per_key:?})"
         );
     }

@@ -627,19 +627,36 @@ fn permits_renew_in_one_batch_per_wave_on_every_server() {
                     .semaphore(key.clone(), 20)
                     .unwrap()
                     .auto_renew(interval);
+                // All at once: acquisitions further apart than the batching window renew in batches of their
+                // own, which stay apart. One after another on a loaded machine they spread over several
+                // windows (72 calls in 13 waves were seen), which is not what this test measures.
+                let tasks: Vec<_> = (0..20)
+                    .map(|_| {
+                        let api = api.clone();
+                        tokio::spawn(async move { api.try_acquire().await })
+                    })
+                    .collect();
                 let mut held = Vec::new();
-                for _ in 0..20 {
-                    held.push(api.try_acquire().await.unwrap());
+                for task in tasks {
+                    held.push(task.await.unwrap().unwrap());
                 }
                 common::preload(&server);
                 let before = evalsha_calls(&server);
                 let start = Instant::now();
                 tokio::time::sleep(ttl * 3).await;
                 let waves = (start.elapsed().as_millis() / interval.as_millis()) as u64 + 1;
-                assert!(
-                    held.iter().all(|l| l.state() == redlease::LeaseState::Held),
-                    "{flavor} {backend:?}"
-                );
+                // Kept: none lost. A round that timed out on a loaded machine leaves its permits at risk
+                // (still valid) until the next one succeeds: allowed; a loss is not.
+                for lease in &held {
+                    let state = lease.state();
+                    assert!(
+                        matches!(
+                            state,
+                            redlease::LeaseState::Held | redlease::LeaseState::AtRisk
+                        ),
+                        "{flavor} {backend:?}: {state:?}"
+                    );
+                }
                 assert_eq!(members(&server, &key), 20, "{flavor} {backend:?}");
                 let calls = evalsha_calls(&server) - before;
                 eprintln!(
