@@ -411,7 +411,7 @@ impl Config {
             value: expiry,
             max: Ttl::MAX.as_duration(),
         })?;
-        let drift = crate::machine::validity::drift(ttl, self.drift_factor);
+        let drift = drift(ttl, self.drift_factor);
         if drift >= ttl.as_duration() {
             return Err(ConfigError::ExpiryWithinDrift { expiry, drift });
         }
@@ -602,6 +602,23 @@ pub enum ConfigError {
     /// The node list does not form a valid topology for the chosen algorithm.
     #[error("invalid topology: {0}")]
     Topology(String),
+}
+
+/// The fixed part of the drift allowance (Redis' own expiry granularity and timer resolution).
+pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// The drift allowance for a TTL: `ceil(ttl_ms × factor) ms + 2 ms`.
+///
+/// A factor outside `[0, 1)` is clamped (config validation rejects it earlier).
+pub fn drift(ttl: Ttl, factor: f64) -> Duration {
+    let factor = if factor.is_nan() {
+        0.0
+    } else {
+        factor.clamp(0.0, 1.0)
+    };
+    // ttl_ms ≤ 2^46, so the product is exact enough in f64 and fits in u64.
+    let scaled = (ttl.as_millis() as f64 * factor).ceil() as u64;
+    Duration::from_millis(scaled).saturating_add(DRIFT_FLOOR)
 }
 
 #[cfg(test)]

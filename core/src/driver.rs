@@ -68,7 +68,7 @@ pub(crate) struct Engine {
     pub(crate) jitter: Mutex<Jitter>,
     pub(crate) hook: crate::observe::Hook,
     /// Renewals waiting for the next batch (see `crate::batch`).
-    pub(crate) batcher: crate::batch::Batcher,
+    pub(crate) batcher: crate::batch_queue::Batcher,
     /// What this manager learned about its nodes (shared by the managers `with_*` derives from it, except
     /// `with_timer`: its quarantine deadlines are instants of this timer).
     pub(crate) watch: Arc<Mutex<Watch>>,

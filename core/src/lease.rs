@@ -718,13 +718,13 @@ impl Shared {
     /// if the renewer does not renew it (any more), or it ended.
     pub(crate) fn requeue(&self, step: RenewalStep) {
         if let Some(entry) = self.entry(step) {
-            self.engine.batcher.queue(&self.engine, [entry]);
+            crate::batch::queue(&self.engine, [entry]);
         }
     }
 
     /// A new renewer entry for this lease planned by `step` (superseding earlier ones), unless the renewer
     /// does not renew it (any more) or it ended.
-    fn entry(&self, step: RenewalStep) -> Option<crate::batch::Entry> {
+    fn entry(&self, step: RenewalStep) -> Option<crate::batch_queue::Entry> {
         let generation = {
             let mut st = self.lock();
             if !st.batched || st.ended {
@@ -733,7 +733,11 @@ impl Shared {
             st.batch_gen = st.batch_gen.wrapping_add(1);
             st.batch_gen
         };
-        Some(crate::batch::Entry::new(self.me.clone(), generation, step))
+        Some(crate::batch_queue::Entry::new(
+            self.me.clone(),
+            generation,
+            step,
+        ))
     }
 
     /// Releases the extension permit and wakes waiters; `true` if the renewer renews this lease.
@@ -807,7 +811,7 @@ impl Shared {
         &self,
         outcome: Extension,
         valid_until: Instant,
-    ) -> Option<crate::batch::Entry> {
+    ) -> Option<crate::batch_queue::Entry> {
         match self.after_renewal(outcome, valid_until) {
             AfterRenewal::Next(step) => {
                 self.release_permit();
@@ -855,9 +859,25 @@ impl Shared {
     /// A batched round for this lease was dropped before it ended: the permit is released and the renewer's
     /// next visit is due now. (The extension may have been applied on any node: that was recorded when the
     /// round was planned, see [`prepare_extension`](Self::prepare_extension).)
-    pub(crate) fn abandon_batch(&self) -> Option<crate::batch::Entry> {
+    fn abandon_batch(&self) -> Option<crate::batch_queue::Entry> {
         self.release_permit();
         self.entry(RenewalStep::RenewAt(self.now()))
+    }
+
+    /// The end of a batched round for this lease: [`finish_extension`](Self::finish_extension) on the
+    /// round's `tally`, then [`batch_outcome`](Self::batch_outcome).
+    fn settle_batched(
+        &self,
+        tally: &Tally,
+        started: Instant,
+        wall_started: Option<SystemTime>,
+        valid_until: Instant,
+    ) -> Option<crate::batch_queue::Entry> {
+        let ended = self.now();
+        let wall = (wall_started, self.engine.timer.wall_now());
+        let suspended = |allowance| crate::time::suspended((started, ended), wall, allowance);
+        let outcome = self.finish_extension(self.ttl, true, tally, started, ended, wall, suspended);
+        self.batch_outcome(outcome, valid_until)
     }
 
     /// Gives the lease up from the renewer, which holds the extension permit: it stops renewing it, marks it
@@ -2330,5 +2350,47 @@ impl Future for LossSignal {
 impl Drop for LossSignal {
     fn drop(&mut self) {
         self.shared.lock().deregister(self.id);
+    }
+}
+
+/// The shared renewer's view of a lease it renews (`crate::batch`): the same steps as a turn of
+/// [`Shared::renew`]'s loop, before and after a batched round.
+impl crate::batch_queue::Batched for Shared {
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    fn token(&self) -> &Token {
+        &self.token
+    }
+
+    fn ttl(&self) -> Ttl {
+        self.ttl
+    }
+
+    fn id(&self) -> LeaseId {
+        self.id
+    }
+
+    fn visit(&self, generation: u32, lost_at: bool) -> Option<(Duration, Instant)> {
+        Shared::visit(self, generation, lost_at)
+    }
+
+    fn prepare(&self) -> Option<Box<[u64]>> {
+        self.prepare_extension(self.ttl).unconfirmed
+    }
+
+    fn settle(
+        &self,
+        tally: &Tally,
+        started: Instant,
+        wall_started: Option<SystemTime>,
+        valid_until: Instant,
+    ) -> Option<crate::batch_queue::Entry> {
+        self.settle_batched(tally, started, wall_started, valid_until)
+    }
+
+    fn abandon(&self) -> Option<crate::batch_queue::Entry> {
+        self.abandon_batch()
     }
 }

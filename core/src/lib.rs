@@ -63,6 +63,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod batch;
+mod batch_queue;
 mod check;
 mod config;
 mod driver;
@@ -73,6 +74,7 @@ mod manager;
 mod mode;
 mod multi;
 mod node;
+mod node_error;
 pub mod notify;
 mod observe;
 mod semaphore;

@@ -17,7 +17,6 @@ use crate::machine::acquisition::{Acquisition, Decision, Limit, Next, Shape};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::unconfirmed::Unconfirmed;
 use crate::mode::Mode;
-use crate::multi::MultiLock;
 use crate::node::{KeyState, RedisNode, Ttl};
 use crate::notify::{Outcome, Watch};
 use crate::observe::{AttemptOutcome, CleanupCause, EventKind, Hook, LeaseId, Nodes, Observer};
@@ -250,15 +249,6 @@ impl LockManager {
             max_hold: None,
             holder_info: None,
         }
-    }
-
-    /// Describes several locks to be acquired all or nothing and held as one; see [`MultiLock`].
-    pub fn lock_all<I, K>(&self, keys: I) -> MultiLock
-    where
-        I: IntoIterator<Item = K>,
-        K: Into<String>,
-    {
-        MultiLock::new(keys.into_iter().map(|k| self.lock(k)).collect())
     }
 
     /// Single authority or Redlock.
@@ -1296,7 +1286,7 @@ impl Lock {
     }
 
     /// This description without background renewal: the leases it grants are renewed by whoever takes
-    /// them (a [`MultiLock`] starts its set's renewal once the set is complete).
+    /// them (a [`MultiLock`](crate::MultiLock) starts its set's renewal once the set is complete).
     pub(crate) fn in_foreground(&self) -> Self {
         Self {
             background: false,

@@ -12,11 +12,23 @@ use crate::driver::{Engine, Notes};
 use crate::error::{Error, LossReason, NotAcquiredReason, QuorumError};
 use crate::lease::{CleanupOnDrop, Lease, LeaseState, LossSignal, Releasing};
 use crate::machine::{Reply, Tally, WaitFor};
-use crate::manager::Lock;
+use crate::manager::{Lock, LockManager};
 use crate::mode::Mode;
 use crate::node::{MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind};
 use crate::observe::{CleanupCause, LeaseId};
 use crate::token::Token;
+
+// Here rather than in `manager.rs`, so that imports run one way: this module builds on `Lock`.
+impl LockManager {
+    /// Describes several locks to be acquired all or nothing and held as one; see [`MultiLock`].
+    pub fn lock_all<I, K>(&self, keys: I) -> MultiLock
+    where
+        I: IntoIterator<Item = K>,
+        K: Into<String>,
+    {
+        MultiLock::new(keys.into_iter().map(|k| self.lock(k)).collect())
+    }
+}
 
 /// A description of several locks acquired all or nothing, held, renewed and released as one
 /// [`MultiLease`]. Made by [`LockManager::lock_all`](crate::LockManager::lock_all); cheap to clone.

@@ -100,7 +100,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::node::error::NodeError;
+use crate::node_error::NodeError;
 
 /// The prefix of every notification channel.
 pub const CHANNEL_PREFIX: &str = "redlease:released:";

@@ -8,22 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::node::Ttl;
 
-/// The fixed part of the drift allowance (Redis' own expiry granularity and timer resolution).
-pub const DRIFT_FLOOR: Duration = Duration::from_millis(2);
-
-/// The drift allowance for a TTL: `ceil(ttl_ms × factor) ms + 2 ms`.
-///
-/// A factor outside `[0, 1)` is clamped (config validation rejects it earlier).
-pub fn drift(ttl: Ttl, factor: f64) -> Duration {
-    let factor = if factor.is_nan() {
-        0.0
-    } else {
-        factor.clamp(0.0, 1.0)
-    };
-    // ttl_ms ≤ 2^46, so the product is exact enough in f64 and fits in u64.
-    let scaled = (ttl.as_millis() as f64 * factor).ceil() as u64;
-    Duration::from_millis(scaled).saturating_add(DRIFT_FLOOR)
-}
+// Defined beside `drift_factor` (config validation uses it, and config is below the machines).
+pub use crate::config::{DRIFT_FLOOR, drift};
 
 /// The remaining validity after a round that took `elapsed`: `ttl − elapsed − drift`, or `None` if that is
 /// not strictly positive.

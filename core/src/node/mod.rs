@@ -9,13 +9,12 @@ use async_trait::async_trait;
 use crate::notify::Notifier;
 use crate::token::Token;
 
-pub(crate) mod error;
 pub(crate) mod readiness;
 mod types;
 
 use readiness::Readiness;
 
-pub use error::{Applied, NodeError, NodeErrorKind};
+pub use crate::node_error::{Applied, NodeError, NodeErrorKind};
 pub use types::{
     Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, PermitOp, PermitReply,
     ReplicaWait, RunId, Ttl,

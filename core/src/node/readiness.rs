@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::node::error::{NodeError, NodeErrorKind};
+use crate::node_error::{NodeError, NodeErrorKind};
 
 /// How a node sends one kind of lease operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
