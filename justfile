@@ -16,9 +16,14 @@ lint:
 test:
     cargo test --all-features
 
-# The tests as CI runs them: the same binaries, the slow live ones side by side (scripts/run-tests.py).
+# The tests as CI runs them: the same binaries, the slow live ones side by side (scripts/run-tests.py), and
+# beside them once built the checks that need no server (docs, deps, rust-version, features, package).
 test-parallel:
-    python3 scripts/run-tests.py --all-features
+    python3 scripts/run-tests.py --alongside "bash scripts/ci-checks.sh" --all-features
+
+# CI's checks that need no server, alone (scripts/ci-checks.sh; CI runs them beside the tests).
+checks:
+    bash scripts/ci-checks.sh
 
 # The fast tier: the simulation (in-memory nodes, injected faults, virtual time; no servers), seconds.
 sim:
@@ -49,7 +54,7 @@ rust-version:
 
 # Publish dry-run of the three published crates (each tarball is built once), as CI does.
 package:
-    rm -rf target/package-check "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/redlease-*   # see .ci/run
+    rm -rf target/package-check "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/redlease-*   # see scripts/ci-checks.sh
     CARGO_TARGET_DIR=target/package-check cargo publish --dry-run -p redlease -p redlease-testkit -p redlease-adapters
 
 # ...and the three crates' tests from their tarballs alone (CI runs the first two; the adapters' builds both

@@ -144,8 +144,32 @@ def run_doctests(args):
     report("doctests", code == 0, time.monotonic() - start, cpu, log_path)
 
 
+def run_alongside(commands):
+    """The `--alongside` commands, one after another, each reported like a test binary; their output (short:
+    the checks print a line and a time each) is printed whole."""
+    for i, command in enumerate(commands):
+        log_path = os.path.join(LOG_DIR, f"alongside-{i}.log")
+        start = time.monotonic()
+        with open(log_path, "w", encoding="utf-8") as log:
+            code, cpu = run_measured(["bash", "-c", command], log)
+        report(command, code == 0, time.monotonic() - start, cpu, log_path)
+        if code == 0:
+            with open(log_path, encoding="utf-8", errors="replace") as f, print_lock:
+                print(f"----- output of {command} -----\n{f.read()}----- end of {command} -----", flush=True)
+
+
 def main():
     args = sys.argv[1:]
+    # `--alongside CMD` (repeatable): a shell command run in a lane of its own once the tests are built,
+    # beside them (CI's checks that need no server: docs, dependency checks, packaging). Not passed to cargo.
+    alongside = []
+    while "--alongside" in args:
+        i = args.index("--alongside")
+        if i + 1 >= len(args):
+            print("run-tests.py: --alongside needs a command", file=sys.stderr)
+            sys.exit(2)
+        alongside.append(args[i + 1])
+        del args[i : i + 2]
     binaries = build(args)
     os.makedirs(LOG_DIR, exist_ok=True)
     slow = [b for b in binaries if (b["package"], b["target"]) in SLOW and b["kind"] == "test"]
@@ -181,6 +205,8 @@ def main():
     start = time.monotonic()
     lanes = [threading.Thread(target=slow_lane, args=(pairs,)) for pairs in SLOW_LANES]
     lanes.append(threading.Thread(target=take_from_queue))
+    if alongside:
+        lanes.append(threading.Thread(target=run_alongside, args=(alongside,)))
     for lane in lanes:
         lane.start()
     for lane in lanes:
