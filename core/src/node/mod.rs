@@ -476,476 +476,161 @@ pub trait RedisNode: Send + Sync {
 /// The boxed future every node operation returns (what `#[async_trait]` methods return).
 pub type NodeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, NodeError>> + Send + 'a>>;
 
-/// A node that wraps another and forwards to it every operation and capability it does not override.
-///
-/// Write decorators (metrics, logging, fault injection, routing) with this trait rather than [`RedisNode`]:
-/// implement [`inner`](Self::inner) and override only what the wrapper changes; a blanket implementation
-/// makes every `NodeWrapper` a [`RedisNode`]. Each method defaults to the inner node's, so the fast path
-/// ([`acquire_fresh`](RedisNode::acquire_fresh) with [`acquire_fresh_is_nx`](RedisNode::acquire_fresh_is_nx)),
-/// the [`endpoint`](RedisNode::endpoint) that Redlock uses to reject duplicate servers, and every
-/// capability added to [`RedisNode`] later are forwarded without the wrapper author thinking of them.
-/// (A wrapper that implements [`RedisNode`] directly and writes only the required methods silently loses
-/// them: each provided method falls back to its plain default.)
-///
-/// A forwarded call costs nothing extra: the inner node's future is returned as is.
-///
-/// Overriding an operation does not redirect the others: a wrapper that counts `acquire` and should also
-/// count first attempts overrides [`acquire_fresh`](Self::acquire_fresh) too.
-///
-/// # Example: counting releases
-///
-/// ```
-/// # mod doc_support { include!("../doc_support.rs"); } use doc_support::*;
-/// use std::sync::atomic::{AtomicU64, Ordering};
-/// use redlease::{NodeError, NodeWrapper, RedisNode, Token, async_trait};
-///
-/// struct CountReleases<N> {
-///     inner: N,
-///     releases: AtomicU64,
-/// }
-///
-/// #[async_trait]
-/// impl<N: RedisNode> NodeWrapper for CountReleases<N> {
-///     type Inner = N;
-///
-///     fn inner(&self) -> &N {
-///         &self.inner
-///     }
-///
-///     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-///         self.releases.fetch_add(1, Ordering::Relaxed);
-///         self.inner.release(key, token).await
-///     }
-/// }
-///
-/// # fn node() -> MapNode { MapNode::default() }
-/// let counted = CountReleases { inner: node(), releases: AtomicU64::new(0) };
-/// // Everything else (acquire, extend, the fast path, the endpoint) is the inner node's. (With both traits
-/// // in scope, name the trait: the wrapper has each method twice.)
-/// assert!(RedisNode::acquire_fresh_is_nx(&counted));
-/// let manager = redlease::LockManager::single(counted, redlease::Config::default()).unwrap();
-/// # let _ = manager;
-/// ```
-#[async_trait]
-pub trait NodeWrapper: Send + Sync {
-    /// The wrapped node.
-    type Inner: RedisNode + ?Sized;
+/// `NodeWrapper`'s forwarding defaults and the blanket `RedisNode` implementation, written from one list of
+/// the node's operations (the invocation below): an operation added to [`RedisNode`] is added to the list
+/// once, and the blanket implementation's `missing_trait_methods` lint fails the build until it is. An `async` entry returns the inner node's future as is
+/// (no second box); its reference parameters carry the lifetimes `#[async_trait]` gives the trait's own
+/// declaration (one per reference, plus `'a` for `self` and `'f` for the future).
+macro_rules! wrapper_forwarding {
+    (
+        $(#[doc = $trait_doc:literal])*
+        pub trait NodeWrapper;
+        $(
+        $(#[doc = $doc:literal])*
+        $kind:ident fn $name:ident $(<$($lt:lifetime),*>)? ($($arg:ident: $ty:ty),*) -> $ret:ty;
+    )*) => {
+        $(#[doc = $trait_doc])*
+        #[async_trait]
+        pub trait NodeWrapper: Send + Sync {
+            /// The wrapped node.
+            type Inner: RedisNode + ?Sized;
 
-    /// The wrapped node, which receives every call this wrapper does not override.
-    fn inner(&self) -> &Self::Inner;
+            /// The wrapped node, which receives every call this wrapper does not override.
+            fn inner(&self) -> &Self::Inner;
 
-    /// See [`RedisNode::acquire`]; forwards by default.
-    fn acquire<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.inner().acquire(key, token, ttl)
-    }
+            $(wrapper_forwarding!(@default $kind $(#[doc = $doc])* $name [$($($lt),*)?] ($($arg: $ty),*) -> $ret);)*
+        }
 
-    /// See [`RedisNode::acquire_fresh`]; forwards by default.
-    fn acquire_fresh<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.inner().acquire_fresh(key, token, ttl)
-    }
-
-    /// See [`RedisNode::acquire_fresh_is_nx`]; forwards by default.
-    fn acquire_fresh_is_nx(&self) -> bool {
-        self.inner().acquire_fresh_is_nx()
-    }
-
-    /// See [`RedisNode::acquire_fenced`]; forwards by default.
-    fn acquire_fenced<'a, 'b, 'c, 'd, 'f>(
-        &'a self,
-        key: &'b str,
-        fence_key: &'c str,
-        token: &'d Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, Option<u64>>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        'd: 'f,
-        Self: 'f,
-    {
-        self.inner().acquire_fenced(key, fence_key, token, ttl)
-    }
-
-    /// See [`RedisNode::release`]; forwards by default.
-    fn release<'a, 'b, 'c, 'f>(&'a self, key: &'b str, token: &'c Token) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.inner().release(key, token)
-    }
-
-    /// See [`RedisNode::extend`]; forwards by default.
-    fn extend<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.inner().extend(key, token, ttl)
-    }
-
-    /// See [`RedisNode::inspect`]; forwards by default.
-    fn inspect<'a, 'b, 'f>(&'a self, key: &'b str) -> NodeFuture<'f, Option<KeyState>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        self.inner().inspect(key)
-    }
-
-    /// See [`RedisNode::endpoint`]; forwards by default.
-    fn endpoint(&self) -> Option<String> {
-        self.inner().endpoint()
-    }
-
-    /// See [`RedisNode::raise_fence`]; forwards by default.
-    fn raise_fence<'a, 'b, 'f>(&'a self, fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        self.inner().raise_fence(fence_key, at_least)
-    }
-
-    /// See [`RedisNode::run_id`]; forwards by default.
-    fn run_id<'a, 'b, 'f>(&'a self, key: &'b str) -> NodeFuture<'f, RunId>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        self.inner().run_id(key)
-    }
-
-    /// See [`RedisNode::wait_replicas`]; forwards by default.
-    fn wait_replicas<'a, 'b, 'f>(&'a self, key: &'b str, wait: ReplicaWait) -> NodeFuture<'f, u32>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        self.inner().wait_replicas(key, wait)
-    }
-
-    /// See [`RedisNode::extend_many`]; forwards by default.
-    fn extend_many<'a, 'b, 'c, 'f>(
-        &'a self,
-        items: &'b [ExtendItem<'c>],
-    ) -> NodeFuture<'f, Vec<bool>>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.inner().extend_many(items)
-    }
-
-    /// See [`RedisNode::acquire_or_ttl`]; forwards by default.
-    fn acquire_or_ttl<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> NodeFuture<'f, Claim>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.inner().acquire_or_ttl(key, token, ttl, fresh)
-    }
-
-    /// See [`RedisNode::notifier`]; forwards by default (the wrapper's waiters share the inner node's
-    /// subscriber connection).
-    fn notifier(&self) -> Option<&Notifier> {
-        self.inner().notifier()
-    }
-
-    /// See [`RedisNode::extend_many_limit`]; forwards by default.
-    fn extend_many_limit(&self) -> usize {
-        self.inner().extend_many_limit()
-    }
-
-    /// See [`RedisNode::readiness`]; forwards by default.
-    fn readiness<'a, 'b, 'f>(
-        &'a self,
-        key: &'b str,
-    ) -> Pin<Box<dyn Future<Output = Readiness> + Send + 'f>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        self.inner().readiness(key)
-    }
-
-    /// See [`RedisNode::permit`]; forwards by default.
-    fn permit<'a, 'b, 'c, 'd, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-        op: PermitOp<'d>,
-    ) -> NodeFuture<'f, PermitReply>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        'd: 'f,
-        Self: 'f,
-    {
-        self.inner().permit(key, token, ttl, op)
-    }
-
-    /// See [`RedisNode::multi_key`]; forwards by default.
-    fn multi_key<'a, 'b, 'c, 'f>(
-        &'a self,
-        items: &'b [MultiKeyItem<'c>],
-        op: MultiKeyOp,
-    ) -> NodeFuture<'f, MultiKeyReply>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.inner().multi_key(items, op)
-    }
+        #[deny(clippy::missing_trait_methods)]
+        impl<W: NodeWrapper> RedisNode for W {
+            $(wrapper_forwarding!(@blanket $kind $name [$($($lt),*)?] ($($arg: $ty),*) -> $ret);)*
+        }
+    };
+    (@default async $(#[doc = $doc:literal])* $name:ident [$($lt:lifetime),*] ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        #[doc = concat!("See [`RedisNode::", stringify!($name), "`]; forwards by default.")]
+        $(#[doc = $doc])*
+        fn $name<'a, $($lt,)* 'f>(&'a self, $($arg: $ty),*) -> $ret
+        where
+            'a: 'f,
+            $($lt: 'f,)*
+            Self: 'f,
+        {
+            self.inner().$name($($arg),*)
+        }
+    };
+    (@default sync $(#[doc = $doc:literal])* $name:ident [] ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        #[doc = concat!("See [`RedisNode::", stringify!($name), "`]; forwards by default.")]
+        $(#[doc = $doc])*
+        fn $name(&self, $($arg: $ty),*) -> $ret {
+            self.inner().$name($($arg),*)
+        }
+    };
+    (@blanket async $name:ident [$($lt:lifetime),*] ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        fn $name<'a, $($lt,)* 'f>(&'a self, $($arg: $ty),*) -> $ret
+        where
+            'a: 'f,
+            $($lt: 'f,)*
+            Self: 'f,
+        {
+            NodeWrapper::$name(self, $($arg),*)
+        }
+    };
+    (@blanket sync $name:ident [] ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
+        fn $name(&self, $($arg: $ty),*) -> $ret {
+            NodeWrapper::$name(self, $($arg),*)
+        }
+    };
 }
 
-impl<W: NodeWrapper> RedisNode for W {
-    fn acquire<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::acquire(self, key, token, ttl)
-    }
+// Every operation of `RedisNode`. (`missing_trait_methods` on the blanket implementation checks that the list
+// names them all; the testkit's conformance suite, `run_wrapper`, that a wrapper forwards each one.)
+wrapper_forwarding! {
+    /// A node that wraps another and forwards to it every operation and capability it does not override.
+    ///
+    /// Write decorators (metrics, logging, fault injection, routing) with this trait rather than [`RedisNode`]:
+    /// implement [`inner`](Self::inner) and override only what the wrapper changes; a blanket implementation
+    /// makes every `NodeWrapper` a [`RedisNode`]. Each method defaults to the inner node's, so the fast path
+    /// ([`acquire_fresh`](RedisNode::acquire_fresh) with [`acquire_fresh_is_nx`](RedisNode::acquire_fresh_is_nx)),
+    /// the [`endpoint`](RedisNode::endpoint) that Redlock uses to reject duplicate servers, and every
+    /// capability added to [`RedisNode`] later are forwarded without the wrapper author thinking of them.
+    /// (A wrapper that implements [`RedisNode`] directly and writes only the required methods silently loses
+    /// them: each provided method falls back to its plain default.)
+    ///
+    /// A forwarded call costs nothing extra: the inner node's future is returned as is.
+    ///
+    /// Overriding an operation does not redirect the others: a wrapper that counts `acquire` and should also
+    /// count first attempts overrides [`acquire_fresh`](Self::acquire_fresh) too.
+    ///
+    /// # Example: counting releases
+    ///
+    /// ```
+    /// # mod doc_support { include!("../doc_support.rs"); } use doc_support::*;
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use redlease::{NodeError, NodeWrapper, RedisNode, Token, async_trait};
+    ///
+    /// struct CountReleases<N> {
+    ///     inner: N,
+    ///     releases: AtomicU64,
+    /// }
+    ///
+    /// #[async_trait]
+    /// impl<N: RedisNode> NodeWrapper for CountReleases<N> {
+    ///     type Inner = N;
+    ///
+    ///     fn inner(&self) -> &N {
+    ///         &self.inner
+    ///     }
+    ///
+    ///     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
+    ///         self.releases.fetch_add(1, Ordering::Relaxed);
+    ///         self.inner.release(key, token).await
+    ///     }
+    /// }
+    ///
+    /// # fn node() -> MapNode { MapNode::default() }
+    /// let counted = CountReleases { inner: node(), releases: AtomicU64::new(0) };
+    /// // Everything else (acquire, extend, the fast path, the endpoint) is the inner node's. (With both traits
+    /// // in scope, name the trait: the wrapper has each method twice.)
+    /// assert!(RedisNode::acquire_fresh_is_nx(&counted));
+    /// let manager = redlease::LockManager::single(counted, redlease::Config::default()).unwrap();
+    /// # let _ = manager;
+    /// ```
+    pub trait NodeWrapper;
 
-    fn acquire_fresh<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::acquire_fresh(self, key, token, ttl)
-    }
-
-    fn acquire_fresh_is_nx(&self) -> bool {
-        NodeWrapper::acquire_fresh_is_nx(self)
-    }
-
-    fn acquire_fenced<'a, 'b, 'c, 'd, 'f>(
-        &'a self,
+    async fn acquire<'b, 'c>(key: &'b str, token: &'c Token, ttl: Ttl) -> NodeFuture<'f, bool>;
+    async fn acquire_fresh<'b, 'c>(key: &'b str, token: &'c Token, ttl: Ttl) -> NodeFuture<'f, bool>;
+    sync fn acquire_fresh_is_nx() -> bool;
+    async fn acquire_fenced<'b, 'c, 'd>(
         key: &'b str,
         fence_key: &'c str,
         token: &'d Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, Option<u64>>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        'd: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::acquire_fenced(self, key, fence_key, token, ttl)
-    }
-
-    fn release<'a, 'b, 'c, 'f>(&'a self, key: &'b str, token: &'c Token) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::release(self, key, token)
-    }
-
-    fn extend<'a, 'b, 'c, 'f>(
-        &'a self,
+        ttl: Ttl
+    ) -> NodeFuture<'f, Option<u64>>;
+    async fn release<'b, 'c>(key: &'b str, token: &'c Token) -> NodeFuture<'f, bool>;
+    async fn extend<'b, 'c>(key: &'b str, token: &'c Token, ttl: Ttl) -> NodeFuture<'f, bool>;
+    async fn inspect<'b>(key: &'b str) -> NodeFuture<'f, Option<KeyState>>;
+    async fn acquire_or_ttl<'b, 'c>(
         key: &'b str,
         token: &'c Token,
         ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::extend(self, key, token, ttl)
-    }
-
-    fn inspect<'a, 'b, 'f>(&'a self, key: &'b str) -> NodeFuture<'f, Option<KeyState>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::inspect(self, key)
-    }
-
-    fn endpoint(&self) -> Option<String> {
-        NodeWrapper::endpoint(self)
-    }
-
-    fn raise_fence<'a, 'b, 'f>(&'a self, fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::raise_fence(self, fence_key, at_least)
-    }
-
-    fn run_id<'a, 'b, 'f>(&'a self, key: &'b str) -> NodeFuture<'f, RunId>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::run_id(self, key)
-    }
-
-    fn wait_replicas<'a, 'b, 'f>(&'a self, key: &'b str, wait: ReplicaWait) -> NodeFuture<'f, u32>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::wait_replicas(self, key, wait)
-    }
-
-    fn extend_many<'a, 'b, 'c, 'f>(
-        &'a self,
-        items: &'b [ExtendItem<'c>],
-    ) -> NodeFuture<'f, Vec<bool>>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::extend_many(self, items)
-    }
-
-    fn acquire_or_ttl<'a, 'b, 'c, 'f>(
-        &'a self,
+        fresh: bool
+    ) -> NodeFuture<'f, Claim>;
+    /// (The wrapper's waiters share the inner node's subscriber connection.)
+    sync fn notifier() -> Option<&Notifier>;
+    sync fn endpoint() -> Option<String>;
+    async fn raise_fence<'b>(fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>;
+    async fn run_id<'b>(key: &'b str) -> NodeFuture<'f, RunId>;
+    async fn wait_replicas<'b>(key: &'b str, wait: ReplicaWait) -> NodeFuture<'f, u32>;
+    async fn extend_many<'b, 'c>(items: &'b [ExtendItem<'c>]) -> NodeFuture<'f, Vec<bool>>;
+    sync fn extend_many_limit() -> usize;
+    async fn readiness<'b>(key: &'b str) -> Pin<Box<dyn Future<Output = Readiness> + Send + 'f>>;
+    async fn permit<'b, 'c, 'd>(
         key: &'b str,
         token: &'c Token,
         ttl: Ttl,
-        fresh: bool,
-    ) -> NodeFuture<'f, Claim>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::acquire_or_ttl(self, key, token, ttl, fresh)
-    }
-
-    fn notifier(&self) -> Option<&Notifier> {
-        NodeWrapper::notifier(self)
-    }
-
-    fn extend_many_limit(&self) -> usize {
-        NodeWrapper::extend_many_limit(self)
-    }
-
-    fn readiness<'a, 'b, 'f>(
-        &'a self,
-        key: &'b str,
-    ) -> Pin<Box<dyn Future<Output = Readiness> + Send + 'f>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::readiness(self, key)
-    }
-
-    fn permit<'a, 'b, 'c, 'd, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-        op: PermitOp<'d>,
-    ) -> NodeFuture<'f, PermitReply>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        'd: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::permit(self, key, token, ttl, op)
-    }
-
-    fn multi_key<'a, 'b, 'c, 'f>(
-        &'a self,
-        items: &'b [MultiKeyItem<'c>],
-        op: MultiKeyOp,
-    ) -> NodeFuture<'f, MultiKeyReply>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::multi_key(self, items, op)
-    }
+        op: PermitOp<'d>
+    ) -> NodeFuture<'f, PermitReply>;
+    async fn multi_key<'b, 'c>(items: &'b [MultiKeyItem<'c>], op: MultiKeyOp) -> NodeFuture<'f, MultiKeyReply>;
 }
 
 impl<N: RedisNode + ?Sized> NodeWrapper for Arc<N> {
