@@ -491,8 +491,13 @@ async fn lost_notification(
     if silent {
         let token = held.token().as_str().to_owned();
         std::mem::forget(held);
-        let args = ["EVAL", scripts::RELEASE_SILENT.source, "1", &key, &token];
-        assert_eq!(server.cmd(&args), "1", "{what}: released before its TTL");
+        // A compare-and-delete that publishes nothing: the script, or Valkey's own `DELIFEQ` without Lua.
+        let reply = if common::has_lua(flavor) {
+            server.cmd(&["EVAL", scripts::RELEASE_SILENT.source, "1", &key, &token])
+        } else {
+            server.cmd(&["DELIFEQ", &key, &token])
+        };
+        assert_eq!(reply, "1", "{what}: released before its TTL");
     } else {
         proxy.drop_next_messages(1);
         held.release().await.unwrap();
@@ -977,4 +982,88 @@ async fn confirmed(watch: &mut redlease::notify::Watch) -> bool {
     .await
     .is_ok()
         && watch.is_active()
+}
+
+// The setups the tests above were first written without (Valkey 8.1; Valkey 9.1 with and without Lua).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_waiters_on_one_key_are_each_woken_by_a_release_on_valkey_8_1() {
+    eight_waiters_on_one_key(
+        Flavor::Valkey81,
+        "eight_waiters_on_one_key_are_each_woken_by_a_release_on_valkey_8_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber_connection_and_leave_nothing_subscribed_on_valkey_8_1()
+ {
+    thousand_waiters_on_a_hundred_keys(Flavor::Valkey81, "a_thousand_waiters_on_a_hundred_keys_share_one_subscriber_connection_and_leave_nothing_subscribed_on_valkey_8_1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_on_a_hundred_keys_share_one_subscriber_connection_and_leave_nothing_subscribed_on_valkey_9_1_without_lua()
+ {
+    thousand_waiters_on_a_hundred_keys(Flavor::Valkey91NoLua, "a_thousand_waiters_on_a_hundred_keys_share_one_subscriber_connection_and_leave_nothing_subscribed_on_valkey_9_1_without_lua").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_or_unpublished_notification_costs_at_most_the_holders_ttl_on_valkey_8_1() {
+    lost_notifications(
+        Flavor::Valkey81,
+        "a_lost_or_unpublished_notification_costs_at_most_the_holders_ttl_on_valkey_8_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_or_unpublished_notification_costs_at_most_the_holders_ttl_on_valkey_9_1_without_lua()
+ {
+    lost_notifications(Flavor::Valkey91NoLua, "a_lost_or_unpublished_notification_costs_at_most_the_holders_ttl_on_valkey_9_1_without_lua").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_channel_permission_releases_and_waits_by_polling_on_valkey_8_1() {
+    without_channel_permission(
+        Flavor::Valkey81,
+        "a_user_without_channel_permission_releases_and_waits_by_polling_on_valkey_8_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_channel_permission_releases_and_waits_by_polling_on_valkey_9_1_without_lua()
+{
+    without_channel_permission(
+        Flavor::Valkey91NoLua,
+        "a_user_without_channel_permission_releases_and_waits_by_polling_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_publishes_only_when_a_waiter_may_listen_on_valkey_8_1() {
+    release_publishes_only_for_waiters(
+        Flavor::Valkey81,
+        "a_release_publishes_only_when_a_waiter_may_listen_on_valkey_8_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_valkey_8_1() {
+    markers_outside_the_users_keys(
+        Flavor::Valkey81,
+        "a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_valkey_8_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_valkey_9_1() {
+    markers_outside_the_users_keys(
+        Flavor::Valkey91,
+        "a_user_who_may_not_touch_the_waiter_markers_still_waits_and_releases_on_valkey_9_1",
+    )
+    .await;
 }
