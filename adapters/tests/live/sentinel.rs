@@ -573,3 +573,39 @@ async fn a_sentinel_nodes_durability_waits_never_hold_up_other_leases_fred() {
     )
     .await;
 }
+
+// Valkey 8.1 too (its server binary run as a Sentinel, as for the other setups).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_nodes_pass_the_conformance_suite_before_and_after_a_failover_valkey_8_1() {
+    conformance_before_and_after_a_failover(Flavor::Valkey81).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_keeps_a_replicated_lease_and_its_fence_order_redis_rs_valkey_8_1() {
+    failover_with_required_durability(Adapter::RedisRs, Flavor::Valkey81).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_keeps_a_replicated_lease_and_its_fence_order_fred_valkey_8_1() {
+    failover_with_required_durability(Adapter::Fred, Flavor::Valkey81).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_without_durability_loses_the_lease_and_repeats_fences_redis_rs_valkey_8_1() {
+    failover_without_durability(Adapter::RedisRs, Flavor::Valkey81).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_without_durability_loses_the_lease_and_repeats_fences_fred_valkey_8_1() {
+    failover_without_durability(Adapter::Fred, Flavor::Valkey81).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_node_leaves_a_stopped_primary_for_the_new_one_redis_rs_valkey_8_1() {
+    a_stopped_primary_is_left_for_the_new_one(Adapter::RedisRs, Flavor::Valkey81).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_node_leaves_a_stopped_primary_for_the_new_one_fred_valkey_8_1() {
+    a_stopped_primary_is_left_for_the_new_one(Adapter::Fred, Flavor::Valkey81).await;
+}
