@@ -15,7 +15,7 @@ pub(crate) use backends::{Backend, fred_builder, node};
 
 #[path = "../shared/flavors.rs"]
 mod flavors;
-pub(crate) use flavors::{has_lua, on_every_server};
+pub(crate) use flavors::{CLUSTERS, has_lua, on_every_server, on_servers};
 
 /// redis-rs multiplexed and fred client: the two adapters in their most common form.
 pub(crate) const BACKENDS: [Backend; 2] = [Backend::RedisMultiplexed, Backend::FredClient];

@@ -11,6 +11,7 @@
 
 mod cancellation;
 mod client_kill;
+mod cluster;
 mod common;
 mod extend_partial;
 mod hung;
