@@ -906,8 +906,9 @@ impl Lock {
             let began = acq.began();
             return Err(self.not_acquired(&mut acq, LeaseId::next(), began));
         }
-        let id = LeaseId::next();
-        let mut tokens = Tokens::new(self, id, plan.op_timeout)?;
+        // The lease's id and the operation timeout live in `tokens` from here on (the future keeps one copy).
+        let mut tokens = Tokens::new(self, LeaseId::next(), plan.op_timeout)?;
+        let ttl = plan.ttl;
         // Waiting with release notifications: a watch per notifying node, registered before the first
         // attempt (nothing is sent until an attempt finds the lock held; see `crate::notify`).
         let mut watches = match limit {
@@ -936,27 +937,24 @@ impl Lock {
             // round's future holds).
             let cleanup = {
                 let round = {
-                    let op_timeout = plan.op_timeout.saturating_add(engine.wait_allowance());
-                    let attempt = acq.begin_attempt(engine.timer.now(), op_timeout);
-                    engine.acquire_round(
+                    let op_timeout = tokens.timeout.saturating_add(self.engine.wait_allowance());
+                    let attempt = acq.begin_attempt(self.engine.timer.now(), op_timeout);
+                    self.engine.acquire_round(
                         &self.key,
                         self.fence_key.as_deref(),
                         &tokens.current,
-                        plan.ttl,
+                        ttl,
                         attempt.timeout,
                         attempt.fresh,
                         hint.as_ref(),
-                        id,
+                        tokens.id,
                     )
                 };
                 let r = round.await;
-                let decision = acq.handle_round(
-                    &r.tally,
-                    plan.ttl,
-                    (r.started, r.ended),
-                    r.suspended_by(),
-                    |i| engine.nodes[i].acquire_fresh_is_nx(),
-                );
+                let decision =
+                    acq.handle_round(&r.tally, ttl, (r.started, r.ended), r.suspended_by(), |i| {
+                        self.engine.nodes[i].acquire_fresh_is_nx()
+                    });
                 let (reason, cleanup) = match decision {
                     Decision::Won {
                         valid_until,
@@ -964,6 +962,10 @@ impl Lock {
                         missing,
                     } => {
                         let won = (valid_until, unconfirmed, missing);
+                        let plan = Plan {
+                            ttl,
+                            op_timeout: tokens.timeout,
+                        };
                         return Ok(self.won(&acq, tokens, &mut watches, &r, plan, won));
                     }
 
@@ -977,17 +979,23 @@ impl Lock {
                 for w in &mut watches {
                     w.end_attempt(outcome);
                 }
-                self.attempt_event(id, &r, acq.attempts(), AttemptOutcome::Failed(reason));
+                self.attempt_event(
+                    tokens.id,
+                    &r,
+                    acq.attempts(),
+                    AttemptOutcome::Failed(reason),
+                );
                 cleanup
             };
             if !cleanup.is_empty() {
-                let c = engine
-                    .release_round(&self.key, &tokens.current, plan.op_timeout, Some(&cleanup))
+                let c = self
+                    .engine
+                    .release_round(&self.key, &tokens.current, tokens.timeout, Some(&cleanup))
                     .await;
-                if engine.hook.active() {
-                    engine.hook.emit(
+                if self.engine.hook.active() {
+                    self.engine.hook.emit(
                         &self.key,
-                        id,
+                        tokens.id,
                         c.ended,
                         EventKind::Cleanup {
                             cause: CleanupCause::FailedAttempt,
@@ -1010,10 +1018,10 @@ impl Lock {
                     }
                 }
             }
-            let now = engine.timer.now();
+            let now = self.engine.timer.now();
             let holder_ttl = hint.as_ref().and_then(TtlHint::remaining);
             match acq.next(now, !watches.is_empty(), holder_ttl) {
-                Next::Sleep(at) => engine.timer.sleep_until(at).await,
+                Next::Sleep(at) => self.engine.timer.sleep_until(at).await,
                 Next::Wait {
                     held,
                     polling,
@@ -1024,23 +1032,27 @@ impl Lock {
                             w.subscribe(now);
                         }
                     }
-                    wait_for_release(&engine.timer, &mut watches, held, polling, pushed).await;
+                    wait_for_release(&self.engine.timer, &mut watches, held, polling, pushed).await;
                     // Waiting is only for acquisitions with a deadline.
                     let deadline = acq.deadline().unwrap_or(now);
-                    if engine.timer.now() >= deadline {
-                        if engine.contention_writes {
+                    if self.engine.timer.now() >= deadline {
+                        if self.engine.contention_writes {
                             Box::pin(tokens.withdraw()).await;
                         }
                         tokens.failed();
-                        return Err(self.not_acquired(&mut acq, id, engine.timer.now()));
+                        return Err(self.not_acquired(
+                            &mut acq,
+                            tokens.id,
+                            self.engine.timer.now(),
+                        ));
                     }
                 }
                 Next::GiveUp => {
-                    if engine.contention_writes {
+                    if self.engine.contention_writes {
                         Box::pin(tokens.withdraw()).await;
                     }
                     tokens.failed();
-                    return Err(self.not_acquired(&mut acq, id, now));
+                    return Err(self.not_acquired(&mut acq, tokens.id, now));
                 }
             }
         }
