@@ -465,7 +465,7 @@ impl<'a> Tokens<'a> {
     }
 
     /// The acquisition won with the current token: retired tokens are deleted in the background.
-    fn won(mut self) -> Token {
+    fn won(&mut self) -> Token {
         self.armed = false;
         for token in std::mem::take(&mut self.stale) {
             self.lock.engine.spawn_cleanup(
@@ -507,6 +507,17 @@ impl Drop for Tokens<'_> {
             );
         }
     }
+}
+
+/// What an acquisition carries from attempt to attempt (see `Lock::acquire_in`).
+struct Attempts<'a> {
+    acq: Acquisition<'a>,
+    tokens: Tokens<'a>,
+    /// Waiting with release notifications: a watch per notifying node.
+    watches: Vec<Watch>,
+    /// The holder's remaining TTL, learned by a waiting attempt that found the lock held.
+    hint: Option<TtlHint>,
+    ttl: Ttl,
 }
 
 /// Waits until a watch holds a notification, or until `pushed` while some watch's subscription is confirmed
@@ -891,6 +902,60 @@ impl Lock {
     /// The acquisition's driver: every decision is the [`Acquisition`] machine's; this sends its rounds,
     /// keeps its tokens and watches, and sleeps when it says so.
     async fn acquire_in(&self, limit: Limit) -> Result<Lease, Error> {
+        let mut a = self.begin(limit)?;
+        loop {
+            for w in &mut a.watches {
+                w.begin_attempt();
+            }
+            if let Some(hint) = &a.hint {
+                hint.reset();
+            }
+            // The round's result stays in this block: the failure path keeps only what it needs across its
+            // awaits, so that the coroutine does not keep the whole result (nor the attempt's plan, which the
+            // round's future holds).
+            let cleanup = {
+                let round = {
+                    let op_timeout = a
+                        .tokens
+                        .timeout
+                        .saturating_add(self.engine.wait_allowance());
+                    let attempt = a.acq.begin_attempt(self.engine.timer.now(), op_timeout);
+                    self.engine.acquire_round(
+                        &self.key,
+                        self.fence_key.as_deref(),
+                        &a.tokens.current,
+                        a.ttl,
+                        attempt.timeout,
+                        attempt.fresh,
+                        a.hint.as_ref(),
+                        a.tokens.id,
+                    )
+                };
+                let r = round.await;
+                let won = a.acq.handle_round(
+                    &r.tally,
+                    a.ttl,
+                    (r.started, r.ended),
+                    r.suspended_by(),
+                    |i| self.engine.nodes[i].acquire_fresh_is_nx(),
+                );
+                match self.attempt_ended(&mut a, &r, won) {
+                    Ok(lease) => return Ok(lease),
+                    Err(cleanup) => cleanup,
+                }
+            };
+            if !cleanup.is_empty() {
+                self.clean_up_attempt(&mut a, &cleanup).await?;
+            }
+            if let Some(gave_up) = self.before_next_attempt(&mut a).await {
+                return Err(gave_up);
+            }
+        }
+    }
+
+    /// An acquisition's start: its checked plan, machine, tokens, and (waiting) its watches and the holder's
+    /// TTL hint. An error if the plan is refused or the deadline has already passed.
+    fn begin(&self, limit: Limit) -> Result<Attempts<'_>, Error> {
         let plan = self.plan()?;
         let engine = &self.engine;
         let config = &engine.config;
@@ -906,9 +971,8 @@ impl Lock {
             let began = acq.began();
             return Err(self.not_acquired(&mut acq, LeaseId::next(), began));
         }
-        // The lease's id and the operation timeout live in `tokens` from here on (the future keeps one copy).
-        let mut tokens = Tokens::new(self, LeaseId::next(), plan.op_timeout)?;
-        let ttl = plan.ttl;
+        // The lease's id and the operation timeout live in `tokens` (the future keeps one copy).
+        let tokens = Tokens::new(self, LeaseId::next(), plan.op_timeout)?;
         // Waiting with release notifications: a watch per notifying node, registered before the first
         // attempt (nothing is sent until an attempt finds the lock held; see `crate::notify`).
         let mut watches = match limit {
@@ -925,137 +989,126 @@ impl Lock {
         // its expiry); a fenced one cannot (its script reports no TTL).
         let hint =
             (matches!(limit, Limit::Until(_)) && self.fence_key.is_none()).then(TtlHint::new);
-        loop {
-            for w in &mut watches {
-                w.begin_attempt();
-            }
-            if let Some(hint) = &hint {
-                hint.reset();
-            }
-            // The round's result stays in this block: the failure path keeps only what it needs across its
-            // awaits, so that the coroutine does not keep the whole result (nor the attempt's plan, which the
-            // round's future holds).
-            let cleanup = {
-                let round = {
-                    let op_timeout = tokens.timeout.saturating_add(self.engine.wait_allowance());
-                    let attempt = acq.begin_attempt(self.engine.timer.now(), op_timeout);
-                    self.engine.acquire_round(
-                        &self.key,
-                        self.fence_key.as_deref(),
-                        &tokens.current,
-                        ttl,
-                        attempt.timeout,
-                        attempt.fresh,
-                        hint.as_ref(),
-                        tokens.id,
-                    )
-                };
-                let r = round.await;
-                let decision =
-                    acq.handle_round(&r.tally, ttl, (r.started, r.ended), r.suspended_by(), |i| {
-                        self.engine.nodes[i].acquire_fresh_is_nx()
-                    });
-                let (reason, cleanup) = match decision {
-                    Decision::Won {
-                        valid_until,
-                        unconfirmed,
-                        missing,
-                    } => {
-                        let won = (valid_until, unconfirmed, missing);
-                        let plan = Plan {
-                            ttl,
-                            op_timeout: tokens.timeout,
-                        };
-                        return Ok(self.won(&acq, tokens, &mut watches, &r, plan, won));
-                    }
+        Ok(Attempts {
+            acq,
+            tokens,
+            watches,
+            hint,
+            ttl: plan.ttl,
+        })
+    }
 
-                    Decision::Failed { reason, cleanup } => (reason, cleanup),
+    /// An attempt's round ended with the machine's `decision`: the lease if it won; otherwise the attempt is
+    /// reported (its watches and event) and the nodes to clean up are returned.
+    fn attempt_ended(
+        &self,
+        a: &mut Attempts<'_>,
+        r: &RoundResult<Option<u64>>,
+        decision: Decision,
+    ) -> Result<Lease, Vec<usize>> {
+        let (reason, cleanup) = match decision {
+            Decision::Won {
+                valid_until,
+                unconfirmed,
+                missing,
+            } => {
+                let won = (valid_until, unconfirmed, missing);
+                let plan = Plan {
+                    ttl: a.ttl,
+                    op_timeout: a.tokens.timeout,
                 };
-                let outcome = if reason == NotAcquiredReason::Contended {
-                    Outcome::Held
-                } else {
-                    Outcome::Failed
-                };
-                for w in &mut watches {
-                    w.end_attempt(outcome);
-                }
-                self.attempt_event(
-                    tokens.id,
-                    &r,
-                    acq.attempts(),
-                    AttemptOutcome::Failed(reason),
-                );
-                cleanup
-            };
-            if !cleanup.is_empty() {
-                let c = self
-                    .engine
-                    .release_round(&self.key, &tokens.current, tokens.timeout, Some(&cleanup))
-                    .await;
-                if self.engine.hook.active() {
-                    self.engine.hook.emit(
-                        &self.key,
-                        tokens.id,
-                        c.ended,
-                        EventKind::Cleanup {
-                            cause: CleanupCause::FailedAttempt,
-                            nodes: Nodes::new(&c.tally),
-                            round: c.ended.saturating_duration_since(c.started),
-                        },
-                    );
-                }
-                let rotate = acq.handle_cleanup(
-                    &cleanup,
-                    |i| c.values[i].is_some(),
-                    c.tally.any_ambiguous(),
-                );
-                if rotate {
-                    // The old token is deleted again in the background if a spawner exists; otherwise it
-                    // expires with its TTL.
-                    tokens.rotate()?;
-                    for w in &mut watches {
-                        w.own(&tokens.current);
-                    }
-                }
+                return Ok(self.won(&a.acq, &mut a.tokens, &mut a.watches, r, plan, won));
             }
-            let now = self.engine.timer.now();
-            let holder_ttl = hint.as_ref().and_then(TtlHint::remaining);
-            match acq.next(now, !watches.is_empty(), holder_ttl) {
-                Next::Sleep(at) => self.engine.timer.sleep_until(at).await,
-                Next::Wait {
-                    held,
-                    polling,
-                    pushed,
-                } => {
-                    if held {
-                        for w in &mut watches {
-                            w.subscribe(now);
-                        }
-                    }
-                    wait_for_release(&self.engine.timer, &mut watches, held, polling, pushed).await;
-                    // Waiting is only for acquisitions with a deadline.
-                    let deadline = acq.deadline().unwrap_or(now);
-                    if self.engine.timer.now() >= deadline {
-                        if self.engine.contention_writes {
-                            Box::pin(tokens.withdraw()).await;
-                        }
-                        tokens.failed();
-                        return Err(self.not_acquired(
-                            &mut acq,
-                            tokens.id,
-                            self.engine.timer.now(),
-                        ));
-                    }
-                }
-                Next::GiveUp => {
-                    if self.engine.contention_writes {
-                        Box::pin(tokens.withdraw()).await;
-                    }
-                    tokens.failed();
-                    return Err(self.not_acquired(&mut acq, tokens.id, now));
-                }
+            Decision::Failed { reason, cleanup } => (reason, cleanup),
+        };
+        let outcome = if reason == NotAcquiredReason::Contended {
+            Outcome::Held
+        } else {
+            Outcome::Failed
+        };
+        for w in &mut a.watches {
+            w.end_attempt(outcome);
+        }
+        let attempts = a.acq.attempts();
+        self.attempt_event(a.tokens.id, r, attempts, AttemptOutcome::Failed(reason));
+        Err(cleanup)
+    }
+    /// The clean-up of a failed attempt on the nodes `cleanup` names, reported; the token is replaced when the
+    /// machine says so (its deletion went unconfirmed somewhere).
+    async fn clean_up_attempt(&self, a: &mut Attempts<'_>, cleanup: &[usize]) -> Result<(), Error> {
+        let c = self
+            .engine
+            .release_round(
+                &self.key,
+                &a.tokens.current,
+                a.tokens.timeout,
+                Some(cleanup),
+            )
+            .await;
+        if self.engine.hook.active() {
+            self.engine.hook.emit(
+                &self.key,
+                a.tokens.id,
+                c.ended,
+                EventKind::Cleanup {
+                    cause: CleanupCause::FailedAttempt,
+                    nodes: Nodes::new(&c.tally),
+                    round: c.ended.saturating_duration_since(c.started),
+                },
+            );
+        }
+        let rotate =
+            a.acq
+                .handle_cleanup(cleanup, |i| c.values[i].is_some(), c.tally.any_ambiguous());
+        if rotate {
+            // The old token is deleted again in the background if a spawner exists; otherwise it expires
+            // with its TTL.
+            a.tokens.rotate()?;
+            for w in &mut a.watches {
+                w.own(&a.tokens.current);
             }
         }
+        Ok(())
+    }
+
+    /// After a failed attempt: sleeps or waits for a release as the machine says, or gives up — then the
+    /// error to return (the acquisition's last token withdrawn where an attempt that found the lock held
+    /// still wrote).
+    async fn before_next_attempt(&self, a: &mut Attempts<'_>) -> Option<Error> {
+        let now = self.engine.timer.now();
+        let holder_ttl = a.hint.as_ref().and_then(TtlHint::remaining);
+        let waited = match a.acq.next(now, !a.watches.is_empty(), holder_ttl) {
+            Next::Sleep(at) => {
+                self.engine.timer.sleep_until(at).await;
+                return None;
+            }
+            Next::Wait {
+                held,
+                polling,
+                pushed,
+            } => {
+                if held {
+                    for w in &mut a.watches {
+                        w.subscribe(now);
+                    }
+                }
+                wait_for_release(&self.engine.timer, &mut a.watches, held, polling, pushed).await;
+                // Waiting is only for acquisitions with a deadline.
+                let deadline = a.acq.deadline().unwrap_or(now);
+                if self.engine.timer.now() < deadline {
+                    return None;
+                }
+                true
+            }
+            Next::GiveUp => false,
+        };
+        if self.engine.contention_writes {
+            Box::pin(a.tokens.withdraw()).await;
+        }
+        a.tokens.failed();
+        // A wait that reached the deadline ends when the acquisition returns; a give-up when it was decided.
+        let at = if waited { self.engine.timer.now() } else { now };
+        Some(self.not_acquired(&mut a.acq, a.tokens.id, at))
     }
 
     /// The acquisition failed for the reason `acq` holds: its event, and the error.
@@ -1090,7 +1143,7 @@ impl Lock {
     fn won(
         &self,
         acq: &Acquisition<'_>,
-        tokens: Tokens<'_>,
+        tokens: &mut Tokens<'_>,
         watches: &mut [Watch],
         r: &RoundResult<Option<u64>>,
         plan: Plan,

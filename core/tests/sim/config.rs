@@ -195,8 +195,8 @@ fn node_errors_keep_their_source_chain() {
 
 /// The acquisition futures a caller holds (and a task stores) stay small: the driver keeps one copy of what
 /// crosses an await (the lease id and operation timeout live in its tokens), its rounds box only their node
-/// calls. `try_acquire`: the issue's bound, 1 016 B (1 048 B before those changes); `acquire_within`: its
-/// size when this test was written (it also keeps its deadline and watches).
+/// calls. The bounds are the sizes when this test was written: `try_acquire` 1 000 B (the issue asks for at
+/// most 1 016 B; it had grown to 1 048 B), `acquire_within` 1 016 B (it also keeps its watches and hint).
 #[test]
 fn acquisition_futures_stay_within_their_size_bound() {
     let manager = LockManager::single(MemoryNode::new(), Config::default()).unwrap();
@@ -210,10 +210,11 @@ fn acquisition_futures_stay_within_their_size_bound() {
         (
             "acquire_within",
             std::mem::size_of_val(&lock.acquire_within(std::time::Duration::from_secs(1))),
-            1_032,
+            1_016,
         ),
     ];
     for (what, size, bound) in sizes {
+        eprintln!("the {what} future: {size} B (bound {bound} B)");
         assert!(
             size <= bound,
             "the {what} future is {size} B (bound {bound} B)"
