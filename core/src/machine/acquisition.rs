@@ -793,4 +793,48 @@ mod tests {
         assert!(a.expired());
         assert_eq!(a.failure().0, NotAcquiredReason::DeadlinePassed);
     }
+
+    #[test]
+    fn a_retry_due_exactly_at_the_deadline_is_not_made() {
+        let t0 = Instant::now();
+        // No jitter: the pause is exactly the retry delay (200 ms).
+        let cfg = config().with_retry_jitter(0.0);
+        for (deadline, want_retry) in [(ms(200), false), (ms(201), true)] {
+            let mut a = Acquisition::new(&cfg, shape(1), Limit::Until(t0 + deadline), 1, t0);
+            let _ = a.begin_attempt(t0, OP);
+            let _ = round(&mut a, t0, &[Reply::No]);
+            let next = a.next(t0, false, None);
+            if want_retry {
+                assert_eq!(next, Next::Sleep(t0 + ms(200)), "deadline {deadline:?}");
+            } else {
+                assert_eq!(next, Next::GiveUp, "deadline {deadline:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn fresh_nodes_are_spoiled_one_by_one_and_those_past_64_only_while_every_node_is() {
+        let all = Fresh::ALL;
+        assert!(all.get(0) && all.get(63) && all.get(64) && all.get(1_000));
+        assert!(all.all_of(100));
+        let mut f = Fresh::ALL;
+        f.settle();
+        // Settled: the first 64 stay fresh, the rest are not tracked.
+        assert!(f.get(0) && f.get(63) && !f.get(64));
+        assert!(f.all_of(64) && !f.all_of(65) && f.all_of(0));
+        f.spoil(3);
+        assert!(!f.get(3) && f.get(2) && f.get(4));
+        assert!(!f.all_of(4) && f.all_of(3));
+        // An index past 63 changes nothing tracked (and does not overflow).
+        let before = f;
+        f.spoil(64);
+        f.spoil(200);
+        assert_eq!(f, before);
+        f.spoil(63);
+        assert!(!f.get(63) && f.get(62));
+        // Spoiling one node of an untouched set also ends "every node".
+        let mut g = Fresh::ALL;
+        g.spoil(1);
+        assert!(!g.get(1) && g.get(0) && !g.get(64) && !g.all_of(2));
+    }
 }

@@ -67,4 +67,24 @@ mod tests {
         s.remove(63);
         assert!(s.is_empty());
     }
+
+    #[test]
+    fn removing_keeps_the_other_members_and_ignores_indices_past_63() {
+        let mut s = NodeSet::of([0, 2, 5, 63]);
+        s.remove(2);
+        assert!(s.contains(0) && !s.contains(2) && s.contains(5) && s.contains(63));
+        s.remove(64);
+        s.remove(1_000);
+        assert_eq!(s, NodeSet::of([0, 5, 63]));
+        assert!(!s.is_empty());
+        assert!(NodeSet::EMPTY.is_empty() && NodeSet::of([64]).is_empty());
+    }
+
+    #[test]
+    fn bits_round_trip() {
+        let s = NodeSet::of([1, 4, 63]);
+        assert_eq!(s.bits(), (1 << 1) | (1 << 4) | (1 << 63));
+        assert_eq!(NodeSet::from_bits(s.bits()), s);
+        assert_eq!(NodeSet::from_bits(0b101), NodeSet::of([0, 2]));
+    }
 }

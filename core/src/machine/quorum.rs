@@ -240,6 +240,13 @@ mod tests {
     }
 
     #[test]
+    fn a_tally_reports_the_votes_it_requires() {
+        for (n, required) in [(1, 1), (3, 2), (5, 3), (5, 5)] {
+            assert_eq!(Tally::new(n, required, WaitFor::All).required(), required);
+        }
+    }
+
+    #[test]
     fn decision_round_stops_at_quorum() {
         let mut t = Tally::new(5, 3, WaitFor::Decision);
         t.handle_reply(0, Reply::Yes);
