@@ -56,7 +56,9 @@ pub(crate) use lock::{acquire, acquire_fresh, extend, inspect, release};
 pub(crate) use permit::permit;
 pub(crate) use probe::{Probe, check, readiness};
 use probe::{checked, lua_absent};
-pub(crate) use replication::{info_field, run_id, wait_replicas};
+#[cfg(feature = "fred")]
+pub(crate) use replication::info_field;
+pub(crate) use replication::{run_id, wait_replicas};
 pub(crate) use wait::acquire_or_ttl;
 
 /// Which script command to send.

@@ -15,9 +15,10 @@ use redlease::{
 
 use redis::RedisError;
 
-use super::{
-    Waiter, connect_error, is_dropped, plain_cmd, script_cmd, send, send_publishing,
-    send_transaction, transaction_pipe,
+use super::error::{connect_error, is_dropped};
+use super::waiter::Waiter;
+use super::wire::{
+    plain_cmd, script_cmd, send, send_publishing, send_transaction, transaction_pipe,
 };
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{Reply, Script};

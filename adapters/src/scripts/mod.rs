@@ -51,8 +51,10 @@ mod probe;
 mod reply;
 
 pub use batch::{ACQUIRE_MANY, EXTEND_MANY, EXTEND_PERMITS, RELEASE_MANY};
+#[cfg(feature = "fred")]
+pub(crate) use error::looks_like_error_code;
+pub(crate) use error::server_error;
 pub use error::server_error_kind;
-pub(crate) use error::{looks_like_error_code, server_error};
 pub use lock::{
     ACQUIRE, ACQUIRE_FENCED, ACQUIRE_FRESH, ACQUIRE_TTL, EXTEND, INSPECT, RELEASE, RELEASE_SILENT,
     WAITING,
