@@ -20,7 +20,7 @@ pub(super) struct HealthState {
     /// cleared by fred's next reconnection.
     pub(super) broken: Option<Instant>,
     /// When the node last told fred to reconnect a Sentinel client whose primary stopped answering
-    /// ([`FredNode::primary_unresponsive`](super::FredNode::primary_unresponsive)).
+    /// ([`FredTransport::primary_unresponsive`](super::FredTransport::primary_unresponsive)).
     pub(super) forced: Option<Instant>,
     pub(super) reconnects: broadcast::Receiver<Server>,
     pub(super) errors: broadcast::Receiver<(FredError, Option<Server>)>,

@@ -1,4 +1,4 @@
-//! [`RedisNode`] for fred: a [`Client`] or a [`Pool`], centralized, sentinel or clustered, through one generic
+//! [`RedisNode`](redlease::RedisNode) for fred: a [`Client`] or a [`Pool`], centralized, sentinel or clustered, through one generic
 //! [`FredNode`].
 //!
 //! ```no_run
@@ -83,7 +83,7 @@
 //! # Errors
 //!
 //! Redis error replies (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM`, `WRONGTYPE`, …), fail-fast refusals,
-//! redirections and refused connections are definite ([`NodeError::not_applied`]); I/O errors, timeouts and
+//! redirections and refused connections are definite ([`NodeError::not_applied`](redlease::NodeError::not_applied)); I/O errors, timeouts and
 //! closed connections after writing are ambiguous. See [`node_error`].
 //!
 //! Every script goes out as `EVALSHA`; on a `NOSCRIPT` reply (a definite refusal) it is sent once more as
@@ -97,13 +97,11 @@ use fred::clients::{Client, Pool};
 use fred::interfaces::ClientLike;
 use fred::types::config::ServerConfig;
 use redlease::notify::{self, Notifier};
-use redlease::{
-    Claim, Config, KeyState, LockManager, NodeError, NodeErrorKind, Readiness, RedisNode, Token,
-    Ttl, async_trait,
-};
+use redlease::{Config, LockManager, NodeErrorKind, Readiness};
 
-use crate::ops::{self, Probe};
-use crate::{Capabilities, Commands, SetupError, Timeouts, slot};
+use crate::node::{Backend, Node};
+use crate::ops::Probe;
+use crate::{SetupError, Timeouts, slot};
 
 mod error;
 mod health;
@@ -150,25 +148,28 @@ impl KeyRouted for Pool {
     }
 }
 
-/// A [`RedisNode`] over a fred client `C`: a [`Client`] ([`ClientNode`]) or a [`Pool`] ([`PoolNode`]).
+/// A [`RedisNode`](redlease::RedisNode) over a fred client `C`: a [`Client`] ([`ClientNode`]) or a [`Pool`] ([`PoolNode`]).
 ///
-/// Built with [`new`](Self::new) for a connected client, or [`lazy`](Self::lazy) for one that connects on
-/// first use. Both read the client's config to decide whether to check Redis Cluster hash slots and what
-/// [`endpoint`](RedisNode::endpoint) to report.
+/// Built with [`new`](FredNode::new) for a connected client, or [`lazy`](FredNode::lazy) for one that
+/// connects on first use. Both read the client's config to decide whether to check Redis Cluster hash slots
+/// and what [`endpoint`](redlease::RedisNode::endpoint) to report. The builder methods every node shares
+/// ([`with_endpoint`](Node::with_endpoint), [`with_commands`](Node::with_commands), [`probe`](Node::probe),
+/// …) are [`Node`]'s.
+pub type FredNode<C> = Node<FredTransport<C>>;
+
+/// The transport of a [`FredNode`]: its fred client `C` and what the node keeps about its connections. Built
+/// by [`FredNode::new`] and [`FredNode::lazy`].
 #[derive(Clone)]
-pub struct FredNode<C> {
+pub struct FredTransport<C> {
     client: C,
-    endpoint: Option<String>,
     cluster: bool,
     timeout: Option<Duration>,
     fail_fast: bool,
-    /// For [`lazy`](Self::lazy) nodes: the state of the first connection.
+    /// For [`lazy`](FredNode::lazy) nodes: the state of the first connection.
     connect_started: Option<Arc<LazyStart>>,
     /// One per member client, in [`KeyRouted::members`] order.
     health: Arc<Vec<Health>>,
     probe: Probe,
-    /// Release notifications over a subscriber client of the node's own.
-    notifier: Option<Notifier>,
     /// Clients of the node's own for durability waits (one server only; see [`FredWaiter`]).
     waiter: Option<FredWaiter>,
 }
@@ -177,19 +178,6 @@ pub struct FredNode<C> {
 pub type ClientNode = FredNode<Client>;
 /// A node over a fred [`Pool`] (every command for one key goes to the same pool member).
 pub type PoolNode = FredNode<Pool>;
-
-impl<C> fmt::Debug for FredNode<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FredNode")
-            .field("client", &std::any::type_name::<C>())
-            .field("endpoint", &self.endpoint)
-            .field("cluster", &self.cluster)
-            .field("timeout", &self.timeout)
-            .field("fail_fast", &self.fail_fast)
-            .field("lazy", &self.connect_started.is_some())
-            .finish()
-    }
-}
 
 /// The identity of a fred config, without credentials: `redis://host:port/db` for a centralized server,
 /// `redis-cluster://host:port,…` (sorted) for a cluster, `redis-sentinel://host:port,…/service/db` for sentinel.
@@ -252,17 +240,19 @@ impl<C: KeyRouted> FredNode<C> {
                     .map(|member| FredWaiter::new(member, sentinel))
             })
             .flatten();
-        Self {
+        Node {
             notifier,
-            waiter,
             endpoint: config_endpoint(&config),
-            cluster,
-            timeout: None,
-            fail_fast: true,
-            connect_started: None,
-            health: Arc::new(client.members().iter().map(Health::new).collect()),
-            client,
-            probe: Probe::default(),
+            transport: FredTransport {
+                waiter,
+                cluster,
+                timeout: None,
+                fail_fast: true,
+                connect_started: None,
+                health: Arc::new(client.members().iter().map(Health::new).collect()),
+                client,
+                probe: Probe::default(),
+            },
         }
     }
 
@@ -276,58 +266,16 @@ impl<C: KeyRouted> FredNode<C> {
     /// so a Redlock service can start while some servers are down.
     pub fn lazy(client: C) -> Self {
         let mut node = Self::new(client);
-        node.connect_started = Some(Arc::default());
+        node.transport.connect_started = Some(Arc::default());
         node
-    }
-
-    /// Chooses which commands the node sends (scripts, native commands, or each where it works: the
-    /// default); see [`Commands`]. Forgets what the capability check learned.
-    pub fn with_commands(self, commands: Commands) -> Self {
-        self.probe.set_mode(commands);
-        self
-    }
-
-    /// What the capability check learned about the current connection, if it ran since the connection was
-    /// (re)established.
-    pub fn capabilities(&self) -> Option<Capabilities> {
-        self.probe.get()
-    }
-
-    /// Sets the most channels the node (and its clones) subscribes at once for waiting acquisitions (default
-    /// [`notify::DEFAULT_MAX_CHANNELS`]); waiters beyond that poll.
-    pub fn with_channel_budget(self, max_channels: usize) -> Self {
-        if let Some(n) = &self.notifier {
-            n.set_max_channels(max_channels);
-        }
-        self
-    }
-
-    /// Turns release notifications off: waiting acquisitions poll this node. (Its releases still publish.)
-    pub fn without_notifications(mut self) -> Self {
-        self.notifier = None;
-        self
-    }
-
-    /// Runs the capability check now (it otherwise runs before the first acquisition), with `example_key`
-    /// standing for the lock keys (choose one your ACL key patterns allow), and remembers the answer until
-    /// a connection fails. A definite [`NodeErrorKind::Auth`] error names what the user may not run.
-    pub async fn probe(&self, example_key: &str) -> Result<(), NodeError> {
-        ops::check(self, example_key, None).await.map(|_| ())
     }
 }
 
 impl<C> FredNode<C> {
-    /// Replaces the identity reported by [`RedisNode::endpoint`] (used to reject a Redlock topology that names
-    /// one server twice). Do not put credentials in it.
-    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
-        self.endpoint = Some(endpoint.into());
-        self
-    }
-
     /// A per-command timeout passed to fred (`Options::timeout`). Without it the client's
     /// `default_command_timeout` applies (none by default; redlease's operation timeout still bounds calls).
     pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
+        self.transport.timeout = Some(timeout);
         self
     }
 
@@ -336,18 +284,18 @@ impl<C> FredNode<C> {
     /// reconnection (still written at most once), which can outlast redlease's operation timeout and then
     /// run late.
     pub fn with_fail_fast(mut self, fail_fast: bool) -> Self {
-        self.fail_fast = fail_fast;
+        self.transport.fail_fast = fail_fast;
         self
     }
 
     /// The underlying client.
     pub fn client(&self) -> &C {
-        &self.client
+        &self.transport.client
     }
 
     /// Returns the underlying client.
     pub fn into_inner(self) -> C {
-        self.client
+        self.transport.client
     }
 }
 
@@ -450,131 +398,33 @@ where
     Ok(LockManager::redlock(nodes, config)?.with_timer(crate::runtime::RuntimeTimer))
 }
 
-#[async_trait]
-impl<C: KeyRouted> RedisNode for FredNode<C> {
-    /// The capability check, run now (see `probe`): reachability, login, permissions and paths. A lazy node
-    /// connects first; a connection error fred reports meanwhile (a refused login, a refused connection) is
-    /// the answer, since fred keeps trying to connect by its policy and a command would only learn "not
-    /// connected".
-    async fn readiness(&self, key: &str) -> Readiness {
+impl<C: KeyRouted> Backend for FredTransport<C> {
+    /// A lazy node connects first; a connection error fred reports meanwhile (a refused login, a refused
+    /// connection) is the answer, since fred keeps trying to connect by its policy and a command would only
+    /// learn "not connected".
+    async fn before_readiness(&self) -> Option<Readiness> {
         if self.must_start()
             && tokio::runtime::Handle::try_current().is_ok()
             && let Some(err) = self.connect_for_check().await
         {
-            return if err.kind() == NodeErrorKind::Auth {
+            return Some(if err.kind() == NodeErrorKind::Auth {
                 Readiness::LoginRefused(err)
             } else {
                 Readiness::from_error(err)
-            };
+            });
         }
-        ops::readiness(self, key).await
+        None
     }
 
-    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::acquire(self, key, token, ttl).await
-    }
-
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::acquire_fresh(self, key, token, ttl).await
-    }
-
-    /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
-    fn acquire_fresh_is_nx(&self) -> bool {
-        true
-    }
-
-    async fn acquire_fenced(
-        &self,
-        key: &str,
-        fence_key: &str,
-        token: &Token,
-        ttl: Ttl,
-    ) -> Result<Option<u64>, NodeError> {
-        ops::acquire_fenced(self, key, fence_key, token, ttl).await
-    }
-
-    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-        ops::release(self, key, token).await
-    }
-
-    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::extend(self, key, token, ttl).await
-    }
-
-    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-        ops::inspect(self, key).await
-    }
-
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
-        ops::acquire_or_ttl(self, key, token, ttl, fresh).await
-    }
-
-    /// A subscriber client of the node's own (`clone_new` of the first member: one connection, or one per
-    /// primary on a cluster, where channels are subscribed with `SSUBSCRIBE` in their key's slot).
-    fn notifier(&self) -> Option<&Notifier> {
-        self.notifier.as_ref()
-    }
-
-    fn endpoint(&self) -> Option<String> {
-        self.endpoint.clone()
-    }
-
-    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
-        ops::raise_fence(self, fence_key, at_least).await
-    }
-
-    /// `INFO server` at every call (fred may replace its connection unnoticed; see `ops::run_id`);
-    /// unsupported on a cluster.
-    async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
-        ops::run_id(self, key).await
-    }
-
-    /// `WAIT` or `WAITAOF` on the connection that carries `key`; unsupported on a cluster.
-    async fn wait_replicas(
-        &self,
-        key: &str,
-        wait: redlease::ReplicaWait,
-    ) -> Result<u32, NodeError> {
-        ops::wait_replicas(self, key, wait).await
-    }
-
-    async fn extend_many(
-        &self,
-        items: &[redlease::ExtendItem<'_>],
-    ) -> Result<Vec<bool>, NodeError> {
-        ops::extend_many(self, items).await
-    }
-
-    fn extend_many_limit(&self) -> usize {
-        ops::EXTEND_MANY_LIMIT
-    }
-
-    /// The [`ACQUIRE_MANY`](crate::scripts::ACQUIRE_MANY), `EXTEND_MANY` or `RELEASE_MANY` script; unsupported
-    /// across Cluster slots and without Lua (the core then takes the keys one at a time).
-    async fn multi_key(
-        &self,
-        items: &[redlease::MultiKeyItem<'_>],
-        op: redlease::MultiKeyOp,
-    ) -> Result<redlease::MultiKeyReply, NodeError> {
-        ops::multi_key(self, items, op).await
-    }
-
-    /// The [`PERMIT`](crate::scripts::PERMIT) or [`RW_PERMIT`](crate::scripts::RW_PERMIT) script; without
-    /// Lua, `TIME` and a watched sorted-set transaction (see the crate README's "Leased semaphores").
-    async fn permit(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        op: redlease::PermitOp<'_>,
-    ) -> Result<redlease::PermitReply, NodeError> {
-        ops::permit(self, key, token, ttl, op).await
+    fn fmt_node(&self, endpoint: &Option<String>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FredNode")
+            .field("client", &std::any::type_name::<C>())
+            .field("endpoint", endpoint)
+            .field("cluster", &self.cluster)
+            .field("timeout", &self.timeout)
+            .field("fail_fast", &self.fail_fast)
+            .field("lazy", &self.connect_started.is_some())
+            .finish()
     }
 }
 
@@ -584,8 +434,10 @@ pub use sentinel::sentinel_builder;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops;
     use fred::types::config::Options;
     use fred::types::{ClusterHash, CustomCommand, Value};
+    use redlease::{Token, Ttl};
 
     #[test]
     fn endpoints_come_from_the_config_without_credentials() {
@@ -618,19 +470,19 @@ mod tests {
         let sizes = [
             (
                 "acquire",
-                std::mem::size_of_val(&ops::acquire(&node, "k", &token, ttl)),
+                std::mem::size_of_val(&ops::acquire(&node.transport, "k", &token, ttl)),
             ),
             (
                 "acquire_fresh",
-                std::mem::size_of_val(&ops::acquire_fresh(&node, "k", &token, ttl)),
+                std::mem::size_of_val(&ops::acquire_fresh(&node.transport, "k", &token, ttl)),
             ),
             (
                 "extend",
-                std::mem::size_of_val(&ops::extend(&node, "k", &token, ttl)),
+                std::mem::size_of_val(&ops::extend(&node.transport, "k", &token, ttl)),
             ),
             (
                 "release",
-                std::mem::size_of_val(&ops::release(&node, "k", &token)),
+                std::mem::size_of_val(&ops::release(&node.transport, "k", &token)),
             ),
         ];
         for (op, size) in sizes {

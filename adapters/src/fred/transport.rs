@@ -1,4 +1,4 @@
-//! How a [`FredNode`] sends: starting a lazy client, routing by key, sending each command once (one
+//! How a [`FredNode`](super::FredNode) sends: starting a lazy client, routing by key, sending each command once (one
 //! command, a transaction, or a command with its publish) and acting on what fred reports; its [`Transport`].
 
 use std::sync::atomic::Ordering;
@@ -17,9 +17,9 @@ use crate::slot;
 
 use super::error::{PROBATION, classify, is_second_write, node_error, to_reply};
 use super::health::{Attempt, Health, HealthState};
-use super::{FredNode, KeyRouted};
+use super::{FredTransport, KeyRouted};
 
-impl<C: KeyRouted> FredNode<C> {
+impl<C: KeyRouted> FredTransport<C> {
     fn options(&self) -> Options {
         Options {
             max_attempts: Some(1),
@@ -449,16 +449,16 @@ impl<C: KeyRouted> FredNode<C> {
     }
 }
 
-/// A command in flight through member `index` of a [`FredNode`]: if its future is dropped before the reply
-/// (the caller's operation timeout), the node treats it as a timeout ([`FredNode::primary_unresponsive`]).
+/// A command in flight through member `index` of a [`FredNode`](super::FredNode): if its future is dropped before the reply
+/// (the caller's operation timeout), the node treats it as a timeout ([`FredTransport::primary_unresponsive`](super::FredTransport::primary_unresponsive)).
 struct InFlight<'a, C: KeyRouted> {
-    node: &'a FredNode<C>,
+    node: &'a FredTransport<C>,
     index: usize,
     pending: bool,
 }
 
 impl<'a, C: KeyRouted> InFlight<'a, C> {
-    fn new(node: &'a FredNode<C>, index: usize) -> Self {
+    fn new(node: &'a FredTransport<C>, index: usize) -> Self {
         Self {
             node,
             index,
@@ -515,7 +515,7 @@ pub(super) fn command_named(name: &str, hash: ClusterHash) -> CustomCommand {
     }
 }
 
-impl<C: KeyRouted> FredNode<C> {
+impl<C: KeyRouted> FredTransport<C> {
     /// How a command for `key` is routed: by its hash slot on a cluster; elsewhere fred ignores it (and the
     /// slot is not computed).
     fn hash(&self, key: &str) -> ClusterHash {
@@ -527,7 +527,7 @@ impl<C: KeyRouted> FredNode<C> {
     }
 }
 
-impl<C: KeyRouted> Transport for FredNode<C> {
+impl<C: KeyRouted> Transport for FredTransport<C> {
     async fn script_once(
         &self,
         verb: Verb,

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd};
 use redlease::NodeError;
-use redlease::notify::{self, Notifier};
+use redlease::notify;
 
-use crate::ops::{self, Probe, Transport, Verb};
+use crate::Timeouts;
+use crate::node::{Backend, Node};
+use crate::ops::{Probe, Transport, Verb};
 use crate::scripts::{Reply, Script};
-use crate::{Capabilities, Commands, Timeouts};
 
 use super::error::{connect_error, is_dropped};
 use super::subscriber::standalone_notifier;
@@ -26,16 +27,20 @@ use super::{async_config, client_endpoint};
 /// Building one sends nothing, so every node of a Redlock service can be built while some servers are down;
 /// a call to a down server fails definitely (connection refused, or the connection timeout of the config,
 /// nothing sent) and the first call after the server is back connects. A request in flight when the
-/// connection drops is reported as ambiguous and never re-sent. Clones share the connection.
+/// connection drops is reported as ambiguous and never re-sent. Clones share the connection. The builder
+/// methods every node shares ([`with_endpoint`](Node::with_endpoint), [`probe`](Node::probe), which
+/// connects first if needed, …) are [`Node`]'s.
+pub type LazyNode = Node<LazyTransport>;
+
+/// The transport of a [`LazyNode`]: its client, connection settings and current connection. Built by the
+/// [`LazyNode`] constructors.
 #[derive(Clone)]
-pub struct LazyNode {
+pub struct LazyTransport {
     client: redis::Client,
     config: AsyncConnectionConfig,
     current: Arc<Mutex<Slot>>,
-    pub(super) endpoint: Option<String>,
     /// The capability state of the current connection (forgotten with each new connection).
     probe: Probe,
-    pub(super) notifier: Option<Notifier>,
     /// The connection `WAIT` goes on (see [`Waiter`]).
     waiter: Waiter,
 }
@@ -45,15 +50,6 @@ pub struct LazyNode {
 struct Slot {
     conn: Option<MultiplexedConnection>,
     generation: u64,
-}
-
-impl fmt::Debug for LazyNode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LazyNode")
-            .field("endpoint", &self.endpoint)
-            .field("connected", &self.is_connected())
-            .finish()
-    }
 }
 
 impl LazyNode {
@@ -72,56 +68,28 @@ impl LazyNode {
     /// A lazy node whose connections are opened with `config` (set its connection timeout to at most the
     /// operation timeout, so a call to an unreachable server fails within the round).
     pub fn with_config(client: redis::Client, config: AsyncConnectionConfig) -> Self {
-        Self {
+        Node {
             endpoint: Some(client_endpoint(&client)),
             notifier: Some(standalone_notifier(&client, notify::DEFAULT_MAX_CHANNELS)),
-            waiter: Waiter::new(&client, config.clone()),
-            client,
-            config,
-            current: Arc::new(Mutex::new(Slot::default())),
-            probe: Probe::default(),
+            transport: LazyTransport {
+                waiter: Waiter::new(&client, config.clone()),
+                client,
+                config,
+                current: Arc::new(Mutex::new(Slot::default())),
+                probe: Probe::default(),
+            },
         }
-    }
-
-    /// Sets the channel budget of the node's release notifications; see [`RedisRsNode::with_channel_budget`](super::RedisRsNode::with_channel_budget).
-    pub fn with_channel_budget(self, max_channels: usize) -> Self {
-        if let Some(n) = &self.notifier {
-            n.set_max_channels(max_channels);
-        }
-        self
-    }
-
-    /// Turns release notifications off; see [`RedisRsNode::without_notifications`](super::RedisRsNode::without_notifications).
-    pub fn without_notifications(mut self) -> Self {
-        self.notifier = None;
-        self
-    }
-
-    /// Replaces the identity reported by [`RedisNode::endpoint`](redlease::RedisNode::endpoint). Do not put credentials in it.
-    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
-        self.endpoint = Some(endpoint.into());
-        self
-    }
-
-    /// Chooses which commands the node sends; see [`RedisRsNode::with_commands`](super::RedisRsNode::with_commands).
-    pub fn with_commands(self, commands: Commands) -> Self {
-        self.probe.set_mode(commands);
-        self
-    }
-
-    /// What the capability check learned about the current connection; see [`RedisRsNode::capabilities`](super::RedisRsNode::capabilities).
-    pub fn capabilities(&self) -> Option<Capabilities> {
-        self.probe.get()
     }
 
     /// Whether a connection is open (it may still turn out to have dropped on its next use).
     pub fn is_connected(&self) -> bool {
-        self.slot().conn.is_some()
+        self.transport.is_connected()
     }
+}
 
-    /// Connects now if needed and runs the capability check (see [`RedisRsNode::probe`](super::RedisRsNode::probe)).
-    pub async fn probe(&self, example_key: &str) -> Result<(), NodeError> {
-        ops::check(self, example_key, None).await.map(|_| ())
+impl LazyTransport {
+    fn is_connected(&self) -> bool {
+        self.slot().conn.is_some()
     }
 
     fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
@@ -177,7 +145,7 @@ impl LazyNode {
     }
 }
 
-impl Transport for LazyNode {
+impl Transport for LazyTransport {
     async fn script_once(
         &self,
         verb: Verb,
@@ -248,5 +216,14 @@ impl Transport for LazyNode {
             return reply;
         }
         self.command(what, key, args).await
+    }
+}
+
+impl Backend for LazyTransport {
+    fn fmt_node(&self, endpoint: &Option<String>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyNode")
+            .field("endpoint", endpoint)
+            .field("connected", &self.is_connected())
+            .finish()
     }
 }

@@ -71,15 +71,14 @@
 //! # Errors
 //!
 //! Redis error replies (`NOSCRIPT`, `OOM`, `READONLY`, `NOPERM`, `WRONGTYPE`, …) and refused connections are
-//! definite ([`NodeError::not_applied`]); I/O errors, timeouts and dropped connections are ambiguous, because
+//! definite ([`NodeError::not_applied`](redlease::NodeError::not_applied)); I/O errors, timeouts and dropped connections are ambiguous, because
 //! redis-rs does not say whether the request had been written. See [`node_error`].
 //!
 //! Every script goes out as `EVALSHA`; on a `NOSCRIPT` reply (a definite refusal) it is sent once more as
 //! `EVAL`, so it runs at most once.
 
-use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
@@ -87,11 +86,14 @@ use redis::aio::{
 #[cfg(feature = "redis-cluster")]
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, PushInfo, PushKind, RedisError};
-use redlease::notify::{self, Notifier};
-use redlease::{Config, LockManager, NodeError};
+use redlease::notify;
+#[cfg(feature = "redis-cluster")]
+use redlease::notify::Notifier;
+use redlease::{Config, LockManager};
 
-use crate::ops::{self, Probe};
-use crate::{Capabilities, Commands, SetupError, Timeouts};
+use crate::node::Node;
+use crate::ops::Probe;
+use crate::{SetupError, Timeouts};
 
 mod error;
 mod lazy;
@@ -101,7 +103,7 @@ mod waiter;
 mod wire;
 
 pub use error::node_error;
-pub use lazy::LazyNode;
+pub use lazy::{LazyNode, LazyTransport};
 use subscriber::standalone_notifier;
 #[cfg(feature = "redis-cluster")]
 use subscriber::{RedisSubscriber, Target};
@@ -134,18 +136,21 @@ impl NodeConnection for ConnectionManager {
 ///
 /// Each call clones the connection (cheap for all redis-rs async connections) and runs one script. Use the
 /// aliases [`MultiplexedNode`], [`ManagedNode`] and [`ClusterNode`] and their `connect` constructors, or
-/// [`RedisRsNode::new`] for a connection you built yourself.
+/// [`RedisRsNode::new`] for a connection you built yourself. The builder methods every node shares
+/// ([`with_endpoint`](Node::with_endpoint), [`with_commands`](Node::with_commands),
+/// [`probe`](Node::probe), …) are [`Node`]'s.
+pub type RedisRsNode<C> = Node<RedisRsTransport<C>>;
+
+/// The transport of a [`RedisRsNode`]: its redis-rs connection `C` and what the node keeps about it. Built by
+/// [`RedisRsNode::new`] and the `connect` constructors.
 #[derive(Clone)]
-pub struct RedisRsNode<C> {
+pub struct RedisRsTransport<C> {
     conn: C,
-    endpoint: Option<String>,
     cluster: bool,
     reconnects: bool,
     /// Set once a non-reconnecting connection was seen to drop: nothing is sent on it any more.
     dead: Arc<AtomicBool>,
     probe: Probe,
-    /// Release notifications over a subscriber connection of the node's own, if it has a client to open one.
-    notifier: Option<Notifier>,
     /// The connection `WAIT` goes on, if the node has a client to open one (see [`Waiter`]).
     waiter: Option<Waiter>,
 }
@@ -159,19 +164,8 @@ pub type ManagedNode = RedisRsNode<ConnectionManager>;
 #[cfg(feature = "redis-cluster")]
 pub type ClusterNode = RedisRsNode<ClusterConnection>;
 
-impl<C> fmt::Debug for RedisRsNode<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisRsNode")
-            .field("connection", &std::any::type_name::<C>())
-            .field("endpoint", &self.endpoint)
-            .field("cluster", &self.cluster)
-            .field("dead", &self.dead.load(Ordering::Relaxed))
-            .finish()
-    }
-}
-
 impl<C: NodeConnection> RedisRsNode<C> {
-    /// A node over `conn`, **without endpoint**: add one with [`with_endpoint`](Self::with_endpoint), or a
+    /// A node over `conn`, **without endpoint**: add one with [`with_endpoint`](Node::with_endpoint), or a
     /// Redlock manager cannot tell that two nodes name one server. The `connect*` constructors keep the
     /// client's endpoint (and take timeouts): prefer them.
     pub fn new(conn: C) -> Self {
@@ -181,22 +175,24 @@ impl<C: NodeConnection> RedisRsNode<C> {
 
 impl<C> RedisRsNode<C> {
     fn build(conn: C, reconnects: bool, cluster: bool) -> Self {
-        Self {
-            conn,
+        Node {
+            transport: RedisRsTransport {
+                conn,
+                cluster,
+                reconnects,
+                dead: Arc::new(AtomicBool::new(false)),
+                probe: Probe::default(),
+                waiter: None,
+            },
             endpoint: None,
-            cluster,
-            reconnects,
-            dead: Arc::new(AtomicBool::new(false)),
-            probe: Probe::default(),
             notifier: None,
-            waiter: None,
         }
     }
 
     /// Enables release notifications for waiting acquisitions (see [`redlease::notify`]): a subscriber
     /// connection of its own, opened from `client` (with RESP3) when the first acquisition waits and closed
     /// when the last waiter is gone, subscribing at most [`notify::DEFAULT_MAX_CHANNELS`] channels (see
-    /// [`with_channel_budget`](Self::with_channel_budget)). The `connect` constructors do this with their
+    /// [`with_channel_budget`](Node::with_channel_budget)). The `connect` constructors do this with their
     /// client; use it for a node built with [`new`](RedisRsNode::new). Not for a Redis Cluster (see
     /// [`ClusterNode::connect_with_subscriber`]).
     pub fn with_subscriber(mut self, client: &redis::Client) -> Self {
@@ -204,61 +200,14 @@ impl<C> RedisRsNode<C> {
         self
     }
 
-    /// Sets the most channels the node (and its clones) subscribes at once; waiters beyond that poll. No
-    /// effect on a node without notifications.
-    pub fn with_channel_budget(self, max_channels: usize) -> Self {
-        if let Some(n) = &self.notifier {
-            n.set_max_channels(max_channels);
-        }
-        self
-    }
-
-    /// Turns release notifications off: waiting acquisitions poll this node. (Its releases still publish.)
-    pub fn without_notifications(mut self) -> Self {
-        self.notifier = None;
-        self
-    }
-
-    /// Sets the identity reported by [`RedisNode::endpoint`](redlease::RedisNode::endpoint), used to reject a Redlock topology that names one
-    /// server twice. Do not put credentials in it.
-    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
-        self.endpoint = Some(endpoint.into());
-        self
-    }
-
-    /// Chooses which commands the node sends (scripts, native commands, or each where it works: the
-    /// default); see [`Commands`]. Forgets what the capability check learned.
-    pub fn with_commands(self, commands: Commands) -> Self {
-        self.probe.set_mode(commands);
-        self
-    }
-
-    /// What the capability check learned about the current connection, if it ran since the connection was
-    /// (re)established.
-    pub fn capabilities(&self) -> Option<Capabilities> {
-        self.probe.get()
-    }
-
     /// The underlying connection.
     pub fn connection(&self) -> &C {
-        &self.conn
+        &self.transport.conn
     }
 
     /// Returns the underlying connection.
     pub fn into_inner(self) -> C {
-        self.conn
-    }
-}
-
-impl<C> RedisRsNode<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    /// Runs the capability check now (it otherwise runs before the first acquisition), with `example_key`
-    /// standing for the lock keys (choose one your ACL key patterns allow), and remembers the answer until
-    /// the connection fails. A definite [`NodeErrorKind::Auth`](redlease::NodeErrorKind::Auth) error names what the user may not run.
-    pub async fn probe(&self, example_key: &str) -> Result<(), NodeError> {
-        ops::check(self, example_key, None).await.map(|_| ())
+        self.transport.conn
     }
 }
 
@@ -384,12 +333,11 @@ impl MultiplexedNode {
         let conn = client
             .get_multiplexed_async_connection_with_config(config)
             .await?;
-        Ok(Self {
-            waiter: Some(Waiter::new(client, config.clone())),
-            ..Self::new(conn)
-        }
-        .with_endpoint(client_endpoint(client))
-        .with_subscriber(client))
+        let mut node = Self::new(conn);
+        node.transport.waiter = Some(Waiter::new(client, config.clone()));
+        Ok(node
+            .with_endpoint(client_endpoint(client))
+            .with_subscriber(client))
     }
 
     /// A node that opens its multiplexed connection on first use and again after it dropped; see
@@ -466,13 +414,12 @@ impl ManagedNode {
             config
         };
         let conn = client.get_connection_manager_with_config(config).await?;
-        Ok(Self {
-            probe,
-            waiter: Some(Waiter::new(client, AsyncConnectionConfig::new())),
-            ..Self::new(conn)
-        }
-        .with_endpoint(client_endpoint(client))
-        .with_subscriber(client))
+        let mut node = Self::new(conn);
+        node.transport.probe = probe;
+        node.transport.waiter = Some(Waiter::new(client, AsyncConnectionConfig::new()));
+        Ok(node
+            .with_endpoint(client_endpoint(client))
+            .with_subscriber(client))
     }
 }
 
@@ -517,4 +464,4 @@ impl ClusterNode {
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 #[cfg(feature = "redis-sentinel")]
-pub use sentinel::SentinelNode;
+pub use sentinel::{SentinelNode, SentinelTransport};

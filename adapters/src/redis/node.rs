@@ -1,26 +1,23 @@
-//! [`RedisNode`] for the redis-rs nodes, written once over [`Transport`] (`impl_node!`), and the
-//! [`Transport`] of a [`RedisRsNode`].
+//! How a [`RedisRsNode`](super::RedisRsNode) sends: its [`Transport`] and [`Backend`] over one redis-rs connection.
 
+use std::fmt;
 use std::sync::atomic::Ordering;
 
 use redis::Cmd;
 use redis::aio::ConnectionLike;
-use redlease::notify::Notifier;
-use redlease::{
-    Claim, KeyState, NodeError, NodeErrorKind, Readiness, RedisNode, Token, Ttl, async_trait,
-};
+use redlease::{NodeError, NodeErrorKind};
 
-use crate::ops::{self, Probe, Transport, Verb};
+use crate::node::Backend;
+use crate::ops::{Probe, Transport, Verb};
 use crate::scripts::{Reply, Script};
 
-use super::RedisRsNode;
+use super::RedisRsTransport;
 use super::error::is_dropped;
-use super::lazy::LazyNode;
 use super::wire::{
     plain_cmd, probe_pipe, script_cmd, send, send_publishing, send_transaction, transaction_pipe,
 };
 
-impl<C> RedisRsNode<C>
+impl<C> RedisRsTransport<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -92,7 +89,7 @@ where
     }
 }
 
-impl<C> Transport for RedisRsNode<C>
+impl<C> Transport for RedisRsTransport<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -165,130 +162,16 @@ where
     }
 }
 
-/// Implements [`RedisNode`] for a node type through [`ops`] (the type implements [`Transport`] and has
-/// `endpoint` and `notifier` fields).
-macro_rules! impl_node {
-    ([$($generics:tt)*] $ty:ty $(where $($bounds:tt)*)?) => {
-        #[async_trait]
-        impl<$($generics)*> RedisNode for $ty $(where $($bounds)*)? {
-            /// The capability check, run now (see `probe`): reachability, login, permissions and paths.
-            async fn readiness(&self, key: &str) -> Readiness {
-                ops::readiness(self, key).await
-            }
-
-            async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-                ops::acquire(self, key, token, ttl).await
-            }
-
-            async fn acquire_fresh(
-                &self,
-                key: &str,
-                token: &Token,
-                ttl: Ttl,
-            ) -> Result<bool, NodeError> {
-                ops::acquire_fresh(self, key, token, ttl).await
-            }
-
-            /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
-            fn acquire_fresh_is_nx(&self) -> bool {
-                true
-            }
-
-            async fn acquire_fenced(
-                &self,
-                key: &str,
-                fence_key: &str,
-                token: &Token,
-                ttl: Ttl,
-            ) -> Result<Option<u64>, NodeError> {
-                ops::acquire_fenced(self, key, fence_key, token, ttl).await
-            }
-
-            async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-                ops::release(self, key, token).await
-            }
-
-            async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-                ops::extend(self, key, token, ttl).await
-            }
-
-            async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-                ops::inspect(self, key).await
-            }
-
-            async fn acquire_or_ttl(
-                &self,
-                key: &str,
-                token: &Token,
-                ttl: Ttl,
-                fresh: bool,
-            ) -> Result<Claim, NodeError> {
-                ops::acquire_or_ttl(self, key, token, ttl, fresh).await
-            }
-
-            fn notifier(&self) -> Option<&Notifier> {
-                self.notifier.as_ref()
-            }
-
-            fn endpoint(&self) -> Option<String> {
-                self.endpoint.clone()
-            }
-
-            async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
-                ops::raise_fence(self, fence_key, at_least).await
-            }
-
-            /// `INFO server`, once per connection where the node knows its connection (multiplexed, lazy),
-            /// at every call for a reconnecting `ConnectionManager`; unsupported on a cluster.
-            async fn run_id(&self, key: &str) -> Result<redlease::RunId, NodeError> {
-                ops::run_id(self, key).await
-            }
-
-            /// `WAIT` or `WAITAOF` on the connection that carries `key`; unsupported on a cluster.
-            async fn wait_replicas(
-                &self,
-                key: &str,
-                wait: redlease::ReplicaWait,
-            ) -> Result<u32, NodeError> {
-                ops::wait_replicas(self, key, wait).await
-            }
-
-            async fn extend_many(
-                &self,
-                items: &[redlease::ExtendItem<'_>],
-            ) -> Result<Vec<bool>, NodeError> {
-                ops::extend_many(self, items).await
-            }
-
-            fn extend_many_limit(&self) -> usize {
-                ops::EXTEND_MANY_LIMIT
-            }
-
-            /// The [`ACQUIRE_MANY`](crate::scripts::ACQUIRE_MANY), `EXTEND_MANY` or `RELEASE_MANY` script; unsupported
-            /// across Cluster slots and without Lua (the core then takes the keys one at a time).
-            async fn multi_key(
-                &self,
-                items: &[redlease::MultiKeyItem<'_>],
-                op: redlease::MultiKeyOp,
-            ) -> Result<redlease::MultiKeyReply, NodeError> {
-                ops::multi_key(self, items, op).await
-            }
-
-            /// The [`PERMIT`](crate::scripts::PERMIT) or [`RW_PERMIT`](crate::scripts::RW_PERMIT) script; without
-            /// Lua, `TIME` and a watched sorted-set transaction (see the crate README's "Leased semaphores").
-            async fn permit(
-                &self,
-                key: &str,
-                token: &Token,
-                ttl: Ttl,
-                op: redlease::PermitOp<'_>,
-            ) -> Result<redlease::PermitReply, NodeError> {
-                ops::permit(self, key, token, ttl, op).await
-            }
-        }
-    };
+impl<C> Backend for RedisRsTransport<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn fmt_node(&self, endpoint: &Option<String>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRsNode")
+            .field("connection", &std::any::type_name::<C>())
+            .field("endpoint", endpoint)
+            .field("cluster", &self.cluster)
+            .field("dead", &self.dead.load(Ordering::Relaxed))
+            .finish()
+    }
 }
-
-impl_node!([C] RedisRsNode<C> where C: ConnectionLike + Clone + Send + Sync + 'static);
-
-impl_node!([] LazyNode);
