@@ -181,7 +181,7 @@ pub(crate) trait Transport: Send + Sync {
 
 /// After a failed connection the next acquisition checks again: the client may reconnect to another server.
 /// A reply is a server's answer: the first one is remembered ([`ProbeState::first_contact`](probe::ProbeState::first_contact)).
-pub(super) fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
+fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
     match &result {
         Err(e) if matches!(e.kind(), NodeErrorKind::Connection | NodeErrorKind::Io) => {
             t.probe().forget();
@@ -193,7 +193,7 @@ pub(super) fn note<T>(t: &impl Transport, result: Result<T, NodeError>) -> Resul
 }
 
 /// [`Transport::transaction`] behind the node's transaction gate ([`Probe::tx_gate`]).
-pub(super) async fn tx(
+async fn tx(
     t: &impl Transport,
     what: &Script,
     key: &str,
@@ -204,18 +204,14 @@ pub(super) async fn tx(
 }
 
 /// [`Transport::probe_transaction`] behind the node's transaction gate ([`Probe::tx_gate`]).
-pub(super) async fn probe_tx(
-    t: &impl Transport,
-    what: &Script,
-    key: &str,
-) -> Result<(), NodeError> {
+async fn probe_tx(t: &impl Transport, what: &Script, key: &str) -> Result<(), NodeError> {
     let _gate = t.probe().tx_gate().await;
     t.probe_transaction(what, key).await
 }
 
 /// Whether `err` is a definite "unknown command" or "syntax error" reply: a server that lacks a command or
 /// an option (`DELIFEQ`, `SET … IFEQ`, `SET … NX GET`, `EVAL` without Lua).
-pub(super) fn refused_command(err: &NodeError) -> bool {
+fn refused_command(err: &NodeError) -> bool {
     if err.is_ambiguous() {
         return false;
     }
@@ -227,10 +223,7 @@ pub(super) fn refused_command(err: &NodeError) -> bool {
 /// the one that was checked (another binary or version behind a proxy or one address, reached without a
 /// failed call in between). What was learned is forgotten, so the next call checks again and asks the
 /// run_id again.
-pub(super) fn note_refused<T>(
-    t: &impl Transport,
-    result: Result<T, NodeError>,
-) -> Result<T, NodeError> {
+fn note_refused<T>(t: &impl Transport, result: Result<T, NodeError>) -> Result<T, NodeError> {
     if let Err(e) = &result
         && refused_command(e)
     {
@@ -263,7 +256,7 @@ pub(crate) async fn eval(
 
 /// The capabilities to choose a release or extension path by: a scripts-only node needs no check (the
 /// scripts are the path), the others check an unchecked connection first.
-pub(super) async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, NodeError> {
+async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabilities>, NodeError> {
     match t.probe().get() {
         Some(caps) => Ok(Some(caps)),
         None if t.probe().mode() == Commands::Scripts => Ok(None),
@@ -279,13 +272,13 @@ pub(super) async fn path(t: &impl Transport, key: &str) -> Result<Option<Capabil
 /// native way only if the server runs no Lua or the ACL refuses the script command itself (both: nothing
 /// ran).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Way {
+enum Way {
     Native,
     Script,
     ScriptElseNative,
 }
 
-pub(super) async fn way(
+async fn way(
     t: &impl Transport,
     key: &str,
     native: impl FnOnce(Capabilities) -> bool,
@@ -306,7 +299,7 @@ pub(super) async fn way(
 
 /// Whether a script call was refused before anything ran because the server runs no Lua or the ACL refuses
 /// `EVAL` itself (not a command inside the script): another way may be tried.
-pub(super) fn script_unavailable(err: &NodeError) -> bool {
+fn script_unavailable(err: &NodeError) -> bool {
     if err.is_ambiguous() {
         return false;
     }
