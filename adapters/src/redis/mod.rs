@@ -97,8 +97,8 @@ use crate::{SetupError, Timeouts};
 
 mod error;
 mod lazy;
-mod node;
 mod subscriber;
+mod transport;
 mod waiter;
 mod wire;
 
