@@ -175,8 +175,12 @@ pub struct FredTransport<C> {
 }
 
 /// A node over one fred [`Client`].
+///
+/// (A [`FredNode`]: the methods every node has are [`Node`]'s.)
 pub type ClientNode = FredNode<Client>;
 /// A node over a fred [`Pool`] (every command for one key goes to the same pool member).
+///
+/// (A [`FredNode`]: the methods every node has are [`Node`]'s.)
 pub type PoolNode = FredNode<Pool>;
 
 /// The identity of a fred config, without credentials: `redis://host:port/db` for a centralized server,

@@ -156,11 +156,17 @@ pub struct RedisRsTransport<C> {
 }
 
 /// A node over one [`MultiplexedConnection`] (no reconnection; see [`MultiplexedNode::lazy`]).
+///
+/// (A [`RedisRsNode`]: the methods every node has are [`Node`]'s.)
 pub type MultiplexedNode = RedisRsNode<MultiplexedConnection>;
 /// A node over a reconnecting [`ConnectionManager`].
+///
+/// (A [`RedisRsNode`]: the methods every node has are [`Node`]'s.)
 pub type ManagedNode = RedisRsNode<ConnectionManager>;
 /// A node over a Redis Cluster [`ClusterConnection`]; checks hash slots client-side. Needs the
 /// `redis-cluster` feature.
+///
+/// (A [`RedisRsNode`]: the methods every node has are [`Node`]'s.)
 #[cfg(feature = "redis-cluster")]
 pub type ClusterNode = RedisRsNode<ClusterConnection>;
 

@@ -56,6 +56,9 @@ const WRITES_KEPT: usize = 1024;
 /// - **Endpoint**: `redis-sentinel://host:port,…/<master name>/<db>` (the Sentinels, sorted; the same form
 ///   as a fred Sentinel node's), never credentials.
 ///
+/// The methods every node has ([`with_endpoint`](Node::with_endpoint), [`with_commands`](Node::with_commands),
+/// [`probe`](Node::probe), which asks the Sentinels and connects first if needed, …) are [`Node`]'s.
+///
 /// ```no_run
 /// use redlease::{Config, LockManager};
 /// use redlease_adapters::redis::SentinelNode;
