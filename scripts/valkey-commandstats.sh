@@ -3,10 +3,10 @@
 # usec_per_call after N calls of each (run from the repository root after scripts/fetch-valkey.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The scripts' sources, read from adapters/src/scripts.rs (so this never drifts from the code).
+# The scripts' sources, read from adapters/src/scripts/ (so this never drifts from the code).
 eval "$(python3 - <<'PY'
-import re, shlex
-s = open('adapters/src/scripts.rs').read()
+import glob, re, shlex
+s = ''.join(open(f).read() for f in sorted(glob.glob('adapters/src/scripts/*.rs')))
 src = {m.group(1): m.group(2) for m in re.finditer(r'pub const (\w+): Script = Script \{\n    name: "[^"]*",\n    source: r#"(.*?)"#', s, re.S)}
 for var, name in [('EXT', 'EXTEND'), ('REL', 'RELEASE'), ('FEN', 'ACQUIRE_FENCED')]:
     print(f"{var}={shlex.quote(src[name])}")

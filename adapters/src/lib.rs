@@ -26,6 +26,10 @@
 //! `redlease_adapters::fred::fred`) so that versions match. (The modules themselves carry the crates' names,
 //! so the re-exports live inside them rather than at the crate root.)
 //!
+//! Every node type of both adapters is a [`Node`] over its client's transport (`redis::MultiplexedNode`,
+//! `redis::LazyNode`, `fred::ClientNode`, … are aliases of it): one [`RedisNode`](redlease::RedisNode)
+//! implementation, and one set of builder methods (`with_endpoint`, `with_commands`, `probe`, …).
+//!
 //! Both adapters run the same Lua scripts ([`scripts`]) as `EVALSHA` with a single `EVAL` fallback on
 //! `NOSCRIPT`, classify client errors into definite and ambiguous [`NodeError`](redlease::NodeError)s, and
 //! check Redis Cluster hash slots client-side ([`slot`]) before a fenced acquisition.
@@ -94,8 +98,13 @@
 
 mod commands;
 #[cfg(any(feature = "redis", feature = "fred"))]
+mod node;
+#[cfg(any(feature = "redis", feature = "fred"))]
 mod ops;
 pub use commands::{Capabilities, Commands};
+#[cfg(any(feature = "redis", feature = "fred"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "redis", feature = "fred"))))]
+pub use node::Node;
 mod setup;
 pub use setup::{SetupError, Timeouts};
 pub mod scripts;

@@ -8,25 +8,24 @@ use std::sync::{Arc, Mutex};
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Cmd, ConnectionInfo, IntoConnectionInfo, RedisConnectionInfo};
-use redlease::{
-    ExtendItem, KeyState, NodeError, NodeErrorKind, Readiness, RedisNode, ReplicaWait, RunId,
-    Token, Ttl, async_trait,
-};
+use redlease::{NodeError, NodeErrorKind, ReplicaWait};
 
 use redis::RedisError;
 
-use super::{
-    Waiter, connect_error, is_dropped, plain_cmd, script_cmd, send, send_publishing,
-    send_transaction, transaction_pipe,
+use super::error::{connect_error, is_dropped};
+use super::waiter::Waiter;
+use super::wire::{
+    plain_cmd, script_cmd, send, send_publishing, send_transaction, transaction_pipe,
 };
+use crate::Timeouts;
+use crate::node::{Backend, Node};
 use crate::ops::{self, Probe, Transport, Verb};
 use crate::scripts::{Reply, Script};
-use crate::{Capabilities, Commands, Timeouts};
 
 /// How many keys a [`SentinelNode`] remembers the connection of their last write for (for `WAIT`).
 const WRITES_KEPT: usize = 1024;
 
-/// A [`RedisNode`] for a primary behind Redis Sentinel: it asks the Sentinels for the primary
+/// A [`RedisNode`](redlease::RedisNode) for a primary behind Redis Sentinel: it asks the Sentinels for the primary
 /// ([`SentinelClient`], which also checks with `ROLE` that the server it names is a primary), keeps one
 /// multiplexed connection to it, and asks again after that connection dropped, the server answered
 /// `READONLY` (it was demoted to a replica), or a call on it timed out. So after a failover its calls fail (definitely, nothing sent,
@@ -38,7 +37,7 @@ const WRITES_KEPT: usize = 1024;
 ///   Sentinels again, so it follows a failover the Sentinels make meanwhile (the old primary, back and
 ///   demoted, answers `READONLY` if it is named again, and is left the same way).
 /// - **Capability check and `run_id`** are per connection, as for the other nodes: a new primary is
-///   checked again before the next acquisition, and reports its own [`RunId`] (a failover is a changed run
+///   checked again before the next acquisition, and reports its own [`RunId`](redlease::RunId) (a failover is a changed run
 ///   id: with the restart quarantine on, the core emits a
 ///   [`NodeRestarted`](redlease::EventKind::NodeRestarted) event).
 /// - **Durability.** `WAIT` counts the writes of its own connection. The node remembers which connection
@@ -57,6 +56,9 @@ const WRITES_KEPT: usize = 1024;
 /// - **Endpoint**: `redis-sentinel://host:port,…/<master name>/<db>` (the Sentinels, sorted; the same form
 ///   as a fred Sentinel node's), never credentials.
 ///
+/// The methods every node has ([`with_endpoint`](Node::with_endpoint), [`with_commands`](Node::with_commands),
+/// [`probe`](Node::probe), which asks the Sentinels and connects first if needed, …) are [`Node`]'s.
+///
 /// ```no_run
 /// use redlease::{Config, LockManager};
 /// use redlease_adapters::redis::SentinelNode;
@@ -70,8 +72,12 @@ const WRITES_KEPT: usize = 1024;
 /// # Ok(())
 /// # }
 /// ```
+pub type SentinelNode = Node<SentinelTransport>;
+
+/// The transport of a [`SentinelNode`]: the Sentinels, the settings of the connections to the primary, and
+/// the current one. Built by [`SentinelNode::new`].
 #[derive(Clone)]
-pub struct SentinelNode {
+pub struct SentinelTransport {
     sentinels: Vec<ConnectionInfo>,
     master_name: String,
     node_info: SentinelNodeConnectionInfo,
@@ -80,7 +86,6 @@ pub struct SentinelNode {
     lookup: Arc<Mutex<Option<SentinelClient>>>,
     config: AsyncConnectionConfig,
     current: Arc<Mutex<Current>>,
-    endpoint: Option<String>,
     probe: Probe,
 }
 
@@ -110,15 +115,6 @@ impl Current {
             .rev()
             .find(|(k, _)| k == key)
             .map(|(_, g)| *g)
-    }
-}
-
-impl fmt::Debug for SentinelNode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SentinelNode")
-            .field("endpoint", &self.endpoint)
-            .field("connected", &self.lock_current().conn.is_some())
-            .finish()
     }
 }
 
@@ -158,20 +154,60 @@ impl SentinelNode {
             .map(IntoConnectionInfo::into_connection_info)
             .collect::<Result<Vec<_>, _>>()?;
         let node_info = SentinelNodeConnectionInfo::default();
-        let client = Self::client(&sentinels, master_name, &node_info)?;
-        Ok(Self {
+        let client = SentinelTransport::client(&sentinels, master_name, &node_info)?;
+        Ok(Node {
             endpoint: Some(sentinel_endpoint(&sentinels, master_name, 0)),
-            sentinels,
-            master_name: master_name.to_owned(),
-            node_info,
-            db: 0,
-            lookup: Arc::new(Mutex::new(Some(client))),
-            config: AsyncConnectionConfig::new(),
-            current: Arc::default(),
-            probe: Probe::default(),
+            notifier: None,
+            transport: SentinelTransport {
+                sentinels,
+                master_name: master_name.to_owned(),
+                node_info,
+                db: 0,
+                lookup: Arc::new(Mutex::new(Some(client))),
+                config: AsyncConnectionConfig::new(),
+                current: Arc::default(),
+                probe: Probe::default(),
+            },
         })
     }
 
+    /// The settings for the connections to the primary: credentials, database, protocol. (Credentials of
+    /// the Sentinels themselves go in their URLs.)
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_redis_settings(
+        mut self,
+        settings: RedisConnectionInfo,
+    ) -> Result<Self, RedisError> {
+        let t = &mut self.transport;
+        t.db = settings.db();
+        t.node_info = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
+        let client = SentinelTransport::client(&t.sentinels, &t.master_name, &t.node_info)?;
+        t.lookup = Arc::new(Mutex::new(Some(client)));
+        self.endpoint = Some(sentinel_endpoint(&t.sentinels, &t.master_name, t.db));
+        Ok(self)
+    }
+
+    /// The settings of each connection to the primary (set its connection timeout to at most the operation
+    /// timeout, and the response timeout to about it).
+    pub fn with_config(mut self, config: AsyncConnectionConfig) -> Self {
+        self.transport.config = config;
+        self
+    }
+
+    /// The connection and response timeouts of each connection to the primary (see [`Timeouts`]).
+    pub fn with_timeouts(self, timeouts: Timeouts) -> Self {
+        self.with_config(super::async_config(timeouts))
+    }
+
+    /// Whether a connection to a primary is open (it may still turn out to have dropped on its next use).
+    pub fn is_connected(&self) -> bool {
+        self.transport.lock_current().conn.is_some()
+    }
+}
+
+impl SentinelTransport {
     fn client(
         sentinels: &[ConnectionInfo],
         master_name: &str,
@@ -185,67 +221,6 @@ impl SentinelNode {
             Some(node_info.clone()),
             SentinelServerType::Master,
         )
-    }
-
-    /// The settings for the connections to the primary: credentials, database, protocol. (Credentials of
-    /// the Sentinels themselves go in their URLs.)
-    ///
-    /// # Errors
-    /// As [`new`](Self::new).
-    pub fn with_redis_settings(
-        mut self,
-        settings: RedisConnectionInfo,
-    ) -> Result<Self, RedisError> {
-        self.db = settings.db();
-        self.node_info = SentinelNodeConnectionInfo::default().set_redis_connection_info(settings);
-        let client = Self::client(&self.sentinels, &self.master_name, &self.node_info)?;
-        self.lookup = Arc::new(Mutex::new(Some(client)));
-        self.endpoint = Some(sentinel_endpoint(
-            &self.sentinels,
-            &self.master_name,
-            self.db,
-        ));
-        Ok(self)
-    }
-
-    /// The settings of each connection to the primary (set its connection timeout to at most the operation
-    /// timeout, and the response timeout to about it).
-    pub fn with_config(mut self, config: AsyncConnectionConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// The connection and response timeouts of each connection to the primary (see [`Timeouts`]).
-    pub fn with_timeouts(self, timeouts: Timeouts) -> Self {
-        self.with_config(super::async_config(timeouts))
-    }
-
-    /// Replaces the identity reported by [`RedisNode::endpoint`]. Do not put credentials in it.
-    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
-        self.endpoint = Some(endpoint.into());
-        self
-    }
-
-    /// Chooses which commands the node sends; see [`RedisRsNode::with_commands`](super::RedisRsNode::with_commands).
-    pub fn with_commands(self, commands: Commands) -> Self {
-        self.probe.set_mode(commands);
-        self
-    }
-
-    /// What the capability check learned about the current connection.
-    pub fn capabilities(&self) -> Option<Capabilities> {
-        self.probe.get()
-    }
-
-    /// Whether a connection to a primary is open (it may still turn out to have dropped on its next use).
-    pub fn is_connected(&self) -> bool {
-        self.lock_current().conn.is_some()
-    }
-
-    /// Asks the Sentinels for the primary if needed, connects and runs the capability check (see
-    /// [`RedisRsNode::probe`](super::RedisRsNode::probe)).
-    pub async fn probe(&self, example_key: &str) -> Result<(), NodeError> {
-        ops::check(self, example_key, None).await.map(|_| ())
     }
 
     fn lock_current(&self) -> std::sync::MutexGuard<'_, Current> {
@@ -344,13 +319,13 @@ impl SentinelNode {
 /// the primary again instead of waiting on it until it comes back. (Its request may still be applied late,
 /// which the core allows for: see the `RedisNode` contract's "Order and late requests".)
 struct InFlight<'a> {
-    node: &'a SentinelNode,
+    node: &'a SentinelTransport,
     generation: u64,
     pending: bool,
 }
 
 impl<'a> InFlight<'a> {
-    fn new(node: &'a SentinelNode, generation: u64) -> Self {
+    fn new(node: &'a SentinelTransport, generation: u64) -> Self {
         Self {
             node,
             generation,
@@ -396,7 +371,7 @@ fn lookup_error(what: &Script, err: &RedisError) -> NodeError {
     .with_source(err.clone())
 }
 
-impl Transport for SentinelNode {
+impl Transport for SentinelTransport {
     async fn script_once(
         &self,
         verb: Verb,
@@ -471,7 +446,7 @@ impl Transport for SentinelNode {
 
 /// A [`SentinelNode`] pinned to the connection that carried a key's last write, for `WAIT`.
 struct Pinned<'a> {
-    node: &'a SentinelNode,
+    node: &'a SentinelTransport,
     conn: MultiplexedConnection,
     /// Wait connections to the server `conn` reaches.
     waiter: Option<Waiter>,
@@ -561,60 +536,10 @@ impl Transport for Pinned<'_> {
     }
 }
 
-#[async_trait]
-impl RedisNode for SentinelNode {
-    /// The capability check, run now (see `probe`): reachability, login, permissions and paths.
-    async fn readiness(&self, key: &str) -> Readiness {
-        ops::readiness(self, key).await
-    }
-
-    async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::acquire(self, key, token, ttl).await
-    }
-
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::acquire_fresh(self, key, token, ttl).await
-    }
-
-    /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
-    fn acquire_fresh_is_nx(&self) -> bool {
-        true
-    }
-
-    async fn acquire_fenced(
-        &self,
-        key: &str,
-        fence_key: &str,
-        token: &Token,
-        ttl: Ttl,
-    ) -> Result<Option<u64>, NodeError> {
-        ops::acquire_fenced(self, key, fence_key, token, ttl).await
-    }
-
-    async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
-        ops::release(self, key, token).await
-    }
-
-    async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::extend(self, key, token, ttl).await
-    }
-
-    async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
-        ops::inspect(self, key).await
-    }
-
-    fn endpoint(&self) -> Option<String> {
-        self.endpoint.clone()
-    }
-
-    async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
-        ops::raise_fence(self, fence_key, at_least).await
-    }
-
-    /// `INFO server` on the current primary, once per connection.
-    async fn run_id(&self, key: &str) -> Result<RunId, NodeError> {
-        ops::run_id(self, key).await
-    }
+impl Backend for SentinelTransport {
+    /// Never had the waiting acquisition's one-step TTL (nor release notifications): a waiter polls, as
+    /// with the trait's default.
+    const CLAIMS_TTL: bool = false;
 
     /// `WAIT`/`WAITAOF` on the connection that carried `key`'s last write; a definite
     /// [`NodeErrorKind::Connection`] error when the node has moved to another connection (another primary)
@@ -646,40 +571,18 @@ impl RedisNode for SentinelNode {
         }
     }
 
-    async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
-        ops::extend_many(self, items).await
-    }
-
-    fn extend_many_limit(&self) -> usize {
-        ops::EXTEND_MANY_LIMIT
-    }
-
-    /// The [`ACQUIRE_MANY`](crate::scripts::ACQUIRE_MANY), `EXTEND_MANY` or `RELEASE_MANY` script; unsupported
-    /// across Cluster slots and without Lua (the core then takes the keys one at a time).
-    async fn multi_key(
-        &self,
-        items: &[redlease::MultiKeyItem<'_>],
-        op: redlease::MultiKeyOp,
-    ) -> Result<redlease::MultiKeyReply, NodeError> {
-        ops::multi_key(self, items, op).await
-    }
-
-    /// The [`PERMIT`](crate::scripts::PERMIT) script; without Lua, `TIME` and a sorted-set transaction
-    /// (see the crate README's "Leased semaphores").
-    async fn permit(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        op: redlease::PermitOp<'_>,
-    ) -> Result<redlease::PermitReply, NodeError> {
-        ops::permit(self, key, token, ttl, op).await
+    fn fmt_node(&self, endpoint: &Option<String>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelNode")
+            .field("endpoint", endpoint)
+            .field("connected", &self.lock_current().conn.is_some())
+            .finish()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redlease::RedisNode;
 
     #[test]
     fn the_endpoint_names_the_sentinels_and_the_master_without_credentials() {
