@@ -240,6 +240,32 @@ mod tests {
     }
 
     #[test]
+    fn unsettled_nodes_are_those_unanswered_or_failed_ambiguously() {
+        let mut t = Tally::new(5, 3, WaitFor::All);
+        t.handle_reply(0, Reply::Yes);
+        t.handle_reply(1, Reply::No);
+        t.handle_reply(2, Reply::Failed(err()));
+        t.handle_reply(
+            3,
+            Reply::Failed(NodeError::ambiguous(NodeErrorKind::Io, "cut")),
+        );
+        // Node 4 has not answered.
+        assert_eq!(t.unsettled_indices().collect::<Vec<_>>(), [3, 4]);
+        assert!(t.any_ambiguous());
+        let replies = t.replies();
+        assert_eq!(replies.len(), 5);
+        assert!(matches!(replies[0], Some(Reply::Yes)) && matches!(replies[1], Some(Reply::No)));
+        assert!(replies[4].is_none());
+        // Definite failures only: nothing ambiguous, and every answered node settled.
+        let mut t = Tally::new(3, 2, WaitFor::All);
+        t.handle_reply(0, Reply::Failed(err()));
+        t.handle_reply(1, Reply::No);
+        t.handle_reply(2, Reply::Yes);
+        assert!(!t.any_ambiguous());
+        assert_eq!(t.unsettled_indices().count(), 0);
+    }
+
+    #[test]
     fn a_tally_reports_the_votes_it_requires() {
         for (n, required) in [(1, 1), (3, 2), (5, 3), (5, 5)] {
             assert_eq!(Tally::new(n, required, WaitFor::All).required(), required);

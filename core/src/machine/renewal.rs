@@ -123,6 +123,7 @@ mod tests {
     #[test]
     fn renews_every_interval_when_healthy() {
         let s = RenewalSchedule::new(ms(10_000), ms(200), ms(500));
+        assert_eq!(s.interval(), ms(10_000));
         let t0 = Instant::now();
         assert_eq!(
             s.after_success(t0, t0 + ms(29_698)),

@@ -81,6 +81,24 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
+    fn the_generator_is_splitmix64() {
+        // SplitMix64's reference outputs (seed 0, and seed 1 234 567).
+        let mut j = Jitter::from_seed(0);
+        let first: Vec<u64> = (0..3).map(|_| j.next_u64()).collect();
+        assert_eq!(
+            first,
+            [
+                0xE220_A839_7B1D_CDAF,
+                0x6E78_9E6A_A1B9_65F4,
+                0x06C4_5D18_8009_454F
+            ]
+        );
+        let mut j = Jitter::from_seed(1_234_567);
+        assert_eq!(j.next_u64(), 0x599E_D017_FB08_FC85);
+        assert_eq!(j.next_u64(), 0x2C73_F084_5854_0FA5);
+    }
+
+    #[test]
     fn same_seed_same_schedule() {
         let mut a = Backoff::new(Duration::from_millis(200), 0.5, Jitter::from_seed(7));
         let mut b = Backoff::new(Duration::from_millis(200), 0.5, Jitter::from_seed(7));
