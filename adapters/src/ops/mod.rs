@@ -43,6 +43,8 @@ mod fence;
 mod ledger;
 mod lock;
 mod permit;
+#[cfg(test)]
+mod pinned;
 mod probe;
 mod replication;
 mod rw;

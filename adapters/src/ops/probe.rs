@@ -579,7 +579,7 @@ fn paths(caps: Capabilities) -> CommandPaths {
 
 /// Whether an `Auth` error is a refused login rather than a refused command: its message or a source's
 /// names the login.
-fn login_refused(err: &NodeError) -> bool {
+pub(super) fn login_refused(err: &NodeError) -> bool {
     let mut texts = vec![err.message().to_owned()];
     let mut source = std::error::Error::source(err);
     while let Some(s) = source {

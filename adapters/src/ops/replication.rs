@@ -214,7 +214,7 @@ pub(crate) async fn wait_replicas(
     })
 }
 
-fn unknown_command(e: &NodeError) -> bool {
+pub(super) fn unknown_command(e: &NodeError) -> bool {
     let text = e.to_string().to_ascii_lowercase();
     text.contains("unknown command") || text.contains("unknown subcommand")
 }
