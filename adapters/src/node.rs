@@ -10,8 +10,8 @@ use std::future::Future;
 
 use redlease::notify::Notifier;
 use redlease::{
-    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, PermitOp,
-    PermitReply, Readiness, RedisNode, ReplicaWait, RunId, Token, Ttl, async_trait,
+    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeProfile,
+    PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId, Token, Ttl, async_trait,
 };
 
 use crate::ops::{self, Transport};
@@ -28,7 +28,7 @@ use crate::{Capabilities, Commands};
 #[derive(Clone)]
 pub struct Node<T> {
     pub(crate) transport: T,
-    /// The identity reported by [`RedisNode::endpoint`].
+    /// The identity reported by [`NodeProfile::endpoint`](redlease::NodeProfile::endpoint).
     pub(crate) endpoint: Option<String>,
     /// Release notifications for waiting acquisitions, if the node has a subscriber connection.
     pub(crate) notifier: Option<Notifier>,
@@ -72,7 +72,7 @@ impl<T: Backend> fmt::Debug for Node<T> {
 }
 
 impl<T> Node<T> {
-    /// Sets the identity reported by [`RedisNode::endpoint`], used to reject a Redlock topology that names one
+    /// Sets the identity reported by [`NodeProfile::endpoint`](redlease::NodeProfile::endpoint), used to reject a Redlock topology that names one
     /// server twice. Do not put credentials in it.
     pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoint = Some(endpoint.into());
@@ -151,10 +151,6 @@ impl<T: Backend> RedisNode for Node<T> {
     }
 
     /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
-    fn acquire_fresh_is_nx(&self) -> bool {
-        true
-    }
-
     async fn acquire_fenced(
         &self,
         key: &str,
@@ -208,8 +204,16 @@ impl<T: Backend> RedisNode for Node<T> {
         self.notifier.as_ref()
     }
 
-    fn endpoint(&self) -> Option<String> {
-        self.endpoint.clone()
+    /// The node's endpoint (credentials left out), a plain `SET NX` first attempt, and batches of up to
+    /// 100 leases (a script call per slot).
+    fn profile(&self) -> NodeProfile {
+        let profile = NodeProfile::new()
+            .with_fresh_is_nx(true)
+            .with_batch_limit(ops::EXTEND_MANY_LIMIT);
+        match &self.endpoint {
+            Some(endpoint) => profile.with_endpoint(endpoint.clone()),
+            None => profile,
+        }
     }
 
     async fn raise_fence(&self, fence_key: &str, at_least: u64) -> Result<u64, NodeError> {
@@ -232,10 +236,6 @@ impl<T: Backend> RedisNode for Node<T> {
 
     async fn extend_many(&self, items: &[ExtendItem<'_>]) -> Result<Vec<bool>, NodeError> {
         ops::extend_many(&self.transport, items).await
-    }
-
-    fn extend_many_limit(&self) -> usize {
-        ops::EXTEND_MANY_LIMIT
     }
 
     /// The [`ACQUIRE_MANY`](crate::scripts::ACQUIRE_MANY), `EXTEND_MANY` or `RELEASE_MANY` script; unsupported

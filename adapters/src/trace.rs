@@ -6,7 +6,7 @@
 //!
 //! | field | value |
 //! |---|---|
-//! | `node` | the node's [`endpoint`](redlease::RedisNode::endpoint) with any `user:password@` removed ([`redact`]), or `node <index>` |
+//! | `node` | the node's [endpoint](redlease::NodeProfile::endpoint) with any `user:password@` removed ([`redact`]), or `node <index>` |
 //! | `op` | `acquire`, `acquire_fresh`, `acquire_fenced`, `release`, `extend`, `inspect` |
 //! | `key` | the lock key |
 //! | `outcome` | `yes`, `no` or `error` |
@@ -50,7 +50,8 @@ impl<N: RedisNode> Traced<N> {
     /// Wraps `inner`, naming it by its endpoint (credentials removed), or `node` if it has none.
     pub fn new(inner: N) -> Self {
         let name = inner
-            .endpoint()
+            .profile()
+            .endpoint
             .map_or_else(|| "node".to_owned(), |e| redact(&e));
         Self { inner, name }
     }

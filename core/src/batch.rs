@@ -6,7 +6,7 @@
 //! renewal instant, or the deadline at which it is given up), sleeps until the earliest, and then takes every
 //! lease due within [`Config::renewal_batching`](crate::Config)'s window of now — renewing those at most the
 //! window early, never late — in batches of at most the configured size (nor more than any node's
-//! [`extend_many_limit`](crate::RedisNode::extend_many_limit)), each sent on the manager's spawner. Leases
+//! [batch limit](crate::NodeProfile::batch_limit)), each sent on the manager's spawner. Leases
 //! renewed in one batch share their round start, hence their next renewal instant: they stay together.
 //!
 //! Each lease keeps its own token, TTL, unconfirmed-extension record, validity (measured from the batch
@@ -48,9 +48,9 @@ impl Engine {
         }
         self.spawner.as_ref()?;
         let limit = self
-            .nodes
+            .profiles
             .iter()
-            .map(|n| n.extend_many_limit())
+            .map(|p| p.batch_limit)
             .min()
             .unwrap_or(0);
         (limit > 0).then_some(max.min(limit))

@@ -18,7 +18,7 @@ use crate::node::{NodeError, RedisNode};
 pub struct NodeCheck {
     /// The node's position in the manager (the order it was given in).
     pub index: usize,
-    /// The node's [`endpoint`](RedisNode::endpoint), if it reports one (never with credentials).
+    /// The node's [endpoint](crate::NodeProfile::endpoint), if it reports one (never with credentials).
     pub endpoint: Option<String>,
     /// What the check found.
     pub readiness: Readiness,
@@ -128,7 +128,7 @@ impl LockManager {
             .enumerate()
             .map(|(index, value)| NodeCheck {
                 index,
-                endpoint: engine.nodes[index].endpoint(),
+                endpoint: engine.profiles[index].endpoint.clone(),
                 readiness: value
                     .unwrap_or_else(|| Readiness::Unreachable(NodeError::timed_out(timeout))),
             })

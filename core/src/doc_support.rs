@@ -74,8 +74,10 @@ impl RedisNode for MapNode {
         Ok(true)
     }
 
-    fn acquire_fresh_is_nx(&self) -> bool {
-        true
+    fn profile(&self) -> redlease::NodeProfile {
+        redlease::NodeProfile::new()
+            .with_fresh_is_nx(true)
+            .with_endpoint(format!("map://{:p}", self))
     }
 
     async fn acquire_fenced(
@@ -133,10 +135,6 @@ impl RedisNode for MapNode {
         Ok(Self::live(&mut keys, key).map(|v| {
             KeyState::new(v, expiry.map(|at| at.saturating_duration_since(Instant::now())))
         }))
-    }
-
-    fn endpoint(&self) -> Option<String> {
-        Some(format!("map://{:p}", self))
     }
 
     async fn permit(

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::config::Config;
 use crate::machine::slots::Slots;
 use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
-use crate::node::{Claim, NodeError, NodeErrorKind, RedisNode, RunId, Ttl};
+use crate::node::{Claim, NodeError, NodeErrorKind, NodeProfile, RedisNode, RunId, Ttl};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::SharedTimer;
 use crate::token::Token;
@@ -49,6 +49,8 @@ pub(crate) struct Planned {
 /// Everything a manager, its locks and its leases share.
 pub(crate) struct Engine {
     pub(crate) nodes: Vec<Arc<dyn RedisNode>>,
+    /// Each node's [`RedisNode::profile`], read when the nodes were given (see [`profiles`]).
+    pub(crate) profiles: Vec<NodeProfile>,
     /// How many nodes decide a round: a majority, or more for a Redlock semaphore (see `crate::semaphore`).
     pub(crate) quorum: usize,
     /// An attempt that finds the lock held still writes (a writer's claim, a place in a fair lock's queue):
@@ -275,6 +277,11 @@ pub(crate) const GRACE_FLOOR: Duration = Duration::from_millis(50);
 /// shorter.
 pub(crate) fn grace_floor(timeout: Duration) -> Duration {
     GRACE_FLOOR.min(timeout / 4)
+}
+
+/// The profiles of `nodes`, in order: read once, when a manager is given its nodes.
+pub(crate) fn profiles(nodes: &[Arc<dyn RedisNode>]) -> Vec<NodeProfile> {
+    nodes.iter().map(|n| n.profile()).collect()
 }
 
 impl Engine {

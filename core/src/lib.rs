@@ -98,8 +98,8 @@ pub use mode::Mode;
 pub use multi::{MultiLease, MultiLock};
 pub use node::{
     Applied, Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
-    NodeErrorKind, NodeFuture, NodeWrapper, PermitOp, PermitReply, RedisNode, ReplicaWait, RunId,
-    Ttl,
+    NodeErrorKind, NodeFuture, NodeProfile, NodeWrapper, PermitOp, PermitReply, RedisNode,
+    ReplicaWait, RunId, Ttl,
 };
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,

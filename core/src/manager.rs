@@ -67,7 +67,7 @@ impl LockManager {
     ///
     /// # Errors
     /// [`ConfigError::Topology`] for fewer than three nodes, an even number, or two nodes reporting the same
-    /// [`endpoint`](RedisNode::endpoint); other [`ConfigError`]s for an invalid configuration.
+    /// [endpoint](crate::NodeProfile::endpoint); other [`ConfigError`]s for an invalid configuration.
     pub fn redlock<I>(nodes: I, config: Config) -> Result<Self, ConfigError>
     where
         I: IntoIterator,
@@ -125,7 +125,7 @@ impl LockManager {
                     "node {i} is the same node object as an earlier one"
                 )));
             }
-            if let Some(endpoint) = node.endpoint() {
+            if let Some(endpoint) = node.profile().endpoint {
                 if !seen.insert(endpoint.clone()) {
                     return Err(ConfigError::Topology(format!(
                         "node {i} names endpoint {endpoint} a second time; Redlock needs independent primaries"
@@ -144,6 +144,7 @@ impl LockManager {
                 permits: false,
                 fenced_permits: false,
                 wake_all: false,
+                profiles: crate::driver::profiles(&nodes),
                 nodes,
                 mode,
                 config,
@@ -165,6 +166,7 @@ impl LockManager {
         };
         let mut engine = Engine {
             nodes: e.nodes.clone(),
+            profiles: e.profiles.clone(),
             quorum: e.quorum,
             contention_writes: e.contention_writes,
             permits: e.permits,
@@ -937,7 +939,7 @@ impl Lock {
                     a.ttl,
                     (r.started, r.ended),
                     r.suspended_by(),
-                    |i| self.engine.nodes[i].acquire_fresh_is_nx(),
+                    |i| self.engine.profiles[i].fresh_is_nx,
                 );
                 match self.attempt_ended(&mut a, &r, won) {
                     Ok(lease) => return Ok(lease),

@@ -10,7 +10,7 @@ use crate::lease::Lease;
 use crate::manager::{Lock, LockManager};
 use crate::node::{
     Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind,
-    NodeFuture, NodeWrapper, PermitOp, PermitReply, RedisNode, Ttl,
+    NodeFuture, NodeProfile, NodeWrapper, PermitOp, PermitReply, RedisNode, Ttl,
 };
 use crate::token::Token;
 
@@ -109,6 +109,7 @@ impl LockManager {
             })
             .collect();
         self.rebuild(|e| {
+            e.profiles = crate::driver::profiles(&nodes);
             e.nodes = nodes;
             e.quorum = quorum;
             e.permits = true;
@@ -414,8 +415,9 @@ impl NodeWrapper for PermitNode {
         NodeWrapper::acquire(self, key, token, ttl)
     }
 
-    fn acquire_fresh_is_nx(&self) -> bool {
-        false
+    /// The inner node's, but never NX: a permit's fresh acquisition is its script, not a `SET NX`.
+    fn profile(&self) -> NodeProfile {
+        RedisNode::profile(&*self.inner).with_fresh_is_nx(false)
     }
 
     fn acquire_or_ttl<'a, 'b, 'c, 'f>(
@@ -578,10 +580,6 @@ impl NodeWrapper for PermitNode {
         })
     }
 
-    fn extend_many_limit(&self) -> usize {
-        RedisNode::extend_many_limit(&*self.inner)
-    }
-
     fn multi_key<'a, 'b, 'c, 'f>(
         &'a self,
         _items: &'b [MultiKeyItem<'c>],
@@ -595,10 +593,6 @@ impl NodeWrapper for PermitNode {
     {
         // The inner node's would act on lock keys, not permits.
         Self::unsupported("permits are taken one key at a time")
-    }
-
-    fn endpoint(&self) -> Option<String> {
-        RedisNode::endpoint(&*self.inner)
     }
 }
 

@@ -271,9 +271,9 @@ pub async fn run_with_reader(
     run_cases(node, Some(reader), timer).await
 }
 
-/// Checks a wrapper node (a decorator around `inner`): that it reports the inner node's capabilities — the
-/// [`endpoint`](RedisNode::endpoint), whether [`acquire_fresh`](RedisNode::acquire_fresh) is a plain
-/// `SET NX`, the start-up check's [`readiness`](RedisNode::readiness), the inner node's
+/// Checks a wrapper node (a decorator around `inner`): that it reports the inner node's capabilities — its
+/// [`profile`](RedisNode::profile) (the endpoint, whether [`acquire_fresh`](RedisNode::acquire_fresh) is a
+/// plain `SET NX`, the batch limit), the start-up check's [`readiness`](RedisNode::readiness), the inner node's
 /// [`notifier`](RedisNode::notifier), and the holder's TTL where the inner node's
 /// [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports it — and that every case of [`run`] passes through
 /// it, with each state read from `inner` directly.
@@ -299,24 +299,11 @@ pub async fn run_wrapper(
     timer: &dyn Timer,
 ) -> Result<(), Failure> {
     let case = "wrapper_forwards_capabilities";
-    if wrapper.endpoint() != inner.endpoint() {
+    let (w, i) = (wrapper.profile(), inner.profile());
+    if w != i {
         return Err(Failure {
             case,
-            message: format!(
-                "endpoint() is {:?}, the inner node's is {:?}",
-                wrapper.endpoint(),
-                inner.endpoint()
-            ),
-        });
-    }
-    if wrapper.acquire_fresh_is_nx() != inner.acquire_fresh_is_nx() {
-        return Err(Failure {
-            case,
-            message: format!(
-                "acquire_fresh_is_nx() is {}, the inner node's is {}",
-                wrapper.acquire_fresh_is_nx(),
-                inner.acquire_fresh_is_nx()
-            ),
+            message: format!("profile() is {w:?}, the inner node's is {i:?}"),
         });
     }
     let key = "redlease:conformance:{wrapper}:run_id";
@@ -499,7 +486,7 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             c.expect_held(&k, &owner, long, SLACK).await
         }
         "acquire_fresh_that_claims_nx_never_touches_an_existing_key" => {
-            if !node.acquire_fresh_is_nx() {
+            if !node.profile().fresh_is_nx {
                 return Ok(());
             }
             // A late copy of a fresh acquisition meets the key it set (with its own token), extended since.
@@ -587,7 +574,7 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 format!("a fenced retry with a shorter TTL returned {retry:?} after {fence:?}")
             })?;
             c.expect_held(&k, &owner, long * 3, SLACK).await?;
-            if node.extend_many_limit() > 0 {
+            if node.profile().batch_limit > 0 {
                 let items = [ExtendItem::new(&k, &owner, ttl(LONG / 2))];
                 let flags = c.ok("extend_many", node.extend_many(&items).await)?;
                 c.ensure(flags == [true], || {
@@ -1242,9 +1229,9 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             }
             c.expect_held(&f, &junk, long, SLACK).await
         }
-        // An optional capability, claimed by a non-zero `extend_many_limit`.
+        // An optional capability, claimed by a non-zero batch limit in the node's profile.
         "extend_many_answers_each_item_as_extend_would" => {
-            if node.extend_many_limit() == 0 {
+            if node.profile().batch_limit == 0 {
                 return Ok(());
             }
             let (ours, theirs, missing) = (c.key("ours"), c.key("theirs"), c.key("missing"));
@@ -1520,7 +1507,7 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 format!("a retry with the holder's token answered {again:?}")
             })?;
             c.expect_held(&k, &owner, long * 3, SLACK).await?;
-            if node.acquire_fresh_is_nx() {
+            if node.profile().fresh_is_nx {
                 // Fresh on a node whose fresh path is SET NX: the key is not touched, even holding the token.
                 let fresh = c.ok(
                     "acquire_or_ttl",

@@ -18,8 +18,8 @@ use redlease::machine::Jitter;
 use redlease::notify::Notifier;
 use redlease::{
     Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind,
-    PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId, Spawn, Timer, Token, Ttl,
-    async_trait,
+    NodeProfile, PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId, Spawn, Timer,
+    Token, Ttl, async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -1116,10 +1116,6 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             .await
     }
 
-    fn extend_many_limit(&self) -> usize {
-        self.inner.extend_many_limit()
-    }
-
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
         let detach = |n: Arc<N>| -> BoxFuture<Reply<Option<KeyState>>> {
             let key = key.to_owned();
@@ -1233,16 +1229,12 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             .await
     }
 
-    fn acquire_fresh_is_nx(&self) -> bool {
-        self.inner.acquire_fresh_is_nx()
+    fn profile(&self) -> NodeProfile {
+        self.inner.profile()
     }
 
     fn notifier(&self) -> Option<&Notifier> {
         self.inner.notifier()
-    }
-
-    fn endpoint(&self) -> Option<String> {
-        self.inner.endpoint()
     }
 
     /// Forwarded without faults (an administrative call, not a lease operation).

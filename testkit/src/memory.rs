@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
     Claim, CommandPaths, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
-    NodeErrorKind, Path, PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId,
-    SystemTimer, Timer, Token, Ttl, async_trait,
+    NodeErrorKind, NodeProfile, Path, PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait,
+    RunId, SystemTimer, Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -81,7 +81,7 @@ impl Store {
 /// contract asks): a key keeps the longest TTL any of its holder's requests set.
 /// Clones share one store: keep a clone to plant foreign values or inspect keys while a manager owns another.
 /// Every node created by [`new`](Self::new)/[`with_timer`](Self::with_timer) reports a distinct
-/// [`endpoint`](RedisNode::endpoint) (`memory://N`), shared by its clones, and a [`run_id`](RedisNode::run_id)
+/// [endpoint](redlease::NodeProfile::endpoint) (`memory://N`), shared by its clones, and a [`run_id`](RedisNode::run_id)
 /// that changes with every [`restart`](Self::restart). It has no replicas unless
 /// [`set_replicas`](Self::set_replicas) says how many acknowledge.
 ///
@@ -812,10 +812,6 @@ impl RedisNode for MemoryNode {
             .collect())
     }
 
-    fn extend_many_limit(&self) -> usize {
-        1000
-    }
-
     /// All items under one lock (one call, one instant), all or nothing, every check before the first write,
     /// as the adapters' script does; a release publishes each deletion.
     async fn multi_key(
@@ -971,12 +967,12 @@ impl RedisNode for MemoryNode {
         Ok(true)
     }
 
-    fn acquire_fresh_is_nx(&self) -> bool {
-        true
-    }
-
-    fn endpoint(&self) -> Option<String> {
-        Some(format!("memory://{}", self.id))
+    /// `memory://<id>`, a plain `SET NX` first attempt, batches of up to 1000.
+    fn profile(&self) -> NodeProfile {
+        NodeProfile::new()
+            .with_endpoint(format!("memory://{}", self.id))
+            .with_fresh_is_nx(true)
+            .with_batch_limit(1000)
     }
 
     /// The semaphore at `key`, with its node's clock: expired permits purged first, as the adapters' scripts

@@ -230,10 +230,7 @@ fn a_wrapper_that_forwards_only_the_required_methods_is_caught() {
     let wrapper = ForwardsOnlyRequired(inner.clone());
     let failure = block_on(conformance::run_wrapper(&wrapper, &inner, &SystemTimer)).unwrap_err();
     assert_eq!(failure.case, "wrapper_forwards_capabilities", "{failure}");
-    assert!(
-        failure.message.contains("endpoint") || failure.message.contains("acquire_fresh_is_nx"),
-        "{failure}"
-    );
+    assert!(failure.message.contains("profile()"), "{failure}");
 }
 
 #[test]
@@ -274,8 +271,8 @@ impl RedisNode for ForgetsNotifications {
     async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         self.inner.acquire_fresh(key, token, ttl).await
     }
-    fn acquire_fresh_is_nx(&self) -> bool {
-        self.inner.acquire_fresh_is_nx()
+    fn profile(&self) -> redlease::NodeProfile {
+        self.inner.profile()
     }
     async fn acquire_fenced(
         &self,
@@ -314,14 +311,8 @@ impl RedisNode for ForgetsNotifications {
     ) -> Result<Vec<bool>, NodeError> {
         self.inner.extend_many(items).await
     }
-    fn extend_many_limit(&self) -> usize {
-        self.inner.extend_many_limit()
-    }
     fn notifier(&self) -> Option<&Notifier> {
         self.notifier.then(|| self.inner.notifier()).flatten()
-    }
-    fn endpoint(&self) -> Option<String> {
-        self.inner.endpoint()
     }
 }
 

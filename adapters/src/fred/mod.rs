@@ -152,7 +152,7 @@ impl KeyRouted for Pool {
 ///
 /// Built with [`new`](FredNode::new) for a connected client, or [`lazy`](FredNode::lazy) for one that
 /// connects on first use. Both read the client's config to decide whether to check Redis Cluster hash slots
-/// and what [`endpoint`](redlease::RedisNode::endpoint) to report. The builder methods every node shares
+/// and what [endpoint](redlease::NodeProfile::endpoint) to report. The builder methods every node shares
 /// ([`with_endpoint`](Node::with_endpoint), [`with_commands`](Node::with_commands), [`probe`](Node::probe),
 /// …) are [`Node`]'s.
 pub type FredNode<C> = Node<FredTransport<C>>;

@@ -591,7 +591,7 @@ mod tests {
             "mymaster",
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let endpoint = node.endpoint().unwrap_or_default();
+        let endpoint = node.profile().endpoint.unwrap_or_default();
         assert_eq!(
             endpoint,
             "redis-sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0"

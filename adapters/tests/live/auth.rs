@@ -104,11 +104,11 @@ fn missing_or_wrong_password_is_a_definite_auth_error_without_secrets() {
                 .unwrap();
             assert!(node.acquire("k", &token, ttl).await.unwrap());
             assert!(node.release("k", &token).await.unwrap());
-            assert_no_secret(&format!("{node:?} {:?}", node.endpoint()));
+            assert_no_secret(&format!("{node:?} {:?}", node.profile().endpoint));
             let node = common::node(common::Backend::FredClient, &good).await;
             assert!(node.acquire("k", &token, ttl).await.unwrap());
             assert!(node.release("k", &token).await.unwrap());
-            assert_no_secret(&node.endpoint().unwrap_or_default());
+            assert_no_secret(&node.profile().endpoint.unwrap_or_default());
         },
     );
 }

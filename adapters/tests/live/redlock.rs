@@ -182,14 +182,14 @@ fn redlock_rejects_one_server_named_twice_by_endpoint() {
             let a = MultiplexedNode::connect(&client(0)).await.unwrap();
             let a_again = MultiplexedNode::connect(&client(0)).await.unwrap();
             let b = MultiplexedNode::connect(&client(1)).await.unwrap();
-            assert_eq!(a.endpoint(), a_again.endpoint());
-            assert_ne!(a.endpoint(), b.endpoint());
+            assert_eq!(a.profile().endpoint, a_again.profile().endpoint);
+            assert_ne!(a.profile().endpoint, b.profile().endpoint);
             let err =
                 LockManager::redlock([a, a_again, b], config(Duration::from_secs(1))).unwrap_err();
             assert!(matches!(err, ConfigError::Topology(_)), "{err}");
             // fred derives its endpoint the same way.
             let f0 = common::node(Backend::FredClient, &servers[0].url()).await;
-            assert_eq!(f0.endpoint(), Some(servers[0].url()));
+            assert_eq!(f0.profile().endpoint, Some(servers[0].url()));
         },
     );
 }

@@ -126,17 +126,18 @@ async fn conformance_before_and_after_a_failover(flavor: Flavor) {
     let before = reader(&set.primary().url()).await;
     for (adapter, node) in &nodes {
         assert!(
-            node.endpoint()
+            node.profile()
+                .endpoint
                 .is_some_and(|e| e.starts_with("redis-sentinel://")
                     && e.ends_with(&format!("/{}/0", SentinelSet::MASTER_NAME))),
             "{adapter:?}: {:?}",
-            node.endpoint()
+            node.profile().endpoint
         );
         if let Err(failure) = conformance::run_with_reader(&**node, &before, &SystemTimer).await {
             panic!("{flavor} {adapter:?} before the failover: {failure}");
         }
     }
-    assert_eq!(nodes[0].1.endpoint(), nodes[1].1.endpoint());
+    assert_eq!(nodes[0].1.profile().endpoint, nodes[1].1.profile().endpoint);
     let old_run_id = set.primary().run_id().unwrap().to_owned();
     set.kill_primary();
     set.wait_for_failover(FAILOVER).unwrap();

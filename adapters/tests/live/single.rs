@@ -506,7 +506,7 @@ fn an_extension_never_shortens_the_key_on_every_server_mode_and_client() {
                         pttl(&server, &k) > FLOOR,
                         "{what}: acquire_or_ttl shortened it"
                     );
-                    if node.extend_many_limit() > 0 {
+                    if node.profile().batch_limit > 0 {
                         let items = [ExtendItem::new(&k, token, short)];
                         assert_eq!(node.extend_many(&items).await.unwrap(), [true], "{what}");
                         assert!(

@@ -135,9 +135,11 @@ mod with_a_client {
                             .unwrap();
                         let managed = ManagedNode::connect_with_timeouts(&ca, t).await.unwrap();
                         let lazy = LazyNode::with_timeouts(ca.clone(), t);
-                        for endpoint in
-                            [multiplexed.endpoint(), managed.endpoint(), lazy.endpoint()]
-                        {
+                        for endpoint in [
+                            multiplexed.profile().endpoint,
+                            managed.profile().endpoint,
+                            lazy.profile().endpoint,
+                        ] {
                             assert_eq!(endpoint.as_deref(), Some(expected.as_str()));
                         }
                         let other = MultiplexedNode::connect_with_timeouts(&cb, t)
@@ -313,7 +315,10 @@ mod with_a_client {
         fn from_url_keeps_the_endpoint_so_redlock_refuses_one_server_twice() {
             let t = Timeouts::new(Duration::from_millis(500), Duration::from_millis(500)).unwrap();
             let a = ClientNode::from_url("redis://127.0.0.1:7/0", t).unwrap();
-            assert_eq!(a.endpoint().as_deref(), Some("redis://127.0.0.1:7/0"));
+            assert_eq!(
+                a.profile().endpoint.as_deref(),
+                Some("redis://127.0.0.1:7/0")
+            );
             let b = ClientNode::from_url("redis://127.0.0.1:7", t).unwrap();
             let c = ClientNode::from_url("redis://127.0.0.1:8", t).unwrap();
             let err = LockManager::redlock([a, b, c], config()).unwrap_err();

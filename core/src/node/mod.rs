@@ -16,8 +16,8 @@ use readiness::Readiness;
 
 pub use crate::node_error::{Applied, NodeError, NodeErrorKind};
 pub use types::{
-    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, PermitOp, PermitReply,
-    ReplicaWait, RunId, Ttl,
+    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeProfile, PermitOp,
+    PermitReply, ReplicaWait, RunId, Ttl,
 };
 
 /// One logical Redis authority: a standalone server, a primary with its replicas behind failover, or one Redis
@@ -205,15 +205,12 @@ pub trait RedisNode: Send + Sync {
         self.acquire(key, token, ttl).await
     }
 
-    /// Whether [`acquire_fresh`](Self::acquire_fresh) never changes a key that exists — not even one holding
-    /// this token — as a plain `SET NX` does. The default `acquire_fresh` (which calls
-    /// [`acquire`](Self::acquire)) resets the TTL of a key holding the token, so the default is `false`.
-    ///
-    /// The core uses it for late requests: a fresh request that lands after a later round extended the key
-    /// with a longer TTL cannot shorten it when this is `true`, so such a node still counts for that
-    /// extension. Return `true` only if `acquire_fresh` really is a plain `SET key token NX PX ttl`.
-    fn acquire_fresh_is_nx(&self) -> bool {
-        false
+    /// What this node is, as opposed to what it does: its server's identity, whether its
+    /// [`acquire_fresh`](Self::acquire_fresh) is a plain `SET NX`, how many items its
+    /// [`extend_many`](Self::extend_many) takes (see [`NodeProfile`]). The default knows nothing: no endpoint,
+    /// not NX, no batches. A manager reads it once, when it is built.
+    fn profile(&self) -> NodeProfile {
+        NodeProfile::default()
     }
 
     /// Takes the lock and issues a fencing token, in one atomic step.
@@ -252,8 +249,8 @@ pub trait RedisNode: Send + Sync {
     /// holds the lock, its remaining TTL, learned in the same atomic step (a waiting acquisition waits for a
     /// notification at most that long; see [`notifier`](Self::notifier)).
     ///
-    /// Same contract as the method it stands for; with `fresh` it must not change an existing key when
-    /// [`acquire_fresh_is_nx`](Self::acquire_fresh_is_nx) says so. The default calls that method and reports
+    /// Same contract as the method it stands for; with `fresh` it must not change an existing key when the
+    /// node's [`NodeProfile::fresh_is_nx`] says so. The default calls that method and reports
     /// `Held { remaining: None }` on contention, which costs no extra command (the waiter then waits at most
     /// [`Config::max_retry_delay`](crate::Config::max_retry_delay)).
     async fn acquire_or_ttl(
@@ -286,12 +283,6 @@ pub trait RedisNode: Send + Sync {
     /// ([`Config::retry_delay`](crate::Config::retry_delay)), as they always did. A wrapper node forwards
     /// its inner node's notifier.
     fn notifier(&self) -> Option<&Notifier> {
-        None
-    }
-
-    /// A stable identity of the server behind this node (e.g. `redis://10.0.0.5:6379/0`), used to reject a
-    /// Redlock topology that names one server twice. `None` (the default) when unknown.
-    fn endpoint(&self) -> Option<String> {
         None
     }
 
@@ -367,7 +358,7 @@ pub trait RedisNode: Send + Sync {
     /// later). A node that cannot extend permits in a batch answers [`NodeErrorKind::Unsupported`] (not
     /// applied) for a call with such items, and the core then extends those permits one by one.
     ///
-    /// The core's batched renewal sends at most [`extend_many_limit`](Self::extend_many_limit) items per
+    /// The core's batched renewal sends at most [`NodeProfile::batch_limit`] items per
     /// call. An error fails every item of the call (classify it as for `extend`: not applied, or
     /// ambiguous).
     ///
@@ -379,12 +370,6 @@ pub trait RedisNode: Send + Sync {
             NodeErrorKind::Unsupported,
             "this node cannot extend a batch (RedisNode::extend_many is not implemented)",
         ))
-    }
-
-    /// The most items [`extend_many`](Self::extend_many) takes in one call; 0 (the default) when it is not
-    /// supported.
-    fn extend_many_limit(&self) -> usize {
-        0
     }
 
     /// The node's start-up check, for [`LockManager::check`](crate::LockManager::check): connect if not
@@ -550,8 +535,8 @@ wrapper_forwarding! {
     /// Write decorators (metrics, logging, fault injection, routing) with this trait rather than [`RedisNode`]:
     /// implement [`inner`](Self::inner) and override only what the wrapper changes; a blanket implementation
     /// makes every `NodeWrapper` a [`RedisNode`]. Each method defaults to the inner node's, so the fast path
-    /// ([`acquire_fresh`](RedisNode::acquire_fresh) with [`acquire_fresh_is_nx`](RedisNode::acquire_fresh_is_nx)),
-    /// the [`endpoint`](RedisNode::endpoint) that Redlock uses to reject duplicate servers, and every
+    /// ([`acquire_fresh`](RedisNode::acquire_fresh) with its [`profile`](RedisNode::profile) saying it is NX),
+    /// the [endpoint](NodeProfile::endpoint) that Redlock uses to reject duplicate servers, and every
     /// capability added to [`RedisNode`] later are forwarded without the wrapper author thinking of them.
     /// (A wrapper that implements [`RedisNode`] directly and writes only the required methods silently loses
     /// them: each provided method falls back to its plain default.)
@@ -589,9 +574,9 @@ wrapper_forwarding! {
     ///
     /// # fn node() -> MapNode { MapNode::default() }
     /// let counted = CountReleases { inner: node(), releases: AtomicU64::new(0) };
-    /// // Everything else (acquire, extend, the fast path, the endpoint) is the inner node's. (With both traits
+    /// // Everything else (acquire, extend, the fast path, the profile) is the inner node's. (With both traits
     /// // in scope, name the trait: the wrapper has each method twice.)
-    /// assert!(RedisNode::acquire_fresh_is_nx(&counted));
+    /// assert!(RedisNode::profile(&counted).fresh_is_nx);
     /// let manager = redlease::LockManager::single(counted, redlease::Config::default()).unwrap();
     /// # let _ = manager;
     /// ```
@@ -599,7 +584,7 @@ wrapper_forwarding! {
 
     async fn acquire<'b, 'c>(key: &'b str, token: &'c Token, ttl: Ttl) -> NodeFuture<'f, bool>;
     async fn acquire_fresh<'b, 'c>(key: &'b str, token: &'c Token, ttl: Ttl) -> NodeFuture<'f, bool>;
-    sync fn acquire_fresh_is_nx() -> bool;
+    sync fn profile() -> NodeProfile;
     async fn acquire_fenced<'b, 'c, 'd>(
         key: &'b str,
         fence_key: &'c str,
@@ -617,12 +602,10 @@ wrapper_forwarding! {
     ) -> NodeFuture<'f, Claim>;
     /// (The wrapper's waiters share the inner node's subscriber connection.)
     sync fn notifier() -> Option<&Notifier>;
-    sync fn endpoint() -> Option<String>;
     async fn raise_fence<'b>(fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>;
     async fn run_id<'b>(key: &'b str) -> NodeFuture<'f, RunId>;
     async fn wait_replicas<'b>(key: &'b str, wait: ReplicaWait) -> NodeFuture<'f, u32>;
     async fn extend_many<'b, 'c>(items: &'b [ExtendItem<'c>]) -> NodeFuture<'f, Vec<bool>>;
-    sync fn extend_many_limit() -> usize;
     async fn readiness<'b>(key: &'b str) -> Pin<Box<dyn Future<Output = Readiness> + Send + 'f>>;
     async fn permit<'b, 'c, 'd>(
         key: &'b str,

@@ -410,3 +410,66 @@ impl<'a> ExtendItem<'a> {
         self
     }
 }
+
+/// What a node is, as opposed to what it does ([`RedisNode::profile`](crate::RedisNode::profile)): read once
+/// when a manager is built. New facts are added as fields (`#[non_exhaustive]`), each defaulting to "unknown"
+/// or "not supported", so a node written for an older version keeps compiling and keeps its behaviour.
+///
+/// ```
+/// use redlease::NodeProfile;
+///
+/// let profile = NodeProfile::new()
+///     .with_endpoint("redis://10.0.0.5:6379/0")
+///     .with_fresh_is_nx(true)
+///     .with_batch_limit(100);
+/// assert_eq!(profile.endpoint.as_deref(), Some("redis://10.0.0.5:6379/0"));
+/// assert!(profile.fresh_is_nx && profile.batch_limit == 100);
+/// assert_eq!(NodeProfile::default(), NodeProfile::new());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeProfile {
+    /// A stable identity of the server behind the node (e.g. `redis://10.0.0.5:6379/0`), used to reject a
+    /// Redlock topology that names one server twice and to name the node in reports. `None` (the default)
+    /// when unknown.
+    pub endpoint: Option<String>,
+    /// Whether [`acquire_fresh`](crate::RedisNode::acquire_fresh) never changes a key that exists — not even
+    /// one holding this token — as a plain `SET NX` does. The default `acquire_fresh` (which calls `acquire`)
+    /// resets the TTL of a key holding the token, so the default is `false`.
+    ///
+    /// The core uses it for late requests: a fresh request that lands after a later round extended the key
+    /// with a longer TTL cannot shorten it when this is `true`, so such a node still counts for that
+    /// extension. Say `true` only if `acquire_fresh` really is a plain `SET key token NX PX ttl`.
+    pub fresh_is_nx: bool,
+    /// The most items [`extend_many`](crate::RedisNode::extend_many) takes in one call; 0 (the default) when
+    /// the node cannot extend a batch.
+    pub batch_limit: usize,
+}
+
+impl NodeProfile {
+    /// A profile that knows nothing (the default).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With the server's identity.
+    #[must_use]
+    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// With whether `acquire_fresh` is a plain `SET NX` (see [`fresh_is_nx`](Self::fresh_is_nx)).
+    #[must_use]
+    pub fn with_fresh_is_nx(mut self, nx: bool) -> Self {
+        self.fresh_is_nx = nx;
+        self
+    }
+
+    /// With the most items `extend_many` takes in one call (0: none).
+    #[must_use]
+    pub fn with_batch_limit(mut self, limit: usize) -> Self {
+        self.batch_limit = limit;
+        self
+    }
+}

@@ -99,8 +99,8 @@ impl NodeWrapper for NoBatches {
     fn inner(&self) -> &MemoryNode {
         &self.0
     }
-    fn extend_many_limit(&self) -> usize {
-        0
+    fn profile(&self) -> redlease::NodeProfile {
+        self.0.profile().with_batch_limit(0)
     }
 }
 
@@ -111,7 +111,7 @@ fn without_batch_support_each_lease_renews_on_its_own() {
     let clock = sim.clock();
     let node = MemoryNode::with_timer(clock.clone());
     let (faulty, faults) = redlease_testkit::FaultyNode::new(NoBatches(node), clock.clone());
-    assert_eq!(faulty.extend_many_limit(), 0);
+    assert_eq!(faulty.profile().batch_limit, 0);
     let manager = redlease::LockManager::single(faulty, config().with_renewal_batching(ms(5), 100))
         .unwrap()
         .with_timer(clock.clone())

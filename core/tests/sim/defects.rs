@@ -164,8 +164,8 @@ impl RedisNode for NetNode {
         self.inner.inspect(key).await
     }
 
-    fn endpoint(&self) -> Option<String> {
-        self.inner.endpoint()
+    fn profile(&self) -> redlease::NodeProfile {
+        self.inner.profile()
     }
 }
 
