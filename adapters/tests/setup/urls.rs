@@ -6,7 +6,7 @@
 mod with_a_client {
     use std::time::{Duration, Instant};
 
-    use redlease::{Config, ConfigError, LockManager, NodeErrorKind, RedisNode};
+    use redlease::{Config, ConfigError, LockManager, RedisNode};
     use redlease_adapters::{SetupError, Timeouts};
     use redlease_testkit::server::{Flavor, RedisServer, RedisServers, on_each_flavor};
 
@@ -343,7 +343,7 @@ mod with_a_client {
                         let err = node.inspect("urls:{late}").await.unwrap_err();
                         let waited = started.elapsed();
                         resume.join().unwrap();
-                        assert_eq!(err.kind(), NodeErrorKind::Timeout, "{err}");
+                        assert_eq!(err.kind(), redlease::NodeErrorKind::Timeout, "{err}");
                         assert!(err.is_ambiguous());
                         assert!(waited < Duration::from_millis(2_500), "{waited:?}");
                     });
