@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::driver::Planned;
 use crate::driver::{Engine, RoundResult, Spawn};
 use crate::error::{Error, LossReason, Operation, QuorumError};
+use crate::machine::holding::{Extended, Holding, NotExtended, Status};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::slots::Slots;
 use crate::machine::unconfirmed::Unconfirmed;
@@ -45,16 +46,11 @@ fn waiter_id() -> u64 {
 }
 
 struct State {
-    valid_until: Instant,
-    round_started: Instant,
-    /// The wall clock when `round_started` was read, to notice a suspend (see [`Timer::wall_now`]).
-    wall_started: Option<SystemTime>,
-    lost: Option<LossReason>,
+    /// Validity and loss: the deadline, the round it counts from, the first loss, an at-risk period, whether
+    /// it ended (the decisions on them are [`Holding`]'s).
+    h: Holding,
     /// The node failures behind the loss, if any (reported by [`Lease::run`]).
     loss_source: Option<Box<QuorumError>>,
-    /// Since when the lease is at risk (the first failed renewal round of this at-risk period), if it is.
-    at_risk: Option<Instant>,
-    ended: bool,
     /// It ended by [`Lease::handoff`]: its key now belongs to whoever resumes the ticket, so nothing of this
     /// lease may delete it any more.
     handed_off: bool,
@@ -102,11 +98,11 @@ impl State {
     /// Why a renewal loop asleep since the deadline was `planned_for` must wake before its planned instant,
     /// if it must: the lease ended, was lost, or its deadline moved earlier.
     fn woken(&self, planned_for: Instant) -> Option<Woken> {
-        if self.ended {
+        if self.h.ended {
             Some(Woken::Ended)
-        } else if self.lost.is_some() {
+        } else if self.h.lost.is_some() {
             Some(Woken::Lost)
-        } else if self.valid_until < planned_for {
+        } else if self.h.valid_until < planned_for {
             Some(Woken::Moved)
         } else {
             None
@@ -185,16 +181,15 @@ impl Shared {
             acquired_at: grant.acquired_at,
             hold_until: grant.hold_until,
             state: Mutex::new(State {
-                valid_until: match grant.hold_until {
-                    Some(limit) => grant.valid_until.min(limit),
-                    None => grant.valid_until,
-                },
-                round_started: grant.round_started,
-                wall_started: grant.wall_started,
-                lost: None,
+                h: Holding::new(
+                    match grant.hold_until {
+                        Some(limit) => grant.valid_until.min(limit),
+                        None => grant.valid_until,
+                    },
+                    grant.round_started,
+                    grant.wall_started,
+                ),
                 loss_source: None,
-                at_risk: None,
-                ended: false,
                 handed_off: false,
                 cleaned: false,
                 renewing: false,
@@ -229,19 +224,18 @@ impl Shared {
         let poke;
         let (reason, waiters, first) = {
             let mut st = self.lock();
-            let first = st.lost.is_none();
+            let first = st.h.lose(reason);
             if first {
-                st.lost = Some(reason);
                 // Without a cause of its own (an expiry), the loss keeps the one recorded while at risk.
                 if let Some(source) = source {
                     st.loss_source = Some(Box::new(source));
                 }
             }
-            let report = (first && !st.ended).then_some(st.valid_until);
+            let report = (first && !st.h.ended).then_some(st.h.valid_until);
             // Lost while the renewer has nothing in flight for it: it should clean up now, not at the next
             // planned renewal (whoever holds an extension permit hands the lease back when it ends).
             poke = first && st.batched && !st.extending;
-            (st.lost.unwrap_or(reason), st.take_waiters(), report)
+            (st.h.lost.unwrap_or(reason), st.take_waiters(), report)
         };
         if let Some(valid_until) = first {
             let now = self.now();
@@ -266,7 +260,7 @@ impl Shared {
     /// The loss reason and its cause, for an error reported after the fact.
     fn loss_error(&self) -> Option<Error> {
         let st = self.lock();
-        let reason = st.lost?;
+        let reason = st.h.lost?;
         let source = st.loss_source.clone();
         drop(st);
         Some(Error::Lost {
@@ -279,35 +273,22 @@ impl Shared {
     /// The validity deadline if the lease is still held at `now`; otherwise the loss reason (marking an
     /// expiry as a loss).
     fn current(&self, now: Instant) -> Result<Instant, LossReason> {
-        let st = self.lock();
-        if let Some(reason) = st.lost {
-            return Err(reason);
+        let status = {
+            let st = self.lock();
+            // The wall clock is read only where a suspend can be told (a round with a wall reading).
+            let wall_now = st.h.wall_started.and_then(|_| self.engine.timer.wall_now());
+            st.h.status(now, wall_now, self.drift(), self.hold_until)
+        };
+        match status {
+            Status::Valid(valid_until) => Ok(valid_until),
+            Status::Gone(reason) => Err(reason),
+            Status::Lapsed(reason) => Err(self.mark_lost(reason)),
         }
-        if st.ended {
-            return Err(LossReason::Released);
-        }
-        if now >= st.valid_until {
-            let reason = self.expiry_reason(st.valid_until);
-            drop(st);
-            return Err(self.mark_lost(reason));
-        }
-        if st.wall_started.is_some() {
-            let wall = (st.wall_started, self.engine.timer.wall_now());
-            if crate::time::suspended((st.round_started, now), wall, self.drift()) {
-                drop(st);
-                return Err(self.mark_lost(LossReason::Suspended));
-            }
-        }
-        Ok(st.valid_until)
     }
 
     /// Why a lease whose deadline `valid_until` passed is lost: it expired, or it reached its hold limit.
     fn expiry_reason(&self, valid_until: Instant) -> LossReason {
-        if self.schedule().ends_at_hold_limit(valid_until) {
-            LossReason::HoldLimit
-        } else {
-            LossReason::Expired
-        }
+        crate::machine::holding::expiry_reason(valid_until, self.hold_until)
     }
 
     /// The drift allowance of this lease's TTL.
@@ -417,8 +398,7 @@ impl Shared {
             unconfirmed: st.unconfirmed.plan(engine.nodes.len(), ttl),
             missing: st.missing,
         };
-        if cap < st.valid_until && st.lost.is_none() && !st.ended {
-            st.valid_until = cap;
+        if st.h.cap(cap) {
             let waiters = st.take_waiters();
             drop(st);
             engine.hook.emit(
@@ -497,7 +477,7 @@ impl Shared {
     /// Whether some node never confirmed this lease's key (see [`repair`](Self::repair)).
     pub(crate) fn needs_repair(&self) -> bool {
         let st = self.lock();
-        !st.missing.is_empty() && st.lost.is_none() && !st.ended
+        !st.missing.is_empty() && st.h.lost.is_none() && !st.h.ended
     }
 
     /// Writes this lease's key, with its own token and TTL, on the nodes that never confirmed it: a Redlock
@@ -566,7 +546,7 @@ impl Shared {
         }
         {
             let st = self.lock();
-            if st.handed_off || (!st.ended && st.lost.is_none()) {
+            if st.handed_off || (!st.h.ended && st.h.lost.is_none()) {
                 return;
             }
         }
@@ -595,26 +575,23 @@ impl Shared {
         renewal: bool,
     ) -> Result<(), LossReason> {
         let now = self.now();
-        let mut st = self.lock();
-        if let Some(reason) = st.lost {
-            return Err(reason);
-        }
-        if st.ended {
-            return Err(LossReason::Released);
-        }
-        if now >= st.valid_until {
-            let reason = self.expiry_reason(st.valid_until);
-            drop(st);
-            return Err(self.mark_lost(reason));
-        }
         let valid_until = self.schedule().cap(valid_until);
-        let earlier = valid_until < st.valid_until;
-        st.valid_until = valid_until;
+        let mut st = self.lock();
+        let changed =
+            st.h.extended(now, started, wall_started, valid_until, self.hold_until);
+        let Extended {
+            earlier,
+            recovered_from: was_at_risk,
+        } = match changed {
+            Ok(changed) => changed,
+            Err(NotExtended::Lapsed(reason)) => {
+                drop(st);
+                return Err(self.mark_lost(reason));
+            }
+            Err(NotExtended::Gone(reason)) => return Err(reason),
+        };
         // Extended: an earlier failure is no longer the cause of anything.
         st.loss_source = None;
-        st.round_started = started;
-        st.wall_started = wall_started;
-        let was_at_risk = st.at_risk.take();
         let waiters = if earlier {
             st.take_waiters()
         } else {
@@ -677,17 +654,14 @@ impl Shared {
     /// Keeps `source` as the cause of a loss at the deadline, should nothing extend the lease before.
     fn keep_loss_source(&self, source: QuorumError) {
         let mut st = self.lock();
-        if st.lost.is_none() {
+        if st.h.lost.is_none() {
             st.loss_source = Some(Box::new(source));
         }
     }
 
     /// Marks the lease at risk since `now` unless it already was; `true` if it was not.
     fn set_at_risk(&self, now: Instant) -> bool {
-        let mut st = self.lock();
-        let first = st.at_risk.is_none();
-        st.at_risk.get_or_insert(now);
-        first
+        self.lock().h.at_risk_since(now)
     }
 
     /// Claims the single renewal loop of this lease; `false` if one already runs.
@@ -727,7 +701,7 @@ impl Shared {
     fn entry(&self, step: RenewalStep) -> Option<crate::batch_queue::Entry> {
         let generation = {
             let mut st = self.lock();
-            if !st.batched || st.ended {
+            if !st.batched || st.h.ended {
                 return None;
             }
             st.batch_gen = st.batch_gen.wrapping_add(1);
@@ -747,7 +721,7 @@ impl Shared {
             st.extending = false;
             (
                 st.take_waiters(),
-                st.batched && !st.ended && st.lost.is_none(),
+                st.batched && !st.h.ended && st.h.lost.is_none(),
             )
         };
         wake(waiters);
@@ -761,10 +735,10 @@ impl Shared {
     pub(crate) fn visit(&self, generation: u32, lost_at: bool) -> Option<(Duration, Instant)> {
         {
             let mut st = self.lock();
-            if !st.batched || st.batch_gen != generation || st.ended {
+            if !st.batched || st.batch_gen != generation || st.h.ended {
                 return None;
             }
-            if st.lost.is_some() {
+            if st.h.lost.is_some() {
                 // Lost by whoever noticed (a loss signal only observes): delete our token.
                 st.batched = false;
                 drop(st);
@@ -913,13 +887,9 @@ impl Shared {
         let now = self.now();
         let (prior, unnoticed, valid_until, waiters) = {
             let mut st = self.lock();
-            let unnoticed = st.lost.is_none() && now >= st.valid_until;
-            if unnoticed {
-                st.lost = Some(self.expiry_reason(st.valid_until));
-            }
-            st.ended = true;
-            st.handed_off = matches!(how, Ending::HandedOff) && st.lost.is_none();
-            (st.lost, unnoticed, st.valid_until, st.take_waiters())
+            let unnoticed = st.h.end(now, self.hold_until);
+            st.handed_off = matches!(how, Ending::HandedOff) && st.h.lost.is_none();
+            (st.h.lost, unnoticed, st.h.valid_until, st.take_waiters())
         };
         let kind = match prior {
             // Expired without anybody noticing: the loss is reported now, before the lease ends.
@@ -1018,7 +988,7 @@ impl Shared {
     fn replan(&self) -> RenewalStep {
         let (started, valid_until) = {
             let st = self.lock();
-            (st.round_started, st.valid_until)
+            (st.h.round_started, st.h.valid_until)
         };
         self.schedule().after_success(started, valid_until)
     }
@@ -1038,7 +1008,7 @@ impl Shared {
         SleepUnlessEnded {
             shared: self,
             id: waiter_id(),
-            planned_for: self.lock().valid_until,
+            planned_for: self.lock().h.valid_until,
             sleep: self.engine.timer.sleep_until(at),
         }
     }
@@ -1125,7 +1095,7 @@ impl<'a> SleepUnlessAnyEnded<'a> {
         Self {
             parts,
             id: waiter_id(),
-            planned_for: parts.iter().map(|p| p.lock().valid_until).collect(),
+            planned_for: parts.iter().map(|p| p.lock().h.valid_until).collect(),
             sleep: engine.timer.sleep_until(at),
         }
     }
@@ -1283,7 +1253,7 @@ impl Lease {
 
     /// The instant (on the manager's timer) after which the lease must be considered lost unless extended.
     pub fn valid_until(&self) -> Instant {
-        self.shared.lock().valid_until
+        self.shared.lock().h.valid_until
     }
 
     /// Validity left now; zero once lost.
@@ -1296,7 +1266,7 @@ impl Lease {
 
     /// What the holder may assume right now.
     pub fn state(&self) -> LeaseState {
-        let at_risk = self.shared.lock().at_risk.is_some();
+        let at_risk = self.shared.lock().h.at_risk.is_some();
         match self.shared.current(self.shared.now()) {
             Ok(_) if at_risk => LeaseState::AtRisk,
             Ok(_) => LeaseState::Held,
@@ -2308,28 +2278,29 @@ impl Future for LossSignal {
             let deadline = {
                 // Check and register under one lock, so a loss marked in between cannot be missed.
                 let mut st = this.shared.lock();
-                if let Some(reason) = st.lost {
+                if let Some(reason) = st.h.lost {
                     return Poll::Ready(reason);
                 }
-                if st.ended {
+                if st.h.ended {
                     return Poll::Ready(LossReason::Released);
                 }
-                if now >= st.valid_until {
-                    let reason = this.shared.expiry_reason(st.valid_until);
+                if now >= st.h.valid_until {
+                    let reason = this.shared.expiry_reason(st.h.valid_until);
                     drop(st);
                     return Poll::Ready(this.shared.mark_lost(reason));
                 }
-                if st.wall_started.is_some() {
+                if st.h.wall_started.is_some() {
                     // Woken after a resume (the default timer wakes every sleeper then): a suspend longer
                     // than the drift allowance ends the lease here too, not only when `state()` is read.
-                    let wall = (st.wall_started, this.shared.engine.timer.wall_now());
-                    if crate::time::suspended((st.round_started, now), wall, this.shared.drift()) {
+                    let wall = (st.h.wall_started, this.shared.engine.timer.wall_now());
+                    if crate::time::suspended((st.h.round_started, now), wall, this.shared.drift())
+                    {
                         drop(st);
                         return Poll::Ready(this.shared.mark_lost(LossReason::Suspended));
                     }
                 }
                 st.register(this.id, cx.waker());
-                st.valid_until
+                st.h.valid_until
             };
             let sleep = match &mut this.sleep {
                 Some((at, sleep)) if *at == deadline => sleep,

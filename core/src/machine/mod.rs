@@ -13,6 +13,9 @@
 //! - [`RenewalSchedule`]: when to renew next, and when a failing renewal turns into a loss.
 //! - `Unconfirmed` (crate-internal): which nodes may still apply a lease's earlier request, written when a
 //!   round is planned.
+//! - `Holding` (crate-internal): a held lease's validity and loss state — whether it is valid at an instant
+//!   (or expired, at its hold limit, suspended), what a finished extension or a planned round changes, the
+//!   first loss, an at-risk period, an end that finds an unnoticed expiry.
 //!
 //! # Stability
 //!
@@ -24,6 +27,7 @@
 //! release. Pin a minor version if you build on it.
 
 pub(crate) mod acquisition;
+pub(crate) mod holding;
 pub(crate) mod nodeset;
 mod quorum;
 mod renewal;
