@@ -91,9 +91,11 @@ fn a_failing_node_puts_the_whole_batch_at_risk_and_a_later_batch_recovers_it() {
     assert!(held.iter().all(|l| l.state() == LeaseState::Held));
 }
 
-/// A node that forwards everything but claims no batch support.
-struct NoBatches(MemoryNode);
+/// A node that forwards everything but claims no batch support, and counts the batches it is asked for
+/// anyway (answering them unsupported, as such a node would).
+struct NoBatches(MemoryNode, std::sync::Arc<std::sync::atomic::AtomicUsize>);
 
+#[redlease::async_trait]
 impl NodeWrapper for NoBatches {
     type Inner = MemoryNode;
     fn inner(&self) -> &MemoryNode {
@@ -101,6 +103,16 @@ impl NodeWrapper for NoBatches {
     }
     fn profile(&self) -> redlease::NodeProfile {
         self.0.profile().with_batch_limit(0)
+    }
+    async fn extend_many(
+        &self,
+        _items: &[redlease::ExtendItem<'_>],
+    ) -> Result<Vec<bool>, redlease::NodeError> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Err(redlease::NodeError::not_applied(
+            redlease::NodeErrorKind::Unsupported,
+            "no batches here",
+        ))
     }
 }
 
@@ -110,7 +122,9 @@ fn without_batch_support_each_lease_renews_on_its_own() {
     let mut sim = redlease_testkit::Sim::new(sim_seed);
     let clock = sim.clock();
     let node = MemoryNode::with_timer(clock.clone());
-    let (faulty, faults) = redlease_testkit::FaultyNode::new(NoBatches(node), clock.clone());
+    let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (faulty, faults) =
+        redlease_testkit::FaultyNode::new(NoBatches(node, asked.clone()), clock.clone());
     assert_eq!(faulty.profile().batch_limit, 0);
     let manager = redlease::LockManager::single(faulty, config().with_renewal_batching(ms(5), 100))
         .unwrap()
@@ -125,6 +139,70 @@ fn without_batch_support_each_lease_renews_on_its_own() {
         .collect();
     sim.run_for(secs(31));
     assert!(held.iter().all(|l| l.state() == LeaseState::Held));
+    assert_eq!(
+        faults.calls(Op::Extend),
+        15,
+        "3 renewals of 5 leases, one call each"
+    );
+    assert_eq!(
+        asked.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a node whose profile has no batch limit is never sent a batch"
+    );
+}
+
+/// Counts the batches its node is sent (and forwards them).
+struct CountsBatches(MemoryNode, std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+#[redlease::async_trait]
+impl NodeWrapper for CountsBatches {
+    type Inner = MemoryNode;
+    fn inner(&self) -> &MemoryNode {
+        &self.0
+    }
+    async fn extend_many(
+        &self,
+        items: &[redlease::ExtendItem<'_>],
+    ) -> Result<Vec<bool>, redlease::NodeError> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.extend_many(items).await
+    }
+}
+
+#[test]
+fn under_a_durability_policy_each_lease_renews_on_its_own_and_waits_for_its_replicas() {
+    let mut sim = redlease_testkit::Sim::new(43);
+    let clock = sim.clock();
+    let node = MemoryNode::with_timer(clock.clone());
+    node.set_replicas(Some(1));
+    let batches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (faulty, faults) =
+        redlease_testkit::FaultyNode::new(CountsBatches(node, batches.clone()), clock.clone());
+    let durable = redlease::Durability::Required(redlease::ReplicaWait::new(1, ms(100)));
+    let manager = redlease::LockManager::single(
+        faulty,
+        config()
+            .with_renewal_batching(ms(5), 100)
+            .with_durability(durable),
+    )
+    .unwrap()
+    .with_timer(clock.clone())
+    .with_spawner(sim.spawner());
+    let held: Vec<_> = (0..5)
+        .map(|i| {
+            let lock = manager.lock(format!("job:{i}")).auto_renew(secs(10));
+            sim.block_on(async move { lock.try_acquire().await })
+                .unwrap()
+        })
+        .collect();
+    sim.run_for(secs(31));
+    assert!(held.iter().all(|l| l.state() == LeaseState::Held));
+    // A batch has no per-lease replica wait: batching is off under a durability policy.
+    assert_eq!(
+        batches.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a batch was sent under a durability policy"
+    );
     assert_eq!(
         faults.calls(Op::Extend),
         15,
