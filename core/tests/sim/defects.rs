@@ -164,8 +164,13 @@ impl RedisNode for NetNode {
         self.inner.inspect(key).await
     }
 
+    /// The inner node's endpoint only: this node's fresh acquisition is the default (its `acquire`), not a
+    /// plain `SET NX`, and it takes no batches.
     fn profile(&self) -> redlease::NodeProfile {
-        self.inner.profile()
+        match self.inner.profile().endpoint {
+            Some(endpoint) => redlease::NodeProfile::new().with_endpoint(endpoint),
+            None => redlease::NodeProfile::new(),
+        }
     }
 }
 
