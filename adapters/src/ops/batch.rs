@@ -30,12 +30,13 @@ async fn extend_many_watched(
         .map(|i| i.ttl.as_millis().to_string())
         .collect();
     for _ in 0..WATCHED_ATTEMPTS {
-        let _gate = t.probe().tx_gate().await;
+        let mut gate = super::gate(t, what).await;
         t.notice_reconnections();
         let generation = t.probe().generation();
         let watch: Vec<&str> = std::iter::once("WATCH")
             .chain(keys.iter().copied())
             .collect();
+        gate.watching(first.key);
         note(t, t.command(what, first.key, &watch).await)?;
         let mget: Vec<&str> = std::iter::once("MGET")
             .chain(keys.iter().copied())
@@ -43,7 +44,9 @@ async fn extend_many_watched(
         let values = match note(t, t.command(what, first.key, &mget).await) {
             Ok(Reply::Array(values)) if values.len() == items.len() => values,
             other => {
-                let _ = t.command(what, first.key, &["UNWATCH"]).await;
+                if t.command(what, first.key, &["UNWATCH"]).await.is_ok() {
+                    gate.unwatched();
+                }
                 return match other {
                     Ok(reply) => Err(scripts::unexpected_reply(what, &reply)),
                     Err(e) => Err(e),
@@ -65,7 +68,9 @@ async fn extend_many_watched(
             .map(|((item, ttl), _)| ["PEXPIRE", item.key, ttl.as_str(), "GT"])
             .collect();
         if cmds.is_empty() {
-            let _ = note(t, t.command(what, first.key, &["UNWATCH"]).await);
+            if note(t, t.command(what, first.key, &["UNWATCH"]).await).is_ok() {
+                gate.unwatched();
+            }
             return Ok(ours);
         }
         t.notice_reconnections();
@@ -80,7 +85,10 @@ async fn extend_many_watched(
             ));
         }
         let cmds: Vec<&[&str]> = cmds.iter().map(|c| &c[..]).collect();
-        let replies = note(t, t.transaction(what, first.key, &cmds).await)?;
+        let replies = note(t, t.transaction(what, first.key, &cmds).await);
+        // The EXEC was sent: it ended the WATCH (or the connection did).
+        gate.unwatched();
+        let replies = replies?;
         if replies.is_empty() {
             // EXEC aborted: a key was touched since the WATCH.
             continue;

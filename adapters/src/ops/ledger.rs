@@ -10,12 +10,35 @@ use super::Transport;
 use super::probe::Probe;
 
 /// The node's transaction gate, held by one call at a time (see [`Probe::tx_gate`]); given back when dropped.
-pub(crate) struct TxGate<'a>(pub(super) &'a Probe);
+///
+/// A call that sends `WATCH` says so ([`watching`](Self::watching)) and says when its `EXEC` or `UNWATCH`
+/// answered ([`unwatched`](Self::unwatched)). Dropped in between — the call was cut, its `WATCH` still armed
+/// on the connection — the gate leaves that key with the node, and the next holder ends the `WATCH` first
+/// ([`super::gate`]): otherwise it would abort the next `EXEC` on that connection, another call's.
+pub(crate) struct TxGate<'a> {
+    pub(super) probe: &'a Probe,
+    pub(super) watching: Option<String>,
+}
+
+impl TxGate<'_> {
+    /// A `WATCH` of `key` (routed by it) is about to be sent.
+    pub(crate) fn watching(&mut self, key: &str) {
+        self.watching = Some(key.to_owned());
+    }
+
+    /// The `WATCH` ended: its `EXEC` or `UNWATCH` answered (or failed with the connection).
+    pub(crate) fn unwatched(&mut self) {
+        self.watching = None;
+    }
+}
 
 impl Drop for TxGate<'_> {
     fn drop(&mut self) {
         let waiters = {
-            let mut state = self.0.lock();
+            let mut state = self.probe.lock();
+            if let Some(key) = self.watching.take() {
+                state.stale_watch = Some(key);
+            }
             state.tx_busy = false;
             std::mem::take(&mut state.tx_waiters)
         };

@@ -347,16 +347,19 @@ async fn extend_watched_once(
     ttl: &str,
 ) -> Result<Option<bool>, NodeError> {
     let what = &scripts::WATCHED_EXTEND;
-    let _gate = t.probe().tx_gate().await;
+    let mut gate = super::gate(t, what).await;
     t.notice_reconnections();
     let generation = t.probe().generation();
+    gate.watching(key);
     note(t, t.command(what, key, &["WATCH", key]).await)?;
     let ours = match note(t, t.command(what, key, &["GET", key]).await) {
         Ok(Reply::Bytes(value)) => value == token.as_str().as_bytes(),
         Ok(Reply::Nil) => false,
         other => {
             // Nothing to extend with: the WATCH is ended (also by the connection's end, if it failed).
-            let _ = t.command(what, key, &["UNWATCH"]).await;
+            if t.command(what, key, &["UNWATCH"]).await.is_ok() {
+                gate.unwatched();
+            }
             return match other {
                 Ok(reply) => Err(scripts::unexpected_reply(what, &reply)),
                 Err(e) => Err(e),
@@ -364,7 +367,9 @@ async fn extend_watched_once(
         }
     };
     if !ours {
-        let _ = note(t, t.command(what, key, &["UNWATCH"]).await);
+        if note(t, t.command(what, key, &["UNWATCH"]).await).is_ok() {
+            gate.unwatched();
+        }
         return Ok(Some(false));
     }
     t.notice_reconnections();
@@ -382,7 +387,10 @@ async fn extend_watched_once(
         t,
         t.transaction(what, key, &[&["PEXPIRE", key, ttl, "GT"]])
             .await,
-    )?;
+    );
+    // Answered or not, the EXEC was sent: it ends the WATCH (or the connection did).
+    gate.unwatched();
+    let replies = replies?;
     match replies.as_slice() {
         // EXEC aborted: the key was touched since the WATCH.
         [] => Ok(None),
@@ -618,6 +626,54 @@ mod tests {
                     token.as_str()[..8].into()
                 ],
             ]]
+        );
+    }
+
+    /// A call cut between its `WATCH` and its `EXEC` leaves the `WATCH` armed on the connection, where it
+    /// would abort the next `EXEC` another call sends there (the cancellation fault test saw an inspect's
+    /// transaction come back aborted). The next holder of the transaction gate ends it first; a watched
+    /// extension that finished leaves nothing behind.
+    #[test]
+    fn a_watch_left_by_a_cut_call_is_ended_before_the_next_transaction() {
+        let t = native();
+        let key = "k";
+        let token = Token::random().unwrap();
+        // A watched extension that ran to its end: nothing is left to end.
+        t.replies.lock().unwrap().extend([
+            Ok(Reply::Bytes(b"OK".to_vec())),
+            Ok(Reply::Bytes(token.as_str().as_bytes().to_vec())),
+        ]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(1)]));
+        assert!(block_on(extend_watched(&t, key, &token, "1000")).unwrap());
+        t.txs
+            .lock()
+            .unwrap()
+            .push_back(Ok(vec![Reply::Nil, Reply::Int(-2)]));
+        assert_eq!(block_on(inspect_native(&t, key)).unwrap(), None);
+        assert_eq!(
+            std::mem::take(&mut *t.sent.lock().unwrap()),
+            ["WATCH", "GET", "MULTI PEXPIRE", "MULTI GET PTTL"]
+        );
+        // A call cut after its WATCH (its gate dropped while watching): the next transaction ends it first,
+        // once.
+        {
+            let mut gate = block_on(crate::ops::gate(&t, &scripts::WATCHED_EXTEND));
+            gate.watching(key);
+        }
+        t.replies
+            .lock()
+            .unwrap()
+            .push_back(Ok(Reply::Bytes(b"OK".to_vec())));
+        for _ in 0..2 {
+            t.txs
+                .lock()
+                .unwrap()
+                .push_back(Ok(vec![Reply::Nil, Reply::Int(-2)]));
+            assert_eq!(block_on(inspect_native(&t, key)).unwrap(), None);
+        }
+        assert_eq!(
+            std::mem::take(&mut *t.sent.lock().unwrap()),
+            ["UNWATCH", "MULTI GET PTTL", "MULTI GET PTTL"]
         );
     }
 }

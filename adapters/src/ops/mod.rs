@@ -54,6 +54,7 @@ mod wait;
 
 pub(crate) use batch::{EXTEND_MANY_LIMIT, extend_many, multi_key};
 pub(crate) use fence::{acquire_fenced, raise_fence};
+use ledger::TxGate;
 pub(crate) use lock::{acquire, acquire_fresh, extend, inspect, release};
 pub(crate) use permit::permit;
 pub(crate) use probe::{Probe, check, readiness};
@@ -201,14 +202,28 @@ async fn tx(
     key: &str,
     cmds: &[&[&str]],
 ) -> Result<Vec<Reply>, NodeError> {
-    let _gate = t.probe().tx_gate().await;
+    let _gate = gate(t, what).await;
     t.transaction(what, key, cmds).await
 }
 
 /// [`Transport::probe_transaction`] behind the node's transaction gate ([`Probe::tx_gate`]).
 async fn probe_tx(t: &impl Transport, what: &Script, key: &str) -> Result<(), NodeError> {
-    let _gate = t.probe().tx_gate().await;
+    let _gate = gate(t, what).await;
     t.probe_transaction(what, key).await
+}
+
+/// The node's transaction gate ([`Probe::tx_gate`]), after ending the `WATCH` a call cut between its `WATCH`
+/// and its `EXEC` may have left on a connection (see [`TxGate`]): `UNWATCH`, routed by the watched key. Left
+/// in place it would abort this holder's `EXEC` (an `EXEC` ends every `WATCH` of its connection, and fails
+/// if a watched key changed). Should the `UNWATCH` fail, the next holder tries again.
+pub(super) async fn gate<'a>(t: &'a impl Transport, what: &Script) -> TxGate<'a> {
+    let gate = t.probe().tx_gate().await;
+    if let Some(key) = t.probe().stale_watch()
+        && t.command(what, &key, &["UNWATCH"]).await.is_ok()
+    {
+        t.probe().unwatched(&key);
+    }
+    gate
 }
 
 /// Whether `err` is a definite "unknown command" or "syntax error" reply: a server that lacks a command or

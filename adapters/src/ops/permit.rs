@@ -288,9 +288,10 @@ async fn permit_watched_once(
     };
     let tok = token.as_str();
     let names = [tok.to_owned(), format!("s:{tok}"), format!("x:{tok}")];
-    let gate = t.probe().tx_gate().await;
+    let mut gate = super::gate(t, what).await;
     t.notice_reconnections();
     let generation = t.probe().generation();
+    gate.watching(key);
     note(t, t.command(what, key, &["WATCH", key]).await)?;
     let read = async {
         let now = server_millis(t, what, key).await?;
@@ -325,6 +326,7 @@ async fn permit_watched_once(
         Ok(read) => read,
         Err(e) => {
             unwatch().await;
+            gate.unwatched();
             return match (e.kind(), permits) {
                 (NodeErrorKind::WrongType, Some(_)) => Err(semaphore_wrong_type(what, e)),
                 (NodeErrorKind::WrongType, None) => Ok(Some(PermitReply::NotHeld)),
@@ -348,6 +350,7 @@ async fn permit_watched_once(
     match permits {
         Some(permits) if !mine && live.len() >= permits as usize => {
             unwatch().await;
+            gate.unwatched();
             let next = live.iter().map(|at| at - now).min();
             return Ok(Some(PermitReply::Full {
                 next_expiry: next.map(std::time::Duration::from_millis),
@@ -355,6 +358,7 @@ async fn permit_watched_once(
         }
         None if !mine => {
             unwatch().await;
+            gate.unwatched();
             return Ok(Some(PermitReply::NotHeld));
         }
         _ => {}
@@ -398,6 +402,8 @@ async fn permit_watched_once(
         )
         .await,
     )?;
+    // The EXEC was sent: it ended the WATCH (or the connection did).
+    gate.unwatched();
     drop(gate);
     if replies.is_empty() {
         // Aborted by the WATCH: nothing ran.

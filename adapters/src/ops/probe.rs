@@ -55,6 +55,9 @@ pub(super) struct ProbeState {
     pub(super) writable_fences: std::collections::HashSet<String>,
     /// Whether a call holds the transaction gate ([`Probe::tx_gate`]), and the calls waiting for it.
     pub(super) tx_busy: bool,
+    /// A key whose connection may still carry the `WATCH` of a call cut before its `EXEC` (see
+    /// [`TxGate`]): the gate's next holder sends `UNWATCH` there first.
+    pub(super) stale_watch: Option<String>,
     pub(super) tx_waiters: Vec<std::task::Waker>,
 }
 
@@ -124,7 +127,10 @@ impl Probe {
             std::task::Poll::Pending
         })
         .await;
-        TxGate(self)
+        TxGate {
+            probe: self,
+            watching: None,
+        }
     }
 
     /// Forgets what was learned about the connection, which failed or was replaced: the next call checks
@@ -137,6 +143,21 @@ impl Probe {
         state.no_waitaof = false;
         state.generation += 1;
         state.writes.replaced();
+        // A new connection carries no WATCH.
+        state.stale_watch = None;
+    }
+
+    /// The key whose connection may still carry a cut call's `WATCH` (see [`TxGate`]), if any.
+    pub(crate) fn stale_watch(&self) -> Option<String> {
+        self.lock().stale_watch.clone()
+    }
+
+    /// That `WATCH` was ended (an `UNWATCH` for `key` answered).
+    pub(crate) fn unwatched(&self, key: &str) {
+        let mut state = self.lock();
+        if state.stale_watch.as_deref() == Some(key) {
+            state.stale_watch = None;
+        }
     }
 
     /// The node opened a new connection (a lazy node's first, or its next after one was lost): what was learned
@@ -382,13 +403,19 @@ pub(super) async fn transactions_refused(
         Ok(replies) => return Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
     }
     let watch = &scripts::WATCHED_EXTEND;
-    let _gate = t.probe().tx_gate().await;
+    let mut gate = super::gate(t, watch).await;
+    gate.watching(key);
     match note(t, t.command(watch, key, &["WATCH", key]).await) {
         Ok(_) => {
             note(t, t.command(watch, key, &["UNWATCH"]).await)?;
+            gate.unwatched();
             Ok(None)
         }
-        Err(e) if denied(&e) => Ok(Some(e)),
+        Err(e) if denied(&e) => {
+            // Refused: no WATCH was armed.
+            gate.unwatched();
+            Ok(Some(e))
+        }
         Err(e) => Err(e),
     }
 }

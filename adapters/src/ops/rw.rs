@@ -452,13 +452,14 @@ async fn rw_watched_once(
     fence_key: Option<&str>,
 ) -> Result<Option<PermitReply>, NodeError> {
     let what = &scripts::WATCHED_RW_PERMIT;
-    let gate = t.probe().tx_gate().await;
+    let mut gate = super::gate(t, what).await;
     t.notice_reconnections();
     let generation = t.probe().generation();
     let watch: &[&str] = match fence_key {
         Some(fence_key) => &["WATCH", key, fence_key],
         None => &["WATCH", key],
     };
+    gate.watching(key);
     note(t, t.command(what, key, watch).await)?;
     let read = async {
         let fence = match fence_key {
@@ -496,6 +497,7 @@ async fn rw_watched_once(
         Ok(read) => read,
         Err(e) => {
             unwatch().await;
+            gate.unwatched();
             return Err(e);
         }
     };
@@ -518,6 +520,7 @@ async fn rw_watched_once(
         Ok(plan) if !plan.writes.is_empty() => plan,
         other => {
             unwatch().await;
+            gate.unwatched();
             return match other?.outcome {
                 RwOutcome::Blocked(next) => Ok(Some(PermitReply::Full {
                     next_expiry: Some(std::time::Duration::from_millis(next)),
@@ -548,6 +551,8 @@ async fn rw_watched_once(
         .collect();
     let cmds: Vec<&[&str]> = cmds.iter().map(Vec::as_slice).collect();
     let result = note(t, t.transaction(what, key, &cmds).await);
+    // The EXEC was sent: it ended the WATCH (or the connection did).
+    gate.unwatched();
     drop(gate);
     let granted = match &plan.outcome {
         RwOutcome::Granted(member) => Some(member.as_str()),
