@@ -210,6 +210,43 @@ fn under_a_durability_policy_each_lease_renews_on_its_own_and_waits_for_its_repl
     );
 }
 
+/// The shared renewer visits the lease due first, whatever order the leases were queued in: a short lease
+/// queued before a long one is renewed on its own schedule, not when the long one falls due.
+#[test]
+fn the_renewer_serves_the_earliest_due_lease_first_whatever_the_queue_order() {
+    let mut sim = redlease_testkit::Sim::new(47);
+    let clock = sim.clock();
+    let node = MemoryNode::with_timer(clock.clone());
+    let batches = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = CountsBatches(node, batches.clone());
+    let manager =
+        redlease::LockManager::single(counted, config().with_renewal_batching(ms(5), 100))
+            .unwrap()
+            .with_timer(clock.clone())
+            .with_spawner(sim.spawner());
+    // The short lease first (renewed every second), then the long one (every 20 s).
+    let short = manager.lock("short").expiry(secs(3)).auto_renew(secs(1));
+    let short = sim
+        .block_on(async move { short.try_acquire().await })
+        .unwrap();
+    let long = manager.lock("long").expiry(secs(60)).auto_renew(secs(20));
+    let long = sim
+        .block_on(async move { long.try_acquire().await })
+        .unwrap();
+    sim.run_for(ms(10_500));
+    assert_eq!(
+        short.state(),
+        LeaseState::Held,
+        "the short lease waited behind the long one"
+    );
+    assert_eq!(long.state(), LeaseState::Held);
+    assert_eq!(
+        batches.load(std::sync::atomic::Ordering::SeqCst),
+        10,
+        "ten renewals of the short lease in ten seconds, one batch each, the long one not yet due"
+    );
+}
+
 /// Batched renewal under every hostile fault, pauses and skewed clocks: each client holds up to four
 /// keys at once through one manager, so batches carry several leases; the checker finds no overlap.
 #[test]
