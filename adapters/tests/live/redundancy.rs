@@ -22,9 +22,17 @@ const CLIENTS: [(&str, Build); 2] = [
     }),
 ];
 
-/// Acquisitions on one warm manager, and on fresh managers (one each), per client.
+/// Acquisitions on one warm manager, and on fresh managers (one each), per client. A measuring run takes
+/// more: `REDLEASE_REDUNDANCY_WARM` / `REDLEASE_REDUNDANCY_FRESH` (the closing notes quote such runs).
 const WARM: usize = 300;
 const FRESH: usize = 30;
+
+fn count(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 /// How many of `leases` hold their key on every server, waiting up to `patience` for the background
 /// writes: the leases missing somewhere at the end are returned as (key, servers holding it).
@@ -80,11 +88,11 @@ fn a_redlock_lease_is_held_on_every_healthy_server_after_its_acquisition() {
                 let spawner = TokioSpawner::current().unwrap();
                 let warm = build(&urls, cfg.clone()).with_spawner(spawner.clone());
                 let mut leases = Vec::new();
-                for i in 0..WARM {
+                for i in 0..count("REDLEASE_REDUNDANCY_WARM", WARM) {
                     let k = format!("spread:{client}:warm:{i}");
                     leases.push(warm.lock(k).try_acquire().await.unwrap());
                 }
-                for i in 0..FRESH {
+                for i in 0..count("REDLEASE_REDUNDANCY_FRESH", FRESH) {
                     let fresh = build(&urls, cfg.clone()).with_spawner(spawner.clone());
                     let k = format!("spread:{client}:fresh:{i}");
                     leases.push(fresh.lock(k).try_acquire().await.unwrap());
