@@ -38,13 +38,7 @@ pub(crate) use crate::machine::acquisition::Fresh;
 use crate::machine::nodeset::NodeSet;
 use crate::mode::Mode;
 
-/// What a lease's extension round was planned with (see `Shared::prepare_extension`).
-pub(crate) struct Planned {
-    /// Per node, the smallest TTL (ms) of an earlier request that may still land there (0: none).
-    pub(crate) unconfirmed: Option<Box<[u64]>>,
-    /// The nodes that never confirmed the lease's key.
-    pub(crate) missing: NodeSet,
-}
+pub(crate) use crate::machine::holding::Planned;
 
 /// Everything a manager, its locks and its leases share.
 pub(crate) struct Engine {

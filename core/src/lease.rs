@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::driver::Planned;
 use crate::driver::{Engine, RoundResult, Spawn};
 use crate::error::{Error, LossReason, Operation, QuorumError};
-use crate::machine::holding::{Extended, Holding, NotExtended, Status};
+use crate::machine::holding::{
+    Extended, Holding, NotExtended, Planned, Renewed, RoundEnd, Status, Visit,
+};
 use crate::machine::nodeset::NodeSet;
 use crate::machine::slots::Slots;
-use crate::machine::unconfirmed::Unconfirmed;
 use crate::machine::unconfirmed::counts;
 use crate::machine::validity::deadline_after_round;
 use crate::machine::{RenewalSchedule, RenewalStep, Reply, Tally, Verdict, WaitFor};
@@ -46,30 +46,15 @@ fn waiter_id() -> u64 {
 }
 
 struct State {
-    /// Validity and loss: the deadline, the round it counts from, the first loss, an at-risk period, whether
-    /// it ended (the decisions on them are [`Holding`]'s).
+    /// Validity, loss and the extension protocol: the deadline, the round it counts from, the first loss, an
+    /// at-risk period, whether it ended, the extension permit and the records rounds rely on, who renews it
+    /// (the decisions on them are [`Holding`]'s).
     h: Holding,
     /// The node failures behind the loss, if any (reported by [`Lease::run`]).
     loss_source: Option<Box<QuorumError>>,
-    /// It ended by [`Lease::handoff`]: its key now belongs to whoever resumes the ticket, so nothing of this
-    /// lease may delete it any more.
-    handed_off: bool,
-    /// A compare-and-delete of our token on every node has finished (after a loss): nobody needs to repeat it.
-    cleaned: bool,
-    renewing: bool,
-    /// The manager's shared renewer renews this lease (batched renewal; see `crate::batch`).
-    batched: bool,
-    /// The generation of the renewer's current entry for this lease: older entries are stale.
-    batch_gen: u32,
-    extending: bool,
     /// Its node cannot extend it together with the other parts of its set in one step
     /// ([`renew_together`]): renewed on its own for the rest of its hold.
     separately: bool,
-    /// Which nodes may still apply an earlier request of this lease (written when a round is planned).
-    unconfirmed: Unconfirmed,
-    /// Nodes that have never confirmed holding this lease's key (a Redlock acquisition won without them):
-    /// the next round writes it there with the lease's own token (see [`Shared::repair`]).
-    missing: NodeSet,
     waiters: Vec<(u64, Waker)>,
 }
 
@@ -188,17 +173,10 @@ impl Shared {
                     },
                     grant.round_started,
                     grant.wall_started,
-                ),
+                )
+                .with_records(grant.unconfirmed, grant.missing),
                 loss_source: None,
-                handed_off: false,
-                cleaned: false,
-                renewing: false,
-                batched: false,
-                batch_gen: 0,
-                extending: false,
                 separately: false,
-                unconfirmed: Unconfirmed::from_acquisition(grant.unconfirmed),
-                missing: grant.missing,
                 waiters: Vec::new(),
             }),
         })
@@ -224,17 +202,17 @@ impl Shared {
         let poke;
         let (reason, waiters, first) = {
             let mut st = self.lock();
-            let first = st.h.lose(reason);
+            let first;
+            (first, poke) = st.h.lose_and_poke(reason);
             if first {
                 // Without a cause of its own (an expiry), the loss keeps the one recorded while at risk.
                 if let Some(source) = source {
                     st.loss_source = Some(Box::new(source));
                 }
             }
+            // Lost while the renewer has nothing in flight for it (`poke`): it should clean up now, not at
+            // the next planned renewal (whoever holds an extension permit hands the lease back when it ends).
             let report = (first && !st.h.ended).then_some(st.h.valid_until);
-            // Lost while the renewer has nothing in flight for it: it should clean up now, not at the next
-            // planned renewal (whoever holds an extension permit hands the lease back when it ends).
-            poke = first && st.batched && !st.extending;
             (st.h.lost.unwrap_or(reason), st.take_waiters(), report)
         };
         if let Some(valid_until) = first {
@@ -315,8 +293,7 @@ impl Shared {
     /// Never after a handoff: the key is the resuming process's lease then.
     async fn clean_up(&self) {
         {
-            let st = self.lock();
-            if st.cleaned || st.handed_off {
+            if !self.lock().h.must_clean_up() {
                 return;
             }
         }
@@ -330,7 +307,7 @@ impl Shared {
                 (self.id, CleanupCause::Lost),
             )
             .await;
-        self.lock().cleaned = true;
+        self.lock().h.cleaned = true;
     }
 
     /// Waits until no other extension of this lease is in flight, then claims the right to extend.
@@ -339,12 +316,11 @@ impl Shared {
         let registered = Deregister { shared: self, id };
         std::future::poll_fn(|cx| {
             let mut st = registered.shared.lock();
-            if st.extending {
+            if st.h.take_permit() {
+                Poll::Ready(())
+            } else {
                 st.register(id, cx.waker());
                 Poll::Pending
-            } else {
-                st.extending = true;
-                Poll::Ready(())
             }
         })
         .await;
@@ -394,11 +370,8 @@ impl Shared {
         let now = self.now();
         let cap = crate::machine::validity::valid_until(now, ttl, factor).unwrap_or(now);
         let mut st = self.lock();
-        let planned = Planned {
-            unconfirmed: st.unconfirmed.plan(engine.nodes.len(), ttl),
-            missing: st.missing,
-        };
-        if st.h.cap(cap) {
+        let (planned, capped) = st.h.plan_extension(engine.nodes.len(), ttl, cap);
+        if capped {
             let waiters = st.take_waiters();
             drop(st);
             engine.hook.emit(
@@ -467,17 +440,12 @@ impl Shared {
     /// A round of this lease planned by [`prepare_extension`](Self::prepare_extension) ended with `tally`
     /// (of `n` nodes): the nodes that answered are confirmed, and a yes proves the key there.
     fn handle_round(&self, n: usize, tally: &Tally) {
-        let mut st = self.lock();
-        st.unconfirmed.handle_round(n, tally);
-        for i in tally.yes_indices() {
-            st.missing.remove(i);
-        }
+        self.lock().h.handle_round(n, tally);
     }
 
     /// Whether some node never confirmed this lease's key (see [`repair`](Self::repair)).
     pub(crate) fn needs_repair(&self) -> bool {
-        let st = self.lock();
-        !st.missing.is_empty() && st.h.lost.is_none() && !st.h.ended
+        self.lock().h.needs_repair()
     }
 
     /// Writes this lease's key, with its own token and TTL, on the nodes that never confirmed it: a Redlock
@@ -501,15 +469,9 @@ impl Shared {
                 return;
             };
             // Planned before anything is sent; only the missing nodes are asked.
-            let targets = {
-                let mut st = self.lock();
-                if st.missing.is_empty() {
-                    // An extension round confirmed the key meanwhile.
-                    return;
-                }
-                let targets = st.missing;
-                st.unconfirmed.plan_on(n, self.ttl, Some(targets));
-                targets
+            let Some(targets) = self.lock().h.plan_repair(n, self.ttl) else {
+                // An extension round confirmed the key meanwhile.
+                return;
             };
             // The first round is short: the permit it holds delays the holder's own extensions (which would
             // ask the missing nodes too), and a healthy node answers at once. A node that does not answer in
@@ -544,11 +506,8 @@ impl Shared {
         if targets.is_empty() {
             return;
         }
-        {
-            let st = self.lock();
-            if st.handed_off || (!st.h.ended && st.h.lost.is_none()) {
-                return;
-            }
+        if !self.lock().h.must_undo_writes() {
+            return;
         }
         let only: Vec<usize> = (0..self.engine.nodes.len())
             .filter(|&i| targets.contains(i))
@@ -576,28 +535,38 @@ impl Shared {
     ) -> Result<(), LossReason> {
         let now = self.now();
         let valid_until = self.schedule().cap(valid_until);
-        let mut st = self.lock();
         let changed =
-            st.h.extended(now, started, wall_started, valid_until, self.hold_until);
+            self.lock()
+                .h
+                .extended(now, started, wall_started, valid_until, self.hold_until);
+        match changed {
+            Ok(change) => {
+                self.report_extended(now, valid_until, change, renewal);
+                Ok(())
+            }
+            Err(NotExtended::Lapsed(reason)) => Err(self.mark_lost(reason)),
+            Err(NotExtended::Gone(reason)) => Err(reason),
+        }
+    }
+
+    /// An extension (`renewal`: by a renewer) left the lease valid until `valid_until`, recorded at `now` with
+    /// `change`: the cause of an earlier failure is dropped, the events reported, and waiters woken if the
+    /// deadline moved earlier (loss signals and the renewal loop plan for the old, later deadline).
+    fn report_extended(&self, now: Instant, valid_until: Instant, change: Extended, renewal: bool) {
         let Extended {
             earlier,
             recovered_from: was_at_risk,
-        } = match changed {
-            Ok(changed) => changed,
-            Err(NotExtended::Lapsed(reason)) => {
-                drop(st);
-                return Err(self.mark_lost(reason));
+        } = change;
+        let waiters = {
+            let mut st = self.lock();
+            // Extended: an earlier failure is no longer the cause of anything.
+            st.loss_source = None;
+            if earlier {
+                st.take_waiters()
+            } else {
+                Vec::new()
             }
-            Err(NotExtended::Gone(reason)) => return Err(reason),
         };
-        // Extended: an earlier failure is no longer the cause of anything.
-        st.loss_source = None;
-        let waiters = if earlier {
-            st.take_waiters()
-        } else {
-            Vec::new()
-        };
-        drop(st);
         self.engine.hook.emit(
             &self.key,
             self.id,
@@ -619,7 +588,6 @@ impl Shared {
             );
         }
         wake(waiters);
-        Ok(())
     }
 
     /// A manual extension failed without proving the lease gone (too few nodes answered). Like a failed
@@ -638,7 +606,18 @@ impl Shared {
 
     /// Marks the lease at risk since `now` (an extension failed without proving it gone) and reports it.
     fn note_at_risk(&self, now: Instant, valid_until: Instant, error: Option<&QuorumError>) {
-        let first = self.set_at_risk(now);
+        let first = self.lock().h.at_risk_since(now);
+        self.report_at_risk(now, valid_until, error, first);
+    }
+
+    /// Reports the lease at risk at `now` (`first`: since this failure), valid until `valid_until`.
+    fn report_at_risk(
+        &self,
+        now: Instant,
+        valid_until: Instant,
+        error: Option<&QuorumError>,
+        first: bool,
+    ) {
         self.engine.hook.emit(
             &self.key,
             self.id,
@@ -659,15 +638,9 @@ impl Shared {
         }
     }
 
-    /// Marks the lease at risk since `now` unless it already was; `true` if it was not.
-    fn set_at_risk(&self, now: Instant) -> bool {
-        self.lock().h.at_risk_since(now)
-    }
-
     /// Claims the single renewal loop of this lease; `false` if one already runs.
     pub(crate) fn claim_renewal(&self) -> bool {
-        let mut st = self.lock();
-        !std::mem::replace(&mut st.renewing, true)
+        self.lock().h.claim_renewal()
     }
 
     /// Renews this lease in the background (its claim held by the caller): in the manager's shared renewer's
@@ -684,7 +657,7 @@ impl Shared {
 
     /// Hands this lease's renewal (whose claim the caller holds) to the manager's shared renewer.
     pub(crate) fn renew_batched(&self) {
-        self.lock().batched = true;
+        self.lock().h.renew_batched();
         self.requeue(self.replan());
     }
 
@@ -699,14 +672,7 @@ impl Shared {
     /// A new renewer entry for this lease planned by `step` (superseding earlier ones), unless the renewer
     /// does not renew it (any more) or it ended.
     fn entry(&self, step: RenewalStep) -> Option<crate::batch_queue::Entry> {
-        let generation = {
-            let mut st = self.lock();
-            if !st.batched || st.h.ended {
-                return None;
-            }
-            st.batch_gen = st.batch_gen.wrapping_add(1);
-            st.batch_gen
-        };
+        let generation = self.lock().h.next_entry()?;
         Some(crate::batch_queue::Entry::new(
             self.me.clone(),
             generation,
@@ -718,11 +684,8 @@ impl Shared {
     fn release_permit(&self) -> bool {
         let (waiters, batched) = {
             let mut st = self.lock();
-            st.extending = false;
-            (
-                st.take_waiters(),
-                st.batched && !st.h.ended && st.h.lost.is_none(),
-            )
+            let batched = st.h.release_permit();
+            (st.take_waiters(), batched)
         };
         wake(waiters);
         batched
@@ -733,23 +696,14 @@ impl Shared {
     /// round: `Some((timeout, valid_until))` if a round should run now (the extension permit is then held
     /// until [`batch_outcome`](Self::batch_outcome)); `None` if not (skipped, re-planned, or given up).
     pub(crate) fn visit(&self, generation: u32, lost_at: bool) -> Option<(Duration, Instant)> {
-        {
-            let mut st = self.lock();
-            if !st.batched || st.batch_gen != generation || st.h.ended {
-                return None;
-            }
-            if st.h.lost.is_some() {
-                // Lost by whoever noticed (a loss signal only observes): delete our token.
-                st.batched = false;
-                drop(st);
+        let visit = self.lock().h.visit(generation);
+        match visit {
+            Visit::Skip | Visit::Busy => return None,
+            Visit::CleanUp => {
                 self.spawn_clean_up();
                 return None;
             }
-            if st.extending {
-                // A manual extension is in flight: its permit's release plans the next visit.
-                return None;
-            }
-            st.extending = true;
+            Visit::Go => {}
         }
         let now = self.now();
         let valid_until = match self.current(now) {
@@ -806,27 +760,56 @@ impl Shared {
     /// the round was planned for), for both renewers (a lease's own loop and the shared renewer): records an
     /// extension, or the lease at risk (keeping the cause for a loss at the deadline), and says what next.
     fn after_renewal(&self, outcome: Extension, valid_until: Instant) -> AfterRenewal {
-        match outcome {
+        let (end, source) = match outcome {
             Extension::Extended {
                 started,
                 wall_started,
                 valid_until,
-            } => match self.apply(started, wall_started, valid_until, true) {
-                Ok(()) => AfterRenewal::Next(self.schedule().after_success(started, valid_until)),
-                Err(LossReason::Released) => AfterRenewal::Ended,
-                Err(reason) => AfterRenewal::GiveUp(reason),
-            },
-            Extension::NotHeld => AfterRenewal::GiveUp(LossReason::NotHeld),
-            Extension::Failed(source) => {
-                let now = self.now();
-                self.note_at_risk(now, valid_until, source.as_ref());
-                let step = self.schedule().after_failure(now, valid_until);
-                if let (RenewalStep::LostAt(_), Some(source)) = (step, source) {
-                    // Keep the cause: if nothing else extends the lease, it is lost at the deadline.
+            } => (
+                RoundEnd::Extended {
+                    started,
+                    wall_started,
+                    valid_until,
+                },
+                None,
+            ),
+            Extension::NotHeld => (RoundEnd::NotHeld, None),
+            Extension::Failed(source) => (
+                RoundEnd::Failed {
+                    caused: source.is_some(),
+                },
+                source,
+            ),
+        };
+        let now = self.now();
+        let schedule = self.schedule();
+        let renewed =
+            self.lock()
+                .h
+                .renewal_ended(now, end, valid_until, &schedule, self.hold_until);
+        match renewed {
+            Renewed::Extended {
+                valid_until,
+                change,
+                next,
+            } => {
+                self.report_extended(now, valid_until, change, true);
+                AfterRenewal::Next(next)
+            }
+            Renewed::AtRisk {
+                first,
+                next,
+                keep_cause,
+            } => {
+                self.report_at_risk(now, valid_until, source.as_ref(), first);
+                if let (true, Some(source)) = (keep_cause, source) {
+                    // If nothing else extends the lease, it is lost at the deadline for this cause.
                     self.keep_loss_source(source);
                 }
-                AfterRenewal::Next(step)
+                AfterRenewal::Next(next)
             }
+            Renewed::Ended => AfterRenewal::Ended,
+            Renewed::GiveUp(reason) => AfterRenewal::GiveUp(reason),
         }
     }
 
@@ -857,7 +840,7 @@ impl Shared {
     /// Gives the lease up from the renewer, which holds the extension permit: it stops renewing it, marks it
     /// lost and deletes our token in the background.
     fn give_up_batched(&self, reason: LossReason, source: Option<QuorumError>) {
-        self.lock().batched = false;
+        self.lock().h.stop_batched();
         self.release_permit();
         self.mark_lost_by(reason, source);
         self.spawn_clean_up();
@@ -874,8 +857,7 @@ impl Shared {
     fn unclaim_renewal(&self) {
         let waiters = {
             let mut st = self.lock();
-            st.renewing = false;
-            st.batched = false;
+            st.h.unclaim_renewal();
             st.take_waiters()
         };
         wake(waiters);
@@ -888,7 +870,7 @@ impl Shared {
         let (prior, unnoticed, valid_until, waiters) = {
             let mut st = self.lock();
             let unnoticed = st.h.end(now, self.hold_until);
-            st.handed_off = matches!(how, Ending::HandedOff) && st.h.lost.is_none();
+            st.h.handed_off = matches!(how, Ending::HandedOff) && st.h.lost.is_none();
             (st.h.lost, unnoticed, st.h.valid_until, st.take_waiters())
         };
         let kind = match prior {
@@ -1522,10 +1504,10 @@ impl Lease {
         let n = shared.engine.nodes.len();
         let (pending, missing) = {
             let st = shared.lock();
-            (st.unconfirmed.snapshot(n), st.missing.bits())
+            (st.h.unconfirmed.snapshot(n), st.h.missing.bits())
         };
         if let Some(reason) = shared.end(Ending::HandedOff) {
-            if !shared.lock().cleaned {
+            if !shared.lock().h.cleaned {
                 shared.engine.spawn_cleanup(
                     &shared.key,
                     &shared.token,
@@ -2067,7 +2049,7 @@ impl Drop for Lease {
             self.shared.end(Ending::Dropped);
             // Deleting our own token is always safe, lost or not (a lease lost at its deadline may still be on
             // the nodes for the drift allowance, one that lost a renewal race for its whole TTL).
-            if !self.shared.lock().cleaned {
+            if !self.shared.lock().h.cleaned {
                 self.shared.engine.spawn_cleanup(
                     &self.shared.key,
                     &self.shared.token,
