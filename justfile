@@ -82,5 +82,5 @@ bench-valkey: valkey
 # `cargo install cargo-mutants`. First against core's unit tests (the machines' table tests, seconds per
 # mutant), then the mutants they missed against the simulation too (`--iterate` retries only those).
 mutants:
-    cargo mutants -p redlease --all-features -j 1 -f 'core/src/machine/*.rs' -f core/src/driver.rs -f core/src/lease.rs -f core/src/batch.rs -f core/src/batch_queue.rs --cargo-test-arg=--lib -o target/mutants
-    cargo mutants -p redlease --all-features -j 1 -f 'core/src/machine/*.rs' -f core/src/driver.rs -f core/src/lease.rs -f core/src/batch.rs -f core/src/batch_queue.rs --iterate --cargo-test-arg=--lib --cargo-test-arg=--test=sim -o target/mutants
+    cargo mutants -p redlease --all-features -j 1 -f 'core/src/machine/*.rs' -f 'core/src/driver/*.rs' -f core/src/lease.rs -f core/src/batch_queue.rs --cargo-test-arg=--lib -o target/mutants
+    cargo mutants -p redlease --all-features -j 1 -f 'core/src/machine/*.rs' -f 'core/src/driver/*.rs' -f core/src/lease.rs -f core/src/batch_queue.rs --iterate --cargo-test-arg=--lib --cargo-test-arg=--test=sim -o target/mutants

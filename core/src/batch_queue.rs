@@ -1,4 +1,4 @@
-//! The shared renewer's queue (see `crate::batch`): which leases it renews, by when each is due, and whether
+//! The shared renewer's queue (see `crate::driver::batch`): which leases it renews, by when each is due, and whether
 //! its driver runs. Below the driver (an `Engine` holds one) and above nothing of the lease: a queued lease is
 //! a [`Batched`], which `crate::lease` implements.
 

@@ -665,7 +665,7 @@ impl Shared {
     /// if the renewer does not renew it (any more), or it ended.
     pub(crate) fn requeue(&self, step: RenewalStep) {
         if let Some(entry) = self.entry(step) {
-            crate::batch::queue(&self.engine, [entry]);
+            crate::driver::batch::queue(&self.engine, [entry]);
         }
     }
 
@@ -2306,7 +2306,7 @@ impl Drop for LossSignal {
     }
 }
 
-/// The shared renewer's view of a lease it renews (`crate::batch`): the same steps as a turn of
+/// The shared renewer's view of a lease it renews (`crate::driver::batch`): the same steps as a turn of
 /// [`Shared::renew`]'s loop, before and after a batched round.
 impl crate::batch_queue::Batched for Shared {
     fn key(&self) -> &str {

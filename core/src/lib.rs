@@ -62,7 +62,6 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod batch;
 mod batch_queue;
 mod check;
 mod config;

@@ -3,16 +3,16 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::config::Config;
 use crate::machine::slots::Slots;
-use crate::machine::{Jitter, Reply, Tally, Verdict, WaitFor};
+use crate::machine::{Jitter, Reply, Tally, WaitFor};
 use crate::node::{Claim, NodeError, NodeErrorKind, NodeProfile, RedisNode, RunId, Ttl};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::SharedTimer;
 use crate::token::Token;
+use fanout::{Fanout, Pace, Parties};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -33,6 +33,9 @@ impl<F: Fn(Task) + Send + Sync> Spawn for F {
         self(task)
     }
 }
+
+pub(crate) mod batch;
+mod fanout;
 
 pub(crate) use crate::machine::acquisition::Fresh;
 use crate::machine::nodeset::NodeSet;
@@ -63,7 +66,7 @@ pub(crate) struct Engine {
     pub(crate) spawner: Option<Arc<dyn Spawn>>,
     pub(crate) jitter: Mutex<Jitter>,
     pub(crate) hook: crate::observe::Hook,
-    /// Renewals waiting for the next batch (see `crate::batch`).
+    /// Renewals waiting for the next batch (see `batch`).
     pub(crate) batcher: crate::batch_queue::Batcher,
     /// What this manager learned about its nodes (shared by the managers `with_*` derives from it, except
     /// `with_timer`: its quarantine deadlines are instants of this timer).
@@ -307,13 +310,14 @@ impl Engine {
         }
     }
 
-    /// Calls `op` on every node concurrently and collects replies until the tally is done or `timeout` passes.
-    /// `yes` decides whether a successful value counts as a yes vote.
+    /// Calls `op` on every node concurrently and collects replies until the tally is done or `timeout` passes:
+    /// the one round loop ([`fanout`]) with a single party. `yes` decides whether a successful value counts as
+    /// a yes vote.
     ///
-    /// With `grace`, a round won by a quorum still lets the remaining nodes answer for twice the time the quorum
-    /// took, and at least [`grace_floor`] (see below). Rounds of single commands need none: a command already handed to the connection is
-    /// sent and applied even when its reply is abandoned; a script may need a second request (`EVAL` after
-    /// `NOSCRIPT`) that only happens while its future is polled.
+    /// With `grace`, a round won by a quorum still lets the remaining nodes answer for twice the time the
+    /// quorum took, and at least [`grace_floor`]. Rounds of single commands need none: a command already
+    /// handed to the connection is sent and applied even when its reply is abandoned; a script may need a
+    /// second request (`EVAL` after `NOSCRIPT`) that only happens while its future is polled.
     ///
     /// Not an `async fn`: an `async fn` keeps its arguments twice in its future (as captured and as moved
     /// into its body), and every acquisition, extension and release future nests one round.
@@ -338,21 +342,23 @@ impl Engine {
             let started = self.timer.now();
             let wall_started = self.timer.wall_now();
             let n = self.nodes.len();
-            let mut tally = Tally::new(n, self.quorum(), wait);
+            let mut tally = [Tally::new(n, self.quorum(), wait)];
+            let mut open = [true];
             // Inline for a single node: a round then allocates nothing but the node's own future.
             let mut values: Slots<Option<T>> = Slots::from_fn(n, |_| None);
-            let mut calls: Slots<Option<BoxFuture<'a, Result<T, NodeError>>>> =
-                Slots::from_fn(n, |i| Some(op(i, self.nodes[i].as_ref())));
+            let mut fanout = Fanout::new(n, |i| op(i, self.nodes[i].as_ref()));
             let deadline = crate::time::add(started, timeout);
-            // Armed only if the first poll leaves the round undecided (an in-memory node answers at once).
-            let mut sleep: Option<crate::time::Sleep> = None;
-            let mut grace_sleep: Option<crate::time::Sleep> = None;
-
             std::future::poll_fn(|cx| {
-                for (i, slot) in calls.iter_mut().enumerate() {
-                    let Some(call) = slot else { continue };
-                    if let Poll::Ready(result) = call.as_mut().poll(cx) {
-                        *slot = None;
+                fanout.poll(
+                    cx,
+                    &self.timer,
+                    Pace { started, grace },
+                    &mut Parties {
+                        tallies: &mut tally,
+                        deadline: |_| deadline,
+                        open: &mut open,
+                    },
+                    |i, result, tallies| {
                         let reply = match result {
                             Ok(value) => {
                                 let reply = if yes(&value) { Reply::Yes } else { Reply::No };
@@ -361,42 +367,15 @@ impl Engine {
                             }
                             Err(e) => Reply::Failed(e),
                         };
-                        tally.handle_reply(i, reply);
-                    }
-                }
-                if tally.pending() == 0 {
-                    return Poll::Ready(());
-                }
-                if tally.is_done() {
-                    if !grace || tally.verdict() != Verdict::Quorum {
-                        return Poll::Ready(());
-                    }
-                    // Won: give the stragglers twice as long again as the quorum took, and at least
-                    // `GRACE_FLOOR` (a quarter of the timeout when that is shorter), capped by the round's
-                    // deadline, so healthy nodes that answer a little later (a cold script cache costs a
-                    // second request, and a loaded machine may not schedule it for milliseconds) still get
-                    // the key, while a hung node costs a bounded, small delay.
-                    let grace_sleep = grace_sleep.get_or_insert_with(|| {
-                        let now = self.timer.now();
-                        let took = now.saturating_duration_since(started);
-                        let grace = took.saturating_mul(2).max(grace_floor(timeout));
-                        self.timer
-                            .sleep_until(crate::time::add(now, grace).min(deadline))
-                    });
-                    if grace_sleep.as_mut().poll(cx).is_ready() {
-                        return Poll::Ready(());
-                    }
-                }
-                let sleep = sleep.get_or_insert_with(|| self.timer.sleep_until(deadline));
-                if sleep.as_mut().poll(cx).is_ready() {
-                    tally.handle_timeout(&NodeError::timed_out(timeout));
-                    return Poll::Ready(());
-                }
-                Poll::Pending
+                        tallies[0].handle_reply(i, reply);
+                    },
+                    |_, _| {},
+                )
             })
             .await;
             // Abandon calls still in flight (a decided round waits for stragglers only briefly).
-            drop(calls);
+            drop(fanout);
+            let [tally] = tally;
             RoundResult {
                 tally,
                 values,

@@ -17,14 +17,14 @@
 //! the lease's extension permit as usual; when it ends the lease's next renewal is planned afresh.
 
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
+use super::Engine;
+use super::fanout::{Fanout, Pace, Parties};
 use crate::batch_queue::{Batched, Entry};
-use crate::driver::{Engine, grace_floor};
 use crate::machine::unconfirmed::counts;
-use crate::machine::{Reply, Tally, Verdict, WaitFor};
-use crate::node::{ExtendItem, NodeError, NodeErrorKind, NodeFuture};
+use crate::machine::{Reply, Tally, WaitFor};
+use crate::node::{ExtendItem, NodeError, NodeErrorKind};
 
 /// A lease in a batch about to be sent.
 struct Pending {
@@ -195,106 +195,60 @@ async fn run_batch(engine: &Arc<Engine>, flight: &mut InFlight) {
         .collect();
     let started = engine.timer.now();
     let wall_started = engine.timer.wall_now();
-    let latest = batch.iter().map(|p| p.deadline).max().unwrap_or(started);
-    let mut calls: Vec<Option<NodeFuture<'_, Vec<bool>>>> = engine
-        .nodes
-        .iter()
-        .map(|node| Some(node.extend_many(&items)))
-        .collect();
-    // The timer for the earliest deadline of a lease still waiting for replies.
-    let mut sleep: Option<(Instant, crate::time::Sleep)> = None;
-    let mut grace: Option<crate::time::Sleep> = None;
-    let mut answered = 0;
+    let mut fanout = Fanout::new(n, |i| engine.nodes[i].extend_many(&items));
     std::future::poll_fn(|cx| {
-        for (i, slot) in calls.iter_mut().enumerate() {
-            let Some(call) = slot else { continue };
-            let Poll::Ready(result) = call.as_mut().poll(cx) else {
-                continue;
-            };
-            *slot = None;
-            answered += 1;
-            let result = result.and_then(|flags| {
-                if flags.len() == items.len() {
-                    Ok(flags)
-                } else {
-                    Err(NodeError::ambiguous(
-                        NodeErrorKind::Protocol,
-                        format!(
-                            "extend_many answered {} flags for {} items",
-                            flags.len(),
-                            items.len()
-                        ),
-                    ))
-                }
-            });
-            for (j, tally) in tallies.iter_mut().enumerate() {
-                let reply = match &result {
-                    Ok(flags) if flags[j] && !counts(unconfirmed[j].as_deref(), i, batch[j].lease.ttl()) => {
-                        Reply::Failed(NodeError::ambiguous(
-                            NodeErrorKind::Other,
-                            "extended, but not counted: an earlier, shorter extension of this lease may \
-                             still be applied on this node after it",
+        fanout.poll(
+            cx,
+            &engine.timer,
+            Pace {
+                started,
+                grace: true,
+            },
+            &mut Parties {
+                tallies: &mut tallies,
+                deadline: |j: usize| batch[j].deadline,
+                open,
+            },
+            |i, result, tallies| {
+                let result = result.and_then(|flags| {
+                    if flags.len() == items.len() {
+                        Ok(flags)
+                    } else {
+                        Err(NodeError::ambiguous(
+                            NodeErrorKind::Protocol,
+                            format!(
+                                "extend_many answered {} flags for {} items",
+                                flags.len(),
+                                items.len()
+                            ),
                         ))
                     }
-                    Ok(flags) if flags[j] => Reply::Yes,
-                    Ok(_) => Reply::No,
-                    Err(e) => Reply::Failed(e.clone()),
-                };
-                tally.handle_reply(i, reply);
-            }
-        }
-        loop {
-            let now = engine.timer.now();
-            // Each lease's round ends at its own deadline; one that failed is handled at once.
-            for (j, (p, tally)) in batch.iter().zip(tallies.iter_mut()).enumerate() {
-                if !open[j] {
-                    continue;
-                }
-                if !tally.is_done() && now >= p.deadline {
-                    tally.handle_timeout(&NodeError::timed_out(
-                        p.deadline.saturating_duration_since(started),
-                    ));
-                }
-                if tally.is_done() && tally.verdict() != Verdict::Quorum {
-                    open[j] = false;
-                    queue(engine, settle(p, tally, started, wall_started));
-                }
-            }
-            if answered == n || !open.contains(&true) {
-                return Poll::Ready(());
-            }
-            let waiting = batch
-                .iter()
-                .zip(&tallies)
-                .zip(open.iter())
-                .filter(|((_, t), open)| **open && !t.is_done())
-                .map(|((p, _), _)| p.deadline)
-                .min();
-            let Some(at) = waiting else {
-                // Every open lease won: the stragglers get the same grace as in a single lease's round.
-                let grace = grace.get_or_insert_with(|| {
-                    let took = now.saturating_duration_since(started);
-                    let wait = took
-                        .saturating_mul(2)
-                        .max(grace_floor(latest.saturating_duration_since(started)));
-                    engine
-                        .timer
-                        .sleep_until(crate::time::add(now, wait).min(latest))
                 });
-                return grace.as_mut().poll(cx).map(|()| ());
-            };
-            let timer = match &mut sleep {
-                Some((until, s)) if *until == at => s,
-                slot => &mut slot.insert((at, engine.timer.sleep_until(at))).1,
-            };
-            if timer.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            sleep = None;
-        }
+                for (j, tally) in tallies.iter_mut().enumerate() {
+                    let reply = match &result {
+                        Ok(flags)
+                            if flags[j]
+                                && !counts(unconfirmed[j].as_deref(), i, batch[j].lease.ttl()) =>
+                        {
+                            Reply::Failed(NodeError::ambiguous(
+                                NodeErrorKind::Other,
+                                "extended, but not counted: an earlier, shorter extension of this lease \
+                                 may still be applied on this node after it",
+                            ))
+                        }
+                        Ok(flags) if flags[j] => Reply::Yes,
+                        Ok(_) => Reply::No,
+                        Err(e) => Reply::Failed(e.clone()),
+                    };
+                    tally.handle_reply(i, reply);
+                }
+            },
+            // A lease whose round failed is handled at once, while the calls go on for the others.
+            |j, tally| queue(engine, settle(&batch[j], tally, started, wall_started)),
+        )
     })
     .await;
-    drop(calls);
+    drop(fanout);
     let mut next = Vec::with_capacity(batch.len());
     for (j, (p, tally)) in batch.iter().zip(&tallies).enumerate() {
         if std::mem::replace(&mut open[j], false) {
