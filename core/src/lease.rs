@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::driver::{Engine, RoundResult, Spawn};
+use crate::driver::{Engine, RoundResult, RoundTimes, Spawn};
 use crate::error::{Error, LossReason, Operation, QuorumError};
 use crate::machine::holding::{
     Extended, Holding, NotExtended, Planned, Renewed, RoundEnd, Status, Visit,
@@ -349,15 +349,7 @@ impl Shared {
             .extend_round(&self.key, &self.token, ttl, timeout, &planned, self.id)
             .await;
         self.undo_repair_if_ended(planned.missing).await;
-        self.finish_extension(
-            ttl,
-            renewal,
-            &r.tally,
-            r.started,
-            r.ended,
-            r.wall,
-            r.suspended_by(),
-        )
+        self.finish_extension(ttl, renewal, &r.tally, r.times())
     }
 
     /// Before an extension round with `ttl`, before any of its requests is sent: records the round as possibly
@@ -387,17 +379,18 @@ impl Shared {
 
     /// After an extension round with `ttl` whose replies for this lease are `tally`: records the nodes
     /// where it may have been applied unconfirmed and turns the tally into an [`Extension`].
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn finish_extension(
         &self,
         ttl: Ttl,
         renewal: bool,
         tally: &Tally,
-        started: Instant,
-        ended: Instant,
-        wall: (Option<SystemTime>, Option<SystemTime>),
-        suspended: impl Fn(Duration) -> bool,
+        times: RoundTimes,
     ) -> Extension {
+        let RoundTimes {
+            started,
+            ended,
+            wall,
+        } = times;
         let engine = &self.engine;
         if engine.hook.active() {
             engine.hook.emit(
@@ -416,7 +409,7 @@ impl Shared {
         if tally.verdict() == Verdict::Quorum {
             let drift = crate::machine::validity::drift(ttl, engine.config.drift_factor());
             return match deadline_after_round(started, ended, ttl, engine.config.drift_factor())
-                .filter(|_| !suspended(drift))
+                .filter(|_| !times.suspended(drift))
             {
                 Some(valid_until) => Extension::Extended {
                     started,
@@ -832,8 +825,12 @@ impl Shared {
     ) -> Option<crate::batch_queue::Entry> {
         let ended = self.now();
         let wall = (wall_started, self.engine.timer.wall_now());
-        let suspended = |allowance| crate::time::suspended((started, ended), wall, allowance);
-        let outcome = self.finish_extension(self.ttl, true, tally, started, ended, wall, suspended);
+        let times = RoundTimes {
+            started,
+            ended,
+            wall,
+        };
+        let outcome = self.finish_extension(self.ttl, true, tally, times);
         self.batch_outcome(outcome, valid_until)
     }
 
@@ -1666,14 +1663,12 @@ async fn extend_in_one_step(
         }
         return None;
     }
-    let suspended = r.suspended_by();
+    let times = r.times();
     Some(
         parts
             .iter()
             .zip(tallies)
-            .map(|(part, tally)| {
-                part.finish_extension(ttl, renewal, &tally, r.started, r.ended, r.wall, &suspended)
-            })
+            .map(|(part, tally)| part.finish_extension(ttl, renewal, &tally, times))
             .collect(),
     )
 }

@@ -1369,17 +1369,18 @@ impl Lock {
     /// The lease of an acquisition of this lock made outside its own rounds — one step that took several
     /// keys at once (`crate::multi`) — whose request was sent at `started` and which is valid until
     /// `valid_until`: its events and the lease, as [`won`](Self::won) makes them.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn granted(
-        &self,
-        id: LeaseId,
-        token: Token,
-        fence: Option<u64>,
-        (ttl, op_timeout): (Ttl, Duration),
-        (started, wall_started): (Instant, Option<std::time::SystemTime>),
-        valid_until: Instant,
-        waited: Duration,
-    ) -> Lease {
+    pub(crate) fn granted(&self, taken: Taken) -> Lease {
+        let Taken {
+            id,
+            token,
+            fence,
+            ttl,
+            op_timeout,
+            started,
+            wall_started,
+            valid_until,
+            waited,
+        } = taken;
         let engine = &self.engine;
         if let (Some(fence_key), Some(fence)) = (&self.fence_key, fence) {
             match engine.watch.lock() {
@@ -1438,4 +1439,21 @@ impl Lock {
         }
         Lease::new(shared)
     }
+}
+
+/// A key of a lock taken outside the lock's own rounds (by a step that took several keys at once, see
+/// [`Lock::granted`]).
+pub(crate) struct Taken {
+    pub(crate) id: LeaseId,
+    pub(crate) token: Token,
+    /// The fencing token issued with it, if the lock is fenced.
+    pub(crate) fence: Option<u64>,
+    pub(crate) ttl: Ttl,
+    pub(crate) op_timeout: Duration,
+    /// When the request that took it was sent (on the monotonic and the wall clock).
+    pub(crate) started: Instant,
+    pub(crate) wall_started: Option<std::time::SystemTime>,
+    pub(crate) valid_until: Instant,
+    /// How long the acquisition waited for it.
+    pub(crate) waited: Duration,
 }

@@ -12,7 +12,7 @@ use crate::driver::{Engine, Notes};
 use crate::error::{Error, LossReason, NotAcquiredReason, QuorumError};
 use crate::lease::{CleanupOnDrop, Lease, LeaseState, LossSignal, Releasing};
 use crate::machine::{Reply, Tally, WaitFor};
-use crate::manager::{Lock, LockManager};
+use crate::manager::{Lock, LockManager, Taken};
 use crate::mode::Mode;
 use crate::node::{MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind};
 use crate::observe::{CleanupCause, LeaseId};
@@ -516,15 +516,17 @@ impl MultiLock {
                 }
             }
             // Renewed in the background, if at all, together with the other parts (see `hand_out`).
-            leases.push(lock.in_foreground().granted(
-                ids[i],
+            leases.push(lock.in_foreground().granted(Taken {
+                id: ids[i],
                 token,
-                fence.filter(|_| lock.fence_key().is_some()),
-                (ttl, op_timeout),
-                (r.started, r.wall.0),
+                fence: fence.filter(|_| lock.fence_key().is_some()),
+                ttl,
+                op_timeout,
+                started: r.started,
+                wall_started: r.wall.0,
                 valid_until,
                 waited,
-            ));
+            }));
         }
         Step::Done(self.hand_out(leases).await)
     }

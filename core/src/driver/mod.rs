@@ -220,8 +220,34 @@ impl<T> RoundResult<T> {
     /// Whether the machine was suspended during the round by more than an allowance, as a closure over the
     /// round's times.
     pub(crate) fn suspended_by(&self) -> impl Fn(Duration) -> bool + use<T> {
-        let (times, wall) = ((self.started, self.ended), self.wall);
-        move |allowance| crate::time::suspended(times, wall, allowance)
+        let times = self.times();
+        move |allowance| times.suspended(allowance)
+    }
+
+    /// When the round ran.
+    pub(crate) fn times(&self) -> RoundTimes {
+        RoundTimes {
+            started: self.started,
+            ended: self.ended,
+            wall: self.wall,
+        }
+    }
+}
+
+/// When a round ran: its start and end on the monotonic clock, and the wall clock's readings then (see
+/// [`Timer::wall_now`](crate::Timer::wall_now)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RoundTimes {
+    pub(crate) started: Instant,
+    pub(crate) ended: Instant,
+    pub(crate) wall: (Option<SystemTime>, Option<SystemTime>),
+}
+
+impl RoundTimes {
+    /// Whether the machine was suspended during the round by more than `allowance` (see
+    /// [`crate::time::suspended`]).
+    pub(crate) fn suspended(&self, allowance: Duration) -> bool {
+        crate::time::suspended((self.started, self.ended), self.wall, allowance)
     }
 }
 
