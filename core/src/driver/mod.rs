@@ -60,6 +60,13 @@ pub(crate) struct Engine {
     /// A release notification wakes every waiter of the key, not one (read/write and fair locks: the waiter
     /// that may go next is decided on the server).
     pub(crate) wake_all: bool,
+    /// A durability policy's replica wait applies to its writes: one logical authority (a single-mode
+    /// manager). Redlock's nodes are independent primaries, with no replicas to wait for.
+    pub(crate) replica_waits: bool,
+    /// A node whose server restarted within its quarantine is not counted (Redlock: a restart without
+    /// persistence could otherwise hand the lock to a second holder); elsewhere a restart is only reported.
+    pub(crate) quarantines_restarts: bool,
+    /// The manager's algorithm, for the API layers and spans (the driver reads the two fields above).
     pub(crate) mode: Mode,
     pub(crate) config: Config,
     pub(crate) timer: SharedTimer,
@@ -412,10 +419,10 @@ impl Engine {
         }
     }
 
-    /// The time a round may take beyond the operation timeout: the durability wait, in single mode.
+    /// The time a round may take beyond the operation timeout: the durability wait, where it applies.
     pub(crate) fn wait_allowance(&self) -> Duration {
-        match (self.mode, self.config.durability().wait()) {
-            (Mode::Single, Some(wait)) => wait.timeout,
+        match self.config.durability().wait() {
+            Some(wait) if self.replica_waits => wait.timeout,
             _ => Duration::ZERO,
         }
     }
@@ -539,8 +546,8 @@ impl Engine {
         notes: &Notes,
     ) -> Result<Option<u64>, NodeError> {
         let value = taken?;
-        let redlock = self.mode == Mode::Redlock;
-        // In single mode a changed run id is only reported (an event): nobody listens, nothing to ask.
+        let redlock = self.quarantines_restarts;
+        // Where restarts are only reported (an event): nobody listens, nothing to ask.
         let quarantine = self
             .config
             .restart_quarantine()
@@ -613,7 +620,7 @@ impl Engine {
         Ok(Some(v))
     }
 
-    /// The durability wait after a successful write on `node` (single mode, when a policy is set).
+    /// The durability wait after a successful write on `node` (where replica waits apply and a policy is set).
     async fn await_replicas(
         &self,
         node: &dyn RedisNode,
@@ -621,7 +628,7 @@ impl Engine {
         notes: &Notes,
     ) -> Result<(), NodeError> {
         let durability = self.config.durability();
-        let Some(wait) = durability.wait().filter(|_| self.mode == Mode::Single) else {
+        let Some(wait) = durability.wait().filter(|_| self.replica_waits) else {
             return Ok(());
         };
         let (acknowledged, error) = match node.wait_replicas(key, wait).await {
