@@ -7,9 +7,10 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigError};
+use crate::driver::lease::{Grant, Shared};
 use crate::driver::{Engine, Planned, RoundResult, Spawn, TtlHint};
 use crate::error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
-use crate::lease::{Grant, Lease, Shared};
+use crate::lease::Lease;
 use crate::machine::Jitter;
 use crate::machine::Verdict;
 use crate::machine::WaitFor;

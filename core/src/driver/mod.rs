@@ -36,6 +36,7 @@ impl<F: Fn(Task) + Send + Sync> Spawn for F {
 
 pub(crate) mod batch;
 mod fanout;
+pub(crate) mod lease;
 
 pub(crate) use crate::machine::acquisition::Fresh;
 use crate::machine::nodeset::NodeSet;
