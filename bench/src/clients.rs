@@ -785,9 +785,21 @@ impl redlease::Timer for TokioTimer {
 pub(crate) static LAST_TASK_SIZE: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(0);
 
-/// Whether redlease managers get [`TokioTimer`] (`--redlease-timer tokio`) instead of the default timer.
-pub(crate) static TOKIO_TIMER: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+/// The timer redlease managers get (`--redlease-timer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum TimerChoice {
+    /// [`RuntimeTimer`](redlease_adapters::runtime::RuntimeTimer): tokio's timer on a tokio runtime, what
+    /// the adapters' one-line managers choose (the default here).
+    Runtime = 0,
+    /// [`TokioTimer`] above: tokio's timer, no wall clock (so no suspend detection).
+    Tokio = 1,
+    /// Core's default, [`redlease::SystemTimer`]: redlease's own timer thread, for any executor.
+    System = 2,
+}
+
+/// The [`TimerChoice`] of this run, as its `u8`.
+pub(crate) static TIMER: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 
 fn with_tokio_spawner(manager: LockManager) -> LockManager {
     let handle = tokio::runtime::Handle::current();
@@ -795,10 +807,10 @@ fn with_tokio_spawner(manager: LockManager) -> LockManager {
         LAST_TASK_SIZE.store(std::mem::size_of_val(&*task), Ordering::Relaxed);
         handle.spawn(task);
     });
-    if TOKIO_TIMER.load(Ordering::Relaxed) {
-        manager.with_timer(TokioTimer)
-    } else {
-        manager
+    match TIMER.load(Ordering::Relaxed) {
+        0 => manager.with_timer(redlease_adapters::runtime::RuntimeTimer),
+        1 => manager.with_timer(TokioTimer),
+        _ => manager,
     }
 }
 

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! redlease-bench [--quick] [--out PATH] [--charts DIR | --no-charts] [--only S1,S4] [--impl raw,redlease/redis]
-//!                [--redlease-timer system|tokio] [--observers] [--valkey] [--replication]
+//!                [--redlease-timer runtime|system|tokio] [--observers] [--valkey] [--replication]
 //! ```
 //!
 //! `--replication` adds to S1 redlease/redis on a Redis 7.0 primary with one replica, without a durability
@@ -77,7 +77,7 @@ struct Args {
     out: Option<PathBuf>,
     only: Option<Vec<String>>,
     impls: Option<Vec<String>>,
-    tokio_timer: bool,
+    timer: clients::TimerChoice,
     observers: bool,
     valkey: bool,
     replication: bool,
@@ -90,7 +90,7 @@ fn parse_args() -> Result<Args, String> {
         out: None,
         only: None,
         impls: None,
-        tokio_timer: false,
+        timer: clients::TimerChoice::Runtime,
         observers: false,
         valkey: false,
         replication: false,
@@ -113,13 +113,19 @@ fn parse_args() -> Result<Args, String> {
             "--only" => args.only = Some(list(it.next(), "--only")?),
             "--impl" => args.impls = Some(list(it.next(), "--impl")?),
             "--redlease-timer" => match it.next().as_deref() {
-                Some("tokio") => args.tokio_timer = true,
-                Some("system") => args.tokio_timer = false,
-                _ => return Err("--redlease-timer takes `system` (the default) or `tokio`".into()),
+                Some("runtime") => args.timer = clients::TimerChoice::Runtime,
+                Some("tokio") => args.timer = clients::TimerChoice::Tokio,
+                Some("system") => args.timer = clients::TimerChoice::System,
+                _ => {
+                    return Err(
+                        "--redlease-timer takes `runtime` (the default), `system` or `tokio`"
+                            .into(),
+                    );
+                }
             },
             "-h" | "--help" => {
                 return Err(
-                    "usage: redlease-bench [--quick] [--out PATH] [--charts DIR | --no-charts] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer system|tokio] [--observers] [--valkey] [--replication]"
+                    "usage: redlease-bench [--quick] [--out PATH] [--charts DIR | --no-charts] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer runtime|system|tokio] [--observers] [--valkey] [--replication]"
                         .into(),
                 );
             }
@@ -261,10 +267,13 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
     println!("plan: {}", if args.quick { "quick" } else { "full" });
     println!(
         "redlease timer: {}",
-        if args.tokio_timer {
-            "tokio (LockManager::with_timer)"
-        } else {
-            "SystemTimer (the default: redlease's timer thread)"
+        match args.timer {
+            clients::TimerChoice::Runtime => {
+                "RuntimeTimer (what the adapters' one-line managers choose: tokio's timer on tokio)"
+            }
+            clients::TimerChoice::Tokio =>
+                "tokio's timer without a wall clock (no suspend detection)",
+            clients::TimerChoice::System => "SystemTimer (core's default: redlease's timer thread)",
         }
     );
 
@@ -431,7 +440,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    clients::TOKIO_TIMER.store(args.tokio_timer, std::sync::atomic::Ordering::Relaxed);
+    clients::TIMER.store(args.timer as u8, std::sync::atomic::Ordering::Relaxed);
     let started = Instant::now();
     let rows = match run(&args) {
         Ok(rows) => rows,
