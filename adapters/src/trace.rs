@@ -7,10 +7,16 @@
 //! | field | value |
 //! |---|---|
 //! | `node` | the node's [endpoint](redlease::NodeProfile::endpoint) with any `user:password@` removed ([`redact`]), or `node <index>` |
-//! | `op` | `acquire`, `acquire_fresh`, `acquire_fenced`, `release`, `extend`, `inspect` |
+//! | `op` | `acquire`, `acquire_fresh`, `acquire_waiting`, `acquire_fenced`, `release`, `extend`, `inspect` (see below) |
 //! | `key` | the lock key |
 //! | `outcome` | `yes`, `no` or `error` |
 //! | `error_kind` | on failure: [`NodeErrorKind::as_str`](redlease::NodeErrorKind::as_str) |
+//!
+//! A [`claim`](RedisNode::claim) is named by its form, with the names the calls it replaced had: `acquire`
+//! for a claim that is neither [fresh](redlease::ClaimRequest::fresh) nor
+//! [wants the holder's TTL](redlease::ClaimRequest::wants_ttl) (as for a call of `acquire` itself),
+//! `acquire_fresh` for a fresh one (a plain `SET NX` on the adapters' nodes), and `acquire_waiting` for one
+//! that wants the holder's TTL (a waiting acquisition's attempt, fresh or not).
 //!
 //! A failed call also logs a debug event with the error's kind, whether it may have been applied, and its
 //! message (the adapters' messages name the operation and the error category, never a token or a password;
@@ -27,7 +33,9 @@
 
 use std::fmt;
 
-use redlease::{Claim, KeyState, NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait};
+use redlease::{
+    Claim, ClaimRequest, KeyState, NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait,
+};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -146,14 +154,16 @@ impl<N: RedisNode> NodeWrapper for Traced<N> {
         r
     }
 
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let span = self.span("acquire_fresh", key);
-        let r = self
-            .inner
-            .acquire_fresh(key, token, ttl)
-            .instrument(span.clone())
-            .await;
-        finish(&span, &r, |ok| *ok);
+    /// Named by its form (see the [module docs](self)).
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        let op = match (req.fresh, req.wants_ttl) {
+            (_, true) => "acquire_waiting",
+            (true, false) => "acquire_fresh",
+            (false, false) => "acquire",
+        };
+        let span = self.span(op, req.key);
+        let r = self.inner.claim(req).instrument(span.clone()).await;
+        finish(&span, &r, |claim| claim.is_taken());
         r
     }
 
@@ -200,23 +210,6 @@ impl<N: RedisNode> NodeWrapper for Traced<N> {
         let span = self.span("inspect", key);
         let r = self.inner.inspect(key).instrument(span.clone()).await;
         finish(&span, &r, Option::is_some);
-        r
-    }
-
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
-        let span = self.span("acquire_or_ttl", key);
-        let r = self
-            .inner
-            .acquire_or_ttl(key, token, ttl, fresh)
-            .instrument(span.clone())
-            .await;
-        finish(&span, &r, |claim| *claim == Claim::Taken);
         r
     }
 }
