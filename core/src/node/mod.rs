@@ -193,7 +193,8 @@ pub trait RedisNode: Send + Sync {
 
     /// One acquisition request, described by data ([`ClaimRequest`]): [`acquire`](Self::acquire), or its
     /// fast path for a [fresh](ClaimRequest::fresh) token, and on contention the holder's remaining TTL when
-    /// [asked for](ClaimRequest::wants_ttl). The core sends every unfenced acquisition through it.
+    /// [asked for](ClaimRequest::wants_ttl). The core sends every attempt of an unfenced acquisition through
+    /// it (the repair of a lease's missing keys calls `acquire`).
     ///
     /// - **Not fresh** (`fresh: false`): exactly [`acquire`](Self::acquire)'s contract — a free key is set to
     ///   `token` with `PX ttl`; a key holding `token` is extended to at least `ttl`, never shortened; a key
@@ -214,8 +215,8 @@ pub trait RedisNode: Send + Sync {
     ///   answer `remaining: None` (the waiter then waits at most
     ///   [`Config::max_retry_delay`](crate::Config::max_retry_delay)). A node that keeps waiter markers
     ///   ([`notify::waiting_key`](crate::notify::waiting_key)) marks the key on a contended `wants_ttl`
-    ///   request, before it reads the holder's TTL. Without it, `remaining` may be `None` and no marker is
-    ///   written.
+    ///   request, before it reads the holder's TTL. Without `wants_ttl`, `remaining` may be `None` and no
+    ///   marker is written.
     ///
     /// The default calls [`acquire`](Self::acquire) for every request, and answers `Taken` or
     /// `Held { remaining: None }` ([`Claim::from_taken`]), which costs no extra command; its fresh request is
@@ -539,8 +540,8 @@ wrapper_forwarding! {
     /// A forwarded call costs nothing extra: the inner node's future is returned as is.
     ///
     /// Overriding an operation does not redirect the others: a wrapper that counts `acquire` and should also
-    /// count the core's acquisitions overrides [`claim`](Self::claim) too (the core sends every unfenced
-    /// acquisition through `claim`).
+    /// count the core's acquisitions overrides [`claim`](Self::claim) too (the core sends every attempt of an
+    /// unfenced acquisition through `claim`).
     ///
     /// # Example: counting releases
     ///
