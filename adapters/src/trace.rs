@@ -234,6 +234,63 @@ mod tests {
         assert_eq!(redact("redis://user:pw@"), "redis://");
     }
 
+    /// A claim's span is named by its form, with the names of the calls it replaced (`acquire_fresh` is in
+    /// the module docs' table, which users filter on).
+    #[test]
+    fn a_claims_span_is_named_by_its_form() {
+        use std::sync::{Arc, Mutex};
+        use tracing_subscriber::fmt::MakeWriter;
+        use tracing_subscriber::fmt::format::FmtSpan;
+
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        impl<'a> MakeWriter<'a> for Buf {
+            type Writer = Buf;
+            fn make_writer(&'a self) -> Buf {
+                self.clone()
+            }
+        }
+
+        let node = Traced::new(redlease_testkit::MemoryNode::new()).with_name("n");
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(10_000).unwrap();
+        for (fresh, wants_ttl, op) in [
+            (false, false, "acquire"),
+            (true, false, "acquire_fresh"),
+            (false, true, "acquire_waiting"),
+            (true, true, "acquire_waiting"),
+        ] {
+            let buf = Buf::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(buf.clone())
+                .with_max_level(tracing::Level::DEBUG)
+                .with_span_events(FmtSpan::CLOSE)
+                .with_ansi(false)
+                .finish();
+            let req = ClaimRequest::new("k", &token, ttl)
+                .fresh(fresh)
+                .wants_ttl(wants_ttl);
+            let claim = tracing::subscriber::with_default(subscriber, || {
+                redlease_testkit::block_on(RedisNode::claim(&node, req))
+            });
+            assert!(claim.is_ok(), "{claim:?}");
+            let log = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            assert!(
+                log.contains(&format!("redlease.node{{node=n op=\"{op}\" key=\"k\"")),
+                "{req:?}: {log}"
+            );
+        }
+    }
+
     #[test]
     fn traced_forwards_every_capability_of_its_node() {
         let inner = redlease_testkit::MemoryNode::new();
