@@ -10,8 +10,9 @@ use std::future::Future;
 
 use redlease::notify::Notifier;
 use redlease::{
-    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeProfile,
-    PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId, Token, Ttl, async_trait,
+    Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
+    NodeProfile, PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId, Token, Ttl,
+    async_trait,
 };
 
 use crate::ops::{self, Transport};
@@ -38,9 +39,10 @@ pub struct Node<T> {
 ///
 /// Implemented by this crate's transports only (a sealed trait: it is not exported).
 pub(crate) trait Backend: Transport + Sized {
-    /// Whether [`RedisNode::acquire_or_ttl`] learns the holder's TTL in the acquisition's own step (and, on
-    /// the native path, marks the waiter), through the crate's waiting acquisition. `false` answers as the
-    /// trait's default does: the acquisition alone, and `Held { remaining: None }` on contention.
+    /// Whether a [`RedisNode::claim`] that [wants the holder's TTL](redlease::ClaimRequest::wants_ttl) learns
+    /// it in the acquisition's own step (and, on the native path, marks the waiter), through the crate's
+    /// waiting acquisition. `false` answers it as a claim without `wants_ttl`: the acquisition alone (fresh
+    /// or not), and `Held { remaining: None }` on contention.
     const CLAIMS_TTL: bool = true;
 
     /// Runs before the capability check of [`RedisNode::readiness`]: an answer here is the readiness (a
@@ -146,11 +148,13 @@ impl<T: Backend> RedisNode for Node<T> {
         ops::acquire(&self.transport, key, token, ttl).await
     }
 
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        ops::acquire_fresh(&self.transport, key, token, ttl).await
+    /// A fresh claim is `SET … NX GET` (or the fresh-acquire script): it never touches an existing key. With
+    /// `wants_ttl`, the holder's TTL in the same step (the `ACQUIRE_TTL` script, or natively with the waiter
+    /// marker); a `SentinelNode` answers `wants_ttl` as a claim without it (the acquisition alone).
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        ops::claim(&self.transport, req, T::CLAIMS_TTL).await
     }
 
-    /// `SET … NX GET` or the fresh-acquire script: neither touches an existing key.
     async fn acquire_fenced(
         &self,
         key: &str,
@@ -171,30 +175,6 @@ impl<T: Backend> RedisNode for Node<T> {
 
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError> {
         ops::inspect(&self.transport, key).await
-    }
-
-    /// The acquisition and the holder's TTL in one step (the `ACQUIRE_TTL` script, or natively with the
-    /// waiter marker); a `SentinelNode` answers as the trait's default (the acquisition alone).
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
-        if T::CLAIMS_TTL {
-            return ops::acquire_or_ttl(&self.transport, key, token, ttl, fresh).await;
-        }
-        let taken = if fresh {
-            ops::acquire_fresh(&self.transport, key, token, ttl).await?
-        } else {
-            ops::acquire(&self.transport, key, token, ttl).await?
-        };
-        Ok(if taken {
-            Claim::Taken
-        } else {
-            Claim::Held { remaining: None }
-        })
     }
 
     /// A subscriber connection of the node's own (redis-rs: one connection, or on a cluster one per primary,

@@ -7,10 +7,16 @@
 //! | field | value |
 //! |---|---|
 //! | `node` | the node's [endpoint](redlease::NodeProfile::endpoint) with any `user:password@` removed ([`redact`]), or `node <index>` |
-//! | `op` | `acquire`, `acquire_fresh`, `acquire_fenced`, `release`, `extend`, `inspect` |
+//! | `op` | `acquire`, `acquire_fresh`, `acquire_waiting`, `acquire_fenced`, `release`, `extend`, `inspect` (see below) |
 //! | `key` | the lock key |
 //! | `outcome` | `yes`, `no` or `error` |
 //! | `error_kind` | on failure: [`NodeErrorKind::as_str`](redlease::NodeErrorKind::as_str) |
+//!
+//! A [`claim`](RedisNode::claim) is named by its form, with the names the calls it replaced had: `acquire`
+//! for a claim that is neither [fresh](redlease::ClaimRequest::fresh) nor
+//! [wants the holder's TTL](redlease::ClaimRequest::wants_ttl) (as for a call of `acquire` itself),
+//! `acquire_fresh` for a fresh one (a plain `SET NX` on the adapters' nodes), and `acquire_waiting` for one
+//! that wants the holder's TTL (a waiting acquisition's attempt, fresh or not).
 //!
 //! A failed call also logs a debug event with the error's kind, whether it may have been applied, and its
 //! message (the adapters' messages name the operation and the error category, never a token or a password;
@@ -27,7 +33,9 @@
 
 use std::fmt;
 
-use redlease::{Claim, KeyState, NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait};
+use redlease::{
+    Claim, ClaimRequest, KeyState, NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait,
+};
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -146,14 +154,16 @@ impl<N: RedisNode> NodeWrapper for Traced<N> {
         r
     }
 
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let span = self.span("acquire_fresh", key);
-        let r = self
-            .inner
-            .acquire_fresh(key, token, ttl)
-            .instrument(span.clone())
-            .await;
-        finish(&span, &r, |ok| *ok);
+    /// Named by its form (see the [module docs](self)).
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        let op = match (req.fresh, req.wants_ttl) {
+            (_, true) => "acquire_waiting",
+            (true, false) => "acquire_fresh",
+            (false, false) => "acquire",
+        };
+        let span = self.span(op, req.key);
+        let r = self.inner.claim(req).instrument(span.clone()).await;
+        finish(&span, &r, |claim| claim.is_taken());
         r
     }
 
@@ -202,23 +212,6 @@ impl<N: RedisNode> NodeWrapper for Traced<N> {
         finish(&span, &r, Option::is_some);
         r
     }
-
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
-        let span = self.span("acquire_or_ttl", key);
-        let r = self
-            .inner
-            .acquire_or_ttl(key, token, ttl, fresh)
-            .instrument(span.clone())
-            .await;
-        finish(&span, &r, |claim| *claim == Claim::Taken);
-        r
-    }
 }
 
 #[cfg(test)]
@@ -239,6 +232,63 @@ mod tests {
         assert_eq!(redact("redis://10.0.0.5:6379/0"), "redis://10.0.0.5:6379/0");
         assert_eq!(redact("no url here"), "no url here");
         assert_eq!(redact("redis://user:pw@"), "redis://");
+    }
+
+    /// A claim's span is named by its form, with the names of the calls it replaced (`acquire_fresh` is in
+    /// the module docs' table, which users filter on).
+    #[test]
+    fn a_claims_span_is_named_by_its_form() {
+        use std::sync::{Arc, Mutex};
+        use tracing_subscriber::fmt::MakeWriter;
+        use tracing_subscriber::fmt::format::FmtSpan;
+
+        #[derive(Clone, Default)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        impl<'a> MakeWriter<'a> for Buf {
+            type Writer = Buf;
+            fn make_writer(&'a self) -> Buf {
+                self.clone()
+            }
+        }
+
+        let node = Traced::new(redlease_testkit::MemoryNode::new()).with_name("n");
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(10_000).unwrap();
+        for (fresh, wants_ttl, op) in [
+            (false, false, "acquire"),
+            (true, false, "acquire_fresh"),
+            (false, true, "acquire_waiting"),
+            (true, true, "acquire_waiting"),
+        ] {
+            let buf = Buf::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(buf.clone())
+                .with_max_level(tracing::Level::DEBUG)
+                .with_span_events(FmtSpan::CLOSE)
+                .with_ansi(false)
+                .finish();
+            let req = ClaimRequest::new("k", &token, ttl)
+                .fresh(fresh)
+                .wants_ttl(wants_ttl);
+            let claim = tracing::subscriber::with_default(subscriber, || {
+                redlease_testkit::block_on(RedisNode::claim(&node, req))
+            });
+            assert!(claim.is_ok(), "{claim:?}");
+            let log = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+            assert!(
+                log.contains(&format!("redlease.node{{node=n op=\"{op}\" key=\"k\"")),
+                "{req:?}: {log}"
+            );
+        }
     }
 
     #[test]

@@ -702,25 +702,12 @@ impl<N: redlease::RedisNode> redlease::NodeWrapper for Counted<N> {
         self.0.acquire(key, token, ttl).await
     }
 
-    async fn acquire_fresh(
+    async fn claim(
         &self,
-        key: &str,
-        token: &redlease::Token,
-        ttl: redlease::Ttl,
-    ) -> Result<bool, redlease::NodeError> {
-        NODE_CALLS.fetch_add(1, Ordering::Relaxed);
-        self.0.acquire_fresh(key, token, ttl).await
-    }
-
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &redlease::Token,
-        ttl: redlease::Ttl,
-        fresh: bool,
+        req: redlease::ClaimRequest<'_>,
     ) -> Result<redlease::Claim, redlease::NodeError> {
         NODE_CALLS.fetch_add(1, Ordering::Relaxed);
-        self.0.acquire_or_ttl(key, token, ttl, fresh).await
+        self.0.claim(req).await
     }
 
     async fn release(

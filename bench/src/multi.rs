@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redlease::{
-    Config, LockManager, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, RedisNode, Token, Ttl,
+    Claim, ClaimRequest, Config, LockManager, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
+    RedisNode, Token, Ttl,
 };
 use redlease_adapters::redis::MultiplexedNode;
 
@@ -34,9 +35,9 @@ impl<N: RedisNode> redlease::NodeWrapper for Calls<N> {
         &self.0
     }
 
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
         CALLS.fetch_add(1, Ordering::Relaxed);
-        self.0.acquire_fresh(key, token, ttl).await
+        self.0.claim(req).await
     }
 
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {

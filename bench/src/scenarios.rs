@@ -1388,8 +1388,9 @@ pub(crate) fn valkey_costs(plan: &Plan) -> Res<Vec<String>> {
             for (i, t) in tokens.iter().enumerate() {
                 let k = format!("bench:costs:release:{i}");
                 if !node
-                    .acquire_fresh(&k, t, ttl)
+                    .claim(redlease::ClaimRequest::new(&k, t, ttl).fresh(true))
                     .await
+                    .map(redlease::Claim::is_taken)
                     .map_err(ctx("acquire"))?
                 {
                     return Err(format!("{k} held"));
@@ -1406,8 +1407,9 @@ pub(crate) fn valkey_costs(plan: &Plan) -> Res<Vec<String>> {
             // Extension: one held key, extended n times.
             let t = &tokens[0];
             if !node
-                .acquire_fresh("bench:costs:extend", t, ttl)
+                .claim(redlease::ClaimRequest::new("bench:costs:extend", t, ttl).fresh(true))
                 .await
+                .map(redlease::Claim::is_taken)
                 .map_err(ctx("acquire"))?
             {
                 return Err("bench:costs:extend held".into());

@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 
-use redlease::{KeyState, NodeError, PermitOp, PermitReply, RedisNode, Token, Ttl, async_trait};
+use redlease::{
+    Claim, ClaimRequest, KeyState, NodeError, PermitOp, PermitReply, RedisNode, Token, Ttl,
+    async_trait,
+};
 
 /// A single-process "Redis": key → (value, expiry), and fence counters.
 #[derive(Default)]
@@ -65,13 +68,17 @@ impl RedisNode for MapNode {
         }
     }
 
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let mut keys = self.keys();
-        if Self::live(&mut keys, key).is_some() {
-            return Ok(false);
+    /// A fresh claim is `SET NX` (the profile says so); the holder's TTL is not reported.
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        if !req.fresh {
+            return Ok(Claim::from_taken(self.acquire(req.key, req.token, req.ttl).await?));
         }
-        Self::set(&mut keys, key, token, ttl);
-        Ok(true)
+        let mut keys = self.keys();
+        if Self::live(&mut keys, req.key).is_some() {
+            return Ok(Claim::Held { remaining: None });
+        }
+        Self::set(&mut keys, req.key, req.token, req.ttl);
+        Ok(Claim::Taken)
     }
 
     fn profile(&self) -> redlease::NodeProfile {

@@ -96,9 +96,9 @@ pub use manager::{HolderInfo, Lock, LockManager, MAX_HOLDER_INFO_BYTES};
 pub use mode::Mode;
 pub use multi::{MultiLease, MultiLock};
 pub use node::{
-    Applied, Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
-    NodeErrorKind, NodeFuture, NodeProfile, NodeWrapper, PermitOp, PermitReply, RedisNode,
-    ReplicaWait, RunId, Ttl,
+    Applied, Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply,
+    NodeError, NodeErrorKind, NodeFuture, NodeProfile, NodeWrapper, PermitOp, PermitReply,
+    RedisNode, ReplicaWait, RunId, Ttl,
 };
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,

@@ -13,9 +13,9 @@
 //! register a [`Watch`] on every node before their first attempt (in memory only: nothing is sent), and ask
 //! for a subscription only when an attempt found the lock held. Until the subscription is confirmed they keep
 //! the polling cadence ([`Config::retry_delay`](crate::Config::retry_delay)); once it is, they wait for a
-//! notification, for the holder's remaining TTL (when the node reported it,
-//! [`RedisNode::acquire_or_ttl`](crate::RedisNode::acquire_or_ttl)), or for the deadline, whichever comes first, but never longer than
-//! [`Config::max_retry_delay`](crate::Config::max_retry_delay). A confirmed subscription counts as a
+//! notification, for the holder's remaining TTL (when the node reported it: its attempts ask for it,
+//! [`ClaimRequest::wants_ttl`](crate::ClaimRequest::wants_ttl)), or for the deadline, whichever comes first,
+//! but never longer than [`Config::max_retry_delay`](crate::Config::max_retry_delay). A confirmed subscription counts as a
 //! notification itself: a release that happened before it was in place is caught by the attempt it triggers.
 //!
 //! # Who is woken
@@ -158,7 +158,8 @@ pub const WAITING_MARGIN_MS: u64 = 1000;
 /// nothing.
 ///
 /// The protocol (what the adapters' nodes do): an attempt of a waiting acquisition
-/// ([`RedisNode::acquire_or_ttl`](crate::RedisNode::acquire_or_ttl), or a fenced acquisition) that finds the
+/// (a [`RedisNode::claim`](crate::RedisNode::claim) with [`wants_ttl`](crate::ClaimRequest::wants_ttl), or a
+/// fenced acquisition) that finds the
 /// lock held sets the marker **in the same atomic step, or before it reads the holder's remaining TTL**,
 /// to live at least that TTL plus [`WAITING_MARGIN_MS`] (never shortening it); a release publishes only
 /// when, after its delete, the marker exists (or cannot be read). A release that lands before the marker is

@@ -9,8 +9,8 @@ use crate::error::Error;
 use crate::lease::Lease;
 use crate::manager::{Lock, LockManager};
 use crate::node::{
-    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind,
-    NodeFuture, NodeProfile, NodeWrapper, PermitOp, PermitReply, RedisNode, Ttl,
+    Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
+    NodeErrorKind, NodeFuture, NodeProfile, NodeWrapper, PermitOp, PermitReply, RedisNode, Ttl,
 };
 use crate::token::Token;
 
@@ -400,43 +400,23 @@ impl NodeWrapper for PermitNode {
         })
     }
 
-    fn acquire_fresh<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        NodeWrapper::acquire(self, key, token, ttl)
-    }
-
     /// The inner node's, but never NX: a permit's fresh acquisition is its script, not a `SET NX`.
     fn profile(&self) -> NodeProfile {
         RedisNode::profile(&*self.inner).with_fresh_is_nx(false)
     }
 
-    fn acquire_or_ttl<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-        _fresh: bool,
-    ) -> NodeFuture<'f, Claim>
+    /// The permit acquisition whatever the request says (a fresh one too: the profile says it is not NX), and
+    /// on a full semaphore the time until its earliest permit expires.
+    fn claim<'a, 'b, 'f>(&'a self, req: ClaimRequest<'b>) -> NodeFuture<'f, Claim>
     where
         'a: 'f,
         'b: 'f,
-        'c: 'f,
         Self: 'f,
     {
         let op = self.acquire;
         Box::pin(async move {
             Ok(
-                match RedisNode::permit(&*self.inner, key, token, ttl, op).await? {
+                match RedisNode::permit(&*self.inner, req.key, req.token, req.ttl, op).await? {
                     PermitReply::Done => Claim::Taken,
                     PermitReply::Full { next_expiry } => Claim::Held {
                         remaining: next_expiry,

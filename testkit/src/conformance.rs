@@ -22,10 +22,13 @@
 //!
 //! Capabilities are checked where a node claims them: release notifications for a node with a
 //! [`notifier`](RedisNode::notifier) (a release that deletes, after a contended
-//! [`acquire_or_ttl`](RedisNode::acquire_or_ttl) of a waiter, publishes [`notify::payload`] on the key's
-//! channel, the subscription is confirmed and nothing stays subscribed after the watch is dropped), and the
-//! holder's TTL for a node whose [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports one (it must be the
-//! key's TTL, and the call must keep `acquire`'s and `acquire_fresh`'s contracts either way), a
+//! [`claim`](RedisNode::claim) of a waiter, one that [wants the TTL](redlease::ClaimRequest::wants_ttl),
+//! publishes [`notify::payload`] on the key's channel, the subscription is confirmed and nothing stays
+//! subscribed after the watch is dropped), and the holder's TTL for a node whose `claim` reports one (it must
+//! be the key's TTL). Every `claim` is checked in all four forms (fresh or not, wanting the holder's TTL or
+//! not) against a free key, a key held by another token and a key holding its own token: `acquire`'s
+//! contracts, and a fresh claim that changes no existing key on a node whose
+//! [`fresh_is_nx`](redlease::NodeProfile::fresh_is_nx) says so. Also a
 //! [`run_id`](RedisNode::run_id) (non-empty, the same between calls, after a write and for another key) and
 //! [`wait_replicas`](RedisNode::wait_replicas) (a count, at once for none, fewer than asked and within about
 //! its timeout for a thousand) for a node that does not answer them [`NodeErrorKind::Unsupported`].
@@ -35,8 +38,8 @@ use std::time::Duration;
 
 use redlease::notify::{self, Subscription, Watch};
 use redlease::{
-    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind,
-    RedisNode, Timer, Token, Ttl, async_trait,
+    Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
+    NodeErrorKind, RedisNode, Timer, Token, Ttl, async_trait,
 };
 
 /// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
@@ -74,8 +77,9 @@ pub const CASES: &[&str] = &[
     "acquire_free_key",
     "acquire_held_key_is_contended",
     "acquire_own_token_again_resets_ttl",
-    "acquire_fresh_takes_only_a_free_key",
-    "acquire_fresh_that_claims_nx_never_touches_an_existing_key",
+    "claim_takes_a_free_key_in_every_form",
+    "claim_never_changes_a_key_held_by_another_and_reports_its_ttl",
+    "claim_with_the_holders_token_never_shortens_and_a_fresh_nx_claim_changes_nothing",
     "release_only_own_token",
     "extend_only_own_token_and_never_creates",
     "extend_never_shortens_a_key",
@@ -95,7 +99,6 @@ pub const CASES: &[&str] = &[
     "extend_many_answers_each_item_as_extend_would",
     "multi_key_takes_every_key_or_none_with_its_fences_in_one_step",
     "multi_key_extends_without_shortening_and_releases_only_own_tokens",
-    "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
     "a_node_that_notifies_publishes_each_release_and_unsubscribes",
     "permits_admit_at_most_n_and_expire_by_the_servers_clock",
     "read_write_permits_share_exclude_and_claim",
@@ -241,6 +244,8 @@ fn token() -> Result<Token, Failure> {
 }
 
 const LONG: u64 = 10_000;
+/// The four forms of a [`ClaimRequest`]: (`fresh`, `wants_ttl`).
+const CLAIM_FORMS: [(bool, bool); 4] = [(false, false), (false, true), (true, false), (true, true)];
 /// The TTL (ms) of the permits a batch then extends to [`LONG`]: the batch is sent well within it, even on a
 /// loaded machine, and the case sleeps past it to see the extension hold.
 const SHORT_PERMIT: u64 = 2_000;
@@ -272,10 +277,10 @@ pub async fn run_with_reader(
 }
 
 /// Checks a wrapper node (a decorator around `inner`): that it reports the inner node's capabilities — its
-/// [`profile`](RedisNode::profile) (the endpoint, whether [`acquire_fresh`](RedisNode::acquire_fresh) is a
-/// plain `SET NX`, the batch limit), the start-up check's [`readiness`](RedisNode::readiness), the inner node's
-/// [`notifier`](RedisNode::notifier), and the holder's TTL where the inner node's
-/// [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports it — and that every case of [`run`] passes through
+/// [`profile`](RedisNode::profile) (the endpoint, whether a fresh [`claim`](RedisNode::claim) is a plain
+/// `SET NX`, the batch limit), the start-up check's [`readiness`](RedisNode::readiness), the inner node's
+/// [`notifier`](RedisNode::notifier), and the holder's TTL where the inner node's `claim` reports it — and
+/// that every case of [`run`] passes through
 /// it, with each state read from `inner` directly.
 ///
 /// A wrapper written with [`redlease::NodeWrapper`] forwards everything by default; one that implements
@@ -369,22 +374,20 @@ pub async fn run_wrapper(
         .acquire(&key, &owner, ttl(LONG))
         .await
         .map_err(|e| fail(format!("acquire through the inner node failed: {e}")))?;
-    let claims = (
-        inner.acquire_or_ttl(&key, &other, ttl(LONG), true).await,
-        wrapper.acquire_or_ttl(&key, &other, ttl(LONG), true).await,
-    );
+    let waiting = ClaimRequest::new(&key, &other, ttl(LONG))
+        .fresh(true)
+        .wants_ttl(true);
+    let claims = (inner.claim(waiting).await, wrapper.claim(waiting).await);
     let _ = inner.release(&key, &owner).await;
     match claims {
         (Ok(Claim::Held { remaining: Some(_) }), Ok(Claim::Held { remaining: None })) => {
             return Err(fail(
-                "acquire_or_ttl reports no TTL where the inner node reports the holder's: not forwarded"
+                "claim reports no TTL where the inner node reports the holder's: not forwarded"
                     .into(),
             ));
         }
         (_, Err(e)) => {
-            return Err(fail(format!(
-                "acquire_or_ttl through the wrapper failed: {e}"
-            )));
+            return Err(fail(format!("claim through the wrapper failed: {e}")));
         }
         _ => {}
     }
@@ -470,33 +473,106 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             })?;
             c.expect_held(&k, &t, long * 3, SLACK).await
         }
-        "acquire_fresh_takes_only_a_free_key" => {
-            let (k, owner, other) = (c.key("lock"), token()?, token()?);
-            let got = c.ok(
-                "acquire_fresh",
-                node.acquire_fresh(&k, &owner, ttl(LONG)).await,
-            )?;
-            c.ensure(got, || "acquire_fresh on a free key returned false".into())?;
-            c.expect_held(&k, &owner, long, SLACK).await?;
-            let again = c.ok(
-                "acquire_fresh",
-                node.acquire_fresh(&k, &other, ttl(LONG * 2)).await,
-            )?;
-            c.ensure(!again, || "acquire_fresh took a held key".into())?;
-            c.expect_held(&k, &owner, long, SLACK).await
-        }
-        "acquire_fresh_that_claims_nx_never_touches_an_existing_key" => {
-            if !node.profile().fresh_is_nx {
-                return Ok(());
+        "claim_takes_a_free_key_in_every_form" => {
+            for (fresh, wants_ttl) in CLAIM_FORMS {
+                let (k, t) = (c.key(&format!("lock:{fresh}:{wants_ttl}")), token()?);
+                let req = ClaimRequest::new(&k, &t, ttl(LONG))
+                    .fresh(fresh)
+                    .wants_ttl(wants_ttl);
+                let got = c.ok("claim", node.claim(req).await)?;
+                c.ensure(got == Claim::Taken, || {
+                    format!("{req:?} on a free key answered {got:?}")
+                })?;
+                c.expect_held(&k, &t, long, SLACK).await?;
+                c.ok("release", node.release(&k, &t).await)?;
             }
-            // A late copy of a fresh acquisition meets the key it set (with its own token), extended since.
-            let (k, t) = (c.key("lock"), token()?);
-            c.ok("acquire", node.acquire(&k, &t, ttl(LONG * 3)).await)?;
-            let again = c.ok("acquire_fresh", node.acquire_fresh(&k, &t, ttl(LONG)).await)?;
-            c.ensure(!again, || {
-                "acquire_fresh claims to be SET NX but answered true for an existing key".into()
-            })?;
-            c.expect_held(&k, &t, long * 3, SLACK).await
+            Ok(())
+        }
+        "claim_never_changes_a_key_held_by_another_and_reports_its_ttl" => {
+            let (k, owner) = (c.key("lock"), token()?);
+            c.ok("acquire", node.acquire(&k, &owner, ttl(LONG)).await)?;
+            c.sleep(Duration::from_millis(20)).await;
+            let held = long - Duration::from_millis(20);
+            for (fresh, wants_ttl) in CLAIM_FORMS {
+                let other = token()?;
+                let req = ClaimRequest::new(&k, &other, ttl(LONG * 2))
+                    .fresh(fresh)
+                    .wants_ttl(wants_ttl);
+                match c.ok("claim", node.claim(req).await)? {
+                    Claim::Held { remaining: None } => {}
+                    // Asked for or not, a TTL reported must be the holder's.
+                    Claim::Held {
+                        remaining: Some(left),
+                    } => c.ensure(left <= held && left + SLACK > held, || {
+                        format!(
+                            "{req:?} reported the holder's TTL as {left:?}, the key's is ~{held:?}"
+                        )
+                    })?,
+                    got => return Err(c.fail(format!("{req:?} took a held key: {got:?}"))),
+                }
+                // Value unchanged and TTL not reset by the failed attempt.
+                c.expect_held(&k, &owner, held, SLACK).await?;
+            }
+            c.ok("release", node.release(&k, &owner).await).map(|_| ())
+        }
+        // A retry of an acquisition (not fresh) recognises its token, and its own-token branch extends the key
+        // without ever shortening it. A fresh request never meets its own token but for a late copy of one,
+        // which a node whose fresh claim is `SET NX` must leave unanswered: it changes nothing.
+        "claim_with_the_holders_token_never_shortens_and_a_fresh_nx_claim_changes_nothing" => {
+            let nx = node.profile().fresh_is_nx;
+            for (fresh, wants_ttl) in CLAIM_FORMS {
+                let (k, t) = (c.key(&format!("lock:{fresh}:{wants_ttl}")), token()?);
+                // A retry finds the key its earlier request set; a late fresh copy, one a later round
+                // extended (set here with the longer TTL at once: `extend` is checked by its own case).
+                let first = if fresh { LONG * 3 } else { LONG };
+                c.ok("acquire", node.acquire(&k, &t, ttl(first)).await)?;
+                let claim = |ms| {
+                    ClaimRequest::new(&k, &t, ttl(ms))
+                        .fresh(fresh)
+                        .wants_ttl(wants_ttl)
+                };
+                if !fresh {
+                    let again = c.ok("claim", node.claim(claim(LONG * 3)).await)?;
+                    c.ensure(again == Claim::Taken, || {
+                        format!(
+                            "{:?} with the holder's token answered {again:?}",
+                            claim(LONG * 3)
+                        )
+                    })?;
+                    c.expect_held(&k, &t, long * 3, SLACK).await?;
+                }
+                // Shorter than the key has: never shortened, whatever the form and the answer.
+                let shorter = c.ok("claim", node.claim(claim(LONG / 2)).await)?;
+                if !fresh {
+                    c.ensure(shorter == Claim::Taken, || {
+                        format!(
+                            "{:?} with the holder's token answered {shorter:?}",
+                            claim(LONG / 2)
+                        )
+                    })?;
+                } else if nx {
+                    c.ensure(matches!(shorter, Claim::Held { .. }), || {
+                        format!(
+                            "{:?} on a node whose fresh claim is SET NX answered {shorter:?} for an existing key",
+                            claim(LONG / 2)
+                        )
+                    })?;
+                }
+                c.expect_held(&k, &t, long * 3, SLACK).await?;
+                if fresh && nx {
+                    // Longer than the key has: a SET NX still changes nothing.
+                    let longer = c.ok("claim", node.claim(claim(LONG * 5)).await)?;
+                    c.ensure(matches!(longer, Claim::Held { .. }), || {
+                        format!(
+                            "{:?} on a node whose fresh claim is SET NX answered {longer:?} for an existing key",
+                            claim(LONG * 5)
+                        )
+                    })?;
+                    c.expect_held(&k, &t, long * 3, SLACK).await?;
+                }
+                c.ok("release", node.release(&k, &t).await)?;
+            }
+            Ok(())
         }
         "release_only_own_token" => {
             let (k, owner, other) = (c.key("lock"), token()?, token()?);
@@ -558,10 +634,8 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 "re-acquiring with the holder's token and a shorter TTL returned false".into()
             })?;
             c.expect_held(&k, &owner, long * 3, SLACK).await?;
-            let claim = c.ok(
-                "acquire_or_ttl",
-                node.acquire_or_ttl(&k, &owner, ttl(LONG / 2), false).await,
-            )?;
+            let retry = ClaimRequest::new(&k, &owner, ttl(LONG / 2)).wants_ttl(true);
+            let claim = c.ok("claim", node.claim(retry).await)?;
             c.ensure(claim == Claim::Taken, || {
                 format!("a retry with the holder's token and a shorter TTL answered {claim:?}")
             })?;
@@ -1474,52 +1548,6 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             }
             Ok(())
         }
-        "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl" => {
-            let (k, owner, other) = (c.key("lock"), token()?, token()?);
-            let free = c.ok(
-                "acquire_or_ttl",
-                node.acquire_or_ttl(&k, &owner, ttl(LONG), true).await,
-            )?;
-            c.ensure(free == Claim::Taken, || {
-                format!("acquire_or_ttl of a free key answered {free:?}")
-            })?;
-            c.expect_held(&k, &owner, long, SLACK).await?;
-            let held = c.ok(
-                "acquire_or_ttl",
-                node.acquire_or_ttl(&k, &other, ttl(LONG * 2), true).await,
-            )?;
-            match held {
-                Claim::Held { remaining: None } => {}
-                Claim::Held {
-                    remaining: Some(left),
-                } => c.ensure(left <= long && left + SLACK > long, || {
-                    format!("acquire_or_ttl reported the holder's TTL as {left:?}, the key's is ~{long:?}")
-                })?,
-                other => return Err(c.fail(format!("acquire_or_ttl took a held key: {other:?}"))),
-            }
-            c.expect_held(&k, &owner, long, SLACK).await?;
-            // A retry of the holder (not fresh) recognises its token and resets the TTL.
-            let again = c.ok(
-                "acquire_or_ttl",
-                node.acquire_or_ttl(&k, &owner, ttl(LONG * 3), false).await,
-            )?;
-            c.ensure(again == Claim::Taken, || {
-                format!("a retry with the holder's token answered {again:?}")
-            })?;
-            c.expect_held(&k, &owner, long * 3, SLACK).await?;
-            if node.profile().fresh_is_nx {
-                // Fresh on a node whose fresh path is SET NX: the key is not touched, even holding the token.
-                let fresh = c.ok(
-                    "acquire_or_ttl",
-                    node.acquire_or_ttl(&k, &owner, ttl(LONG), true).await,
-                )?;
-                c.ensure(matches!(fresh, Claim::Held { .. }), || {
-                    format!("a fresh acquire_or_ttl of an existing key answered {fresh:?}")
-                })?;
-                c.expect_held(&k, &owner, long * 3, SLACK).await?;
-            }
-            Ok(())
-        }
         "a_node_that_notifies_publishes_each_release_and_unsubscribes" => {
             let Some(notifier) = node.notifier() else {
                 return Ok(());
@@ -1538,15 +1566,15 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             watch.begin_attempt();
             watch.end_attempt(notify::Outcome::Held);
             // A release of another token wakes the watch, with the token's payload. Each release follows a
-            // contended attempt of a waiting acquisition (`acquire_or_ttl`), which is what tells a node that
+            // contended attempt of a waiting acquisition (`claim` wanting the TTL), which tells a node that
             // keeps waiter markers (`notify::waiting_key`) that a waiter may be listening.
             let t = token()?;
             let waiter = token()?;
+            let waiting = ClaimRequest::new(&k, &waiter, ttl(LONG))
+                .fresh(true)
+                .wants_ttl(true);
             c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
-            c.ok(
-                "acquire_or_ttl",
-                node.acquire_or_ttl(&k, &waiter, ttl(LONG), true).await,
-            )?;
+            c.ok("claim", node.claim(waiting).await)?;
             let released = c.ok("release", node.release(&k, &t).await)?;
             c.ensure(released, || {
                 "release with the owner's token returned false".into()
@@ -1569,10 +1597,7 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             let own = token()?;
             watch.own(&own);
             c.ok("acquire", node.acquire(&k, &own, ttl(LONG)).await)?;
-            c.ok(
-                "acquire_or_ttl",
-                node.acquire_or_ttl(&k, &waiter, ttl(LONG), true).await,
-            )?;
+            c.ok("claim", node.claim(waiting).await)?;
             c.ok("release", node.release(&k, &own).await)?;
             let marker = token()?;
             c.ok("acquire", node.acquire(&k, &marker, ttl(LONG)).await)?;

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use redlease::machine::Jitter;
 use redlease::notify::Notifier;
 use redlease::{
-    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind,
-    NodeProfile, PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId, Spawn, Timer,
-    Token, Ttl, async_trait,
+    Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
+    NodeErrorKind, NodeProfile, PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait, RunId,
+    Spawn, Timer, Token, Ttl, async_trait,
 };
 
 /// The node operations, for scripting faults and counting calls.
@@ -1041,18 +1041,20 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             .await
     }
 
-    /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own fast path.
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let detach = |n: Arc<N>| -> BoxFuture<Reply<bool>> {
-            let (key, token) = (key.to_owned(), token.clone());
-            Box::pin(async move { n.acquire_fresh(&key, &token, ttl).await })
+    /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own `claim` (its fast path, the
+    /// holder's TTL), with the same request.
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        let detach = |n: Arc<N>| -> BoxFuture<Reply<Claim>> {
+            let (key, token, ttl) = (req.key.to_owned(), req.token.clone(), req.ttl);
+            let (fresh, wants_ttl) = (req.fresh, req.wants_ttl);
+            Box::pin(async move {
+                let req = ClaimRequest::new(&key, &token, ttl)
+                    .fresh(fresh)
+                    .wants_ttl(wants_ttl);
+                n.claim(req).await
+            })
         };
-        self.run(
-            Op::Acquire,
-            self.inner.acquire_fresh(key, token, ttl),
-            detach,
-        )
-        .await
+        self.run(Op::Acquire, self.inner.claim(req), detach).await
     }
 
     async fn acquire_fenced(
@@ -1163,26 +1165,6 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
             Ok(readiness) => readiness,
             Err(e) => Readiness::from_error(e),
         }
-    }
-
-    /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own implementation.
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
-        let detach = |n: Arc<N>| -> BoxFuture<Reply<Claim>> {
-            let (key, token) = (key.to_owned(), token.clone());
-            Box::pin(async move { n.acquire_or_ttl(&key, &token, ttl, fresh).await })
-        };
-        self.run(
-            Op::Acquire,
-            self.inner.acquire_or_ttl(key, token, ttl, fresh),
-            detach,
-        )
-        .await
     }
 
     /// Counted and faulted as one call of the lock operation it stands for ([`Op::Acquire`], or

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use redlease::notify::{self, Inbox, Notifier, SubscribeFuture, Subscriber};
 use redlease::{
-    Claim, CommandPaths, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
-    NodeErrorKind, NodeProfile, Path, PermitOp, PermitReply, Readiness, RedisNode, ReplicaWait,
-    RunId, SystemTimer, Timer, Token, Ttl, async_trait,
+    Claim, ClaimRequest, CommandPaths, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp,
+    MultiKeyReply, NodeError, NodeErrorKind, NodeProfile, Path, PermitOp, PermitReply, Readiness,
+    RedisNode, ReplicaWait, RunId, SystemTimer, Timer, Token, Ttl, async_trait,
 };
 
 static NEXT_NODE: AtomicU64 = AtomicU64::new(1);
@@ -728,31 +728,30 @@ impl RedisNode for MemoryNode {
         Ok(deleted)
     }
 
-    /// The acquisition, reporting the holder's remaining TTL on contention in the same step (as the adapters'
-    /// script does).
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
+    /// The acquisition in one step: a fresh request is `SET key token NX PX ttl` (the profile says so: it
+    /// never changes an existing key), any other the own-token branch of [`acquire`](RedisNode::acquire);
+    /// on contention, the holder's remaining TTL when the request [wants it](ClaimRequest::wants_ttl) (as the
+    /// adapters' script does). It keeps no waiter markers: every release publishes.
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
         let now = self.now();
         let mut store = self.lock();
-        match store.live(key, now) {
-            Some(entry) if !fresh && token.matches(&entry.value) => {
-                self.clock.extend(entry, now, ttl);
+        match store.live(req.key, now) {
+            Some(entry) if !req.fresh && req.token.matches(&entry.value) => {
+                self.clock.extend(entry, now, req.ttl);
                 Ok(Claim::Taken)
             }
             Some(entry) => Ok(Claim::Held {
-                remaining: entry.expires_at.map(|at| self.clock.remaining(at, now)),
+                remaining: entry
+                    .expires_at
+                    .filter(|_| req.wants_ttl)
+                    .map(|at| self.clock.remaining(at, now)),
             }),
             None => {
                 store.keys.insert(
-                    key.to_owned(),
+                    req.key.to_owned(),
                     Entry {
-                        value: token.as_str().as_bytes().to_vec(),
-                        expires_at: self.clock.expiry_ttl(now, ttl),
+                        value: req.token.as_str().as_bytes().to_vec(),
+                        expires_at: self.clock.expiry_ttl(now, req.ttl),
                     },
                 );
                 Ok(Claim::Taken)
@@ -948,23 +947,6 @@ impl RedisNode for MemoryNode {
                 e.expires_at.map(|at| self.clock.remaining(at, now)),
             )
         }))
-    }
-
-    /// `SET key token NX PX ttl`: sets the key if it does not exist, changes nothing if it does.
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        let now = self.now();
-        let mut store = self.lock();
-        if store.live(key, now).is_some() {
-            return Ok(false);
-        }
-        store.keys.insert(
-            key.to_owned(),
-            Entry {
-                value: token.as_str().as_bytes().to_vec(),
-                expires_at: self.clock.expiry_ttl(now, ttl),
-            },
-        );
-        Ok(true)
     }
 
     /// `memory://<id>`, a plain `SET NX` first attempt, batches of up to 1000.

@@ -4,7 +4,8 @@
 
 use redlease::notify::Notifier;
 use redlease::{
-    Claim, KeyState, NodeError, RedisNode, ReplicaWait, RunId, SystemTimer, Token, Ttl, async_trait,
+    Claim, ClaimRequest, KeyState, NodeError, RedisNode, ReplicaWait, RunId, SystemTimer, Token,
+    Ttl, async_trait,
 };
 use redlease_testkit::{FaultyNode, MemoryNode, Op, Sim, block_on, conformance};
 
@@ -76,22 +77,31 @@ impl RedisNode for Broken {
         }
         self.inner.release(key, token).await
     }
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
-        let claim = self.inner.acquire_or_ttl(key, token, ttl, fresh).await?;
-        if self.bug == "acquire_or_ttl reports the TTL asked for" {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        if self.bug == "a fresh claim extends an existing key" && req.fresh {
+            return Ok(Claim::from_taken(
+                self.inner.acquire(req.key, req.token, req.ttl).await?,
+            ));
+        }
+        if self.bug == "a claim without the TTL ignores its own token"
+            && !req.wants_ttl
+            && self.inner.get(req.key).is_some()
+        {
+            return Ok(Claim::Held { remaining: None });
+        }
+        let claim = self.inner.claim(req).await?;
+        if self.bug == "claim reports the TTL asked for" {
             if let Claim::Held { .. } = claim {
                 return Ok(Claim::Held {
-                    remaining: Some(ttl.as_duration()),
+                    remaining: Some(req.ttl.as_duration()),
                 });
             }
         }
         Ok(claim)
+    }
+    /// The inner node's (its fresh claim is `SET NX`), without batches: `extend_many` is not forwarded.
+    fn profile(&self) -> redlease::NodeProfile {
+        self.inner.profile().with_batch_limit(0)
     }
     fn notifier(&self) -> Option<&Notifier> {
         self.inner.notifier()
@@ -148,8 +158,16 @@ fn suite_catches_broken_nodes() {
             "a_node_that_notifies_publishes_each_release_and_unsubscribes",
         ),
         (
-            "acquire_or_ttl reports the TTL asked for",
-            "acquire_or_ttl_keeps_the_acquire_contracts_and_reports_the_holders_ttl",
+            "claim reports the TTL asked for",
+            "claim_never_changes_a_key_held_by_another_and_reports_its_ttl",
+        ),
+        (
+            "a fresh claim extends an existing key",
+            "claim_with_the_holders_token_never_shortens_and_a_fresh_nx_claim_changes_nothing",
+        ),
+        (
+            "a claim without the TTL ignores its own token",
+            "claim_with_the_holders_token_never_shortens_and_a_fresh_nx_claim_changes_nothing",
         ),
         (
             "run_id depends on the key",
@@ -257,7 +275,7 @@ fn node_wrapper_forwards_everything_it_does_not_override() {
 }
 
 /// A hand-written wrapper that forwards the older capabilities and, with `notifier`, the notifier too, but
-/// not `acquire_or_ttl` (or, without, neither).
+/// not `claim` (or, without, neither).
 struct ForgetsNotifications {
     inner: MemoryNode,
     notifier: bool,
@@ -267,9 +285,6 @@ struct ForgetsNotifications {
 impl RedisNode for ForgetsNotifications {
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         self.inner.acquire(key, token, ttl).await
-    }
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        self.inner.acquire_fresh(key, token, ttl).await
     }
     fn profile(&self) -> redlease::NodeProfile {
         self.inner.profile()
@@ -318,7 +333,7 @@ impl RedisNode for ForgetsNotifications {
 
 #[test]
 fn a_wrapper_that_drops_the_notifier_or_the_holders_ttl_is_caught() {
-    for (notifier, missing) in [(false, "notifier"), (true, "acquire_or_ttl")] {
+    for (notifier, missing) in [(false, "notifier"), (true, "claim")] {
         let inner = MemoryNode::new();
         let wrapper = ForgetsNotifications {
             inner: inner.clone(),

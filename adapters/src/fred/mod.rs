@@ -477,8 +477,8 @@ mod tests {
                 std::mem::size_of_val(&ops::acquire(&node.transport, "k", &token, ttl)),
             ),
             (
-                "acquire_fresh",
-                std::mem::size_of_val(&ops::acquire_fresh(&node.transport, "k", &token, ttl)),
+                "fresh_acquire",
+                std::mem::size_of_val(&ops::fresh_acquire(&node.transport, "k", &token, ttl)),
             ),
             (
                 "extend",

@@ -1,13 +1,14 @@
 //! Acquisition, release, extension and inspection of one lock key: the scripts, and the native paths
 //! (`SET … NX GET`, `DELIFEQ`, the watched `PEXPIRE … GT`).
 
-use redlease::{KeyState, NodeError, NodeErrorKind, Token, Ttl, notify};
+use redlease::{Claim, ClaimRequest, KeyState, NodeError, NodeErrorKind, Token, Ttl, notify};
 
 use crate::Commands;
 use crate::scripts::{self, Reply, Script};
 
 use super::ledger::recorded;
 use super::probe::{check, checked, from_script, lua_absent, script_probe_failed, scripts_denied};
+use super::wait::acquire_with_ttl;
 use super::{
     Transport, Verb, Way, eval, note, note_refused, path, probe_tx, refused_command,
     script_unavailable, tx, way,
@@ -100,7 +101,7 @@ async fn acquire_unrecorded(
 /// A fresh acquisition: on an unchecked connection the check and the acquisition in one script (or, without
 /// Lua, the native probe first); then `SET key token NX GET PX ttl` where the server accepts it, else the
 /// fresh-acquire script (or `SET NX PX` without Lua).
-async fn acquire_fresh_unrecorded(
+async fn fresh_acquire_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -452,7 +453,7 @@ pub(crate) async fn acquire(
     recorded(t, key, || acquire_unrecorded(t, key, token, ttl), |ok| *ok).await
 }
 
-pub(crate) async fn acquire_fresh(
+pub(crate) async fn fresh_acquire(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -461,10 +462,38 @@ pub(crate) async fn acquire_fresh(
     recorded(
         t,
         key,
-        || acquire_fresh_unrecorded(t, key, token, ttl),
+        || fresh_acquire_unrecorded(t, key, token, ttl),
         |ok| *ok,
     )
     .await
+}
+
+/// [`RedisNode::claim`](redlease::RedisNode::claim): with [`wants_ttl`](ClaimRequest::wants_ttl), where the
+/// node learns the holder's TTL (`with_ttl`), the waiting acquisition ([`acquire_with_ttl`]); otherwise the
+/// fresh acquisition ([`fresh_acquire`]) or the own-token one ([`acquire`]), answering `Held` without a TTL
+/// on contention. The same commands as each of those alone.
+pub(crate) async fn claim(
+    t: &impl Transport,
+    req: ClaimRequest<'_>,
+    with_ttl: bool,
+) -> Result<Claim, NodeError> {
+    let ClaimRequest {
+        key,
+        token,
+        ttl,
+        fresh,
+        wants_ttl,
+        ..
+    } = req;
+    if wants_ttl && with_ttl {
+        return acquire_with_ttl(t, key, token, ttl, fresh).await;
+    }
+    let taken = if fresh {
+        fresh_acquire(t, key, token, ttl).await?
+    } else {
+        acquire(t, key, token, ttl).await?
+    };
+    Ok(Claim::from_taken(taken))
 }
 
 pub(crate) async fn extend(
@@ -480,6 +509,74 @@ pub(crate) async fn extend(
 mod tests {
     use super::*;
     use crate::ops::testing::{block_on, native};
+
+    /// A claim sends what the call it replaced sent, form by form: a fresh one `SET … NX GET`, another the
+    /// native acquisition (`SET NX PX`, then the watched look at the key); one that wants the holder's TTL
+    /// then marks the waiter and reads the TTL (`MULTI SET PEXPIRE PTTL`), unless the node does not learn
+    /// the TTL (a `SentinelNode`), which answers it as a claim without `wants_ttl`.
+    #[test]
+    fn each_form_of_a_contended_claim_sends_the_commands_of_the_call_it_replaced() {
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let token = Token::random().unwrap();
+        let left = Some(std::time::Duration::from_millis(500));
+        for (fresh, wants_ttl, with_ttl, sent, remaining) in [
+            (true, false, true, &["SET"][..], None),
+            (
+                true,
+                true,
+                true,
+                &["SET", "MULTI SET PEXPIRE PTTL"][..],
+                left,
+            ),
+            (true, true, false, &["SET"][..], None),
+            (
+                false,
+                false,
+                true,
+                &["SET", "WATCH", "GET", "UNWATCH"][..],
+                None,
+            ),
+            (
+                false,
+                true,
+                true,
+                &["SET", "WATCH", "GET", "UNWATCH", "MULTI SET PEXPIRE PTTL"][..],
+                left,
+            ),
+            (
+                false,
+                true,
+                false,
+                &["SET", "WATCH", "GET", "UNWATCH"][..],
+                None,
+            ),
+        ] {
+            let t = native();
+            let someone = || Ok(Reply::Bytes(b"someone".to_vec()));
+            let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
+            if fresh {
+                // SET NX GET: the holder's value.
+                t.replies.lock().unwrap().push_back(someone());
+            } else {
+                // SET NX PX: not set; WATCH, GET: another value; UNWATCH.
+                t.replies
+                    .lock()
+                    .unwrap()
+                    .extend([Ok(Reply::Nil), ok(), someone(), ok()]);
+            }
+            t.txs
+                .lock()
+                .unwrap()
+                .push_back(Ok(vec![Reply::Nil, Reply::Int(0), Reply::Int(500)]));
+            let req = ClaimRequest::new("l", &token, ttl)
+                .fresh(fresh)
+                .wants_ttl(wants_ttl);
+            let claim = block_on(claim(&t, req, with_ttl)).unwrap();
+            let what = format!("fresh {fresh}, wants_ttl {wants_ttl}, with_ttl {with_ttl}");
+            assert_eq!(claim, Claim::Held { remaining }, "{what}");
+            assert_eq!(*t.sent.lock().unwrap(), sent, "{what}");
+        }
+    }
 
     /// Without Lua the extension is the watched transaction: it extends only a key holding our token, with
     /// `PEXPIRE … GT` (never `SET … IFEQ … PX`, which would shorten a key a longer extension set); an `EXEC`

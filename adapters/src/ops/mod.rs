@@ -55,14 +55,15 @@ mod wait;
 pub(crate) use batch::{EXTEND_MANY_LIMIT, extend_many, multi_key};
 pub(crate) use fence::{acquire_fenced, raise_fence};
 use ledger::TxGate;
-pub(crate) use lock::{acquire, acquire_fresh, extend, inspect, release};
+#[cfg(all(test, feature = "fred"))]
+pub(crate) use lock::fresh_acquire;
+pub(crate) use lock::{acquire, claim, extend, inspect, release};
 pub(crate) use permit::permit;
 pub(crate) use probe::{Probe, check, readiness};
 use probe::{checked, lua_absent};
 #[cfg(feature = "fred")]
 pub(crate) use replication::info_field;
 pub(crate) use replication::{run_id, wait_replicas};
-pub(crate) use wait::acquire_or_ttl;
 
 /// Which script command to send.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

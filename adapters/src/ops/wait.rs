@@ -1,4 +1,5 @@
-//! The waiting acquisition ([`acquire_or_ttl`]): the lock or the holder's TTL in one step, with the
+//! The waiting acquisition ([`acquire_with_ttl`], a [`RedisNode::claim`](redlease::RedisNode::claim) that
+//! [wants the holder's TTL](redlease::ClaimRequest::wants_ttl)): the lock or the holder's TTL in one step, with the
 //! waiter marker of release notifications on the native path.
 
 use redlease::{Claim, NodeError, NodeErrorKind, Token, Ttl, notify};
@@ -6,7 +7,7 @@ use redlease::{Claim, NodeError, NodeErrorKind, Token, Ttl, notify};
 use crate::scripts::{self, Reply, Script};
 
 use super::ledger::recorded;
-use super::lock::{acquire_fresh, acquire_native};
+use super::lock::{acquire_native, fresh_acquire};
 use super::probe::checked;
 use super::{Transport, eval, note, path, tx};
 
@@ -28,7 +29,7 @@ fn marker_refused(err: &NodeError) -> bool {
 /// nothing). A retry is the [`ACQUIRE_TTL`](scripts::ACQUIRE_TTL) script with the marker (one command
 /// either way, marking in the same atomic step), or without Lua the native acquisition followed, on
 /// contention, by [`waiting`].
-async fn acquire_or_ttl_unrecorded(
+async fn acquire_with_ttl_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -36,7 +37,7 @@ async fn acquire_or_ttl_unrecorded(
     fresh: bool,
 ) -> Result<Claim, NodeError> {
     let taken = if fresh {
-        acquire_fresh(t, key, token, ttl).await?
+        fresh_acquire(t, key, token, ttl).await?
     } else {
         let caps = checked(t, key, None).await?;
         if !caps.native_acquire() {
@@ -136,14 +137,14 @@ pub(super) async fn waiting(
     Ok((what, pttl))
 }
 
-pub(crate) async fn acquire_or_ttl(
+pub(crate) async fn acquire_with_ttl(
     t: &impl Transport,
     key: &str,
     token: &Token,
     ttl: Ttl,
     fresh: bool,
 ) -> Result<Claim, NodeError> {
-    let op = || acquire_or_ttl_unrecorded(t, key, token, ttl, fresh);
+    let op = || acquire_with_ttl_unrecorded(t, key, token, ttl, fresh);
     recorded(t, key, op, |c| matches!(c, Claim::Taken)).await
 }
 
@@ -167,7 +168,7 @@ mod tests {
             NodeErrorKind::Connection,
             "not connected (not sent)",
         )));
-        let err = block_on(acquire_or_ttl(&t, "l", &token, ttl, true)).unwrap_err();
+        let err = block_on(acquire_with_ttl(&t, "l", &token, ttl, true)).unwrap_err();
         assert_eq!(err.kind(), NodeErrorKind::Connection, "{err}");
         assert_eq!(*t.sent.lock().unwrap(), ["SET", "MULTI SET PEXPIRE PTTL"]);
     }
@@ -190,7 +191,7 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push_back(Err(NodeError::not_applied(kind, "refused")));
-            let claim = block_on(acquire_or_ttl(&t, "l", &token, ttl, true)).unwrap();
+            let claim = block_on(acquire_with_ttl(&t, "l", &token, ttl, true)).unwrap();
             assert_eq!(
                 claim,
                 Claim::Held {
@@ -220,7 +221,7 @@ mod tests {
             .lock()
             .unwrap()
             .push_back(Ok(vec![Reply::Nil, Reply::Int(0), Reply::Int(5000)]));
-        let claim = block_on(acquire_or_ttl(&t, "l", &token, ttl, true)).unwrap();
+        let claim = block_on(acquire_with_ttl(&t, "l", &token, ttl, true)).unwrap();
         assert_eq!(
             claim,
             Claim::Held {

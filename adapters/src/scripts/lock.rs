@@ -208,7 +208,8 @@ return 0
 };
 
 /// [`ACQUIRE`] that also reports the holder's remaining TTL when the lock is held, for retried acquisitions
-/// that wait ([`RedisNode::acquire_or_ttl`](redlease::RedisNode::acquire_or_ttl)). `KEYS[1]` lock, `ARGV[1]`
+/// that wait ([`RedisNode::claim`](redlease::RedisNode::claim) with
+/// [`wants_ttl`](redlease::ClaimRequest::wants_ttl)). `KEYS[1]` lock, `ARGV[1]`
 /// token, `ARGV[2]` TTL in ms.
 ///
 /// Returns 1 when the lock is (now) ours (absent, or holding our token: its TTL extended to at least `ARGV[2]`,

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use redlease::{
-    Claim, Error, LeaseTicket, LockManager, LossReason, MultiKeyItem, MultiKeyOp, MultiKeyReply,
-    NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait,
+    Claim, ClaimRequest, Error, LeaseTicket, LockManager, LossReason, MultiKeyItem, MultiKeyOp,
+    MultiKeyReply, NodeError, NodeWrapper, RedisNode, Token, Ttl, async_trait,
 };
 use redlease_testkit::server::{RedisCluster, RedisServer};
 
@@ -227,9 +227,9 @@ impl NodeWrapper for Counting {
         RedisNode::acquire(&*self.inner, key, token, ttl).await
     }
 
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
         self.per_key.fetch_add(1, Ordering::SeqCst);
-        RedisNode::acquire_fresh(&*self.inner, key, token, ttl).await
+        RedisNode::claim(&*self.inner, req).await
     }
 
     async fn acquire_fenced(
@@ -241,17 +241,6 @@ impl NodeWrapper for Counting {
     ) -> Result<Option<u64>, NodeError> {
         self.per_key.fetch_add(1, Ordering::SeqCst);
         RedisNode::acquire_fenced(&*self.inner, key, fence_key, token, ttl).await
-    }
-
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
-        self.per_key.fetch_add(1, Ordering::SeqCst);
-        RedisNode::acquire_or_ttl(&*self.inner, key, token, ttl, fresh).await
     }
 
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {

@@ -158,8 +158,11 @@ async fn pinned_modes_fail_with_a_typed_error_before_any_write() {
             let ttl = Ttl::from_millis(10_000).unwrap();
             for (op, result) in [
                 (
-                    "acquire_fresh",
-                    node.acquire_fresh(&k, &token, ttl).await.map(|_| ()),
+                    "claim (fresh)",
+                    node.claim(redlease::ClaimRequest::new(&k, &token, ttl).fresh(true))
+                        .await
+                        .map(redlease::Claim::is_taken)
+                        .map(|_| ()),
                 ),
                 ("acquire", node.acquire(&k, &token, ttl).await.map(|_| ())),
                 (
@@ -262,7 +265,11 @@ async fn native_and_script_paths_interoperate_on_one_key() {
         ] {
             let token = Token::random().unwrap();
             assert!(
-                taker.acquire_fresh(&k, &token, short).await.unwrap(),
+                taker
+                    .claim(redlease::ClaimRequest::new(&k, &token, short).fresh(true))
+                    .await
+                    .map(redlease::Claim::is_taken)
+                    .unwrap(),
                 "{names}"
             );
             assert!(other.extend(&k, &token, long).await.unwrap(), "{names}");
@@ -568,8 +575,11 @@ fn a_user_without_multi_exec_or_incr_gets_a_definite_auth_error_naming_it_before
                     };
                     let fmt = |r: Result<bool, redlease::NodeError>| r.map(|b| b.to_string());
                     refused(
-                        "acquire_fresh",
-                        fmt(node.acquire_fresh(&k, &token, ttl).await),
+                        "claim (fresh)",
+                        fmt(node
+                            .claim(redlease::ClaimRequest::new(&k, &token, ttl).fresh(true))
+                            .await
+                            .map(redlease::Claim::is_taken)),
                     );
                     refused("acquire", fmt(node.acquire(&k, &token, ttl).await));
                     refused(

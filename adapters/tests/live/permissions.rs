@@ -387,8 +387,11 @@ fn a_read_only_replica_refuses_every_operation_definitely_and_changes_nothing() 
                 };
                 let fmt = |r: Result<bool, redlease::NodeError>| r.map(|b| b.to_string());
                 readonly(
-                    "acquire_fresh",
-                    fmt(node.acquire_fresh(&k, &token, ttl).await),
+                    "claim (fresh)",
+                    fmt(node
+                        .claim(redlease::ClaimRequest::new(&k, &token, ttl).fresh(true))
+                        .await
+                        .map(redlease::Claim::is_taken)),
                 );
                 readonly("acquire", fmt(node.acquire(&k, &token, ttl).await));
                 readonly(

@@ -140,7 +140,10 @@ fn the_capability_check_never_deletes_a_key_whatever_it_holds() {
                     let node = common::unprobed_in(backend, &server.url(), commands).await;
                     let token = Token::random().unwrap();
                     // The first acquisition on the connection runs the check.
-                    let taken = node.acquire_fresh(&k, &token, ttl).await;
+                    let taken = node
+                        .claim(redlease::ClaimRequest::new(&k, &token, ttl).fresh(true))
+                        .await
+                        .map(redlease::Claim::is_taken);
                     assert_eq!(
                         server.cmd(&["GET", &k]),
                         "redlease:probe:never-a-token",

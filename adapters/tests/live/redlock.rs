@@ -322,8 +322,9 @@ fn a_lazy_fred_node_whose_first_connection_fails_after_its_wait_connects_when_th
             let ttl = redlease::Ttl::from_millis(5000).unwrap();
             let token = redlease::Token::random().unwrap();
             let err = node
-                .acquire_fresh("lazy:{silent}:lock", &token, ttl)
+                .claim(redlease::ClaimRequest::new("lazy:{silent}:lock", &token, ttl).fresh(true))
                 .await
+                .map(redlease::Claim::is_taken)
                 .unwrap_err();
             assert!(!err.is_ambiguous(), "{err}");
             // fred's attempt is over (its handshake timed out) and its task ended; the server answers now.
@@ -331,7 +332,11 @@ fn a_lazy_fred_node_whose_first_connection_fails_after_its_wait_connects_when_th
             proxy.set_mode(ProxyMode::Forward);
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
-                match node.acquire_fresh("lazy:{back}:lock", &token, ttl).await {
+                match node
+                    .claim(redlease::ClaimRequest::new("lazy:{back}:lock", &token, ttl).fresh(true))
+                    .await
+                    .map(redlease::Claim::is_taken)
+                {
                     Ok(acquired) => {
                         assert!(acquired);
                         break;

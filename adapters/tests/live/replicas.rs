@@ -441,7 +441,13 @@ fn a_wait_on_a_connection_that_replaced_the_writing_one_is_refused() {
             let mut tokens = Vec::new();
             for (name, node) in &nodes {
                 let (k, t) = (format!("live:rewait:{{{name}}}"), Token::random().unwrap());
-                assert!(node.acquire_fresh(&k, &t, ttl).await.unwrap(), "{name}");
+                assert!(
+                    node.claim(redlease::ClaimRequest::new(&k, &t, ttl).fresh(true))
+                        .await
+                        .map(redlease::Claim::is_taken)
+                        .unwrap(),
+                    "{name}"
+                );
                 assert_eq!(node.wait_replicas(&k, wait()).await.unwrap(), 1, "{name}");
                 tokens.push((k, t));
             }

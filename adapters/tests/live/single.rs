@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redlease::{Claim, ExtendItem, LockManager, LossReason, Ttl};
+use redlease::{Claim, ClaimRequest, ExtendItem, LockManager, LossReason, Ttl};
 use redlease_adapters::Commands;
 use redlease_testkit::server::{Flavor, RedisServer};
 
@@ -500,11 +500,12 @@ fn an_extension_never_shortens_the_key_on_every_server_mode_and_client() {
                     let token = lease.token();
                     assert!(node.acquire(&k, token, short).await.unwrap(), "{what}");
                     assert!(pttl(&server, &k) > FLOOR, "{what}: acquire shortened it");
-                    let claim = node.acquire_or_ttl(&k, token, short, false).await.unwrap();
+                    let retry = ClaimRequest::new(&k, token, short).wants_ttl(true);
+                    let claim = node.claim(retry).await.unwrap();
                     assert_eq!(claim, Claim::Taken, "{what}");
                     assert!(
                         pttl(&server, &k) > FLOOR,
-                        "{what}: acquire_or_ttl shortened it"
+                        "{what}: a claim wanting the TTL shortened it"
                     );
                     if node.profile().batch_limit > 0 {
                         let items = [ExtendItem::new(&k, token, short)];

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::config::Config;
 use crate::machine::slots::Slots;
 use crate::machine::{Jitter, Reply, Tally, WaitFor};
-use crate::node::{Claim, NodeError, NodeErrorKind, NodeProfile, RedisNode, RunId, Ttl};
+use crate::node::{
+    Claim, ClaimRequest, NodeError, NodeErrorKind, NodeProfile, RedisNode, RunId, Ttl,
+};
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::SharedTimer;
 use crate::token::Token;
@@ -432,7 +434,7 @@ impl Engine {
     /// says on which nodes the token has never been stored and never will be by an earlier request (see
     /// [`Fresh`]), so a plain `SET NX` suffices there. With `hint`
     /// (an unfenced acquisition that may wait for a notification), nodes are asked for the holder's remaining
-    /// TTL on contention ([`RedisNode::acquire_or_ttl`]), collected there. `timeout`
+    /// TTL on contention ([`ClaimRequest::wants_ttl`]), collected there. `timeout`
     /// includes the [`wait_allowance`](Self::wait_allowance). Events the nodes gave reason for (a restart, a fence regression, a write not replicated) are emitted for `id`.
     ///
     /// Not an `async fn`, like [`round`](Self::round): its arguments are kept once in its future.
@@ -490,25 +492,19 @@ impl Engine {
                         |i, node| {
                             let fresh = fresh.get(i);
                             Box::pin(async move {
-                                let taken = match hint {
-                                    // An acquisition that may wait: the holder's TTL too, on contention.
-                                    Some(hint) => node
-                                        .acquire_or_ttl(key, token, ttl, fresh)
-                                        .await
-                                        .map(|claim| match claim {
-                                            Claim::Taken => Some(0),
-                                            Claim::Held { remaining } => {
-                                                hint.note(remaining);
-                                                None
-                                            }
-                                        }),
-                                    None => if fresh {
-                                        node.acquire_fresh(key, token, ttl).await
-                                    } else {
-                                        node.acquire(key, token, ttl).await
+                                // An acquisition that may wait asks for the holder's TTL too, on contention.
+                                let req = ClaimRequest::new(key, token, ttl)
+                                    .fresh(fresh)
+                                    .wants_ttl(hint.is_some());
+                                let taken = node.claim(req).await.map(|claim| match claim {
+                                    Claim::Held { remaining } => {
+                                        if let Some(hint) = hint {
+                                            hint.note(remaining);
+                                        }
+                                        None
                                     }
-                                    .map(|ok| ok.then_some(0)),
-                                };
+                                    Claim::Taken => Some(0),
+                                });
                                 self.after_acquire(i, node, key, None, token, ttl, taken, notes_ref)
                                     .await
                             })

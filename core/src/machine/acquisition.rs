@@ -413,15 +413,15 @@ impl<'a> Acquisition<'a> {
     }
 }
 
-/// Which nodes an acquisition attempt may ask with a plain `SET NX` ([`RedisNode::acquire_fresh`]): those
-/// that have never stored the attempt's token and never will from an earlier request. That holds for every
+/// Which nodes an acquisition attempt may ask with a plain `SET NX` (a [fresh](crate::ClaimRequest::fresh)
+/// [`RedisNode::claim`]): those that have never stored the attempt's token and never will from an earlier request. That holds for every
 /// node on the first attempt with a token, and stays true on a node for as long as every request carrying
 /// the token got a definite answer that it changed nothing there (the lock was held by another owner, or a
 /// definitely-not-applied error). A node that said yes, failed ambiguously or was abandoned (its request may
 /// still land) is asked through the own-token branch from then on. Copy and allocation-free: nodes from
 /// the 65th on are treated as not fresh after the first attempt.
 ///
-/// [`RedisNode::acquire_fresh`]: crate::RedisNode::acquire_fresh
+/// [`RedisNode::claim`]: crate::RedisNode::claim
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fresh {
     all: bool,

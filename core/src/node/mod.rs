@@ -16,8 +16,8 @@ use readiness::Readiness;
 
 pub use crate::node_error::{Applied, NodeError, NodeErrorKind};
 pub use types::{
-    Claim, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeProfile, PermitOp,
-    PermitReply, ReplicaWait, RunId, Ttl,
+    Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply,
+    NodeProfile, PermitOp, PermitReply, ReplicaWait, RunId, Ttl,
 };
 
 /// One logical Redis authority: a standalone server, a primary with its replicas behind failover, or one Redis
@@ -59,7 +59,7 @@ pub use types::{
 ///
 /// Wherever a method sets the TTL of a key that already holds the caller's token ([`extend`](RedisNode::extend),
 /// [`extend_many`](RedisNode::extend_many), and the own-token branch of [`acquire`](RedisNode::acquire),
-/// [`acquire_or_ttl`](RedisNode::acquire_or_ttl), [`acquire_fenced`](RedisNode::acquire_fenced) and
+/// [`claim`](RedisNode::claim), [`acquire_fenced`](RedisNode::acquire_fenced) and
 /// [`multi_key`](RedisNode::multi_key)), the key's remaining
 /// TTL becomes `max(remaining, ttl)` — Redis' `PEXPIRE key ttl GT`, or the same comparison of `PTTL` inside
 /// a script — and the answer is still `true` (the key is ours) when the TTL was already longer. A key without
@@ -71,7 +71,7 @@ pub use types::{
 ///
 /// A node that decorates another (metrics, logging, fault injection) should implement [`NodeWrapper`]
 /// instead: it forwards every operation and capability it does not override, including the provided ones
-/// (the fast path, the endpoint, and capabilities added later), which a direct `RedisNode` implementation
+/// (the fast path [`claim`](RedisNode::claim), the endpoint, and capabilities added later), which a direct `RedisNode` implementation
 /// that writes only the required methods silently loses. `redlease_testkit::conformance::run_wrapper`
 /// checks a wrapper.
 ///
@@ -191,22 +191,44 @@ pub trait RedisNode: Send + Sync {
     /// and return `true`; otherwise change nothing and return `false` (contended).
     async fn acquire(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError>;
 
-    /// Takes the lock if it is free, for a token that this node has never stored and never will from an
-    /// earlier request.
+    /// One acquisition request, described by data ([`ClaimRequest`]): [`acquire`](Self::acquire), or its
+    /// fast path for a [fresh](ClaimRequest::fresh) token, and on contention the holder's remaining TTL when
+    /// [asked for](ClaimRequest::wants_ttl). The core sends every attempt of an unfenced acquisition through
+    /// it (the repair of a lease's missing keys calls `acquire`).
     ///
-    /// The first attempt of every acquisition uses a fresh random token, which no key can hold yet, so the
-    /// own-token branch of [`acquire`](Self::acquire) cannot apply and a plain `SET key token NX PX ttl`
-    /// (cheaper for the server than a script) has the same effect: `true` if set, `false` (nothing changed)
-    /// if the key exists. Later attempts with the same token use it too on a node whose every earlier
-    /// request got a definite answer that it changed nothing (the lock was held by another owner, or an error
-    /// that was not applied); a node that said yes, failed ambiguously or did not answer in time is asked
-    /// through [`acquire`](Self::acquire). The default implementation calls [`acquire`](Self::acquire).
-    async fn acquire_fresh(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
-        self.acquire(key, token, ttl).await
+    /// - **Not fresh** (`fresh: false`): exactly [`acquire`](Self::acquire)'s contract — a free key is set to
+    ///   `token` with `PX ttl`; a key holding `token` is extended to at least `ttl`, never shortened; a key
+    ///   holding another value is left unchanged.
+    /// - **Fresh** (`fresh: true`): the token is one this node has never stored and never will from an
+    ///   earlier request. The first attempt of every acquisition uses a fresh random token, which no key can
+    ///   hold yet, so the own-token branch of `acquire` cannot apply and a plain `SET key token NX PX ttl`
+    ///   (cheaper for the server than a script) has the same effect: `Taken` if set, `Held` (nothing
+    ///   changed) if the key exists. Later attempts with the same token are fresh too on a node whose every
+    ///   earlier request got a definite answer that it changed nothing (the lock was held by another owner,
+    ///   or an error that was not applied); a node that said yes, failed ambiguously or did not answer in
+    ///   time is asked without `fresh`. A node whose [`NodeProfile::fresh_is_nx`] says so **must not change
+    ///   an existing key** on a fresh request — not even one holding `token` — whatever `wants_ttl` says; a
+    ///   node that does not say so may treat a fresh request as a plain one.
+    /// - **Wants the TTL** (`wants_ttl: true`, a waiting acquisition's attempt): when another owner holds
+    ///   the lock, [`Claim::Held`] carries its remaining TTL learned in the same atomic step (the waiter waits
+    ///   for a notification at most that long; see [`notifier`](Self::notifier)). A node may ignore it and
+    ///   answer `remaining: None` (the waiter then waits at most
+    ///   [`Config::max_retry_delay`](crate::Config::max_retry_delay)). A node that keeps waiter markers
+    ///   ([`notify::waiting_key`](crate::notify::waiting_key)) marks the key on a contended `wants_ttl`
+    ///   request, before it reads the holder's TTL. Without `wants_ttl`, `remaining` may be `None` and no
+    ///   marker is written.
+    ///
+    /// The default calls [`acquire`](Self::acquire) for every request, and answers `Taken` or
+    /// `Held { remaining: None }` ([`Claim::from_taken`]), which costs no extra command; its fresh request is
+    /// not NX (the default [`profile`](Self::profile) says so).
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        Ok(Claim::from_taken(
+            self.acquire(req.key, req.token, req.ttl).await?,
+        ))
     }
 
-    /// What this node is, as opposed to what it does: its server's identity, whether its
-    /// [`acquire_fresh`](Self::acquire_fresh) is a plain `SET NX`, how many items its
+    /// What this node is, as opposed to what it does: its server's identity, whether its fresh
+    /// [`claim`](Self::claim) is a plain `SET NX`, how many items its
     /// [`extend_many`](Self::extend_many) takes (see [`NodeProfile`]). The default knows nothing: no endpoint,
     /// not NX, no batches. A manager reads it once, when it is built.
     fn profile(&self) -> NodeProfile {
@@ -245,38 +267,12 @@ pub trait RedisNode: Send + Sync {
     /// Reads the value and remaining TTL of `key` (for tools and tests; the lease algorithms never call it).
     async fn inspect(&self, key: &str) -> Result<Option<KeyState>, NodeError>;
 
-    /// [`acquire_fresh`](Self::acquire_fresh) (`fresh`) or [`acquire`](Self::acquire), and when another owner
-    /// holds the lock, its remaining TTL, learned in the same atomic step (a waiting acquisition waits for a
-    /// notification at most that long; see [`notifier`](Self::notifier)).
-    ///
-    /// Same contract as the method it stands for; with `fresh` it must not change an existing key when the
-    /// node's [`NodeProfile::fresh_is_nx`] says so. The default calls that method and reports
-    /// `Held { remaining: None }` on contention, which costs no extra command (the waiter then waits at most
-    /// [`Config::max_retry_delay`](crate::Config::max_retry_delay)).
-    async fn acquire_or_ttl(
-        &self,
-        key: &str,
-        token: &Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> Result<Claim, NodeError> {
-        let taken = if fresh {
-            self.acquire_fresh(key, token, ttl).await?
-        } else {
-            self.acquire(key, token, ttl).await?
-        };
-        Ok(if taken {
-            Claim::Taken
-        } else {
-            Claim::Held { remaining: None }
-        })
-    }
-
     /// The node's release notifications, if it can subscribe: a [`Notifier`] owning one subscriber
     /// connection, shared by every waiter (see [`crate::notify`]). Every release this node performs must
     /// then publish on [`notify::channel(key)`](crate::notify::channel) once the key is deleted — or, if
     /// the node keeps waiter markers ([`notify::waiting_key`](crate::notify::waiting_key): its contended
-    /// [`acquire_or_ttl`](Self::acquire_or_ttl) and [`acquire_fenced`](Self::acquire_fenced) mark the key
+    /// [`claim`](Self::claim) with [`wants_ttl`](ClaimRequest::wants_ttl) and
+    /// [`acquire_fenced`](Self::acquire_fenced) mark the key
     /// before they read the holder's TTL), at least while the key's marker exists.
     ///
     /// The default, `None`, means unsupported: waiting acquisitions poll this node
@@ -535,7 +531,7 @@ wrapper_forwarding! {
     /// Write decorators (metrics, logging, fault injection, routing) with this trait rather than [`RedisNode`]:
     /// implement [`inner`](Self::inner) and override only what the wrapper changes; a blanket implementation
     /// makes every `NodeWrapper` a [`RedisNode`]. Each method defaults to the inner node's, so the fast path
-    /// ([`acquire_fresh`](RedisNode::acquire_fresh) with its [`profile`](RedisNode::profile) saying it is NX),
+    /// ([`claim`](RedisNode::claim), with its [`profile`](RedisNode::profile) saying a fresh claim is NX),
     /// the [endpoint](NodeProfile::endpoint) that Redlock uses to reject duplicate servers, and every
     /// capability added to [`RedisNode`] later are forwarded without the wrapper author thinking of them.
     /// (A wrapper that implements [`RedisNode`] directly and writes only the required methods silently loses
@@ -544,7 +540,8 @@ wrapper_forwarding! {
     /// A forwarded call costs nothing extra: the inner node's future is returned as is.
     ///
     /// Overriding an operation does not redirect the others: a wrapper that counts `acquire` and should also
-    /// count first attempts overrides [`acquire_fresh`](Self::acquire_fresh) too.
+    /// count the core's acquisitions overrides [`claim`](Self::claim) too (the core sends every attempt of an
+    /// unfenced acquisition through `claim`).
     ///
     /// # Example: counting releases
     ///
@@ -583,7 +580,7 @@ wrapper_forwarding! {
     pub trait NodeWrapper;
 
     async fn acquire<'b, 'c>(key: &'b str, token: &'c Token, ttl: Ttl) -> NodeFuture<'f, bool>;
-    async fn acquire_fresh<'b, 'c>(key: &'b str, token: &'c Token, ttl: Ttl) -> NodeFuture<'f, bool>;
+    async fn claim<'b>(req: ClaimRequest<'b>) -> NodeFuture<'f, Claim>;
     sync fn profile() -> NodeProfile;
     async fn acquire_fenced<'b, 'c, 'd>(
         key: &'b str,
@@ -594,12 +591,6 @@ wrapper_forwarding! {
     async fn release<'b, 'c>(key: &'b str, token: &'c Token) -> NodeFuture<'f, bool>;
     async fn extend<'b, 'c>(key: &'b str, token: &'c Token, ttl: Ttl) -> NodeFuture<'f, bool>;
     async fn inspect<'b>(key: &'b str) -> NodeFuture<'f, Option<KeyState>>;
-    async fn acquire_or_ttl<'b, 'c>(
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-        fresh: bool
-    ) -> NodeFuture<'f, Claim>;
     /// (The wrapper's waiters share the inner node's subscriber connection.)
     sync fn notifier() -> Option<&Notifier>;
     async fn raise_fence<'b>(fence_key: &'b str, at_least: u64) -> NodeFuture<'f, u64>;

@@ -1,5 +1,5 @@
-//! The values node operations take and answer: [`Ttl`], [`KeyState`], [`Claim`], [`RunId`], [`ReplicaWait`],
-//! and the items of the batched, multi-key and permit operations.
+//! The values node operations take and answer: [`Ttl`], [`KeyState`], [`ClaimRequest`], [`Claim`], [`RunId`],
+//! [`ReplicaWait`], and the items of the batched, multi-key and permit operations.
 
 use std::fmt;
 use std::sync::Arc;
@@ -89,7 +89,73 @@ impl fmt::Debug for KeyState {
     }
 }
 
-/// What [`RedisNode::acquire_or_ttl`](crate::RedisNode::acquire_or_ttl) found.
+/// One acquisition request ([`RedisNode::claim`](crate::RedisNode::claim)): the key, the acquisition's token
+/// and TTL, and what the caller knows and wants — whether the token is [fresh](Self::fresh) on this node, and
+/// whether it [wants the holder's TTL](Self::wants_ttl) on contention.
+///
+/// New facts are added as fields (`#[non_exhaustive]`), each defaulting to what a request without it meant,
+/// so a node written for an older version keeps compiling and keeps its behaviour. `Debug` shows the token
+/// redacted, as [`Token`]'s own `Debug` does.
+///
+/// ```
+/// use redlease::{ClaimRequest, Token, Ttl};
+///
+/// let token = Token::random().unwrap();
+/// let ttl = Ttl::from_millis(30_000).unwrap();
+/// let req = ClaimRequest::new("orders:42", &token, ttl).fresh(true).wants_ttl(true);
+/// assert!(req.fresh && req.wants_ttl);
+/// let plain = ClaimRequest::new("orders:42", &token, ttl);
+/// assert!(!plain.fresh && !plain.wants_ttl);
+/// assert!(!format!("{req:?}").contains(token.as_str()));
+/// ```
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ClaimRequest<'a> {
+    /// The lock key.
+    pub key: &'a str,
+    /// The acquisition's token.
+    pub token: &'a Token,
+    /// The TTL of a new key, and the least TTL the own-token branch leaves a key holding `token` with (never
+    /// shortening it).
+    pub ttl: Ttl,
+    /// `token` is one this node has never stored and never will from an earlier request, so the own-token
+    /// branch cannot apply and a plain `SET key token NX PX ttl` has the request's effect (see
+    /// [`RedisNode::claim`](crate::RedisNode::claim)). `false` (the default): it may hold the key already.
+    pub fresh: bool,
+    /// On contention, report the holder's remaining TTL learned in the same atomic step (for a waiting
+    /// acquisition; a node may ignore it and answer `None`). `false` (the default): no TTL is needed.
+    pub wants_ttl: bool,
+}
+
+impl<'a> ClaimRequest<'a> {
+    /// A request to take `key` for `token` with `ttl`: not [fresh](Self::fresh), not
+    /// [asking for the holder's TTL](Self::wants_ttl) — exactly [`RedisNode::acquire`](crate::RedisNode::acquire).
+    pub fn new(key: &'a str, token: &'a Token, ttl: Ttl) -> Self {
+        Self {
+            key,
+            token,
+            ttl,
+            fresh: false,
+            wants_ttl: false,
+        }
+    }
+
+    /// With whether `token` is fresh on this node (see [`fresh`](Self::fresh)).
+    #[must_use]
+    pub fn fresh(mut self, fresh: bool) -> Self {
+        self.fresh = fresh;
+        self
+    }
+
+    /// With whether the holder's remaining TTL is wanted on contention (see [`wants_ttl`](Self::wants_ttl)).
+    #[must_use]
+    pub fn wants_ttl(mut self, wants_ttl: bool) -> Self {
+        self.wants_ttl = wants_ttl;
+        self
+    }
+}
+
+/// What [`RedisNode::claim`](crate::RedisNode::claim) found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Claim {
@@ -97,10 +163,27 @@ pub enum Claim {
     Taken,
     /// Another owner holds the lock; nothing changed.
     Held {
-        /// The holder's remaining TTL, when the node learned it in the same atomic step (`None`: unknown, or
-        /// the key has no expiry).
+        /// The holder's remaining TTL, when the node learned it in the same atomic step (`None`: unknown, not
+        /// [asked for](ClaimRequest::wants_ttl), or the key has no expiry).
         remaining: Option<Duration>,
     },
+}
+
+impl Claim {
+    /// `Taken` for `true`, `Held` with no remaining TTL for `false`: the answer of a node that learned only
+    /// whether it took the lock.
+    pub fn from_taken(taken: bool) -> Self {
+        if taken {
+            Self::Taken
+        } else {
+            Self::Held { remaining: None }
+        }
+    }
+
+    /// Whether the lock is (now) held by this acquisition's token.
+    pub fn is_taken(self) -> bool {
+        self == Self::Taken
+    }
 }
 
 /// The identity of one run of a server process: Redis' `run_id` (`INFO server`), a new random value every
@@ -433,13 +516,14 @@ pub struct NodeProfile {
     /// Redlock topology that names one server twice and to name the node in reports. `None` (the default)
     /// when unknown.
     pub endpoint: Option<String>,
-    /// Whether [`acquire_fresh`](crate::RedisNode::acquire_fresh) never changes a key that exists — not even
-    /// one holding this token — as a plain `SET NX` does. The default `acquire_fresh` (which calls `acquire`)
-    /// resets the TTL of a key holding the token, so the default is `false`.
+    /// Whether a [fresh](ClaimRequest::fresh) [`claim`](crate::RedisNode::claim) never changes a key that
+    /// exists — not even one holding this token — as a plain `SET NX` does. The default `claim` (which calls
+    /// `acquire`) resets the TTL of a key holding the token, so the default is `false`.
     ///
     /// The core uses it for late requests: a fresh request that lands after a later round extended the key
     /// with a longer TTL cannot shorten it when this is `true`, so such a node still counts for that
-    /// extension. Say `true` only if `acquire_fresh` really is a plain `SET key token NX PX ttl`.
+    /// extension. Say `true` only if a fresh `claim` really is a plain `SET key token NX PX ttl` (with or
+    /// without [`wants_ttl`](ClaimRequest::wants_ttl)).
     pub fresh_is_nx: bool,
     /// The most items [`extend_many`](crate::RedisNode::extend_many) takes in one call; 0 (the default) when
     /// the node cannot extend a batch.
@@ -459,7 +543,7 @@ impl NodeProfile {
         self
     }
 
-    /// With whether `acquire_fresh` is a plain `SET NX` (see [`fresh_is_nx`](Self::fresh_is_nx)).
+    /// With whether a fresh `claim` is a plain `SET NX` (see [`fresh_is_nx`](Self::fresh_is_nx)).
     #[must_use]
     pub fn with_fresh_is_nx(mut self, nx: bool) -> Self {
         self.fresh_is_nx = nx;

@@ -1,5 +1,6 @@
-//! Which request an acquisition retry sends: a plain `SET NX` ([`RedisNode::acquire_fresh`]) on a node that
-//! can never have stored the token, the own-token branch ([`RedisNode::acquire`]) everywhere else.
+//! Which request an acquisition retry sends: a plain `SET NX` (a [fresh](redlease::ClaimRequest::fresh)
+//! [`RedisNode::claim`]) on a node that can never have stored the token, the own-token branch (a claim that is
+//! not fresh) everywhere else.
 //!
 //! A retry that found the lock held by another owner on a node sends `SET NX` there again (one cheap
 //! command instead of a script: the common case of a waiting acquisition). A node whose request may have
@@ -11,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use redlease::{
-    Claim, Error, LockManager, NodeErrorKind, NodeFuture, NodeWrapper, NotAcquiredReason, Token,
-    Ttl,
+    Claim, ClaimRequest, Error, LockManager, NodeErrorKind, NodeFuture, NodeWrapper,
+    NotAcquiredReason,
 };
 use redlease_testkit::{Fault, FaultyNode, MemoryNode, Op, Sim};
 
@@ -65,59 +66,13 @@ impl NodeWrapper for Counting {
         &self.inner
     }
 
-    fn acquire<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
+    fn claim<'a, 'b, 'f>(&'a self, req: ClaimRequest<'b>) -> NodeFuture<'f, Claim>
     where
         'a: 'f,
         'b: 'f,
-        'c: 'f,
         Self: 'f,
     {
-        self.counted(
-            false,
-            redlease::RedisNode::acquire(&self.inner, key, token, ttl),
-        )
-    }
-
-    fn acquire_fresh<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-    ) -> NodeFuture<'f, bool>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.counted(
-            true,
-            redlease::RedisNode::acquire_fresh(&self.inner, key, token, ttl),
-        )
-    }
-
-    fn acquire_or_ttl<'a, 'b, 'c, 'f>(
-        &'a self,
-        key: &'b str,
-        token: &'c Token,
-        ttl: Ttl,
-        fresh: bool,
-    ) -> NodeFuture<'f, Claim>
-    where
-        'a: 'f,
-        'b: 'f,
-        'c: 'f,
-        Self: 'f,
-    {
-        self.counted(
-            fresh,
-            redlease::RedisNode::acquire_or_ttl(&self.inner, key, token, ttl, fresh),
-        )
+        self.counted(req.fresh, redlease::RedisNode::claim(&self.inner, req))
     }
 }
 
