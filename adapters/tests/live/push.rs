@@ -997,6 +997,107 @@ async fn a_permit_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_
     .await;
 }
 
+/// A permit waiter whose notification is lost (the subscriber connection's message dropped by a proxy) is
+/// still bounded by the wait its blocked attempt reported: the holder's permit's TTL, not its 30 s polls.
+async fn lost_permit_notifications(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        for kind in ["semaphore", "fair"] {
+            let ttl = Duration::from_millis(2500);
+            let what = format!("{flavor} {backend:?} {kind}");
+            let proxy = FaultProxy::start(server.addr().parse().unwrap()).unwrap();
+            let node = common::node(backend, &format!("{}/0", proxy.url())).await;
+            let notifier = node.notifier().expect("the node notifies").clone();
+            let waiters = LockManager::single(Arc::clone(&node), no_polling()).unwrap();
+            let holders =
+                LockManager::single(common::node(backend, &server.url()).await, no_polling())
+                    .unwrap();
+            let key = format!("push:{{lost-permit:{backend:?}:{kind}}}:lock");
+            let side = |m: &LockManager| match kind {
+                "semaphore" => Permits::Semaphore(m.semaphore(&key, 1).unwrap().expiry(ttl)),
+                _ => Permits::Lock(m.lock(&key).fair().expiry(ttl)),
+            };
+            let held = side(&holders).try_acquire().await.unwrap();
+            let taken = Instant::now();
+            let waiting = side(&waiters);
+            let waiter = tokio::spawn(async move {
+                let lease = waiting
+                    .acquire_within(Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                let at = Instant::now();
+                let _ = lease.release().await;
+                at
+            });
+            assert!(
+                eventually(Duration::from_secs(2), || numsub(
+                    &server,
+                    false,
+                    &channel(&key)
+                ) == 1)
+                .await,
+                "{what}: the waiter subscribed"
+            );
+            // Let the attempt the confirmed subscription triggers mark the key and learn the permit's TTL.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let before = notifier.stats().notifications;
+            let publishes = command_calls(&server, "publish");
+            proxy.drop_next_messages(1);
+            held.release().await.unwrap();
+            let released = Instant::now();
+            let at = tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("the waiter acquired")
+                .unwrap();
+            let waited = at - released;
+            eprintln!(
+                "push: {what}: acquired {waited:?} after the release, {:?} after the holder took the permit \
+                 (TTL {ttl:?})",
+                at - taken
+            );
+            assert!(
+                command_calls(&server, "publish") > publishes,
+                "{what}: the release a waiter was marked for published nothing"
+            );
+            assert_eq!(
+                notifier.stats().notifications,
+                before,
+                "{what}: no notification arrived"
+            );
+            assert_eq!(proxy.dropped_messages(), 1, "{what}");
+            assert!(
+                waited >= Duration::from_millis(300),
+                "{what}: woken {waited:?} after the release, as if notified"
+            );
+            assert!(
+                at - taken <= ttl + Duration::from_millis(1500),
+                "{what}: acquired {:?} after the holder took a {ttl:?} permit",
+                at - taken
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_permit_notification_costs_at_most_the_holders_ttl_on_redis_7_0() {
+    lost_permit_notifications(
+        Flavor::Redis,
+        "a_lost_permit_notification_costs_at_most_the_holders_ttl_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_permit_notification_costs_at_most_the_holders_ttl_on_valkey_9_1_without_lua() {
+    lost_permit_notifications(
+        Flavor::Valkey91NoLua,
+        "a_lost_permit_notification_costs_at_most_the_holders_ttl_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
+
 /// A user whose ACL key patterns cover the lock keys but not the waiter markers (`~push:*`, and `~probe:*`
 /// for the harness's capability check): acquisitions,
 /// waits and releases work as before (the marker is a script argument, not a declared key, so the scripts
