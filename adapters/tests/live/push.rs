@@ -1154,6 +1154,67 @@ async fn markers_outside_the_users_keys(flavor: Flavor, test: &str) {
             "0",
             "{what}: no marker written"
         );
+        // Permits alike: the blocked attempt's marker is refused (in the script, or the plain commands
+        // under the Lua-less attempt's WATCH, whose claim still goes in), and the release, which cannot
+        // read the marker, publishes.
+        let (sem_key, rw_key, fair_key) = (
+            format!("push:{{lockkeys:{backend:?}}}:sem"),
+            format!("push:{{lockkeys:{backend:?}}}:rw"),
+            format!("push:{{lockkeys:{backend:?}}}:fair"),
+        );
+        let sem = Permits::Semaphore(manager.semaphore(&sem_key, 1).unwrap());
+        let rw = manager.rw_lock(&rw_key);
+        let (read, write) = (
+            Permits::Lock(rw.read().clone()),
+            Permits::Lock(rw.write().clone()),
+        );
+        let fair = Permits::Lock(manager.lock(&fair_key).fair());
+        for (kind, key, holder, waiting) in [
+            ("semaphore", &sem_key, &sem, &sem),
+            ("rw read", &rw_key, &read, &write),
+            ("rw write", &rw_key, &write, &read),
+            ("fair", &fair_key, &fair, &fair),
+        ] {
+            let what = format!("{what} {kind}");
+            let held = holder.try_acquire().await.unwrap();
+            let waiting = waiting.clone();
+            let waiter = tokio::spawn(async move {
+                let lease = waiting
+                    .acquire_within(Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                let at = Instant::now();
+                lease.release().await.unwrap();
+                at
+            });
+            assert!(
+                eventually(Duration::from_secs(3), || numsub(
+                    &server,
+                    false,
+                    &channel(key)
+                ) == 1)
+                .await,
+                "{what}: the waiter subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            held.release().await.unwrap();
+            let released = Instant::now();
+            let at = tokio::time::timeout(Duration::from_secs(15), waiter)
+                .await
+                .expect("the waiter acquired")
+                .unwrap();
+            assert!(
+                at.saturating_duration_since(released) < Duration::from_secs(5),
+                "{what}: woken {:?} after the release",
+                at.saturating_duration_since(released)
+            );
+            let marker = redlease::notify::waiting_key(key).unwrap();
+            assert_eq!(
+                server.cmd(&["EXISTS", &marker]),
+                "0",
+                "{what}: no marker written"
+            );
+        }
     }
 }
 
