@@ -23,7 +23,9 @@
 //! Capabilities are checked where a node claims them: release notifications for a node with a
 //! [`notifier`](RedisNode::notifier) (a release that deletes, after a contended
 //! [`acquire_or_ttl`](RedisNode::acquire_or_ttl) of a waiter, publishes [`notify::payload`] on the key's
-//! channel, the subscription is confirmed and nothing stays subscribed after the watch is dropped), and the
+//! channel, the subscription is confirmed and nothing stays subscribed after the watch is dropped; a permit's
+//! release after an acquisition the permits blocked publishes too, and on a node that keeps waiter markers
+//! — the blocked acquisition left [`notify::waiting_key`] behind — one with no marker publishes nothing), and the
 //! holder's TTL for a node whose [`acquire_or_ttl`](RedisNode::acquire_or_ttl) reports one (it must be the
 //! key's TTL, and the call must keep `acquire`'s and `acquire_fresh`'s contracts either way), a
 //! [`run_id`](RedisNode::run_id) (non-empty, the same between calls, after a write and for another key) and
