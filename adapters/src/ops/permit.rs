@@ -181,9 +181,10 @@ pub(super) async fn server_millis(
 ///   earliest live permit expires: the waiter marker ([`notify::waiting_key`]) is marked to outlive that
 ///   time ([`mark_watched`]: plain `SET … NX PX` / `PEXPIRE … GT` under the armed `WATCH`), then `MULTI PTTL
 ///   key EXEC` confirms that the semaphore did not change since the read (an aborted `EXEC` reads again),
-///   so the marker was in place before any release the read did not see. From the `WATCH` to the `EXEC` the call holds the node's transaction gate
-///   ([`Probe::tx_gate`](super::Probe::tx_gate)), and a reconnect noticed in between fails the call before the transaction is
-///   sent, as in [`extend_watched`](super::lock::extend_watched).
+///   so the marker was in place before any release the read did not see. From the `WATCH` to the `EXEC`
+///   the call holds the node's transaction gate ([`Probe::tx_gate`](super::Probe::tx_gate)), and a
+///   reconnect noticed in between fails the call before the transaction is sent, as in
+///   [`extend_watched`](super::lock::extend_watched).
 /// - **Release** needs no read: `MULTI ZREMRANGEBYSCORE key -inf now ZREM key c:token o:token ZREM key token
 ///   s:token x:token EXEC` (an expired permit is purged first, so removing it answers "not held"; a waiting
 ///   writer's claim or a fair waiter's place and arrival marker go either way, as in the script); one that
