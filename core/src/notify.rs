@@ -169,6 +169,18 @@ pub const WAITING_MARGIN_MS: u64 = 1000;
 /// connection, a marker write refused under `maxmemory`) still waits at most its usual bound: the holder's
 /// remaining TTL or [`Config::max_retry_delay`](crate::Config::max_retry_delay).
 ///
+/// Permits — a [semaphore](crate::Semaphore)'s, a [read/write](crate::RwLock) or [fair](crate::Lock::fair)
+/// lock's — keep the same marker of their key, on the same terms: an acquisition
+/// ([`RedisNode::permit`](crate::RedisNode::permit)) that the permits block marks it in the atomic step that
+/// read them, to live at least the wait it reports (the time until the earliest blocking permit, a writer's
+/// claim or a queue place expires) plus [`WAITING_MARGIN_MS`], never shortening it; a release that removed
+/// a permit publishes only when, after the removal, the marker exists (or cannot be read). The waiter's next
+/// attempt comes at the latest when that reported wait ends (or at
+/// [`Config::max_retry_delay`](crate::Config::max_retry_delay)), inside the marker's life, and marks again.
+/// A node cannot tell a waiting acquisition's permit call from a single try's, so any blocked permit
+/// acquisition marks. Nothing deletes a marker (other waiters of the key may rely on it): it expires by
+/// itself, and a release within its life publishes even after the waiters are gone.
+///
 /// `None` for a key with a `}` but no valid hash tag (such as `a}b`): no other key shares its slot, so its
 /// releases always publish, as before markers.
 ///

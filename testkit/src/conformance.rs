@@ -24,10 +24,12 @@
 //! [`notifier`](RedisNode::notifier) (a release that deletes, after a contended
 //! [`claim`](RedisNode::claim) of a waiter, one that [wants the TTL](redlease::ClaimRequest::wants_ttl),
 //! publishes [`notify::payload`] on the key's channel, the subscription is confirmed and nothing stays
-//! subscribed after the watch is dropped), and the holder's TTL for a node whose `claim` reports one (it must
-//! be the key's TTL). Every `claim` is checked in all four forms (fresh or not, wanting the holder's TTL or
-//! not) against a free key, a key held by another token and a key holding its own token: `acquire`'s
-//! contracts, and a fresh claim that changes no existing key on a node whose
+//! subscribed after the watch is dropped; a permit's release after an acquisition the permits blocked
+//! publishes too, and on a node that keeps waiter markers — the blocked acquisition left
+//! [`notify::waiting_key`] behind — one with no marker publishes nothing), and the holder's TTL for a node
+//! whose `claim` reports one (it must be the key's TTL). Every `claim` is checked in all four forms (fresh or
+//! not, wanting the holder's TTL or not) against a free key, a key held by another token and a key holding
+//! its own token: `acquire`'s contracts, and a fresh claim that changes no existing key on a node whose
 //! [`fresh_is_nx`](redlease::NodeProfile::fresh_is_nx) says so. Also a
 //! [`run_id`](RedisNode::run_id) (non-empty, the same between calls, after a write and for another key) and
 //! [`wait_replicas`](RedisNode::wait_replicas) (a count, at once for none, fewer than asked and within about
@@ -105,7 +107,12 @@ pub const CASES: &[&str] = &[
     "fair_permits_serve_the_queue_in_arrival_order",
     "fenced_writers_take_a_larger_fence_with_each_grant",
     "permits_extend_in_a_batch",
+    "permit_releases_publish_only_while_a_waiter_may_listen",
 ];
+
+/// How long a notification case waits to see that a release published nothing (real time on a live server,
+/// where a message arrives within milliseconds).
+const QUIET_WAIT: Duration = Duration::from_millis(500);
 
 /// How long a notification case waits for a subscription or a message (real time on a live server).
 const NOTIFY_WAIT: Duration = Duration::from_secs(3);
@@ -168,7 +175,12 @@ impl Ctx<'_> {
 
     /// Waits (up to [`NOTIFY_WAIT`] on the timer) until `watch` holds a notification; whether it did.
     async fn notified(&self, watch: &mut Watch) -> bool {
-        let mut sleep = self.timer.sleep_until(self.timer.now() + NOTIFY_WAIT);
+        self.notified_within(watch, NOTIFY_WAIT).await
+    }
+
+    /// Waits (up to `limit` on the timer) until `watch` holds a notification; whether it did.
+    async fn notified_within(&self, watch: &mut Watch, limit: Duration) -> bool {
+        let mut sleep = self.timer.sleep_until(self.timer.now() + limit);
         std::future::poll_fn(|cx| {
             if watch.poll_notified(cx, self.timer.now()).is_ready() {
                 return std::task::Poll::Ready(true);
@@ -1619,6 +1631,104 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                     notifier.stats()
                 )
             })
+        }
+        "permit_releases_publish_only_while_a_waiter_may_listen" => {
+            // For a node with a notifier and permits: a permit's release publishes after an acquisition the
+            // permits blocked (a waiter that may be listening). A node that keeps waiter markers (the
+            // blocked acquisition left `notify::waiting_key` of the key behind, as the adapters' nodes and
+            // `MemoryNode` do) must also publish nothing for a release with no marker.
+            use redlease::{PermitOp, PermitReply};
+            let Some(notifier) = node.notifier() else {
+                return Ok(());
+            };
+            let one = PermitOp::Acquire { permits: 1 };
+            let write = PermitOp::AcquireExclusive {
+                claim: ttl(LONG),
+                fence: None,
+            };
+            // A semaphore of one permit (a waiter blocked by its holder), and a read/write lock (a reader
+            // blocked by the writer).
+            for (name, hold, wait) in [
+                ("semaphore", one, one),
+                ("rw", write, PermitOp::AcquireShared),
+            ] {
+                let k = c.key(name);
+                let mut watch = notifier.watch(&k);
+                match watch.subscribe(c.timer.now()) {
+                    Subscription::Active | Subscription::Pending => {}
+                    other => return Err(c.fail(format!("subscribing answered {other:?}"))),
+                }
+                c.ensure(c.notified(&mut watch).await && watch.is_active(), || {
+                    format!("the subscription was not confirmed within {NOTIFY_WAIT:?}")
+                })?;
+                watch.begin_attempt();
+                watch.end_attempt(notify::Outcome::Held);
+                // A release no acquisition was ever blocked for.
+                let first = token()?;
+                match node.permit(&k, &first, ttl(LONG), hold).await {
+                    Err(e) if e.kind() == NodeErrorKind::Unsupported => continue,
+                    other => {
+                        let r = c.ok("permit acquire", other)?;
+                        c.ensure(r == PermitReply::Done, || {
+                            format!("{name}: a free permit: {r:?}")
+                        })?;
+                    }
+                }
+                let r = c.ok(
+                    "permit release",
+                    node.permit(&k, &first, ttl(LONG), PermitOp::Release).await,
+                )?;
+                c.ensure(r == PermitReply::Done, || {
+                    format!("{name}: releasing a held permit: {r:?}")
+                })?;
+                let unmarked_published = c.notified_within(&mut watch, QUIET_WAIT).await;
+                if unmarked_published {
+                    watch.begin_attempt();
+                    watch.end_attempt(notify::Outcome::Held);
+                }
+                // A release after a blocked acquisition publishes.
+                let (holder, waiter) = (token()?, token()?);
+                let r = c.ok(
+                    "permit acquire",
+                    node.permit(&k, &holder, ttl(LONG), hold).await,
+                )?;
+                c.ensure(r == PermitReply::Done, || {
+                    format!("{name}: a free permit: {r:?}")
+                })?;
+                let r = c.ok(
+                    "permit acquire",
+                    node.permit(&k, &waiter, ttl(LONG), wait).await,
+                )?;
+                c.ensure(matches!(r, PermitReply::Full { .. }), || {
+                    format!("{name}: an acquisition the holder blocks: {r:?}")
+                })?;
+                let marked = match notify::waiting_key(&k) {
+                    Some(marker) => c.read(&marker).await?.is_some(),
+                    None => false,
+                };
+                let r = c.ok(
+                    "permit release",
+                    node.permit(&k, &holder, ttl(LONG), PermitOp::Release).await,
+                )?;
+                c.ensure(r == PermitReply::Done, || {
+                    format!("{name}: releasing a held permit: {r:?}")
+                })?;
+                c.ensure(c.notified(&mut watch).await, || {
+                    format!(
+                        "{name}: no notification within {NOTIFY_WAIT:?} of a permit's release after a blocked \
+                         acquisition (waiter marker {marked}, notifier {:?})",
+                        notifier.stats()
+                    )
+                })?;
+                c.ensure(!(marked && unmarked_published), || {
+                    format!(
+                        "{name}: a permit's release published although no acquisition had been blocked (no \
+                         waiter marker), on a node that keeps waiter markers"
+                    )
+                })?;
+                drop(watch);
+            }
+            Ok(())
         }
         other => Err(c.fail(format!("unknown case {other}"))),
     }

@@ -115,7 +115,12 @@ impl Store {
 ///
 /// A release that deletes the key publishes [`notify::payload`] on [`notify::channel`] of the key, like the
 /// adapters' release scripts, to every subscriber connection of the store; [`del`](Self::del) and expiry
-/// publish nothing (a release by a client that does not publish). The node's [`Notifier`] is shared by its
+/// publish nothing (a release by a client that does not publish). A permit's release (a semaphore's, a
+/// read/write or fair lock's: [`RedisNode::permit`]) publishes only while the key's waiter marker
+/// ([`notify::waiting_key`], a key of this store) lives, as the adapters' permit scripts do: an acquisition
+/// the permits block marks it, in the same step, to live its reported wait plus
+/// [`WAITING_MARGIN_MS`](notify::WAITING_MARGIN_MS) (never shortening it); nothing deletes it. (A plain
+/// lock's release here publishes whether or not anyone waits.) The node's [`Notifier`] is shared by its
 /// clones (one subscriber connection, as a client's); [`client`](Self::client) gives another client of the
 /// same store, with its own. [`numsub`](Self::numsub) and
 /// [`subscriber_connections`](Self::subscriber_connections) show what the "server" holds.
@@ -296,7 +301,8 @@ impl MemoryNode {
         ids.len()
     }
 
-    /// Messages published so far (by releases that deleted their key).
+    /// Messages published so far (by releases that deleted their key, and permit releases while a waiter
+    /// marker lived).
     pub fn published(&self) -> u64 {
         self.lock().published
     }
@@ -967,6 +973,8 @@ impl RedisNode for MemoryNode {
         op: PermitOp<'_>,
     ) -> Result<PermitReply, NodeError> {
         let now = self.now();
+        // Whether the key's waiter marker lives (a release publishes only then).
+        let listening;
         let released = {
             let mut store = self.lock();
             // A fenced writer's counter is checked before any write, as the script does.
@@ -1114,6 +1122,33 @@ impl RedisNode for MemoryNode {
             if set.is_empty() {
                 store.permits.remove(key);
             }
+            // The waiter marker (`notify::waiting_key`), as the adapters' permit scripts keep it: a blocked
+            // acquisition marks it in this step to outlive its wait by the margin (never shortening it); a
+            // release that removed a permit publishes only while it lives. Nothing deletes it.
+            let marker = notify::waiting_key(key);
+            if let (PermitReply::Full { next_expiry }, Some(marker)) = (reply, &marker) {
+                let hold = next_expiry
+                    .unwrap_or(ttl.as_duration())
+                    .saturating_add(Duration::from_millis(notify::WAITING_MARGIN_MS));
+                let until = self.clock.expiry(now, hold);
+                let longer = match store.live(marker, now) {
+                    // `PTTL` -1 (no expiry) is shorter than any hold, as the scripts compare it.
+                    Some(e) => e
+                        .expires_at
+                        .is_none_or(|at| until.is_some_and(|new| new > at)),
+                    None => true,
+                };
+                if longer {
+                    store.keys.insert(
+                        marker.clone(),
+                        Entry {
+                            value: b"1".to_vec(),
+                            expires_at: until,
+                        },
+                    );
+                }
+            }
+            listening = marker.is_none_or(|m| store.live(&m, now).is_some());
             match (fence, reply) {
                 (Some((fence_key, _)), PermitReply::Done) if issue.is_some() => {
                     let next = issue.unwrap_or_default();
@@ -1132,7 +1167,7 @@ impl RedisNode for MemoryNode {
                 (_, reply) => reply,
             }
         };
-        if op == PermitOp::Release && released == PermitReply::Done {
+        if op == PermitOp::Release && released == PermitReply::Done && listening {
             self.publish(key, token);
         }
         Ok(released)

@@ -4,8 +4,8 @@
 
 use redlease::notify::Notifier;
 use redlease::{
-    Claim, ClaimRequest, KeyState, NodeError, RedisNode, ReplicaWait, RunId, SystemTimer, Token,
-    Ttl, async_trait,
+    Claim, ClaimRequest, KeyState, NodeError, PermitOp, PermitReply, RedisNode, ReplicaWait, RunId,
+    SystemTimer, Token, Ttl, async_trait,
 };
 use redlease_testkit::{FaultyNode, MemoryNode, Op, Sim, block_on, conformance};
 
@@ -106,6 +106,33 @@ impl RedisNode for Broken {
     fn notifier(&self) -> Option<&Notifier> {
         self.inner.notifier()
     }
+    async fn permit(
+        &self,
+        key: &str,
+        token: &Token,
+        ttl: Ttl,
+        op: PermitOp<'_>,
+    ) -> Result<PermitReply, NodeError> {
+        let reply = self.inner.permit(key, token, ttl, op).await?;
+        let marker = redlease::notify::waiting_key(key).unwrap();
+        if self.bug == "a permit release publishes without a waiter"
+            && op == PermitOp::Release
+            && reply == PermitReply::Done
+            && self.inner.get(&marker).is_none()
+        {
+            // A release that publishes whether or not a waiter marked the key: a plain lock's release of
+            // the same name publishes on the same channel.
+            let other = Token::random().unwrap();
+            self.inner.acquire(key, &other, ttl).await?;
+            self.inner.release(key, &other).await?;
+        }
+        if self.bug == "a blocked permit acquisition leaves no waiter marker"
+            && matches!(reply, PermitReply::Full { .. })
+        {
+            self.inner.del(&marker);
+        }
+        Ok(reply)
+    }
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         if self.bug == "extend re-creates" {
             self.inner.set(key, token.as_str(), Some(ttl.as_duration()));
@@ -168,6 +195,14 @@ fn suite_catches_broken_nodes() {
         (
             "a claim without the TTL ignores its own token",
             "claim_with_the_holders_token_never_shortens_and_a_fresh_nx_claim_changes_nothing",
+        ),
+        (
+            "a permit release publishes without a waiter",
+            "permit_releases_publish_only_while_a_waiter_may_listen",
+        ),
+        (
+            "a blocked permit acquisition leaves no waiter marker",
+            "permit_releases_publish_only_while_a_waiter_may_listen",
         ),
         (
             "run_id depends on the key",

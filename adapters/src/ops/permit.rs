@@ -8,6 +8,7 @@ use crate::scripts::{self, Reply, Script};
 use super::ledger::recorded;
 use super::lock::publish_args;
 use super::rw::{rw_permit, rw_permit_args};
+use super::wait::mark_watched;
 use super::{Transport, eval, note, path, refused_command, tx};
 
 /// The name of a semaphore operation as the [`PERMIT`](scripts::PERMIT) script takes it.
@@ -49,7 +50,14 @@ async fn permit_unrecorded(
         PermitOp::Release => publish_args(t, key),
         _ => (String::new(), "PUBLISH"),
     };
-    let args = [token.as_str(), &millis, name, &permits, &channel, command];
+    // The waiter marker: an acquisition that finds the semaphore full marks it, a release publishes only
+    // while it exists (see `PERMIT`); an extension neither.
+    let marker = match op {
+        PermitOp::Acquire { .. } | PermitOp::Release => notify::waiting_key(key),
+        _ => None,
+    };
+    let mut args = vec![token.as_str(), &millis, name, &permits, &channel, command];
+    args.extend(marker.as_deref());
     match eval(t, &scripts::PERMIT, &[key], &args).await {
         // The server lost Lua behind the connection (the check is forgotten): nothing ran, so the operation
         // goes again by the path a new check finds.
@@ -169,15 +177,23 @@ pub(super) async fn server_millis(
 ///   or `ZSCORE key token` (extend), the key's expiry raised (`PEXPIREAT key expiry NX`, then `… GT`),
 ///   `EXEC`, which the server runs only if nothing touched the key since the `WATCH`. An aborted `EXEC`
 ///   reads again, up to [`PERMIT_ATTEMPTS`] times, then a definite [`NodeErrorKind::Busy`] error (nothing
-///   written). Otherwise `UNWATCH` and "full" (with the time until the earliest live permit expires) or
-///   "not held", nothing written. From the `WATCH` to the `EXEC` the call holds the node's transaction gate
-///   ([`Probe::tx_gate`](super::Probe::tx_gate)), and a reconnect noticed in between fails the call before the transaction is
-///   sent, as in [`extend_watched`](super::lock::extend_watched).
+///   written). Otherwise "not held" (`UNWATCH`, nothing written), or "full" with the time until the
+///   earliest live permit expires: the waiter marker ([`notify::waiting_key`]) is marked to outlive that
+///   time ([`mark_watched`]: plain `SET … NX PX` / `PEXPIRE … GT` under the armed `WATCH`), then `MULTI PTTL
+///   key EXEC` confirms that the semaphore did not change since the read (an aborted `EXEC` reads again),
+///   so the marker was in place before any release the read did not see. From the `WATCH` to the `EXEC`
+///   the call holds the node's transaction gate ([`Probe::tx_gate`](super::Probe::tx_gate)), and a
+///   reconnect noticed in between fails the call before the transaction is sent, as in
+///   [`extend_watched`](super::lock::extend_watched).
 /// - **Release** needs no read: `MULTI ZREMRANGEBYSCORE key -inf now ZREM key c:token o:token ZREM key token
 ///   s:token x:token EXEC` (an expired permit is purged first, so removing it answers "not held"; a waiting
 ///   writer's claim or a fair waiter's place and arrival marker go either way, as in the script); one that
-///   removed a permit then publishes the release notification (a separate command, whose refusal by a
-///   channel ACL leaves the release done), as the script publishes.
+///   removed a permit then reads the waiter marker (`EXISTS`, after the removal) and, only when it exists
+///   or cannot be read, publishes the release notification (a separate command, whose refusal by a channel
+///   ACL leaves the release done), as the script publishes. The `EXISTS` is not queued in the `MULTI`: a
+///   user whose ACL excludes the markers would have the whole release refused (`EXECABORT`). Reading it
+///   after the removal is what the wake-up needs: a marker written before the removal is seen, one written
+///   after belongs to an attempt whose read sees the permit gone.
 /// - **Extension** finds the member as the script does: `ZMSCORE key token s:token x:token`, the first that
 ///   exists (a read/write or fair lock's holder is stored as `s:` or `x:` and its token).
 ///
@@ -262,7 +278,15 @@ async fn release_permit_native(
         [_, _, Reply::Int(0)] => return Ok(PermitReply::NotHeld),
         _ => return Err(scripts::unexpected_reply(what, &Reply::Array(replies))),
     }
-    // After the removal, as the script publishes.
+    // After the removal, as the script publishes: only while the waiter marker exists (or cannot be read).
+    // The `EXISTS` follows the removal, so a marker written later belongs to an attempt that read the
+    // permit gone; one written earlier (with the read that found the semaphore full) is seen here.
+    if let Some(marker) = notify::waiting_key(key) {
+        let waiting = note(t, t.command(what, key, &["EXISTS", &marker]).await);
+        if matches!(waiting, Ok(Reply::Int(0))) {
+            return Ok(PermitReply::Done);
+        }
+    }
     let (channel, command) = publish_args(t, key);
     let _ = note(
         t,
@@ -270,6 +294,18 @@ async fn release_permit_native(
             .await,
     );
     Ok(PermitReply::Done)
+}
+
+/// The connection was replaced between a `WATCH` and its `EXEC`: the `EXEC` is not sent.
+pub(super) fn replaced(what: &Script) -> NodeError {
+    NodeError::not_applied(
+        NodeErrorKind::Connection,
+        format!(
+            "{}: the connection was replaced between WATCH and EXEC, so the write could not be made \
+             conditional (not sent)",
+            what.name
+        ),
+    )
 }
 
 /// One read and conditional write of a Lua-less acquisition or extension (see [`permit_watched`]): `None`
@@ -349,12 +385,34 @@ async fn permit_watched_once(
         .any(|(m, at)| *at > now && m.as_slice() == member.as_bytes());
     match permits {
         Some(permits) if !mine && live.len() >= permits as usize => {
-            unwatch().await;
-            gate.unwatched();
             let next = live.iter().map(|at| at - now).min();
-            return Ok(Some(PermitReply::Full {
+            let full = PermitReply::Full {
                 next_expiry: next.map(std::time::Duration::from_millis),
-            }));
+            };
+            let Some(marker) = notify::waiting_key(key) else {
+                unwatch().await;
+                gate.unwatched();
+                return Ok(Some(full));
+            };
+            // The waiter marker, then an EXEC that runs only if the semaphore is unchanged since the read
+            // (see `mark_watched`).
+            let blocked = next.unwrap_or(ttl.as_millis());
+            if let Err(e) = mark_watched(t, what, key, &marker, blocked).await {
+                unwatch().await;
+                gate.unwatched();
+                return Err(e);
+            }
+            t.notice_reconnections();
+            if t.probe().generation() != generation {
+                return Err(replaced(what));
+            }
+            let checked = note(t, t.transaction(what, key, &[&["PTTL", key]]).await);
+            gate.unwatched();
+            return match checked?.is_empty() {
+                // The semaphore changed since the read: read again.
+                true => Ok(None),
+                false => Ok(Some(full)),
+            };
         }
         None if !mine => {
             unwatch().await;
@@ -365,14 +423,7 @@ async fn permit_watched_once(
     }
     t.notice_reconnections();
     if t.probe().generation() != generation {
-        return Err(NodeError::not_applied(
-            NodeErrorKind::Connection,
-            format!(
-                "{}: the connection was replaced between WATCH and EXEC, so the write could not be made \
-                 conditional (not sent)",
-                what.name
-            ),
-        ));
+        return Err(replaced(what));
     }
     let now_text = now.to_string();
     let expiry = now.saturating_add(ttl.as_millis()).to_string();
@@ -474,10 +525,11 @@ mod tests {
 
     const TWO: PermitOp<'static> = PermitOp::Acquire { permits: 2 };
 
-    /// Without Lua: a full semaphore (expired permits not counted) writes nothing and reports the time until
-    /// the earliest live permit expires, by the server's clock.
+    /// Without Lua: a full semaphore (expired permits not counted) writes no permit and reports the time
+    /// until the earliest live permit expires, by the server's clock; it marks the waiter marker to outlive
+    /// that time (plus the margin) under the armed `WATCH`, and an `EXEC` confirms the semaphore unchanged.
     #[test]
-    fn a_full_semaphore_without_lua_writes_nothing_and_reports_the_earliest_expiry() {
+    fn a_full_semaphore_without_lua_marks_the_waiter_marker_and_reports_the_earliest_expiry() {
         let t = native();
         let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
         let members = [("a", 1_000_900), ("old", 1_000_100), ("b", 1_000_700)];
@@ -485,6 +537,7 @@ mod tests {
             .lock()
             .unwrap()
             .extend([ok(), time(1_000_500), scored(&members), ok()]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(400)]));
         let token = Token::random().unwrap();
         let ttl = Ttl::from_millis(1000).unwrap();
         let reply = block_on(permit(&t, "s", &token, ttl, TWO)).unwrap();
@@ -496,7 +549,122 @@ mod tests {
         );
         assert_eq!(
             *t.sent.lock().unwrap(),
-            ["WATCH", "TIME", "ZRANGE", "UNWATCH"]
+            ["WATCH", "TIME", "ZRANGE", "SET", "MULTI PTTL"]
+        );
+        assert_eq!(t.tx_args.lock().unwrap()[0], [vec!["PTTL", "s"]]);
+        // A marker there already (`SET NX` answers nil) is lengthened, never shortened (`GT`); a semaphore
+        // changed since the read (the EXEC aborted) is read again.
+        let t = native();
+        t.replies.lock().unwrap().extend([
+            ok(),
+            time(1_000_500),
+            scored(&members),
+            Ok(Reply::Nil),
+            Ok(Reply::Int(0)),
+            ok(),
+            time(1_000_500),
+            scored(&members),
+            ok(),
+        ]);
+        t.txs
+            .lock()
+            .unwrap()
+            .extend([Ok(vec![]), Ok(vec![Reply::Int(400)])]);
+        let reply = block_on(permit(&t, "s", &token, ttl, TWO)).unwrap();
+        assert!(matches!(reply, PermitReply::Full { .. }), "{reply:?}");
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            [
+                "WATCH",
+                "TIME",
+                "ZRANGE",
+                "SET",
+                "PEXPIRE",
+                "MULTI PTTL",
+                "WATCH",
+                "TIME",
+                "ZRANGE",
+                "SET",
+                "MULTI PTTL"
+            ]
+        );
+    }
+
+    /// Without Lua, a marker the server refuses (the ACL, `maxmemory`) leaves the answer "full" (the waiter
+    /// waits its usual bound); one that could not be sent fails the attempt rather than wait unmarked.
+    #[test]
+    fn a_full_semaphore_without_lua_whose_marker_fails() {
+        let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
+        let members = [("a", 1_000_900), ("b", 1_000_700)];
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let t = native();
+        t.replies.lock().unwrap().extend([
+            ok(),
+            time(1_000_500),
+            scored(&members),
+            Err(NodeError::not_applied(NodeErrorKind::Auth, "NOPERM")),
+        ]);
+        t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(400)]));
+        let reply = block_on(permit(&t, "s", &token, ttl, TWO)).unwrap();
+        assert!(matches!(reply, PermitReply::Full { .. }), "{reply:?}");
+        let t = native();
+        t.replies.lock().unwrap().extend([
+            ok(),
+            time(1_000_500),
+            scored(&members),
+            Err(NodeError::ambiguous(NodeErrorKind::Io, "connection reset")),
+            ok(),
+        ]);
+        let err = block_on(permit(&t, "s", &token, ttl, TWO)).unwrap_err();
+        assert_eq!(err.kind(), NodeErrorKind::Io, "{err}");
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["WATCH", "TIME", "ZRANGE", "SET", "UNWATCH"]
+        );
+    }
+
+    /// Without Lua, a release publishes only when the waiter marker exists (or cannot be read), read after
+    /// the removal.
+    #[test]
+    fn a_release_without_lua_publishes_only_while_a_waiter_marker_exists() {
+        let removed = || Ok(vec![Reply::Int(0), Reply::Int(0), Reply::Int(1)]);
+        let token = Token::random().unwrap();
+        let ttl = Ttl::from_millis(1000).unwrap();
+        for (exists, published) in [
+            (Ok(Reply::Int(0)), false),
+            (Ok(Reply::Int(1)), true),
+            (
+                Err(NodeError::not_applied(NodeErrorKind::Auth, "NOPERM")),
+                true,
+            ),
+        ] {
+            let t = native();
+            t.replies
+                .lock()
+                .unwrap()
+                .extend([time(1_000_500), exists, Ok(Reply::Int(0))]);
+            t.txs.lock().unwrap().push_back(removed());
+            let r = block_on(permit(&t, "s", &token, ttl, PermitOp::Release)).unwrap();
+            assert_eq!(r, PermitReply::Done);
+            let mut expected = vec!["TIME", "MULTI ZREMRANGEBYSCORE ZREM ZREM", "EXISTS"];
+            if published {
+                expected.push("PUBLISH");
+            }
+            assert_eq!(*t.sent.lock().unwrap(), expected);
+        }
+        // Nothing removed: nothing read, nothing published.
+        let t = native();
+        t.replies.lock().unwrap().push_back(time(1_000_500));
+        t.txs
+            .lock()
+            .unwrap()
+            .push_back(Ok(vec![Reply::Int(0), Reply::Int(0), Reply::Int(0)]));
+        let r = block_on(permit(&t, "s", &token, ttl, PermitOp::Release)).unwrap();
+        assert_eq!(r, PermitReply::NotHeld);
+        assert_eq!(
+            *t.sent.lock().unwrap(),
+            ["TIME", "MULTI ZREMRANGEBYSCORE ZREM ZREM"]
         );
     }
 

@@ -8,7 +8,8 @@ use crate::slot;
 
 use super::fence::{check_fence, fence_error, incr_refused};
 use super::lock::publish_args;
-use super::permit::{PERMIT_ATTEMPTS, parse_scored, server_millis};
+use super::permit::{PERMIT_ATTEMPTS, parse_scored, replaced, server_millis};
+use super::wait::mark_watched;
 use super::{Transport, eval, note, path, refused_command};
 
 /// A read/write or fair lock's acquisition as [`RW_PERMIT`](scripts::RW_PERMIT) takes it: the operation's name,
@@ -47,7 +48,10 @@ pub(super) async fn rw_permit(
         claim.max(1).to_string(),
         queue.to_string(),
     );
-    let script_args = [token.as_str(), &millis, name, &claim, &queue];
+    // A blocked acquisition marks the waiter marker in the same step (see `RW_PERMIT`).
+    let marker = notify::waiting_key(key);
+    let mut script_args = vec![token.as_str(), &millis, name, &claim, &queue];
+    script_args.extend(marker.as_deref());
     let reply = match fence_key {
         Some(fence_key) => eval(t, &scripts::RW_PERMIT, &[key, fence_key], &script_args).await,
         None => eval(t, &scripts::RW_PERMIT, &[key], &script_args).await,
@@ -385,7 +389,9 @@ fn rw_conflict(member: &str, fair: bool, after: &[(Vec<u8>, u64)]) -> Option<boo
 /// fenced writer's grant `INCR fence`, whose reply is the fence (a refresh answers the counter read under the
 /// `WATCH`). The server runs the `EXEC` only if neither key was touched since the `WATCH`; an aborted one
 /// reads again, up to [`PERMIT_ATTEMPTS`] times, then a definite `Busy` error (nothing written). A blocked
-/// reader writes nothing (`UNWATCH`). A full fair queue is a definite `Busy` error, a key of another type
+/// attempt first marks the waiter marker ([`mark_watched`], under the armed `WATCH`, before the `EXEC`), so
+/// that the `EXEC` confirms the lock did not change between the read and the marking; a blocked reader,
+/// which writes nothing, sends `MULTI PTTL key EXEC` for that (an aborted one reads again). A full fair queue is a definite `Busy` error, a key of another type
 /// `WrongType`, both before any write. From the `WATCH` to the `EXEC` the call holds the node's transaction
 /// gate ([`Probe::tx_gate`](super::Probe::tx_gate)), and a reconnect noticed in between fails it before the transaction is sent.
 ///
@@ -516,6 +522,27 @@ async fn rw_watched_once(
         now,
         &members,
     );
+    // A blocked attempt marks the waiter marker before its EXEC, which then runs only if the lock is
+    // unchanged since the read (see `mark_watched`); a blocked reader, which writes nothing, sends a bare
+    // read in that EXEC.
+    let plan = match plan {
+        Ok(mut plan) => {
+            if let RwOutcome::Blocked(next) = plan.outcome
+                && let Some(marker) = notify::waiting_key(key)
+            {
+                if let Err(e) = mark_watched(t, what, key, &marker, next).await {
+                    unwatch().await;
+                    gate.unwatched();
+                    return Err(e);
+                }
+                if plan.writes.is_empty() {
+                    plan.writes.push(vec!["PTTL".into(), key.to_owned()]);
+                }
+            }
+            Ok(plan)
+        }
+        Err(e) => Err(e),
+    };
     let plan = match plan {
         Ok(plan) if !plan.writes.is_empty() => plan,
         other => {
@@ -535,14 +562,7 @@ async fn rw_watched_once(
     };
     t.notice_reconnections();
     if t.probe().generation() != generation {
-        return Err(NodeError::not_applied(
-            NodeErrorKind::Connection,
-            format!(
-                "{}: the connection was replaced between WATCH and EXEC, so the write could not be made \
-                 conditional (not sent)",
-                what.name
-            ),
-        ));
+        return Err(replaced(what));
     }
     let cmds: Vec<Vec<&str>> = plan
         .writes

@@ -14,7 +14,7 @@ use super::{Transport, eval, note, path, tx};
 /// Whether `err` is the server refusing to write a waiter marker — the ACL (`NOPERM` on the marker key),
 /// `maxmemory` (`OOM`, or `EXECABORT` after a refused queued command) — rather than a failure to reach it
 /// (not connected, a broken connection, no answer): definite, and no retry would write it.
-fn marker_refused(err: &NodeError) -> bool {
+pub(super) fn marker_refused(err: &NodeError) -> bool {
     !err.is_ambiguous()
         && !matches!(
             err.kind(),
@@ -135,6 +135,47 @@ pub(super) async fn waiting(
         );
     }
     Ok((what, pttl))
+}
+
+/// The waiter marker of a Lua-less permit acquisition found blocked (a full semaphore; a read/write or fair
+/// lock's blocked reader, writer or waiter) for `blocked` ms, written while the acquisition's `WATCH` on
+/// `key` is armed, between its read and its `EXEC`: `SET marker 1 NX PX m` and, when the marker existed
+/// already, `PEXPIRE marker m GT` (m = `blocked` plus [`notify::WAITING_MARGIN_MS`]; never shortening it).
+/// The caller then sends its `EXEC` (its writes, or a bare read), which the server runs only if the key is
+/// unchanged since the read: the marker was in place while the state the acquisition read still held, as
+/// if marked in the read's atomic step (the scripts' way). An aborted `EXEC` reads again (and marks again).
+///
+/// The marker's own commands are plain ones, not queued in the `MULTI`: a marker refused by the ACL would
+/// abort a whole transaction (`EXECABORT`), a blocked writer's claim with it. A refusal (ACL, `maxmemory`)
+/// is skipped, and the waiter then waits its usual bound; a failure to reach the server fails the attempt,
+/// as [`waiting`] does.
+pub(super) async fn mark_watched(
+    t: &impl Transport,
+    what: &Script,
+    key: &str,
+    marker: &str,
+    blocked: u64,
+) -> Result<(), NodeError> {
+    let hold = blocked
+        .saturating_add(notify::WAITING_MARGIN_MS)
+        .to_string();
+    let set = ["SET", marker, "1", "NX", "PX", &hold];
+    let created = match note(t, t.command(what, key, &set).await) {
+        Ok(reply) => reply != Reply::Nil,
+        Err(e) if marker_refused(&e) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !created {
+        match note(
+            t,
+            t.command(what, key, &["PEXPIRE", marker, &hold, "GT"])
+                .await,
+        ) {
+            Err(e) if !marker_refused(&e) => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 pub(crate) async fn acquire_with_ttl(

@@ -6,19 +6,37 @@ use super::Script;
 /// `KEYS[1]` whose members are the holders' tokens, each scored by its permit's expiry in the **server's**
 /// milliseconds (`TIME`). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` the operation (`acquire`, `extend`
 /// or `release`), `ARGV[4]` the number of permits (read by `acquire`), `ARGV[5]` the release notification
-/// channel ([`redlease::notify::channel`] of the key; empty: no notification) and `ARGV[6]` `PUBLISH` or
-/// `SPUBLISH`.
+/// channel ([`redlease::notify::channel`] of the key; empty: no notification), `ARGV[6]` `PUBLISH` or
+/// `SPUBLISH`, and optionally `ARGV[7]` the key's waiter marker ([`redlease::notify::waiting_key`]; an
+/// argument, not a declared key, as in [`RELEASE`](super::RELEASE)).
 ///
 /// A permit whose score is not later than now is expired: it counts for nothing, and the script removes
 /// every expired permit (`ZREMRANGEBYSCORE key -inf now`) in the same step. Then:
 ///
 /// - `acquire`: our token holds a live permit → its score set to now + TTL; else fewer than `permits` live
-///   → ours added; both answer 1. Otherwise nothing changes but the purge, and it answers `-1 - ms`, `ms`
-///   the time until the earliest live permit expires (so -1 means 0 ms left, -1001 means 1000 ms).
+///   → ours added; both answer 1. Otherwise nothing changes but the purge (and the marker), and it answers
+///   `-1 - ms`, `ms` the time until the earliest live permit expires (so -1 means 0 ms left, -1001 means
+///   1000 ms). With `ARGV[7]`, that blocked answer also marks the waiter marker, **in the same atomic step
+///   as the read**, to live at least `ms` plus [`WAITING_MARGIN_MS`](redlease::notify::WAITING_MARGIN_MS),
+///   never shortening it, as [`ACQUIRE_TTL`](super::ACQUIRE_TTL) marks a held lock (with `redis.pcall`: a
+///   marker refused by the ACL or under `maxmemory` leaves the answer unchanged, and the waiter its usual
+///   bound).
 /// - `extend`: our token holds a live permit → its score set to now + TTL, 1; else 0.
 /// - `release`: our token holds a live permit → removed, 1, and [`redlease::notify::payload`] of the token
-///   published on the channel (with `redis.pcall`, after the removal, as [`RELEASE`](super::RELEASE) does); else 0.
-///   A waiting writer's claim or a fair waiter's place of the token ([`RW_PERMIT`]) is removed either way.
+///   published on the channel (with `redis.pcall`, after the removal, as [`RELEASE`](super::RELEASE) does)
+///   — with `ARGV[7]` only when the marker exists (or cannot be read), checked after the removal in the same
+///   step: a release nobody waits for publishes nothing; else 0. A waiting writer's claim or a fair
+///   waiter's place of the token ([`RW_PERMIT`]) is removed either way.
+///
+/// Why no waiter is missed: a waiter's blocked attempt reads the permits and writes the marker in one
+/// atomic step, and its next attempt comes at the latest when the earliest blocking permit expires (or its
+/// [`max_retry_delay`](redlease::Config::max_retry_delay), if sooner), well inside the marker's life, and
+/// marks again if still blocked. So a release either ran before that step (the attempt saw the permit gone
+/// and took it, or tries again at once) or runs after it, while the marker lives, and publishes. Nothing
+/// deletes the marker: it expires by itself (other waiters of the key may rely on it), so a release within
+/// its life after the waiters are gone publishes once more, unheard. Every blocked acquisition marks, also
+/// a single [`try_acquire`](redlease::Semaphore::try_acquire) (the node cannot tell it from a waiting
+/// attempt: both are [`RedisNode::permit`](redlease::RedisNode::permit)).
 ///
 /// `extend` and `release` also find a read/write or fair lock's holder, stored as `s:<token>` or
 /// `x:<token>` by [`RW_PERMIT`]. Members scored 10^15 and above are [`RW_PERMIT`]'s arrival markers, not
@@ -89,7 +107,7 @@ if mine or op ~= 'acquire' then
     return 0
   elseif op == 'release' then
     redis.call('ZREM', KEYS[1], member)
-    if ARGV[5] and ARGV[5] ~= '' then
+    if ARGV[5] and ARGV[5] ~= '' and (not ARGV[7] or redis.pcall('EXISTS', ARGV[7]) ~= 0) then
       if ARGV[6] == 'SPUBLISH' then
         redis.pcall('SPUBLISH', ARGV[5], string.sub(ARGV[1], 1, 8))
       else
@@ -105,7 +123,15 @@ elseif redis.call('ZCOUNT', KEYS[1], '(' .. nowtext, '+inf') < permits then
 else
   local first = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. nowtext, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', nowtext)
-  return -1 - (tonumber(first[2]) - now)
+  local left = tonumber(first[2]) - now
+  if ARGV[7] then
+    local hold = left + 1000
+    local marked = redis.pcall('PTTL', ARGV[7])
+    if type(marked) ~= 'number' or marked < hold then
+      redis.pcall('SET', ARGV[7], '1', 'PX', string.format('%.0f', hold))
+    end
+  end
+  return -1 - left
 end
 local last = redis.call('ZREVRANGEBYSCORE', KEYS[1], '(1000000000000000', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
 if last[2] then
@@ -113,7 +139,7 @@ if last[2] then
 end
 return 1
 "#,
-    sha1: "96694493963f5e31cc741779e553c7d4f008ce45",
+    sha1: "29e0b57ac26701bd5fc717c5df7a8850919adfb2",
 };
 
 /// Acquisitions of a read/write lock and of a fair lock ([`redlease::PermitOp::AcquireShared`],
@@ -125,8 +151,11 @@ return 1
 /// waiters arriving within one millisecond keep their order). `ARGV[1]` token, `ARGV[2]` TTL in ms, `ARGV[3]` `shared`,
 /// `exclusive` or `fair`, `ARGV[4]` the claim's life in ms, `ARGV[5]` the queue limit. Answers 1 (taken, or
 /// refreshed when the token already holds it) or `-1 - ms` (blocked; `ms` until the earliest blocking entry
-/// expires, capped at the claim's life so that a waiter refreshes it in time). A full queue is a `BUSY`
-/// error; a key of another type `WRONGTYPE`. Extension and release go through [`PERMIT`], which finds
+/// expires, capped at the claim's life so that a waiter refreshes it in time). With `ARGV[6]`, the key's
+/// waiter marker ([`redlease::notify::waiting_key`]), a blocked answer also marks it in the same atomic step,
+/// to live at least `ms` plus [`WAITING_MARGIN_MS`](redlease::notify::WAITING_MARGIN_MS), never shortening
+/// it, exactly as [`PERMIT`] does for a full semaphore (and [`PERMIT`]'s release then publishes only while it
+/// exists). A full queue is a `BUSY` error; a key of another type `WRONGTYPE`. Extension and release go through [`PERMIT`], which finds
 /// these members. The key's own expiry follows its latest expiry (arrival markers excluded). Where no script
 /// runs (except on a cluster) the adapters make the same decision in Rust from a read under `WATCH` and write
 /// it in one `MULTI … EXEC` (`WATCHED_RW_PERMIT` in messages).
@@ -231,7 +260,7 @@ local function earliest(lists)
   end
   return e
 end
-local result
+local result, blocked
 if held then
   if fenced and fence == false then
     return redis.error_reply('FENCE the fence key ' .. KEYS[2] .. ' is missing while the writer holds this token')
@@ -244,7 +273,7 @@ if held then
 elseif op == 'shared' then
   local next = earliest({excl, claims})
   if next then
-    result = -1 - (next - now)
+    blocked = next - now
   else
     redis.call('ZADD', key, num(now + ttl), 's:' .. tok)
     result = 1
@@ -253,7 +282,7 @@ elseif op == 'exclusive' then
   local next = earliest({shared, excl})
   if next then
     redis.call('ZADD', key, num(now + life), 'c:' .. tok)
-    result = -1 - math.min(next - now, life)
+    blocked = math.min(next - now, life)
   else
     redis.call('ZREM', key, 'c:' .. tok, 'o:' .. tok)
     redis.call('ZADD', key, num(now + ttl), 'x:' .. tok)
@@ -288,7 +317,17 @@ else
       redis.call('ZADD', key, num(mark), 'o:' .. tok)
     end
     redis.call('ZADD', key, num(now + life), 'c:' .. tok)
-    result = -1 - next
+    blocked = next
+  end
+end
+if blocked then
+  result = -1 - blocked
+  if ARGV[6] then
+    local hold = blocked + 1000
+    local marked = redis.pcall('PTTL', ARGV[6])
+    if type(marked) ~= 'number' or marked < hold then
+      redis.pcall('SET', ARGV[6], '1', 'PX', num(hold))
+    end
   end
 end
 local last = redis.call('ZREVRANGEBYSCORE', key, '(' .. num(order), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
@@ -297,5 +336,5 @@ if last[2] then
 end
 return result
 "#,
-    sha1: "9fe249d6c91065a03c9b1e8f55593fe76d1eff0a",
+    sha1: "093185b7ff7495c84982f79a416d7e26e4d275ba",
 };

@@ -856,6 +856,248 @@ async fn a_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_without
     .await;
 }
 
+/// A semaphore or a read/write or fair lock's side, for the permit tests below.
+#[derive(Clone)]
+enum Permits {
+    Semaphore(redlease::Semaphore),
+    Lock(redlease::Lock),
+}
+
+impl Permits {
+    async fn try_acquire(&self) -> Result<redlease::Lease, redlease::Error> {
+        match self {
+            Self::Semaphore(s) => s.try_acquire().await,
+            Self::Lock(l) => l.try_acquire().await,
+        }
+    }
+
+    async fn acquire_within(&self, patience: Duration) -> Result<redlease::Lease, redlease::Error> {
+        match self {
+            Self::Semaphore(s) => s.acquire_within(patience).await,
+            Self::Lock(l) => l.acquire_within(patience).await,
+        }
+    }
+}
+
+/// Permit releases (a semaphore's, a read/write lock's reader and writer, a fair lock's) that nobody waits
+/// for publish nothing (no acquisition was blocked, so no waiter marker), while a waiter the permits block
+/// is still woken by the release long before the holder's 10 s TTL and its 30 s polls.
+async fn permit_releases_publish_only_for_waiters(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    for backend in BACKENDS {
+        let node = common::node(backend, &server.url()).await;
+        let manager = LockManager::single(Arc::clone(&node), no_polling()).unwrap();
+        let (sem_key, rw_key, fair_key) = (
+            format!("push:{{permits:{backend:?}}}:sem"),
+            format!("push:{{permits:{backend:?}}}:rw"),
+            format!("push:{{permits:{backend:?}}}:fair"),
+        );
+        let sem = Permits::Semaphore(manager.semaphore(&sem_key, 1).unwrap());
+        let rw = manager.rw_lock(&rw_key);
+        let (read, write) = (
+            Permits::Lock(rw.read().clone()),
+            Permits::Lock(rw.write().clone()),
+        );
+        let fair = Permits::Lock(manager.lock(&fair_key).fair());
+        // (what, key, the holder's side, the side of a waiter it blocks)
+        let cases = [
+            ("semaphore", &sem_key, &sem, &sem),
+            ("rw read", &rw_key, &read, &write),
+            ("rw write", &rw_key, &write, &read),
+            ("fair", &fair_key, &fair, &fair),
+        ];
+        // Every kind's count, so that a failure shows each.
+        let mut published = Vec::new();
+        for (kind, _, holder, _) in cases {
+            let publishes = command_calls(&server, "publish");
+            for _ in 0..20 {
+                let lease = holder.try_acquire().await.unwrap();
+                lease.release().await.unwrap();
+            }
+            published.push((kind, command_calls(&server, "publish") - publishes));
+        }
+        assert!(
+            published.iter().all(|(_, n)| *n == 0),
+            "{flavor} {backend:?}: 20 permit releases without a waiter published {published:?}"
+        );
+        for (kind, key, holder, waiting) in cases {
+            let what = format!("{flavor} {backend:?} {kind}");
+            let held = holder.try_acquire().await.unwrap();
+            let waiting = waiting.clone();
+            let waiter = tokio::spawn(async move {
+                let lease = waiting
+                    .acquire_within(Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                let at = Instant::now();
+                let _ = lease.release().await;
+                at
+            });
+            assert!(
+                eventually(Duration::from_secs(3), || numsub(
+                    &server,
+                    false,
+                    &channel(key)
+                ) == 1)
+                .await,
+                "{what}: the waiter subscribed"
+            );
+            // The attempt the confirmed subscription triggers marks the key; a release before it is seen
+            // by that attempt, so the test does not depend on when it lands.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let publishes = command_calls(&server, "publish");
+            held.release().await.unwrap();
+            let released = Instant::now();
+            let at = tokio::time::timeout(Duration::from_secs(15), waiter)
+                .await
+                .expect("the waiter acquired")
+                .unwrap();
+            // Well inside the holder's 10 s TTL and the waiter's 30 s polls: only a notification (or, had
+            // the release landed before the marking attempt, that attempt) wakes it this soon.
+            let waited = at.saturating_duration_since(released);
+            eprintln!("push: {what}: acquired {waited:?} after the release");
+            assert!(
+                waited < Duration::from_secs(5),
+                "{what}: woken {waited:?} after the release"
+            );
+            assert!(
+                command_calls(&server, "publish") > publishes,
+                "{what}: the release a waiter was marked for published nothing"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_publishes_only_when_a_waiter_may_listen_on_redis_7_0() {
+    permit_releases_publish_only_for_waiters(
+        Flavor::Redis,
+        "a_permit_release_publishes_only_when_a_waiter_may_listen_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1() {
+    permit_releases_publish_only_for_waiters(
+        Flavor::Valkey91,
+        "a_permit_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_without_lua() {
+    permit_releases_publish_only_for_waiters(
+        Flavor::Valkey91NoLua,
+        "a_permit_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
+
+/// A permit waiter whose notification is lost (the subscriber connection's message dropped by a proxy) is
+/// still bounded by the wait its blocked attempt reported: the holder's permit's TTL, not its 30 s polls.
+async fn lost_permit_notifications(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    for backend in [Backend::RedisMultiplexed, Backend::FredClient] {
+        for kind in ["semaphore", "fair"] {
+            let ttl = Duration::from_millis(2500);
+            let what = format!("{flavor} {backend:?} {kind}");
+            let proxy = FaultProxy::start(server.addr().parse().unwrap()).unwrap();
+            let node = common::node(backend, &format!("{}/0", proxy.url())).await;
+            let notifier = node.notifier().expect("the node notifies").clone();
+            let waiters = LockManager::single(Arc::clone(&node), no_polling()).unwrap();
+            let holders =
+                LockManager::single(common::node(backend, &server.url()).await, no_polling())
+                    .unwrap();
+            let key = format!("push:{{lost-permit:{backend:?}:{kind}}}:lock");
+            let side = |m: &LockManager| match kind {
+                "semaphore" => Permits::Semaphore(m.semaphore(&key, 1).unwrap().expiry(ttl)),
+                _ => Permits::Lock(m.lock(&key).fair().expiry(ttl)),
+            };
+            let held = side(&holders).try_acquire().await.unwrap();
+            let taken = Instant::now();
+            let waiting = side(&waiters);
+            let waiter = tokio::spawn(async move {
+                let lease = waiting
+                    .acquire_within(Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                let at = Instant::now();
+                let _ = lease.release().await;
+                at
+            });
+            assert!(
+                eventually(Duration::from_secs(2), || numsub(
+                    &server,
+                    false,
+                    &channel(&key)
+                ) == 1)
+                .await,
+                "{what}: the waiter subscribed"
+            );
+            // Let the attempt the confirmed subscription triggers mark the key and learn the permit's TTL.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let before = notifier.stats().notifications;
+            let publishes = command_calls(&server, "publish");
+            proxy.drop_next_messages(1);
+            held.release().await.unwrap();
+            let released = Instant::now();
+            let at = tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("the waiter acquired")
+                .unwrap();
+            let waited = at - released;
+            eprintln!(
+                "push: {what}: acquired {waited:?} after the release, {:?} after the holder took the permit \
+                 (TTL {ttl:?})",
+                at - taken
+            );
+            assert!(
+                command_calls(&server, "publish") > publishes,
+                "{what}: the release a waiter was marked for published nothing"
+            );
+            assert_eq!(
+                notifier.stats().notifications,
+                before,
+                "{what}: no notification arrived"
+            );
+            assert_eq!(proxy.dropped_messages(), 1, "{what}");
+            assert!(
+                waited >= Duration::from_millis(300),
+                "{what}: woken {waited:?} after the release, as if notified"
+            );
+            assert!(
+                at - taken <= ttl + Duration::from_millis(1500),
+                "{what}: acquired {:?} after the holder took a {ttl:?} permit",
+                at - taken
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_permit_notification_costs_at_most_the_holders_ttl_on_redis_7_0() {
+    lost_permit_notifications(
+        Flavor::Redis,
+        "a_lost_permit_notification_costs_at_most_the_holders_ttl_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_permit_notification_costs_at_most_the_holders_ttl_on_valkey_9_1_without_lua() {
+    lost_permit_notifications(
+        Flavor::Valkey91NoLua,
+        "a_lost_permit_notification_costs_at_most_the_holders_ttl_on_valkey_9_1_without_lua",
+    )
+    .await;
+}
+
 /// A user whose ACL key patterns cover the lock keys but not the waiter markers (`~push:*`, and `~probe:*`
 /// for the harness's capability check): acquisitions,
 /// waits and releases work as before (the marker is a script argument, not a declared key, so the scripts
@@ -912,6 +1154,67 @@ async fn markers_outside_the_users_keys(flavor: Flavor, test: &str) {
             "0",
             "{what}: no marker written"
         );
+        // Permits alike: the blocked attempt's marker is refused (in the script, or the plain commands
+        // under the Lua-less attempt's WATCH, whose claim still goes in), and the release, which cannot
+        // read the marker, publishes.
+        let (sem_key, rw_key, fair_key) = (
+            format!("push:{{lockkeys:{backend:?}}}:sem"),
+            format!("push:{{lockkeys:{backend:?}}}:rw"),
+            format!("push:{{lockkeys:{backend:?}}}:fair"),
+        );
+        let sem = Permits::Semaphore(manager.semaphore(&sem_key, 1).unwrap());
+        let rw = manager.rw_lock(&rw_key);
+        let (read, write) = (
+            Permits::Lock(rw.read().clone()),
+            Permits::Lock(rw.write().clone()),
+        );
+        let fair = Permits::Lock(manager.lock(&fair_key).fair());
+        for (kind, key, holder, waiting) in [
+            ("semaphore", &sem_key, &sem, &sem),
+            ("rw read", &rw_key, &read, &write),
+            ("rw write", &rw_key, &write, &read),
+            ("fair", &fair_key, &fair, &fair),
+        ] {
+            let what = format!("{what} {kind}");
+            let held = holder.try_acquire().await.unwrap();
+            let waiting = waiting.clone();
+            let waiter = tokio::spawn(async move {
+                let lease = waiting
+                    .acquire_within(Duration::from_secs(20))
+                    .await
+                    .unwrap();
+                let at = Instant::now();
+                lease.release().await.unwrap();
+                at
+            });
+            assert!(
+                eventually(Duration::from_secs(3), || numsub(
+                    &server,
+                    false,
+                    &channel(key)
+                ) == 1)
+                .await,
+                "{what}: the waiter subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            held.release().await.unwrap();
+            let released = Instant::now();
+            let at = tokio::time::timeout(Duration::from_secs(15), waiter)
+                .await
+                .expect("the waiter acquired")
+                .unwrap();
+            assert!(
+                at.saturating_duration_since(released) < Duration::from_secs(5),
+                "{what}: woken {:?} after the release",
+                at.saturating_duration_since(released)
+            );
+            let marker = redlease::notify::waiting_key(key).unwrap();
+            assert_eq!(
+                server.cmd(&["EXISTS", &marker]),
+                "0",
+                "{what}: no marker written"
+            );
+        }
     }
 }
 

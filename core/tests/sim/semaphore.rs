@@ -458,3 +458,74 @@ fn batched_permits_never_exceed_the_count_under_hostile_faults() {
     });
     assert!(renewed > seeds as usize * 3, "only {renewed} renewals");
 }
+
+/// Permit releases nobody waits for publish nothing (no acquisition was blocked, so the node has no waiter
+/// marker), for a semaphore, a read/write lock's reader and writer and a fair lock; and a waiter blocked
+/// behind a holder that renews a short permit for seconds — long after its first marking attempt, with
+/// polls of 30 s — is still woken by the release at once: each of its attempts, due when the permit it
+/// was told about expires, marks the key again before the marker runs out.
+#[test]
+fn permit_releases_publish_only_for_waiters_and_a_long_waiter_is_still_woken() {
+    let slow = config()
+        .with_retry_delay(secs(30))
+        .with_max_retry_delay(secs(30));
+    let mut c = Cluster::with_spawner(1, 117, slow);
+    let sem = c.manager.semaphore("api", 1).unwrap();
+    let rw = c.manager.rw_lock("doc");
+    let fair = c.manager.lock("printer").fair();
+    for _ in 0..20 {
+        c.sim.block_on({
+            let (sem, read, write, fair) = (
+                sem.clone(),
+                rw.read().clone(),
+                rw.write().clone(),
+                fair.clone(),
+            );
+            async move {
+                sem.try_acquire().await.unwrap().release().await.unwrap();
+                read.try_acquire().await.unwrap().release().await.unwrap();
+                write.try_acquire().await.unwrap().release().await.unwrap();
+                fair.try_acquire().await.unwrap().release().await.unwrap();
+            }
+        });
+    }
+    assert_eq!(c.nodes[0].published(), 0, "releases without a waiter");
+    // A holder renewing a 1 s permit every 300 ms.
+    let holder = c
+        .sim
+        .block_on({
+            let sem = sem.expiry(secs(1)).auto_renew(ms(300));
+            async move { sem.try_acquire().await }
+        })
+        .unwrap();
+    let clock = c.clock.clone();
+    let result = std::sync::Arc::new(std::sync::Mutex::new(None));
+    c.sim.spawn({
+        let result = result.clone();
+        async move {
+            // The lease is kept (a dropped one is released, and publishes too while the marker lives).
+            let r = sem.acquire_within(secs(60)).await;
+            *result.lock().unwrap() = Some((r, clock.now()));
+        }
+    });
+    c.sim.run_for(ms(7_300));
+    assert!(result.lock().unwrap().is_none(), "still waiting");
+    assert!(holder.is_held(), "renewed");
+    let released = c.now();
+    c.sim
+        .block_on(async move { holder.release().await })
+        .unwrap();
+    c.sim.run_for(ms(100));
+    let (won, at) = result.lock().unwrap().take().expect("woken");
+    let _lease = won.unwrap();
+    assert!(
+        at - released < ms(50),
+        "woken {:?} after the release",
+        at - released
+    );
+    assert_eq!(
+        c.nodes[0].published(),
+        1,
+        "the release the waiter marked for"
+    );
+}

@@ -276,12 +276,14 @@ fn a_fenced_writer_without_lua_watches_both_keys_and_takes_its_fence_from_the_ex
     let err = block_on(permit(&t, "k", &token, ttl, write)).unwrap_err();
     assert_eq!(err.kind(), NodeErrorKind::Fence, "{err}");
     assert_eq!(*t.sent.lock().unwrap(), ["WATCH", "GET", "PTTL", "UNWATCH"]);
-    // A blocked reader: nothing written.
+    // A blocked reader: no entry written; the waiter marker marked to outlive the wait, then an EXEC
+    // (a bare read) confirms the lock unchanged since the read.
     let t = native();
     t.replies
         .lock()
         .unwrap()
         .extend([ok(), time(NOW), scored(&[("x:w", NOW + 250)]), ok()]);
+    t.txs.lock().unwrap().push_back(Ok(vec![Reply::Int(250)]));
     let reply = block_on(permit(&t, "k", &token, ttl, PermitOp::AcquireShared)).unwrap();
     assert_eq!(
         reply,
@@ -291,7 +293,50 @@ fn a_fenced_writer_without_lua_watches_both_keys_and_takes_its_fence_from_the_ex
     );
     assert_eq!(
         *t.sent.lock().unwrap(),
-        ["WATCH", "TIME", "ZRANGE", "UNWATCH"]
+        ["WATCH", "TIME", "ZRANGE", "SET", "MULTI PTTL"]
+    );
+}
+
+/// Without Lua a blocked writer marks the waiter marker before the `EXEC` that records its claim (plain
+/// commands: a marker the ACL refuses must not abort the claim's transaction).
+#[test]
+fn a_blocked_writer_without_lua_marks_the_waiter_marker_before_its_claim() {
+    let t = native();
+    let token = Token::random().unwrap();
+    let ok = || Ok(Reply::Bytes(b"OK".to_vec()));
+    let ttl = Ttl::from_millis(1000).unwrap();
+    let write = PermitOp::AcquireExclusive {
+        claim: Ttl::from_millis(2000).unwrap(),
+        fence: None,
+    };
+    t.replies.lock().unwrap().extend([
+        ok(),
+        time(NOW),
+        scored(&[("s:r", NOW + 300)]),
+        Ok(Reply::Nil),
+        Ok(Reply::Int(1)),
+    ]);
+    t.txs
+        .lock()
+        .unwrap()
+        .push_back(Ok(vec![Reply::Int(1), Reply::Int(0), Reply::Int(1)]));
+    let reply = block_on(permit(&t, "k", &token, ttl, write)).unwrap();
+    assert_eq!(
+        reply,
+        PermitReply::Full {
+            next_expiry: Some(std::time::Duration::from_millis(300))
+        }
+    );
+    assert_eq!(
+        *t.sent.lock().unwrap(),
+        [
+            "WATCH",
+            "TIME",
+            "ZRANGE",
+            "SET",
+            "PEXPIRE",
+            "MULTI ZADD PEXPIREAT PEXPIREAT"
+        ]
     );
 }
 
@@ -365,12 +410,12 @@ fn a_read_write_holder_without_lua_is_extended_and_released_by_its_entry() {
         t.tx_args.lock().unwrap()[0][1],
         ["ZADD", "k", "XX", "GT", "1001000", s.as_str()]
     );
-    // Release of a writer: its entry, claim and marker go; published once.
+    // Release of a writer: its entry, claim and marker go; published once (a waiter marker exists).
     let t = native();
     t.replies
         .lock()
         .unwrap()
-        .extend([time(NOW), Ok(Reply::Int(1))]);
+        .extend([time(NOW), Ok(Reply::Int(1)), Ok(Reply::Int(1))]);
     t.txs
         .lock()
         .unwrap()
@@ -387,7 +432,12 @@ fn a_read_write_holder_without_lua_is_extended_and_released_by_its_entry() {
     );
     assert_eq!(
         *t.sent.lock().unwrap(),
-        ["TIME", "MULTI ZREMRANGEBYSCORE ZREM ZREM", "PUBLISH"]
+        [
+            "TIME",
+            "MULTI ZREMRANGEBYSCORE ZREM ZREM",
+            "EXISTS",
+            "PUBLISH"
+        ]
     );
     // A waiting writer that gives up: its claim goes, nothing was held, nothing published.
     let t = native();
