@@ -472,8 +472,15 @@ pub(crate) fn loss_str(reason: LossReason) -> &'static str {
     }
 }
 
-/// A function every event is also given to (the `tracing` feature's log lines: the `trace` module).
-pub(crate) type Sink = fn(&LeaseEvent<'_>);
+/// Where every event also goes (the `tracing` feature's log lines: the `trace` module).
+#[derive(Clone, Copy)]
+pub(crate) struct Sink {
+    /// Gives it one event.
+    pub(crate) emit: fn(&LeaseEvent<'_>),
+    /// Whether anything may record what it is given now (read before an event's fields are computed, on
+    /// every operation: a cheap check).
+    pub(crate) listening: fn() -> bool,
+}
 
 /// The observer of a manager, if any, and a sink (the `tracing` feature's), with the calls the driver makes.
 #[derive(Clone, Default)]
@@ -499,11 +506,12 @@ impl Hook {
         }
     }
 
-    /// Whether anything listens: callers check this before computing an event's fields. Always `true` with
-    /// a sink (the `tracing` feature's subscriber decides, per call site, what it records).
+    /// Whether anything listens: callers check this before computing an event's fields. With a sink, while
+    /// it says it listens (the `tracing` feature: while a subscriber may record anything at all; which
+    /// events it records, it decides per call site).
     #[inline]
     pub(crate) fn active(&self) -> bool {
-        self.sink.is_some() || self.observer.is_some()
+        self.observer.is_some() || self.sink.is_some_and(|s| (s.listening)())
     }
 
     #[inline]
@@ -518,7 +526,7 @@ impl Hook {
             kind,
         };
         if let Some(sink) = self.sink {
-            sink(&event);
+            (sink.emit)(&event);
         }
         if let Some(o) = &self.observer {
             o.event(&event);

@@ -131,7 +131,17 @@ fn record(field: &'static str, value: &dyn tracing::Value) {
 
 /// The event hook's sink for the log lines: every event a manager emits is also given to [`event`].
 #[cfg(feature = "tracing")]
-pub(crate) const SINK: Option<crate::observe::Sink> = Some(event);
+pub(crate) const SINK: Option<crate::observe::Sink> = Some(crate::observe::Sink {
+    emit: event,
+    listening,
+});
+
+/// Whether any subscriber may record anything (`tracing`'s global maximum level is not `OFF`): without one
+/// the lease events are not even built.
+#[cfg(feature = "tracing")]
+fn listening() -> bool {
+    tracing::level_filters::LevelFilter::current() != tracing::level_filters::LevelFilter::OFF
+}
 /// Without the feature nothing is logged.
 #[cfg(not(feature = "tracing"))]
 pub(crate) const SINK: Option<crate::observe::Sink> = None;
