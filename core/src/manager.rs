@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{Config, ConfigError};
 use crate::driver::lease::{Grant, Shared};
-use crate::driver::{Engine, Planned, RoundResult, Spawn, TtlHint};
+use crate::driver::{AcquireRequest, Engine, Planned, RoundResult, Spawn, TtlHint};
 use crate::error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 use crate::lease::Lease;
 use crate::machine::Jitter;
@@ -928,10 +928,12 @@ impl Lock {
                         .saturating_add(self.engine.wait_allowance());
                     let attempt = a.acq.begin_attempt(self.engine.timer.now(), op_timeout);
                     self.engine.acquire_round(
-                        &self.key,
-                        self.fence_key.as_deref(),
-                        &a.tokens.current,
-                        a.ttl,
+                        AcquireRequest {
+                            key: &self.key,
+                            fence_key: self.fence_key.as_deref(),
+                            token: &a.tokens.current,
+                            ttl: a.ttl,
+                        },
                         attempt.timeout,
                         attempt.fresh,
                         a.hint.as_ref(),

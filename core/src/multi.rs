@@ -8,7 +8,7 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::ConfigError;
-use crate::driver::{Engine, Notes};
+use crate::driver::{AcquireRequest, Engine, Notes};
 use crate::error::{Error, LossReason, NotAcquiredReason, QuorumError};
 use crate::lease::{CleanupOnDrop, Lease, LeaseState, LossSignal, Releasing};
 use crate::machine::{Reply, Tally, WaitFor};
@@ -452,10 +452,12 @@ impl MultiLock {
                     .after_acquire(
                         0,
                         node,
-                        item.key,
-                        fence_key,
-                        item.token,
-                        ttl,
+                        AcquireRequest {
+                            key: item.key,
+                            fence_key,
+                            token: item.token,
+                            ttl,
+                        },
                         Ok(fence),
                         &notes,
                     )

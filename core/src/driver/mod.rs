@@ -261,6 +261,16 @@ impl RoundTimes {
     }
 }
 
+/// What one acquisition asks every node for: `key` with `token` for `ttl`, and with a fencing token from
+/// `fence_key` when the lock is fenced.
+#[derive(Clone, Copy)]
+pub(crate) struct AcquireRequest<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) fence_key: Option<&'a str>,
+    pub(crate) token: &'a Token,
+    pub(crate) ttl: Ttl,
+}
+
 /// The shortest remaining TTL that contended nodes reported in one acquisition round (see
 /// [`Engine::acquire_round`]).
 #[derive(Debug)]
@@ -438,17 +448,13 @@ impl Engine {
     /// includes the [`wait_allowance`](Self::wait_allowance). Events the nodes gave reason for (a restart, a fence regression, a write not replicated) are emitted for `id`.
     ///
     /// Not an `async fn`, like [`round`](Self::round): its arguments are kept once in its future.
-    #[allow(clippy::too_many_arguments)]
     #[expect(
         clippy::manual_async_fn,
         reason = "an async fn keeps its arguments twice in its future; an async block, once"
     )]
     pub(crate) fn acquire_round<'a>(
         &'a self,
-        key: &'a str,
-        fence_key: Option<&'a str>,
-        token: &'a Token,
-        ttl: Ttl,
+        req: AcquireRequest<'a>,
         timeout: Duration,
         fresh: Fresh,
         hint: Option<&'a TtlHint>,
@@ -457,7 +463,7 @@ impl Engine {
         async move {
             let notes = Notes::default();
             let notes_ref = &notes;
-            let r = match fence_key {
+            let r = match req.fence_key {
                 Some(fence_key) => {
                     self.round(
                         WaitFor::Decision,
@@ -465,18 +471,10 @@ impl Engine {
                         timeout,
                         |i, node| {
                             Box::pin(async move {
-                                let taken = node.acquire_fenced(key, fence_key, token, ttl).await;
-                                self.after_acquire(
-                                    i,
-                                    node,
-                                    key,
-                                    Some(fence_key),
-                                    token,
-                                    ttl,
-                                    taken,
-                                    notes_ref,
-                                )
-                                .await
+                                let taken = node
+                                    .acquire_fenced(req.key, fence_key, req.token, req.ttl)
+                                    .await;
+                                self.after_acquire(i, node, req, taken, notes_ref).await
                             })
                         },
                         Option::is_some,
@@ -493,10 +491,10 @@ impl Engine {
                             let fresh = fresh.get(i);
                             Box::pin(async move {
                                 // An acquisition that may wait asks for the holder's TTL too, on contention.
-                                let req = ClaimRequest::new(key, token, ttl)
+                                let claim = ClaimRequest::new(req.key, req.token, req.ttl)
                                     .fresh(fresh)
                                     .wants_ttl(hint.is_some());
-                                let taken = node.claim(req).await.map(|claim| match claim {
+                                let taken = node.claim(claim).await.map(|claim| match claim {
                                     Claim::Held { remaining } => {
                                         if let Some(hint) = hint {
                                             hint.note(remaining);
@@ -505,8 +503,7 @@ impl Engine {
                                     }
                                     Claim::Taken => Some(0),
                                 });
-                                self.after_acquire(i, node, key, None, token, ttl, taken, notes_ref)
-                                    .await
+                                self.after_acquire(i, node, req, taken, notes_ref).await
                             })
                         },
                         Option::is_some,
@@ -515,7 +512,7 @@ impl Engine {
                 }
             };
             if self.hook.active() {
-                notes.emit(self, key, id, r.ended);
+                notes.emit(self, req.key, id, r.ended);
             }
             r
         }
@@ -530,18 +527,20 @@ impl Engine {
     ///    key again and becomes a [`NodeErrorKind::FenceRegressed`] error;
     /// 3. durability (single mode): the replicas' acknowledgement; under the required policy a shortfall
     ///    becomes an ambiguous [`NodeErrorKind::NotReplicated`] error (the clean-up releases the key).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn after_acquire(
         &self,
         i: usize,
         node: &dyn RedisNode,
-        key: &str,
-        fence_key: Option<&str>,
-        token: &Token,
-        ttl: Ttl,
+        req: AcquireRequest<'_>,
         taken: Result<Option<u64>, NodeError>,
         notes: &Notes,
     ) -> Result<Option<u64>, NodeError> {
+        let AcquireRequest {
+            key,
+            fence_key,
+            token,
+            ttl,
+        } = req;
         let value = taken?;
         let redlock = self.quarantines_restarts;
         // Where restarts are only reported (an event): nobody listens, nothing to ask.

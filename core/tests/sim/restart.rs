@@ -270,12 +270,7 @@ fn an_injected_run_id_change_quarantines_the_node_and_is_reported() {
 #[test]
 fn run_id_is_asked_on_redlock_always_and_in_single_mode_only_when_observed() {
     use redlease_testkit::Op;
-    for (n, observed, expected) in [
-        (1, false, 0),
-        (1, true, 1),
-        (3, false, 1),
-        (3, true, 1),
-    ] {
+    for (n, observed, expected) in [(1, false, 0), (1, true, 1), (3, false, 1), (3, true, 1)] {
         let mut c = Cluster::new(n, 17, config().with_expiry(EXPIRY));
         let manager = if observed {
             c.manager.clone().with_observer(Restarts::default())
