@@ -809,10 +809,19 @@ fn redlease_manager<N: redlease::RedisNode + 'static>(
     redlease_manager_with(nodes, setup, imp)
 }
 
+/// Whether redlease managers skip the restart check (`--no-restart-check`: what reading each node's run id
+/// after a won Redlock attempt costs; fred nodes cannot name their connection, so they send `INFO` each
+/// time).
+pub(crate) static NO_RESTART_CHECK: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// `imp`'s configuration: notifications unless it polls, its `max_retry_delay` and renewal batching.
 fn redlease_config_for(setup: Setup, imp: Impl) -> Config {
     let poll = matches!(imp, Impl::RedleaseRedisPoll | Impl::RedleaseFredPoll);
     let mut config = redlease_config(setup).with_notifications(!poll);
+    if NO_RESTART_CHECK.load(Ordering::Relaxed) {
+        config = config.with_restart_quarantine(None);
+    }
     if imp == Impl::RedleaseRedisCap10 {
         config = config.with_max_retry_delay(Duration::from_secs(10));
     }

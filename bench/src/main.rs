@@ -7,7 +7,7 @@
 //!
 //! ```text
 //! redlease-bench [--quick] [--out PATH] [--charts DIR | --no-charts] [--only S1,S4] [--impl raw,redlease/redis]
-//!                [--redlease-timer runtime|system|tokio] [--observers] [--valkey] [--replication]
+//!                [--redlease-timer runtime|system|tokio] [--no-restart-check] [--observers] [--valkey] [--replication]
 //! ```
 //!
 //! `--replication` adds to S1 redlease/redis on a Redis 7.0 primary with one replica, without a durability
@@ -24,7 +24,9 @@
 //! `--observers` adds four implementations to S1 and S7 only: redlease with a no-op observer and with
 //! `MetricsObserver` over the `metrics` no-op recorder (`redlease/redis+noop-observer`,
 //! `redlease/redis+metrics`, `redlease/memory+noop-observer`, `redlease/memory+metrics`), to measure what
-//! the lease event hook costs.
+//! the lease event hook costs. `--no-restart-check` turns the Redlock restart check off for every redlease
+//! manager (`Config::with_restart_quarantine(None)`), to measure what it costs: a fred node cannot name its
+//! connection, so it reads `INFO` after each won attempt.
 //!
 //! - S1 uncontended acquire + release on one node (p50/p99);
 //! - S2 the same on Redlock over 3 and 5 nodes;
@@ -79,6 +81,7 @@ struct Args {
     impls: Option<Vec<String>>,
     timer: clients::TimerChoice,
     observers: bool,
+    no_restart_check: bool,
     valkey: bool,
     replication: bool,
     charts: Option<PathBuf>,
@@ -92,6 +95,7 @@ fn parse_args() -> Result<Args, String> {
         impls: None,
         timer: clients::TimerChoice::Runtime,
         observers: false,
+        no_restart_check: false,
         valkey: false,
         replication: false,
         charts: Some(PathBuf::from("target/bench/charts")),
@@ -105,6 +109,7 @@ fn parse_args() -> Result<Args, String> {
         match arg.as_str() {
             "--quick" => args.quick = true,
             "--observers" => args.observers = true,
+            "--no-restart-check" => args.no_restart_check = true,
             "--valkey" => args.valkey = true,
             "--replication" => args.replication = true,
             "--out" => args.out = Some(it.next().ok_or("--out needs a path")?.into()),
@@ -125,7 +130,7 @@ fn parse_args() -> Result<Args, String> {
             },
             "-h" | "--help" => {
                 return Err(
-                    "usage: redlease-bench [--quick] [--out PATH] [--charts DIR | --no-charts] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer runtime|system|tokio] [--observers] [--valkey] [--replication]"
+                    "usage: redlease-bench [--quick] [--out PATH] [--charts DIR | --no-charts] [--only S1,S2,…] [--impl raw,redlease/redis,…] [--redlease-timer runtime|system|tokio] [--no-restart-check] [--observers] [--valkey] [--replication]"
                         .into(),
                 );
             }
@@ -276,6 +281,11 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
             clients::TimerChoice::System => "SystemTimer (core's default: redlease's timer thread)",
         }
     );
+    if args.no_restart_check {
+        println!(
+            "redlease restart check: off (--no-restart-check: Config::with_restart_quarantine(None))"
+        );
+    }
 
     let cpu = measure::CpuClock::new();
     let mut step = |row: Row| {
@@ -441,6 +451,7 @@ fn main() -> ExitCode {
         }
     };
     clients::TIMER.store(args.timer as u8, std::sync::atomic::Ordering::Relaxed);
+    clients::NO_RESTART_CHECK.store(args.no_restart_check, std::sync::atomic::Ordering::Relaxed);
     let started = Instant::now();
     let rows = match run(&args) {
         Ok(rows) => rows,
