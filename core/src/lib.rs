@@ -89,10 +89,10 @@ pub mod metrics;
 pub use async_trait::async_trait;
 pub use check::{CHECK_TIMEOUT_FLOOR, CheckReport, CommandPaths, NodeCheck, Path, Readiness};
 pub use config::{Config, ConfigError, Durability, MAX_KEY_BYTES};
-pub use driver::{Spawn, Task};
+pub use driver::{Lock, MAX_HOLDER_INFO_BYTES, Spawn, Task};
 pub use error::{Error, LossReason, NotAcquiredReason, Operation, QuorumError};
 pub use lease::{Lease, LeaseState, LossSignal, ReleaseReport};
-pub use manager::{HolderInfo, Lock, LockManager, MAX_HOLDER_INFO_BYTES};
+pub use manager::{HolderInfo, LockManager};
 pub use mode::Mode;
 pub use multi::{MultiLease, MultiLock};
 pub use node::{

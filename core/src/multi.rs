@@ -8,11 +8,12 @@ use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::config::ConfigError;
-use crate::driver::{AcquireRequest, Engine, Notes};
+use crate::driver::acquire::Taken;
+use crate::driver::{AcquireRequest, Engine, Lock, Notes};
 use crate::error::{Error, LossReason, NotAcquiredReason, QuorumError};
 use crate::lease::{CleanupOnDrop, Lease, LeaseState, LossSignal, Releasing};
 use crate::machine::{Reply, Tally, WaitFor};
-use crate::manager::{Lock, LockManager, Taken};
+use crate::manager::LockManager;
 use crate::mode::Mode;
 use crate::node::{MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError, NodeErrorKind};
 use crate::observe::{CleanupCause, LeaseId};
@@ -518,7 +519,7 @@ impl MultiLock {
                 }
             }
             // Renewed in the background, if at all, together with the other parts (see `hand_out`).
-            leases.push(lock.in_foreground().granted(Taken {
+            leases.push(Lease::new(lock.in_foreground().granted(Taken {
                 id: ids[i],
                 token,
                 fence: fence.filter(|_| lock.fence_key().is_some()),
@@ -528,7 +529,7 @@ impl MultiLock {
                 wall_started: r.wall.0,
                 valid_until,
                 waited,
-            }));
+            })));
         }
         Step::Done(self.hand_out(leases).await)
     }

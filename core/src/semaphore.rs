@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::config::ConfigError;
+use crate::driver::Lock;
 use crate::error::Error;
 use crate::lease::Lease;
-use crate::manager::{Lock, LockManager};
+use crate::manager::LockManager;
 use crate::node::{
     Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
     NodeErrorKind, NodeFuture, NodeProfile, NodeWrapper, PermitOp, PermitReply, RedisNode, Ttl,

@@ -36,6 +36,7 @@ impl<F: Fn(Task) + Send + Sync> Spawn for F {
     }
 }
 
+pub(crate) mod acquire;
 pub(crate) mod batch;
 mod fanout;
 pub(crate) mod lease;
@@ -43,6 +44,7 @@ pub(crate) mod lease;
 pub(crate) use crate::machine::acquisition::Fresh;
 use crate::machine::nodeset::NodeSet;
 use crate::mode::Mode;
+pub use acquire::{Lock, MAX_HOLDER_INFO_BYTES};
 
 pub(crate) use crate::machine::holding::Planned;
 
