@@ -544,9 +544,19 @@ impl Lock {
         }))
     }
 
+    /// The hold limit this lock uses: its own [`max_hold`](Self::max_hold), or the manager's default.
+    pub fn effective_max_hold(&self) -> Option<Duration> {
+        self.max_hold_in_use()
+    }
+
     /// The lock key.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The lease TTL this lock uses: its own [`expiry`](Self::expiry), or the manager's default.
+    pub fn effective_expiry(&self) -> Duration {
+        self.expiry_in_use()
     }
 
     /// Checks the description against the manager (keys, TTL, renewal interval, fencing support) without

@@ -50,11 +50,11 @@ impl fmt::Debug for Lock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lock")
             .field("key", &self.key)
-            .field("expiry", &self.effective_expiry())
+            .field("expiry", &self.expiry_in_use())
             .field("renew_every", &self.renew_every)
             .field("background_renewal", &self.background)
             .field("fence_key", &self.fence_key)
-            .field("max_hold", &self.effective_max_hold())
+            .field("max_hold", &self.max_hold_in_use())
             .field("holder_info", &self.holder_info)
             .finish()
     }
@@ -227,13 +227,15 @@ impl Lock {
         self.engine.timer.now()
     }
 
-    /// The hold limit this lock uses: its own [`max_hold`](Self::max_hold), or the manager's default.
-    pub fn effective_max_hold(&self) -> Option<Duration> {
+    /// The hold limit this lock uses: its own [`max_hold`](Self::max_hold), or the manager's default
+    /// (public as [`effective_max_hold`](Self::effective_max_hold)).
+    pub(crate) fn max_hold_in_use(&self) -> Option<Duration> {
         self.max_hold.or(self.engine.config.max_hold())
     }
 
-    /// The lease TTL this lock uses: its own [`expiry`](Self::expiry), or the manager's default.
-    pub fn effective_expiry(&self) -> Duration {
+    /// The lease TTL this lock uses: its own [`expiry`](Self::expiry), or the manager's default (public as
+    /// [`effective_expiry`](Self::effective_expiry)).
+    pub(crate) fn expiry_in_use(&self) -> Duration {
         self.expiry.unwrap_or(self.engine.config.expiry())
     }
 
@@ -257,7 +259,7 @@ impl Lock {
                 );
             }
         }
-        let expiry = self.effective_expiry();
+        let expiry = self.expiry_in_use();
         let ttl = config.check_expiry(expiry)?;
         if let Some(interval) = self.renew_every {
             config.check_renewal(interval, expiry)?;
@@ -616,7 +618,7 @@ impl Lock {
             id,
             acquired_at: now,
             hold_until: self
-                .effective_max_hold()
+                .max_hold_in_use()
                 .and_then(|d| r.started.checked_add(d)),
             round_started: r.started,
             wall_started: r.wall.0,
@@ -710,7 +712,7 @@ impl Lock {
         }
         let now = engine.timer.now();
         let hold_until = self
-            .effective_max_hold()
+            .max_hold_in_use()
             .and_then(|d| r.started.checked_add(d));
         engine.hook.emit(
             &self.key,
@@ -812,9 +814,7 @@ impl Lock {
             renew_interval: self.renew_every,
             id,
             acquired_at: now,
-            hold_until: self
-                .effective_max_hold()
-                .and_then(|d| started.checked_add(d)),
+            hold_until: self.max_hold_in_use().and_then(|d| started.checked_add(d)),
             round_started: started,
             wall_started,
             unconfirmed: None,
