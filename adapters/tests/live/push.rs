@@ -1248,6 +1248,44 @@ async fn markers_outside_the_users_keys(flavor: Flavor, test: &str) {
             "0",
             "{what}: no marker written"
         );
+        // A `lock_all` set alike: the multi-key release, which cannot read its keys' markers, publishes.
+        let many = [
+            format!("push:{{lockkeys:{backend:?}}}:many-a"),
+            format!("push:{{lockkeys:{backend:?}}}:many-b"),
+        ];
+        let held = manager
+            .lock_all(many.iter().map(String::as_str))
+            .try_acquire()
+            .await
+            .unwrap();
+        let lock = manager.lock(&many[1]);
+        let waiter = tokio::spawn(async move {
+            let lease = lock.acquire_within(Duration::from_secs(20)).await.unwrap();
+            let at = Instant::now();
+            lease.release().await.unwrap();
+            at
+        });
+        assert!(
+            eventually(Duration::from_secs(3), || numsub(
+                &server,
+                false,
+                &channel(&many[1])
+            ) == 1)
+            .await,
+            "{what} lock_all: the waiter subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let at = tokio::time::timeout(Duration::from_secs(15), waiter)
+            .await
+            .expect("the waiter acquired")
+            .unwrap();
+        assert!(
+            at.saturating_duration_since(released) < Duration::from_secs(5),
+            "{what} lock_all: woken {:?} after the release",
+            at.saturating_duration_since(released)
+        );
         // Permits alike: the blocked attempt's marker is refused (in the script, or the plain commands
         // under the Lua-less attempt's WATCH, whose claim still goes in), and the release, which cannot
         // read the marker, publishes.
