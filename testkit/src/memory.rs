@@ -873,7 +873,7 @@ impl RedisNode for MemoryNode {
     }
 
     /// All items under one lock (one call, one instant), all or nothing, every check before the first write,
-    /// as the adapters' script does; a release publishes each deletion.
+    /// as the adapters' script does; a release publishes each deletion while its key's waiter marker lives.
     async fn multi_key(
         &self,
         items: &[MultiKeyItem<'_>],
