@@ -58,6 +58,9 @@ struct Store {
     /// Leased semaphores: per key, each permit's token value and expiry (a sorted set scored by expiry on
     /// the node's clock, in the adapters).
     permits: HashMap<String, Vec<Permit>>,
+    /// Whether a waiter marker was ever written here: until one is, a release need not build its key's
+    /// marker name to know that none lives (the uncontended hot path allocates nothing for it).
+    marked: bool,
 }
 
 impl Store {
@@ -100,6 +103,7 @@ impl Store {
             None => true,
         };
         if longer {
+            self.marked = true;
             self.keys.insert(
                 marker,
                 Entry {
@@ -113,6 +117,10 @@ impl Store {
     /// Whether a release of `key` publishes: its waiter marker lives (a key without one: always), as the
     /// adapters' release scripts check after their delete.
     fn listening(&mut self, key: &str, now: Instant) -> bool {
+        if !self.marked && !key.contains('}') {
+            // A key without `}` has a marker (`notify::waiting_key`), and no marker was ever written.
+            return false;
+        }
         notify::waiting_key(key).is_none_or(|m| self.live(&m, now).is_some())
     }
 }
@@ -467,7 +475,10 @@ impl MemoryNode {
     pub fn set(&self, key: &str, value: impl Into<Vec<u8>>, ttl: Option<Duration>) {
         let now = self.now();
         let expires_at = ttl.and_then(|ttl| self.clock.expiry(now, ttl));
-        self.lock().keys.insert(
+        let mut store = self.lock();
+        // A planted waiter marker counts as one written.
+        store.marked |= key.starts_with(notify::WAITING_PREFIX);
+        store.keys.insert(
             key.to_owned(),
             Entry {
                 value: value.into(),
