@@ -23,10 +23,12 @@
 //! Capabilities are checked where a node claims them: release notifications for a node with a
 //! [`notifier`](RedisNode::notifier) (a release that deletes, after a contended
 //! [`claim`](RedisNode::claim) of a waiter, one that [wants the TTL](redlease::ClaimRequest::wants_ttl),
-//! publishes [`notify::payload`] on the key's channel, the subscription is confirmed and nothing stays
-//! subscribed after the watch is dropped; a permit's release after an acquisition the permits blocked
-//! publishes too, and on a node that keeps waiter markers — the blocked acquisition left
-//! [`notify::waiting_key`] behind — one with no marker publishes nothing), and the holder's TTL for a node
+//! publishes [`notify::payload`] on the key's channel, and so does a [multi-key](RedisNode::multi_key)
+//! release while that waiter's marker lives; the subscription is confirmed and nothing stays subscribed
+//! after the watch is dropped; a permit's release after an acquisition the permits blocked publishes too;
+//! and on a node that keeps waiter markers — the contended claim or the blocked acquisition left
+//! [`notify::waiting_key`] behind — a release with no marker, plain, multi-key or a permit's, publishes
+//! nothing), and the holder's TTL for a node
 //! whose `claim` reports one (it must be the key's TTL). Every `claim` is checked in all four forms (fresh or
 //! not, wanting the holder's TTL or not) against a free key, a key held by another token and a key holding
 //! its own token: `acquire`'s contracts, and a fresh claim that changes no existing key on a node whose
@@ -1577,6 +1579,34 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             })?;
             watch.begin_attempt();
             watch.end_attempt(notify::Outcome::Held);
+            // Releases no waiting attempt was ever made for (no waiter marker): a plain one and, where the
+            // node takes several keys in one step, a multi-key one. A node that keeps waiter markers
+            // publishes neither (checked below, once the marker is seen).
+            let lone = token()?;
+            c.ok("acquire", node.acquire(&k, &lone, ttl(LONG)).await)?;
+            c.ok("release", node.release(&k, &lone).await)?;
+            let one = [MultiKeyItem::new(&k, &lone)];
+            let multi_key = match node
+                .multi_key(&one, MultiKeyOp::Acquire { ttl: ttl(LONG) })
+                .await
+            {
+                Err(e) if e.kind() == NodeErrorKind::Unsupported && !e.is_ambiguous() => false,
+                r => {
+                    c.ok("multi_key", r)?;
+                    let r = c.ok("multi_key", node.multi_key(&one, MultiKeyOp::Release).await)?;
+                    c.ensure(r == MultiKeyReply::Done(vec![true]), || {
+                        format!("a multi-key release of a held key answered {r:?}")
+                    })?;
+                    true
+                }
+            };
+            let unmarked_published = c.notified_within(&mut watch, QUIET_WAIT).await;
+            if unmarked_published {
+                // Both messages in (they arrive within milliseconds), then the watch ready again.
+                c.sleep(Duration::from_millis(100)).await;
+                watch.begin_attempt();
+                watch.end_attempt(notify::Outcome::Held);
+            }
             // A release of another token wakes the watch, with the token's payload. Each release follows a
             // contended attempt of a waiting acquisition (`claim` wanting the TTL), which tells a node that
             // keeps waiter markers (`notify::waiting_key`) that a waiter may be listening.
@@ -1587,6 +1617,10 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 .wants_ttl(true);
             c.ok("acquire", node.acquire(&k, &t, ttl(LONG)).await)?;
             c.ok("claim", node.claim(waiting).await)?;
+            let marked = match notify::waiting_key(&k) {
+                Some(marker) => c.read(&marker).await?.is_some(),
+                None => false,
+            };
             let released = c.ok("release", node.release(&k, &t).await)?;
             c.ensure(released, || {
                 "release with the owner's token returned false".into()
@@ -1611,11 +1645,23 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
             c.ok("acquire", node.acquire(&k, &own, ttl(LONG)).await)?;
             c.ok("claim", node.claim(waiting).await)?;
             c.ok("release", node.release(&k, &own).await)?;
-            let marker = token()?;
-            c.ok("acquire", node.acquire(&k, &marker, ttl(LONG)).await)?;
-            c.ok("release", node.release(&k, &marker).await)?;
+            // A second release while the marker lives: by the multi-key release where the node has one.
+            let second = token()?;
+            c.ok("acquire", node.acquire(&k, &second, ttl(LONG)).await)?;
+            if multi_key {
+                let one = [MultiKeyItem::new(&k, &second)];
+                c.ok("multi_key", node.multi_key(&one, MultiKeyOp::Release).await)?;
+            } else {
+                c.ok("release", node.release(&k, &second).await)?;
+            }
             c.ensure(c.notified(&mut watch).await, || {
-                "no notification of a second release".into()
+                format!("no notification of a second release (multi-key: {multi_key})")
+            })?;
+            c.ensure(!(marked && unmarked_published), || {
+                format!(
+                    "a release published although no waiting attempt had been made (no waiter marker; \
+                     multi-key release tried: {multi_key}), on a node that keeps waiter markers"
+                )
             })?;
             let stats = notifier.stats();
             c.ensure(stats.own > before.own, || {

@@ -58,6 +58,9 @@ struct Store {
     /// Leased semaphores: per key, each permit's token value and expiry (a sorted set scored by expiry on
     /// the node's clock, in the adapters).
     permits: HashMap<String, Vec<Permit>>,
+    /// Whether a waiter marker was ever written here: until one is, a release need not build its key's
+    /// marker name to know that none lives (the uncontended hot path allocates nothing for it).
+    marked: bool,
 }
 
 impl Store {
@@ -71,6 +74,54 @@ impl Store {
             self.keys.remove(key);
         }
         self.keys.get_mut(key)
+    }
+
+    /// Marks `key`'s waiter marker ([`notify::waiting_key`]) as the adapters' scripts do for an attempt that
+    /// found the key held or its permits blocking: to live at least `wait` (the holder's remaining TTL or
+    /// the reported wait; `ttl` when there is none) plus [`WAITING_MARGIN_MS`](notify::WAITING_MARGIN_MS),
+    /// never shortening it. A key without a marker (no valid hash tag but a `}`) marks nothing.
+    fn mark_waiting(
+        &mut self,
+        clock: &NodeClock,
+        key: &str,
+        now: Instant,
+        wait: Option<Duration>,
+        ttl: Ttl,
+    ) {
+        let Some(marker) = notify::waiting_key(key) else {
+            return;
+        };
+        let hold = wait
+            .unwrap_or(ttl.as_duration())
+            .saturating_add(Duration::from_millis(notify::WAITING_MARGIN_MS));
+        let until = clock.expiry(now, hold);
+        let longer = match self.live(&marker, now) {
+            // `PTTL` -1 (no expiry) is shorter than any hold, as the scripts compare it.
+            Some(e) => e
+                .expires_at
+                .is_none_or(|at| until.is_some_and(|new| new > at)),
+            None => true,
+        };
+        if longer {
+            self.marked = true;
+            self.keys.insert(
+                marker,
+                Entry {
+                    value: b"1".to_vec(),
+                    expires_at: until,
+                },
+            );
+        }
+    }
+
+    /// Whether a release of `key` publishes: its waiter marker lives (a key without one: always), as the
+    /// adapters' release scripts check after their delete.
+    fn listening(&mut self, key: &str, now: Instant) -> bool {
+        if !self.marked && !key.contains('}') {
+            // A key without `}` has a marker (`notify::waiting_key`), and no marker was ever written.
+            return false;
+        }
+        notify::waiting_key(key).is_none_or(|m| self.live(&m, now).is_some())
     }
 }
 
@@ -114,16 +165,20 @@ impl Store {
 /// # Release notifications
 ///
 /// A release that deletes the key publishes [`notify::payload`] on [`notify::channel`] of the key, like the
-/// adapters' release scripts, to every subscriber connection of the store; [`del`](Self::del) and expiry
-/// publish nothing (a release by a client that does not publish). A permit's release (a semaphore's, a
-/// read/write or fair lock's: [`RedisNode::permit`]) publishes only while the key's waiter marker
-/// ([`notify::waiting_key`], a key of this store) lives, as the adapters' permit scripts do: an acquisition
-/// the permits block marks it, in the same step, to live its reported wait plus
-/// [`WAITING_MARGIN_MS`](notify::WAITING_MARGIN_MS) (never shortening it); nothing deletes it. (A plain
-/// lock's release here publishes whether or not anyone waits.) The node's [`Notifier`] is shared by its
-/// clones (one subscriber connection, as a client's); [`client`](Self::client) gives another client of the
-/// same store, with its own. [`numsub`](Self::numsub) and
-/// [`subscriber_connections`](Self::subscriber_connections) show what the "server" holds.
+/// adapters' release scripts, to every subscriber connection of the store, but only while the key's waiter
+/// marker ([`notify::waiting_key`], a key of this store) lives; [`del`](Self::del) and expiry publish nothing
+/// (a release by a client that does not publish). The marker is kept as the adapters keep it: a
+/// [`claim`](RedisNode::claim) that [wants the holder's TTL](ClaimRequest::wants_ttl) (a waiting
+/// acquisition's attempt) or an [`acquire_fenced`](RedisNode::acquire_fenced) that finds the key held marks
+/// it, in the same step, to live the holder's remaining TTL (the attempt's TTL for a key without expiry) plus
+/// [`WAITING_MARGIN_MS`](notify::WAITING_MARGIN_MS), never shortening it; a permit acquisition the permits
+/// block (a semaphore's, a read/write or fair lock's: [`RedisNode::permit`]) marks it to live its reported
+/// wait plus the margin. Nothing deletes it. So a release nobody waits for publishes nothing — a plain
+/// release, each key of a [multi-key](RedisNode::multi_key) release, and a permit's release alike.
+///
+/// The node's [`Notifier`] is shared by its clones (one subscriber connection, as a client's);
+/// [`client`](Self::client) gives another client of the same store, with its own. [`numsub`](Self::numsub)
+/// and [`subscriber_connections`](Self::subscriber_connections) show what the "server" holds.
 ///
 /// ```
 /// use redlease::{Config, LockManager};
@@ -301,7 +356,7 @@ impl MemoryNode {
         ids.len()
     }
 
-    /// Messages published so far (by releases that deleted their key, and permit releases while a waiter
+    /// Messages published so far (by releases that deleted their key or removed a permit while its waiter
     /// marker lived).
     pub fn published(&self) -> u64 {
         self.lock().published
@@ -420,7 +475,10 @@ impl MemoryNode {
     pub fn set(&self, key: &str, value: impl Into<Vec<u8>>, ttl: Option<Duration>) {
         let now = self.now();
         let expires_at = ttl.and_then(|ttl| self.clock.expiry(now, ttl));
-        self.lock().keys.insert(
+        let mut store = self.lock();
+        // A planted waiter marker counts as one written.
+        store.marked |= key.starts_with(notify::WAITING_PREFIX);
+        store.keys.insert(
             key.to_owned(),
             Entry {
                 value: value.into(),
@@ -676,7 +734,12 @@ impl RedisNode for MemoryNode {
                 self.clock.extend(entry, now, ttl);
                 Ok(Some(fence))
             }
-            Some(_) => Ok(None),
+            Some(entry) => {
+                // A contended fenced attempt marks the waiter marker, as the adapters' fenced script does.
+                let remaining = entry.expires_at.map(|at| self.clock.remaining(at, now));
+                store.mark_waiting(&self.clock, key, now, remaining, ttl);
+                Ok(None)
+            }
             None => {
                 let next = fence.unwrap_or(0) + 1;
                 // INCR keeps whatever TTL the counter has (normally none).
@@ -715,10 +778,11 @@ impl RedisNode for MemoryNode {
         }
     }
 
-    /// Compare-and-delete; a deletion publishes the release (see the type's docs).
+    /// Compare-and-delete; a deletion publishes the release while the key's waiter marker lives (see the
+    /// type's docs).
     async fn release(&self, key: &str, token: &Token) -> Result<bool, NodeError> {
         let now = self.now();
-        let deleted = {
+        let (deleted, listening) = {
             let mut store = self.lock();
             let ours = store
                 .live(key, now)
@@ -726,9 +790,9 @@ impl RedisNode for MemoryNode {
             if ours {
                 store.keys.remove(key);
             }
-            ours
+            (ours, ours && store.listening(key, now))
         };
-        if deleted {
+        if listening {
             self.publish(key, token);
         }
         Ok(deleted)
@@ -737,7 +801,7 @@ impl RedisNode for MemoryNode {
     /// The acquisition in one step: a fresh request is `SET key token NX PX ttl` (the profile says so: it
     /// never changes an existing key), any other the own-token branch of [`acquire`](RedisNode::acquire);
     /// on contention, the holder's remaining TTL when the request [wants it](ClaimRequest::wants_ttl) (as the
-    /// adapters' script does). It keeps no waiter markers: every release publishes.
+    /// adapters' script does), after marking the key's waiter marker in the same step (see the type's docs).
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
         let now = self.now();
         let mut store = self.lock();
@@ -746,12 +810,14 @@ impl RedisNode for MemoryNode {
                 self.clock.extend(entry, now, req.ttl);
                 Ok(Claim::Taken)
             }
-            Some(entry) => Ok(Claim::Held {
-                remaining: entry
-                    .expires_at
-                    .filter(|_| req.wants_ttl)
-                    .map(|at| self.clock.remaining(at, now)),
-            }),
+            Some(entry) => {
+                let remaining = entry.expires_at.map(|at| self.clock.remaining(at, now));
+                if !req.wants_ttl {
+                    return Ok(Claim::Held { remaining: None });
+                }
+                store.mark_waiting(&self.clock, req.key, now, remaining, req.ttl);
+                Ok(Claim::Held { remaining })
+            }
             None => {
                 store.keys.insert(
                     req.key.to_owned(),
@@ -818,7 +884,7 @@ impl RedisNode for MemoryNode {
     }
 
     /// All items under one lock (one call, one instant), all or nothing, every check before the first write,
-    /// as the adapters' script does; a release publishes each deletion.
+    /// as the adapters' script does; a release publishes each deletion while its key's waiter marker lives.
     async fn multi_key(
         &self,
         items: &[MultiKeyItem<'_>],
@@ -827,7 +893,8 @@ impl RedisNode for MemoryNode {
         let now = self.now();
         let ttl = match op {
             MultiKeyOp::Release => {
-                let deleted: Vec<bool> = {
+                // Per item: deleted, and whether its deletion publishes (its waiter marker lives).
+                let deleted: Vec<(bool, bool)> = {
                     let mut store = self.lock();
                     items
                         .iter()
@@ -838,16 +905,18 @@ impl RedisNode for MemoryNode {
                             if ours {
                                 store.keys.remove(item.key);
                             }
-                            ours
+                            (ours, ours && store.listening(item.key, now))
                         })
                         .collect()
                 };
-                for (item, deleted) in items.iter().zip(&deleted) {
-                    if *deleted {
+                for (item, (_, listening)) in items.iter().zip(&deleted) {
+                    if *listening {
                         self.publish(item.key, item.token);
                     }
                 }
-                return Ok(MultiKeyReply::Done(deleted));
+                return Ok(MultiKeyReply::Done(
+                    deleted.into_iter().map(|(d, _)| d).collect(),
+                ));
             }
             MultiKeyOp::Extend { ttl } => {
                 let mut store = self.lock();
@@ -1125,30 +1194,10 @@ impl RedisNode for MemoryNode {
             // The waiter marker (`notify::waiting_key`), as the adapters' permit scripts keep it: a blocked
             // acquisition marks it in this step to outlive its wait by the margin (never shortening it); a
             // release that removed a permit publishes only while it lives. Nothing deletes it.
-            let marker = notify::waiting_key(key);
-            if let (PermitReply::Full { next_expiry }, Some(marker)) = (reply, &marker) {
-                let hold = next_expiry
-                    .unwrap_or(ttl.as_duration())
-                    .saturating_add(Duration::from_millis(notify::WAITING_MARGIN_MS));
-                let until = self.clock.expiry(now, hold);
-                let longer = match store.live(marker, now) {
-                    // `PTTL` -1 (no expiry) is shorter than any hold, as the scripts compare it.
-                    Some(e) => e
-                        .expires_at
-                        .is_none_or(|at| until.is_some_and(|new| new > at)),
-                    None => true,
-                };
-                if longer {
-                    store.keys.insert(
-                        marker.clone(),
-                        Entry {
-                            value: b"1".to_vec(),
-                            expires_at: until,
-                        },
-                    );
-                }
+            if let PermitReply::Full { next_expiry } = reply {
+                store.mark_waiting(&self.clock, key, now, next_expiry, ttl);
             }
-            listening = marker.is_none_or(|m| store.live(&m, now).is_some());
+            listening = store.listening(key, now);
             match (fence, reply) {
                 (Some((fence_key, _)), PermitReply::Done) if issue.is_some() => {
                     let next = issue.unwrap_or_default();

@@ -75,6 +75,18 @@ impl RedisNode for Broken {
             let ours = self.inner.get(key).as_deref() == Some(token.as_str().as_bytes());
             return Ok(ours && self.inner.del(key));
         }
+        let marker = redlease::notify::waiting_key(key).unwrap();
+        if self.bug == "a lock release publishes without a waiter"
+            && self.inner.get(&marker).is_none()
+        {
+            // A release that publishes whether or not a waiter marked the key (the marker planted for the
+            // release alone, so that nothing else sees it).
+            self.inner
+                .set(&marker, "1", Some(std::time::Duration::from_secs(1)));
+            let released = self.inner.release(key, token).await;
+            self.inner.del(&marker);
+            return released;
+        }
         self.inner.release(key, token).await
     }
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
@@ -90,6 +102,10 @@ impl RedisNode for Broken {
             return Ok(Claim::Held { remaining: None });
         }
         let claim = self.inner.claim(req).await?;
+        if self.bug == "a waiting claim leaves no waiter marker" {
+            self.inner
+                .del(&redlease::notify::waiting_key(req.key).unwrap());
+        }
         if self.bug == "claim reports the TTL asked for" {
             if let Claim::Held { .. } = claim {
                 return Ok(Claim::Held {
@@ -121,10 +137,13 @@ impl RedisNode for Broken {
             && self.inner.get(&marker).is_none()
         {
             // A release that publishes whether or not a waiter marked the key: a plain lock's release of
-            // the same name publishes on the same channel.
+            // the same name publishes on the same channel (with a marker planted for it alone).
             let other = Token::random().unwrap();
             self.inner.acquire(key, &other, ttl).await?;
+            self.inner
+                .set(&marker, "1", Some(std::time::Duration::from_secs(1)));
             self.inner.release(key, &other).await?;
+            self.inner.del(&marker);
         }
         if self.bug == "a blocked permit acquisition leaves no waiter marker"
             && matches!(reply, PermitReply::Full { .. })
@@ -182,6 +201,14 @@ fn suite_catches_broken_nodes() {
         ),
         (
             "release publishes nothing",
+            "a_node_that_notifies_publishes_each_release_and_unsubscribes",
+        ),
+        (
+            "a lock release publishes without a waiter",
+            "a_node_that_notifies_publishes_each_release_and_unsubscribes",
+        ),
+        (
+            "a waiting claim leaves no waiter marker",
             "a_node_that_notifies_publishes_each_release_and_unsubscribes",
         ),
         (

@@ -391,9 +391,15 @@ pub(crate) async fn multi_key(
         MultiKeyOp::Release => {
             let command = if t.clustered() { "SPUBLISH" } else { "PUBLISH" };
             let channels: Vec<String> = keys.iter().map(|k| notify::channel(k)).collect();
+            // Each key's waiter marker (`''`: none, so its deletion always publishes).
+            let markers: Vec<String> = keys
+                .iter()
+                .map(|k| notify::waiting_key(k).unwrap_or_default())
+                .collect();
             let mut args: Vec<&str> = tokens.collect();
             args.push(command);
             args.extend(channels.iter().map(String::as_str));
+            args.extend(markers.iter().map(String::as_str));
             let reply = eval(t, &scripts::RELEASE_MANY, &keys, &args).await?;
             let flags = scripts::parse_flags(&scripts::RELEASE_MANY, reply, items.len())?;
             for item in items {
@@ -495,6 +501,41 @@ mod tests {
         let sent_tokens: Vec<&str> = args[..4].iter().map(String::as_str).collect();
         let expected: Vec<&str> = tokens.iter().map(Token::as_str).collect();
         assert_eq!(sent_tokens, expected);
+    }
+
+    /// A multi-key release sends each key's channel and waiter marker (`''` for a key without one), so
+    /// that the script publishes a deletion only while someone may wait for it.
+    #[test]
+    fn a_multi_key_release_sends_each_keys_waiter_marker() {
+        let t = ScriptCalls::default();
+        t.probe.set_mode(Commands::Scripts);
+        t.probe.set(Capabilities {
+            lua: true,
+            set_nx_get: true,
+            set_ifeq: false,
+            delifeq: false,
+            commands: Commands::Scripts,
+        });
+        let (a, b) = (Token::random().unwrap(), Token::random().unwrap());
+        let items = [
+            redlease::MultiKeyItem::new("jobs:a", &a),
+            redlease::MultiKeyItem::new("odd}b", &b),
+        ];
+        let reply = block_on(multi_key(&t, &items, redlease::MultiKeyOp::Release)).unwrap();
+        assert_eq!(reply, redlease::MultiKeyReply::Done(vec![true, true]));
+        let calls = t.calls.lock().unwrap();
+        let (keys, args) = &calls[0];
+        assert_eq!(keys, &["jobs:a", "odd}b"]);
+        let expected = [
+            a.as_str(),
+            b.as_str(),
+            "PUBLISH",
+            "redlease:released:{jobs:a}",
+            "odd}b",
+            "redlease:waiting:{jobs:a}",
+            "",
+        ];
+        assert_eq!(args, &expected);
     }
 
     /// Without Lua a batch is one watched transaction: `WATCH` and `MGET` of every key, and `PEXPIRE … GT`

@@ -219,14 +219,20 @@ return out
 /// Several compare-and-deletes in one atomic step ([`RedisNode::multi_key`](redlease::RedisNode::multi_key)
 /// with `Release`), each announced as [`RELEASE`](super::RELEASE) announces it. `KEYS[1..n]` the lock keys, `ARGV[1..n]` their
 /// tokens, `ARGV[n+1]` `PUBLISH`, `SPUBLISH` or `''` (no notification), `ARGV[n+2..2n+1]` each key's
-/// notification channel. Returns n flags: 1 deleted, 0 not (absent, another value, or a key of another type:
+/// notification channel, `ARGV[2n+2..3n+1]` each key's waiter marker ([`redlease::notify::waiting_key`]; `''`
+/// for a key without one). Returns n flags: 1 deleted, 0 not (absent, another value, or a key of another type:
 /// never touched). Every key is read before the first deletion, so an error reply (a refused read) changes
 /// nothing.
+///
+/// A deletion publishes (with `redis.pcall`, after its `DEL`) only when its key's marker exists, or cannot be
+/// read (say for a missing ACL permission), or the key has none: a release nobody waits for publishes
+/// nothing, key by key, as with [`RELEASE`](super::RELEASE). The markers are arguments, not declared keys, for
+/// the reason given there; each lies in its lock key's Redis Cluster slot, which all keys of the call share.
 pub const RELEASE_MANY: Script = Script {
     name: "release-many",
     source: r#"local n = #KEYS
-if #ARGV ~= 2 * n + 1 then
-  return redis.error_reply('ERR redlease: release_many wants a token and a channel per key, and the publish command')
+if #ARGV ~= 3 * n + 1 then
+  return redis.error_reply('ERR redlease: release_many wants a token, a channel and a waiter marker per key, and the publish command')
 end
 local held = {}
 for i = 1, n do
@@ -245,7 +251,8 @@ local out = {}
 for i = 1, n do
   if held[i] then
     redis.call('DEL', KEYS[i])
-    if publish == 'SPUBLISH' or publish == 'PUBLISH' then
+    local marker = ARGV[2 * n + 1 + i]
+    if (publish == 'SPUBLISH' or publish == 'PUBLISH') and (marker == '' or redis.pcall('EXISTS', marker) ~= 0) then
       redis.pcall(publish, ARGV[n + 1 + i], string.sub(ARGV[i], 1, 8))
     end
     out[i] = 1
@@ -255,5 +262,5 @@ for i = 1, n do
 end
 return out
 "#,
-    sha1: "d0fd6873e9756b0b6b43ec925143062dc23792cf",
+    sha1: "c8c49a67f7842c867a35397ebbad90b4c792415c",
 };

@@ -856,6 +856,100 @@ async fn a_release_publishes_only_when_a_waiter_may_listen_on_valkey_9_1_without
     .await;
 }
 
+/// A `lock_all` set released in one step (the multi-key release script) publishes only for the keys a
+/// waiter may be listening on: released 20 times with nobody waiting it publishes nothing, and with a waiter
+/// on one of its three keys it publishes exactly once (that key's waiter marker) and still wakes the waiter
+/// long before the set's 10 s TTL and the waiter's 30 s polls.
+async fn multi_key_release_publishes_only_for_waiters(flavor: Flavor, test: &str) {
+    let Some(server) = RedisServer::start_flavor_or_skip(test, flavor, &[]) else {
+        return;
+    };
+    for backend in BACKENDS {
+        let what = format!("{flavor} {backend:?}");
+        let node = common::node(backend, &server.url()).await;
+        let manager = LockManager::single(Arc::clone(&node), no_polling()).unwrap();
+        let keys: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|k| format!("push:{{many:{backend:?}}}:{k}"))
+            .collect();
+        let set = manager.lock_all(keys.iter().map(String::as_str));
+        let publishes = command_calls(&server, "publish");
+        for _ in 0..20 {
+            set.try_acquire().await.unwrap().release().await.unwrap();
+        }
+        assert_eq!(
+            command_calls(&server, "publish"),
+            publishes,
+            "{what}: multi-key releases without a waiter published"
+        );
+        // The releases went by the multi-key script, not key by key.
+        assert!(
+            server
+                .cmd(&["SCRIPT", "EXISTS", scripts::RELEASE_MANY.sha1])
+                .contains('1'),
+            "{what}: the multi-key release script was never run"
+        );
+        let held = set.try_acquire().await.unwrap();
+        let waiting = manager.lock(&keys[1]);
+        let waiter = tokio::spawn(async move {
+            let lease = waiting
+                .acquire_within(Duration::from_secs(20))
+                .await
+                .unwrap();
+            (Instant::now(), lease)
+        });
+        assert!(
+            eventually(Duration::from_secs(3), || numsub(
+                &server,
+                false,
+                &channel(&keys[1])
+            ) == 1)
+            .await,
+            "{what}: the waiter subscribed"
+        );
+        // The attempt the confirmed subscription triggers marks the key; a release before it is seen by
+        // that attempt, so the test does not depend on when it lands.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let publishes = command_calls(&server, "publish");
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let (at, lease) = tokio::time::timeout(Duration::from_secs(15), waiter)
+            .await
+            .expect("the waiter acquired")
+            .unwrap();
+        let waited = at.saturating_duration_since(released);
+        eprintln!("push: {what}: multi-key release, waiter acquired {waited:?} after it");
+        assert!(
+            waited < Duration::from_secs(2),
+            "{what}: woken {waited:?} after the multi-key release"
+        );
+        assert_eq!(
+            command_calls(&server, "publish") - publishes,
+            1,
+            "{what}: the multi-key release publishes for the waited-for key only"
+        );
+        lease.release().await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_release_publishes_only_for_keys_a_waiter_may_listen_on_redis_7_0() {
+    multi_key_release_publishes_only_for_waiters(
+        Flavor::Redis,
+        "a_multi_key_release_publishes_only_for_keys_a_waiter_may_listen_on_redis_7_0",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_release_publishes_only_for_keys_a_waiter_may_listen_on_valkey_9_1() {
+    multi_key_release_publishes_only_for_waiters(
+        Flavor::Valkey91,
+        "a_multi_key_release_publishes_only_for_keys_a_waiter_may_listen_on_valkey_9_1",
+    )
+    .await;
+}
+
 /// A semaphore or a read/write or fair lock's side, for the permit tests below.
 #[derive(Clone)]
 enum Permits {
@@ -1153,6 +1247,44 @@ async fn markers_outside_the_users_keys(flavor: Flavor, test: &str) {
             server.cmd(&["EXISTS", &marker]),
             "0",
             "{what}: no marker written"
+        );
+        // A `lock_all` set alike: the multi-key release, which cannot read its keys' markers, publishes.
+        let many = [
+            format!("push:{{lockkeys:{backend:?}}}:many-a"),
+            format!("push:{{lockkeys:{backend:?}}}:many-b"),
+        ];
+        let held = manager
+            .lock_all(many.iter().map(String::as_str))
+            .try_acquire()
+            .await
+            .unwrap();
+        let lock = manager.lock(&many[1]);
+        let waiter = tokio::spawn(async move {
+            let lease = lock.acquire_within(Duration::from_secs(20)).await.unwrap();
+            let at = Instant::now();
+            lease.release().await.unwrap();
+            at
+        });
+        assert!(
+            eventually(Duration::from_secs(3), || numsub(
+                &server,
+                false,
+                &channel(&many[1])
+            ) == 1)
+            .await,
+            "{what} lock_all: the waiter subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let at = tokio::time::timeout(Duration::from_secs(15), waiter)
+            .await
+            .expect("the waiter acquired")
+            .unwrap();
+        assert!(
+            at.saturating_duration_since(released) < Duration::from_secs(5),
+            "{what} lock_all: woken {:?} after the release",
+            at.saturating_duration_since(released)
         );
         // Permits alike: the blocked attempt's marker is refused (in the script, or the plain commands
         // under the Lua-less attempt's WATCH, whose claim still goes in), and the release, which cannot

@@ -714,12 +714,15 @@ impl Lock {
         let hold_until = self
             .max_hold_in_use()
             .and_then(|d| r.started.checked_add(d));
+        // The lease's validity, as `Acquired` reports it: a hold limit is reported by its own loss. (Clamped
+        // to a hold limit that the resuming round outlasted, the event would say the lease ended before it
+        // was resumed.)
         engine.hook.emit(
             &self.key,
             id,
             now,
             EventKind::Resumed {
-                valid_until: hold_until.map_or(valid_until, |h| valid_until.min(h)),
+                valid_until,
                 fence: ticket.fence,
             },
         );

@@ -539,11 +539,15 @@ fn notified_waiters_under_every_random_fault_never_overlap_over_300_seeds() {
 #[test]
 fn the_clean_up_of_a_failed_redlock_attempt_does_not_wake_the_acquisition_that_made_it() {
     // Another owner holds nodes 1 and 2; node 0 is free. Each attempt takes node 0 and cleans it up again,
-    // which publishes a release there: one that frees nothing for this acquisition.
+    // which publishes a release there: one that frees nothing for this acquisition. (It publishes because a
+    // waiter marker lives on node 0 — another client's waiter may be listening there; without one, a
+    // clean-up nobody waits for publishes nothing.)
     let mut c = Cluster::new(3, 10, no_polling());
     for i in [1, 2] {
         c.nodes[i].set("job", "someone-else", Some(secs(20)));
     }
+    let marker = redlease::notify::waiting_key("job").unwrap();
+    c.nodes[0].set(&marker, "1", Some(secs(60)));
     // Every call takes 1 ms, so that a waiter woken by its own clean-ups would spin through thousands of
     // attempts in these seconds (instead of livelocking one virtual instant).
     for f in &c.faults {
@@ -654,4 +658,61 @@ fn a_release_during_an_attempt_of_the_same_client_wakes_no_one_when_that_attempt
     // The newcomer's release wakes it.
     c.sim.run_for(ms(100));
     assert!(waiter.lock().unwrap().is_some());
+}
+
+#[test]
+fn a_plain_release_publishes_only_after_a_waiting_attempt_marked_the_key() {
+    let mut c = Cluster::new(1, 14, no_polling());
+    let lock = c.manager.lock("job");
+    let set = c.manager.lock_all(["{many}:a", "{many}:b", "{many}:c"]);
+    // Nobody waits: neither a plain release nor a multi-key one publishes.
+    for _ in 0..5 {
+        let lease = c.try_acquire(&lock).unwrap();
+        release(&mut c, lease);
+        c.sim
+            .block_on({
+                let set = set.clone();
+                async move { set.try_acquire().await.unwrap().release().await }
+            })
+            .unwrap();
+    }
+    // A single try that finds the key held marks nothing either (it does not wait).
+    let held = c.try_acquire(&lock).unwrap();
+    assert!(c.try_acquire(&lock).is_err(), "contended");
+    release(&mut c, held);
+    assert_eq!(c.nodes[0].published(), 0, "releases without a waiter");
+    assert_eq!(
+        c.nodes[0].get(&redlease::notify::waiting_key("job").unwrap()),
+        None,
+        "no waiter marker"
+    );
+    // A waiter on the plain lock, and one on a key of the set.
+    let held = c.try_acquire(&lock).unwrap();
+    let got = spawn_waiter(&c, &lock, secs(60));
+    let held_set = c
+        .sim
+        .block_on({
+            let set = set.clone();
+            async move { set.try_acquire().await }
+        })
+        .unwrap();
+    let got_b = spawn_waiter(&c, &c.manager.lock("{many}:b"), secs(60));
+    c.sim.run_for(ms(500));
+    let released = release(&mut c, held);
+    c.sim.run_for(ms(10));
+    assert_eq!(*got.lock().unwrap(), Some(released), "woken by the release");
+    // The waiter's own release publishes too: the marker outlives it (nothing deletes a marker).
+    assert_eq!(c.nodes[0].published(), 2);
+    c.sim
+        .block_on(async move { held_set.release().await })
+        .unwrap();
+    let released = c.now();
+    c.sim.run_for(ms(10));
+    assert_eq!(
+        *got_b.lock().unwrap(),
+        Some(released),
+        "woken by the set's release"
+    );
+    // The set's release published for its marked key only, then the waiter's release of it.
+    assert_eq!(c.nodes[0].published(), 2 + 1 + 1);
 }
