@@ -359,6 +359,50 @@ mod tests {
             assert_eq!(round.sleeps(), 1, "one grace timer, no deadline timer");
             assert_eq!(tallies[0].pending(), 1, "the straggler was let go");
         }
+        // A short round: the floor is a quarter of it (25 ms of 100 ms), not the 50 ms of longer rounds.
+        let round = Round::new(3);
+        let mut fanout = round.fanout();
+        let mut tallies = [Tally::new(3, 2, WaitFor::Decision)];
+        let deadline = [round.t0 + ms(100)];
+        let mut open = [true];
+        round.at(ms(5));
+        round.answer(0, Ok(true));
+        round.answer(1, Ok(true));
+        assert!(
+            !step(
+                &round,
+                &mut fanout,
+                true,
+                &mut tallies,
+                &deadline,
+                &mut open
+            )
+            .0
+        );
+        round.at(ms(29));
+        assert!(
+            !step(
+                &round,
+                &mut fanout,
+                true,
+                &mut tallies,
+                &deadline,
+                &mut open
+            )
+            .0
+        );
+        round.at(ms(30));
+        assert!(
+            step(
+                &round,
+                &mut fanout,
+                true,
+                &mut tallies,
+                &deadline,
+                &mut open
+            )
+            .0
+        );
         // A quorum late in the round: the grace ends at the deadline.
         let round = Round::new(3);
         let mut fanout = round.fanout();

@@ -716,3 +716,35 @@ fn a_plain_release_publishes_only_after_a_waiting_attempt_marked_the_key() {
     // The set's release published for its marked key only, then the waiter's release of it.
     assert_eq!(c.nodes[0].published(), 2 + 1 + 1);
 }
+
+/// A waiter's next attempt is planned from the TTL the current holder's answer reported, not from an
+/// earlier holder's: the hint of the shortest TTL is forgotten before each attempt. (A cargo-mutants
+/// survivor: without that reset, the first holder's 2 s stayed the minimum and the waiter tried every 2 s
+/// while the second holder kept the lock for 10 s.)
+#[test]
+fn a_waiters_next_attempt_follows_the_current_holders_ttl_not_an_earlier_ones() {
+    let mut c = Cluster::new(1, 3, no_polling());
+    let first = c
+        .try_acquire(&c.manager.lock("job").expiry(secs(2)))
+        .unwrap();
+    let t0 = c.now();
+    let got = spawn_waiter(&c, &c.manager.lock("job"), secs(60));
+    c.sim.run_for(ms(300));
+    // The first holder's release is not heard (its notification is lost) and a second holder takes the
+    // lock at once, for 10 s: the waiter wakes at the first holder's expiry and finds the second.
+    c.faults[0].drop_notifications(1);
+    release(&mut c, first);
+    let second = c
+        .try_acquire(&c.manager.lock("job").expiry(secs(10)))
+        .unwrap();
+    let t1 = c.now();
+    std::mem::forget(second);
+    c.sim.run_for(secs(15));
+    assert_eq!(
+        got.lock().unwrap().expect("acquired"),
+        t1 + secs(10) + ms(1)
+    );
+    // The first holder's and the second's acquisitions; the waiter's first attempt, the one its confirmed
+    // subscription triggered, the one at the first holder's expiry, and the one at the second's.
+    assert_eq!(c.faults[0].calls(Op::Acquire), 2 + 4);
+}
