@@ -604,7 +604,15 @@ async fn rw_watched_once(
         (Err(e), _) => return Err(e),
     };
     if replies.is_empty() {
-        // Aborted by the WATCH: nothing ran.
+        // Aborted by the WATCH: nothing ran. A blocked attempt (its marker and claim not confirmed) reports
+        // the lock held with nothing to wait for: a waiter tries again at once, a single try reports
+        // contention (reading again turned contended tries into `Busy` errors under churn). A grant or a
+        // refresh reads again.
+        if matches!(plan.outcome, RwOutcome::Blocked(_)) {
+            return Ok(Some(PermitReply::Full {
+                next_expiry: Some(std::time::Duration::ZERO),
+            }));
+        }
         return Ok(None);
     }
     if replies.len() != plan.writes.len() {

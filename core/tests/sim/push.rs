@@ -727,7 +727,6 @@ fn a_waiters_next_attempt_follows_the_current_holders_ttl_not_an_earlier_ones() 
     let first = c
         .try_acquire(&c.manager.lock("job").expiry(secs(2)))
         .unwrap();
-    let t0 = c.now();
     let got = spawn_waiter(&c, &c.manager.lock("job"), secs(60));
     c.sim.run_for(ms(300));
     // The first holder's release is not heard (its notification is lost) and a second holder takes the
