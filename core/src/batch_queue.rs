@@ -206,3 +206,141 @@ impl Batcher {
         q.sleeping = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
+    use std::task::Wake;
+
+    /// A queued lease that is never visited (the tests look at the queue alone).
+    struct Idle(Token, LeaseId);
+
+    impl Batched for Idle {
+        fn key(&self) -> &str {
+            "k"
+        }
+        fn token(&self) -> &Token {
+            &self.0
+        }
+        fn ttl(&self) -> Ttl {
+            Ttl::from_millis(1000).unwrap()
+        }
+        fn id(&self) -> LeaseId {
+            self.1
+        }
+        fn visit(&self, _: u32, _: bool) -> Option<(Duration, Instant)> {
+            None
+        }
+        fn prepare(&self) -> Option<Box<[u64]>> {
+            None
+        }
+        fn settle(
+            &self,
+            _: &Tally,
+            _: Instant,
+            _: Option<std::time::SystemTime>,
+            _: Instant,
+        ) -> Option<Entry> {
+            None
+        }
+        fn abandon(&self) -> Option<Entry> {
+            None
+        }
+    }
+
+    fn idle() -> Arc<Idle> {
+        Arc::new(Idle(Token::random().unwrap(), LeaseId::next()))
+    }
+
+    fn entry(lease: &Arc<Idle>, at: Instant) -> Entry {
+        let lease: Arc<dyn Batched> = lease.clone();
+        Entry::new(Arc::downgrade(&lease), 0, RenewalStep::RenewAt(at))
+    }
+
+    struct Wakes(AtomicUsize);
+
+    impl Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Atomic::SeqCst);
+        }
+    }
+
+    /// `BinaryHeap` orders by `Ord`; `Eq` must agree with it (entries due at the same instant are equal), and
+    /// the earliest entry comes out first.
+    #[test]
+    fn entries_are_equal_when_due_together_and_the_earliest_is_first() {
+        let (lease, t0) = (idle(), Instant::now());
+        let later = t0 + Duration::from_millis(5);
+        assert!(entry(&lease, t0) == entry(&lease, t0));
+        assert!(entry(&lease, t0) != entry(&lease, later));
+        assert_eq!(entry(&lease, t0).cmp(&entry(&lease, t0)), Ordering::Equal);
+        let mut heap: BinaryHeap<Entry> = [later, t0, later + Duration::from_millis(1)]
+            .into_iter()
+            .map(|at| entry(&lease, at))
+            .collect();
+        assert_eq!(heap.pop().map(|e| e.at), Some(t0));
+        assert_eq!(heap.pop().map(|e| e.at), Some(later));
+    }
+
+    /// A push wakes the sleeping driver only for an entry due before it would wake anyway, and claims the
+    /// driver's part once.
+    #[test]
+    fn a_push_wakes_the_driver_only_for_an_earlier_entry() {
+        let (lease, t0) = (idle(), Instant::now());
+        let until = t0 + Duration::from_millis(100);
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let batcher = Batcher::default();
+        assert!(
+            batcher.push([entry(&lease, until)], true),
+            "first push starts the driver"
+        );
+        assert!(
+            !batcher.push([entry(&lease, until)], true),
+            "a driver runs already"
+        );
+        let sleep = |b: &Batcher| b.lock().sleeping = Some((until, Waker::from(wakes.clone())));
+        let woken = || wakes.0.load(Atomic::SeqCst);
+        sleep(&batcher);
+        // Due at the same instant or later: the driver wakes in time anyway.
+        batcher.push([entry(&lease, until)], false);
+        batcher.push([entry(&lease, until + Duration::from_millis(1))], false);
+        assert_eq!(woken(), 0);
+        assert!(batcher.lock().sleeping.is_some());
+        // Due earlier: woken, and no longer recorded as sleeping.
+        batcher.push([entry(&lease, until - Duration::from_millis(1))], false);
+        assert_eq!(woken(), 1);
+        assert!(batcher.lock().sleeping.is_none());
+        // An empty push changes nothing.
+        sleep(&batcher);
+        assert!(!batcher.push([], true));
+        assert_eq!(woken(), 1);
+    }
+
+    /// Entries of leases dropped since are removed once the queue reaches its compaction size (at least
+    /// [`COMPACT_FLOOR`]), those of live leases kept; below it nothing is dropped.
+    #[test]
+    fn a_long_queue_drops_the_entries_of_leases_gone() {
+        let (live, t0) = (idle(), Instant::now());
+        let batcher = Batcher::default();
+        let gone = idle();
+        for _ in 0..COMPACT_FLOOR - 2 {
+            batcher.push([entry(&gone, t0)], false);
+        }
+        drop(gone);
+        batcher.push([entry(&live, t0)], false);
+        assert_eq!(
+            batcher.lock().due.len(),
+            COMPACT_FLOOR - 1,
+            "below the floor"
+        );
+        batcher.push([entry(&live, t0)], false);
+        assert_eq!(batcher.lock().due.len(), 2, "compacted at the floor");
+        assert_eq!(batcher.lock().compact_at, 4);
+        for _ in 0..10 {
+            batcher.push([entry(&live, t0)], false);
+        }
+        // Twelve live entries: never dropped, and the floor applies again.
+        assert_eq!(batcher.lock().due.len(), 12);
+    }
+}
