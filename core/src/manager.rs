@@ -239,11 +239,13 @@ impl LockManager {
         self.rebuild(|e| e.hook = e.hook.observed(observer))
     }
 
-    /// Describes a lock on `key` with this manager's defaults; adjust it with the builder methods.
-    pub fn lock(&self, key: impl Into<String>) -> Lock {
+    /// Describes a lock on `key` with this manager's defaults; adjust it with the builder methods. `key` is
+    /// anything that reads as a `str` (`&str`, `String`, `&String`, …): it is copied once, into the lock's
+    /// shared name.
+    pub fn lock(&self, key: impl AsRef<str>) -> Lock {
         Lock {
             engine: Arc::clone(&self.engine),
-            key: Arc::from(key.into()),
+            key: Arc::from(key.as_ref()),
             expiry: None,
             renew_every: None,
             background: false,

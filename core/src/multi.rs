@@ -27,7 +27,7 @@ impl LockManager {
         I: IntoIterator<Item = K>,
         K: Into<String>,
     {
-        MultiLock::new(keys.into_iter().map(|k| self.lock(k)).collect())
+        MultiLock::new(keys.into_iter().map(|k| self.lock(k.into())).collect())
     }
 }
 

@@ -90,7 +90,7 @@ impl LockManager {
         Ok(Semaphore {
             lock: self
                 .permit_manager(PermitOp::Acquire { permits }, quorum)
-                .lock(key),
+                .lock(key.into()),
             permits,
         })
     }

@@ -51,8 +51,14 @@ pub enum Verdict {
 #[derive(Debug, Clone)]
 pub struct Tally {
     replies: super::slots::Slots<Option<Reply>>,
-    required: usize,
+    /// The counts are `u32` (no manager has 2³² nodes) so that they fit where a `usize` `required` was:
+    /// a tally is kept across awaits in every acquisition future.
+    required: u32,
     wait: WaitFor,
+    /// `Yes` replies among `replies` (kept with them: the driver asks after every poll).
+    yes: u32,
+    /// Slots of `replies` that hold a reply.
+    answered: u32,
 }
 
 impl Tally {
@@ -60,8 +66,10 @@ impl Tally {
     pub fn new(n: usize, required: usize, wait: WaitFor) -> Self {
         Self {
             replies: super::slots::Slots::from_fn(n, |_| None),
-            required,
+            required: u32::try_from(required).unwrap_or(u32::MAX),
             wait,
+            yes: 0,
+            answered: 0,
         }
     }
 
@@ -69,6 +77,10 @@ impl Tally {
     /// ignored (the first answer stands).
     pub fn handle_reply(&mut self, index: usize, reply: Reply) {
         if let Some(slot @ None) = self.replies.get_mut(index) {
+            if matches!(reply, Reply::Yes) {
+                self.yes += 1;
+            }
+            self.answered += 1;
             *slot = Some(reply);
         }
     }
@@ -78,13 +90,14 @@ impl Tally {
         for slot in self.replies.iter_mut() {
             if slot.is_none() {
                 *slot = Some(Reply::Failed(error.clone()));
+                self.answered += 1;
             }
         }
     }
 
     /// Nodes that answered yes.
     pub fn yes(&self) -> usize {
-        self.count(|r| matches!(r, Reply::Yes))
+        self.yes as usize
     }
 
     /// Nodes that answered no.
@@ -99,12 +112,12 @@ impl Tally {
 
     /// Nodes that have not answered yet.
     pub fn pending(&self) -> usize {
-        self.replies.iter().filter(|r| r.is_none()).count()
+        self.replies.len() - self.answered as usize
     }
 
     /// The yes votes needed.
     pub fn required(&self) -> usize {
-        self.required
+        self.required as usize
     }
 
     /// Whether node `index` answered `Yes`.
@@ -167,9 +180,10 @@ impl Tally {
 
     /// The verdict so far.
     pub fn verdict(&self) -> Verdict {
-        if self.yes() >= self.required {
+        let (yes, required) = (self.yes(), self.required());
+        if yes >= required {
             Verdict::Quorum
-        } else if self.yes() + self.pending() < self.required {
+        } else if yes + self.pending() < required {
             Verdict::NoQuorum
         } else {
             Verdict::Pending
@@ -185,7 +199,7 @@ impl Tally {
     /// answer: held by another owner (acquire), not held by ours (extend, release). Unlike
     /// [`Verdict::NoQuorum`], failures and missing replies do not count: they say nothing about the key.
     pub fn refused(&self) -> bool {
-        self.no() > self.replies.len().saturating_sub(self.required)
+        self.no() > self.replies.len().saturating_sub(self.required())
     }
 
     /// Whether the driver may stop waiting for replies.
@@ -328,6 +342,31 @@ mod tests {
     }
 
     proptest! {
+        /// The counts kept as replies arrive are those of the replies themselves, whatever the order, with
+        /// second replies, indices out of range and a timeout among them.
+        #[test]
+        fn kept_counts_equal_a_recount(
+            n in 1usize..7,
+            steps in proptest::collection::vec((0usize..8, 0u8..4), 0..16),
+            timeout_at in proptest::option::of(0usize..16),
+        ) {
+            let mut t = Tally::new(n, quorum(n), WaitFor::All);
+            for (k, (i, r)) in steps.iter().enumerate() {
+                if timeout_at == Some(k) {
+                    t.handle_timeout(&NodeError::timed_out(std::time::Duration::from_millis(1)));
+                }
+                t.handle_reply(*i, match r {
+                    0 => Reply::Yes,
+                    1 => Reply::No,
+                    _ => Reply::Failed(err()),
+                });
+                let recount = |f: fn(&Reply) -> bool| t.replies().iter().flatten().filter(|r| f(r)).count();
+                prop_assert_eq!(t.yes(), recount(|r| matches!(r, Reply::Yes)));
+                prop_assert_eq!(t.no(), recount(|r| matches!(r, Reply::No)));
+                prop_assert_eq!(t.pending(), t.replies().iter().filter(|r| r.is_none()).count());
+            }
+        }
+
         #[test]
         fn verdict_agrees_with_counts(replies in proptest::collection::vec(0u8..4, 1..9)) {
             let n = replies.len();

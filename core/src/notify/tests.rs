@@ -88,4 +88,15 @@ fn channels_share_the_keys_hash_tag() {
     assert_eq!(channel("a{b"), "redlease:released:{a{b}");
     assert_eq!(channel("a{}b"), "a{}b");
     assert_eq!(channel("x}"), "x}");
+    // The waiter marker is named the same way, and has no name where the channel is the key itself.
+    assert_eq!(
+        waiting_key("a:{t}:lock").as_deref(),
+        Some("redlease:waiting:a:{t}:lock")
+    );
+    assert_eq!(
+        waiting_key("a{b").as_deref(),
+        Some("redlease:waiting:{a{b}")
+    );
+    assert_eq!(waiting_key("a{}b"), None);
+    assert_eq!(waiting_key("x}"), None);
 }
