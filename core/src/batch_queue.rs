@@ -343,4 +343,79 @@ mod tests {
         // Twelve live entries: never dropped, and the floor applies again.
         assert_eq!(batcher.lock().due.len(), 12);
     }
+
+    /// A clock moved by hand: its sleeps are ready once it reaches their deadline. It counts them.
+    #[derive(Clone)]
+    struct HandClock {
+        now: Arc<Mutex<Instant>>,
+        sleeps: Arc<AtomicUsize>,
+    }
+
+    impl crate::time::Timer for HandClock {
+        fn now(&self) -> Instant {
+            *self.now.lock().unwrap()
+        }
+        fn sleep_until(&self, deadline: Instant) -> Sleep {
+            self.sleeps.fetch_add(1, Atomic::SeqCst);
+            let now = Arc::clone(&self.now);
+            Box::pin(std::future::poll_fn(move |_| {
+                if *now.lock().unwrap() >= deadline {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                }
+            }))
+        }
+    }
+
+    /// The driver sleeps once per deadline however often it is polled, and a push of an earlier entry wakes
+    /// the waker of its latest poll (it may have moved to another task); then it takes what fell due.
+    #[test]
+    fn the_driver_sleeps_once_per_deadline_and_an_earlier_push_wakes_its_latest_waker() {
+        let (lease, t0) = (idle(), Instant::now());
+        let clock = HandClock {
+            now: Arc::new(Mutex::new(t0)),
+            sleeps: Arc::new(AtomicUsize::new(0)),
+        };
+        let timer = SharedTimer(Arc::new(clock.clone()));
+        let batcher = Batcher::default();
+        batcher.push([entry(&lease, t0 + Duration::from_millis(100))], true);
+        let (first, second) = (
+            Arc::new(Wakes(AtomicUsize::new(0))),
+            Arc::new(Wakes(AtomicUsize::new(0))),
+        );
+        let mut due = Box::pin(batcher.next_due(&timer, Duration::ZERO));
+        let mut poll = |wakes: &Arc<Wakes>| {
+            let waker = Waker::from(wakes.clone());
+            due.as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+        };
+        assert!(poll(&first).is_pending());
+        assert!(poll(&second).is_pending());
+        assert_eq!(
+            clock.sleeps.load(Atomic::SeqCst),
+            1,
+            "one sleep per deadline"
+        );
+        batcher.push([entry(&lease, t0 + Duration::from_millis(50))], false);
+        assert_eq!(first.0.load(Atomic::SeqCst), 0);
+        assert_eq!(
+            second.0.load(Atomic::SeqCst),
+            1,
+            "the latest waker is woken"
+        );
+        assert!(poll(&second).is_pending());
+        assert_eq!(
+            clock.sleeps.load(Atomic::SeqCst),
+            2,
+            "a new sleep for the new deadline"
+        );
+        *clock.now.lock().unwrap() = t0 + Duration::from_millis(50);
+        let Poll::Ready(Some(entries)) = poll(&second) else {
+            panic!("the entry due at 50 ms is taken")
+        };
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].at, t0 + Duration::from_millis(50));
+        assert_eq!(batcher.lock().due.len(), 1, "the later entry stays queued");
+    }
 }
