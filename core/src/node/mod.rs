@@ -322,7 +322,7 @@ pub trait RedisNode: Send + Sync {
     /// that may replace its connection unnoticed asks every time). Such a node can spare the core this call,
     /// and the round trip it costs, by answering the run id with the acquisition itself: a
     /// [`claim`](Self::claim) whose request carries a [slot](ClaimRequest::run_id) it filled is not followed
-    /// by `run_id` (the fenced acquisition always is). It must never report an old run id for a
+    /// by `run_id` (a fenced or multi-key acquisition always is). It must never report an old run id for a
     /// connection to a new server process; a run id that replaced one the node read before (or a server
     /// that started after the node first reached it) carries [`RunId::with_restarted_ago`].
     ///
