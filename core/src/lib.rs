@@ -98,7 +98,7 @@ pub use multi::{MultiLease, MultiLock};
 pub use node::{
     Applied, Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply,
     NodeError, NodeErrorKind, NodeFuture, NodeProfile, NodeWrapper, PermitOp, PermitReply,
-    RedisNode, ReplicaWait, RunId, Ttl,
+    RedisNode, ReplicaWait, RunId, RunIdSlot, Ttl,
 };
 pub use observe::{
     AttemptOutcome, CleanupCause, EventKind, LeaseEvent, LeaseId, NodeReply, Nodes, Observer,

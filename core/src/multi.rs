@@ -460,6 +460,7 @@ impl MultiLock {
                             ttl,
                         },
                         Ok(fence),
+                        None,
                         &notes,
                     )
                     .await;

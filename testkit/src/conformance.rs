@@ -33,7 +33,9 @@
 //! not, wanting the holder's TTL or not) against a free key, a key held by another token and a key holding
 //! its own token: `acquire`'s contracts, and a fresh claim that changes no existing key on a node whose
 //! [`fresh_is_nx`](redlease::NodeProfile::fresh_is_nx) says so. Also a
-//! [`run_id`](RedisNode::run_id) (non-empty, the same between calls, after a write and for another key) and
+//! [`run_id`](RedisNode::run_id) (non-empty, the same between calls, after a write and for another key; a
+//! claim that fills its [run id slot](redlease::ClaimRequest::run_id) fills it with what `run_id` answers,
+//! in every form, and a claim whose slot stays empty is fine) and
 //! [`wait_replicas`](RedisNode::wait_replicas) (a count, at once for none, fewer than asked and within about
 //! its timeout for a thousand) for a node that does not answer them [`NodeErrorKind::Unsupported`].
 
@@ -43,7 +45,7 @@ use std::time::Duration;
 use redlease::notify::{self, Subscription, Watch};
 use redlease::{
     Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply, NodeError,
-    NodeErrorKind, RedisNode, Timer, Token, Ttl, async_trait,
+    NodeErrorKind, RedisNode, RunIdSlot, Timer, Token, Ttl, async_trait,
 };
 
 /// An independent way to read what a node stored: the raw value and remaining TTL of a key, without going
@@ -98,6 +100,7 @@ pub const CASES: &[&str] = &[
     "raise_fence_never_lowers_and_later_fences_exceed_it",
     "raise_fence_refuses_a_non_integer_counter",
     "run_id_is_stable_between_calls",
+    "a_claim_reports_the_run_id_that_run_id_answers",
     "wait_replicas_for_none_answers_at_once",
     "wait_replicas_for_more_than_exist_answers_a_shortfall_within_its_timeout",
     "extend_many_answers_each_item_as_extend_would",
@@ -1263,6 +1266,34 @@ async fn run_case(c: &Ctx<'_>) -> Outcome {
                 format!("run_id after a write, for another key, is {other}; before it was {first}")
             })?;
             c.ok("release", node.release(&k, &t).await).map(|_| ())
+        }
+        "a_claim_reports_the_run_id_that_run_id_answers" => {
+            // An optional report: a claim may fill the slot its request carries, and then with the run id
+            // `run_id` answers (the same server); a slot left empty is fine (the core asks `run_id`).
+            let k = c.key("lock");
+            for (fresh, wants_ttl) in [(true, false), (true, true), (false, false), (false, true)] {
+                let t = token()?;
+                let slot = RunIdSlot::new();
+                let req = ClaimRequest::new(&k, &t, ttl(LONG))
+                    .fresh(fresh)
+                    .wants_ttl(wants_ttl)
+                    .report_run_id(&slot);
+                let got = c.ok("claim", node.claim(req).await)?;
+                let form = format!("fresh {fresh}, wants_ttl {wants_ttl}");
+                c.ensure(got.is_taken(), || {
+                    format!("a claim ({form}) of a free key with a run id slot answered {got:?}")
+                })?;
+                if let Some(reported) = slot.get() {
+                    let asked = c.ok("run_id", node.run_id(&k).await)?;
+                    c.ensure(asked == *reported, || {
+                        format!(
+                            "a claim ({form}) reported run id {reported}, but run_id answers {asked}"
+                        )
+                    })?;
+                }
+                c.ok("release", node.release(&k, &t).await)?;
+            }
+            Ok(())
         }
         "wait_replicas_for_more_than_exist_answers_a_shortfall_within_its_timeout" => {
             // No server has a thousand replicas: a node that claims the capability answers how many

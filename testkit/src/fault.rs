@@ -1042,8 +1042,11 @@ impl<N: RedisNode + 'static> RedisNode for FaultyNode<N> {
     }
 
     /// Counted and faulted as [`Op::Acquire`]; forwards to the inner node's own `claim` (its fast path, the
-    /// holder's TTL), with the same request.
-    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+    /// holder's TTL), with the same request but without its [run id slot](ClaimRequest::run_id): run ids
+    /// always come through [`run_id`](Self::run_id) (faulted as [`Op::RunId`]), so that a scripted or
+    /// `always` `Op::RunId` fault is never bypassed by a slot the inner node filled.
+    async fn claim(&self, mut req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        req.run_id = None;
         let detach = |n: Arc<N>| -> BoxFuture<Reply<Claim>> {
             let (key, token, ttl) = (req.key.to_owned(), req.token.clone(), req.ttl);
             let (fresh, wants_ttl) = (req.fresh, req.wants_ttl);

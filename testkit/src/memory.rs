@@ -394,6 +394,15 @@ impl MemoryNode {
         self.clock.now()
     }
 
+    /// What [`run_id`](RedisNode::run_id) answers for the server run `store` is in, at `now`.
+    fn run_id_of(&self, store: &Store, now: Instant) -> RunId {
+        let id = RunId::new(format!("memory-{}-run-{}", self.id, store.runs));
+        match store.restarted_at {
+            Some(at) => id.with_restarted_ago(now.saturating_duration_since(at)),
+            None => id,
+        }
+    }
+
     /// Steps the node's clock `by` forward, as an NTP step or an operator does to a server's wall clock
     /// (which is what Redis expires keys by): every key's remaining time shrinks by `by` at once. Clones
     /// share the clock. Only the node's expiry clock moves, not its timer.
@@ -802,9 +811,14 @@ impl RedisNode for MemoryNode {
     /// never changes an existing key), any other the own-token branch of [`acquire`](RedisNode::acquire);
     /// on contention, the holder's remaining TTL when the request [wants it](ClaimRequest::wants_ttl) (as the
     /// adapters' script does), after marking the key's waiter marker in the same step (see the type's docs).
+    /// Fills a [run id slot](ClaimRequest::run_id) with what [`run_id`](RedisNode::run_id) would answer,
+    /// read under the same lock as the claim (so never an earlier server's).
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
         let now = self.now();
         let mut store = self.lock();
+        if let Some(slot) = req.run_id {
+            slot.fill(self.run_id_of(&store, now));
+        }
         match store.live(req.key, now) {
             Some(entry) if !req.fresh && req.token.matches(&entry.value) => {
                 self.clock.extend(entry, now, req.ttl);
@@ -1232,15 +1246,8 @@ impl RedisNode for MemoryNode {
     /// [`restart`](MemoryNode::restart).
     async fn run_id(&self, _key: &str) -> Result<RunId, NodeError> {
         let now = self.now();
-        let (runs, restarted_at) = {
-            let store = self.lock();
-            (store.runs, store.restarted_at)
-        };
-        let id = RunId::new(format!("memory-{}-run-{runs}", self.id));
-        Ok(match restarted_at {
-            Some(at) => id.with_restarted_ago(now.saturating_duration_since(at)),
-            None => id,
-        })
+        let store = self.lock();
+        Ok(self.run_id_of(&store, now))
     }
 
     async fn wait_replicas(&self, _key: &str, wait: ReplicaWait) -> Result<u32, NodeError> {

@@ -90,6 +90,10 @@ impl RedisNode for Broken {
         self.inner.release(key, token).await
     }
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Claim, NodeError> {
+        if let (Some(slot), "a claim reports another server's run id") = (req.run_id, self.bug) {
+            // Filled first, so the inner node's fill does not go in.
+            slot.fill(RunId::new("another-server"));
+        }
         if self.bug == "a fresh claim extends an existing key" && req.fresh {
             return Ok(Claim::from_taken(
                 self.inner.acquire(req.key, req.token, req.ttl).await?,
@@ -234,6 +238,10 @@ fn suite_catches_broken_nodes() {
         (
             "run_id depends on the key",
             "run_id_is_stable_between_calls",
+        ),
+        (
+            "a claim reports another server's run id",
+            "a_claim_reports_the_run_id_that_run_id_answers",
         ),
         (
             "wait_replicas answers the number asked",

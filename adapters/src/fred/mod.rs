@@ -471,6 +471,7 @@ mod tests {
         let node = FredNode::new(client);
         let token = Token::random().expect("a token");
         let ttl = Ttl::from_millis(1000).expect("a TTL");
+        let slot = redlease::RunIdSlot::new();
         let sizes = [
             (
                 "acquire",
@@ -479,6 +480,16 @@ mod tests {
             (
                 "fresh_acquire",
                 std::mem::size_of_val(&ops::fresh_acquire(&node.transport, "k", &token, ttl)),
+            ),
+            (
+                "claim (fresh, reporting the run id: SET NX GET with INFO pipelined)",
+                std::mem::size_of_val(&ops::claim(
+                    &node.transport,
+                    redlease::ClaimRequest::new("k", &token, ttl)
+                        .fresh(true)
+                        .report_run_id(&slot),
+                    true,
+                )),
             ),
             (
                 "extend",
@@ -490,6 +501,7 @@ mod tests {
             ),
         ];
         for (op, size) in sizes {
+            eprintln!("{op}: {size} B (fred call {fred_call} B)");
             assert!(
                 size < fred_call * 3 / 2,
                 "{op}: a {size}-byte future for a {fred_call}-byte fred call"

@@ -1,13 +1,16 @@
 //! Acquisition, release, extension and inspection of one lock key: the scripts, and the native paths
 //! (`SET … NX GET`, `DELIFEQ`, the watched `PEXPIRE … GT`).
 
-use redlease::{Claim, ClaimRequest, KeyState, NodeError, NodeErrorKind, Token, Ttl, notify};
+use redlease::{
+    Claim, ClaimRequest, KeyState, NodeError, NodeErrorKind, RunIdSlot, Token, Ttl, notify,
+};
 
 use crate::Commands;
 use crate::scripts::{self, Reply, Script};
 
 use super::ledger::recorded;
 use super::probe::{check, checked, from_script, lua_absent, script_probe_failed, scripts_denied};
+use super::replication;
 use super::wait::acquire_with_ttl;
 use super::{
     Transport, Verb, Way, eval, note, note_refused, path, probe_tx, refused_command,
@@ -101,11 +104,21 @@ async fn acquire_unrecorded(
 /// A fresh acquisition: on an unchecked connection the check and the acquisition in one script (or, without
 /// Lua, the native probe first); then `SET key token NX GET PX ttl` where the server accepts it, else the
 /// fresh-acquire script (or `SET NX PX` without Lua).
+///
+/// With a `report` slot ([`ClaimRequest::run_id`]), the `SET … NX GET` carries `INFO server` pipelined
+/// behind it ([`Transport::command_and_publish`]: one write, one round trip, on the same connection,
+/// neither re-sent) where [`run_id`](replication::run_id) would have to ask the server (not on a cluster,
+/// and not where it answers from memory for the connection the `SET` takes); the answer goes through the
+/// same bookkeeping as `run_id`'s ([`replication::learned`]) into the slot. The `INFO` is answered after the
+/// `SET` on its connection, so its run id is that of the server that applied the `SET` or of a later one on
+/// that connection (what the slot may hold). An `INFO` that failed leaves the slot empty (the core asks
+/// `run_id`). The other forms leave it empty.
 async fn fresh_acquire_unrecorded(
     t: &impl Transport,
     key: &str,
     token: &Token,
     ttl: Ttl,
+    report: Option<&RunIdSlot>,
 ) -> Result<bool, NodeError> {
     let ttl = ttl.as_millis().to_string();
     // One check at a time: the calls made meanwhile wait for its answer (and then take the path it found).
@@ -147,14 +160,37 @@ async fn fresh_acquire_unrecorded(
         let reply = eval(t, &scripts::ACQUIRE_FRESH, &[key], &[token.as_str(), &ttl]).await?;
         return scripts::parse_flag(&scripts::ACQUIRE_FRESH, reply);
     }
-    let reply = t
-        .command(
-            &scripts::SET_NX,
-            key,
-            &["SET", key, token.as_str(), "NX", "GET", "PX", &ttl],
-        )
-        .await;
-    match note_refused(t, note(t, reply)) {
+    let args = ["SET", key, token.as_str(), "NX", "GET", "PX", &ttl];
+    // Where `run_id` would ask the server after this reply: the question rides along.
+    let ask = report.filter(|_| !t.clustered()).and_then(|slot| {
+        t.notice_reconnections();
+        let before = t.connection_id(key);
+        replication::remembered(t, before)
+            .is_none()
+            .then_some((slot, before))
+    });
+    let (reply, info) = match ask {
+        None => (t.command(&scripts::SET_NX, key, &args).await, None),
+        Some((slot, before)) => {
+            match t
+                .command_and_publish(&scripts::SET_NX, key, &args, &["INFO", "server"])
+                .await
+            {
+                Ok((reply, info)) => (Ok(reply), info.map(|info| (slot, before, info))),
+                Err(e) => (Err(e), None),
+            }
+        }
+    };
+    let reply = note_refused(t, note(t, reply));
+    if let (Ok(_), Some((slot, before, info))) = (&reply, info) {
+        // As `run_id` would have read it: the same parsing and restart bookkeeping (a reply that is not a
+        // run id leaves the slot empty, and the core asks `run_id`).
+        let after = t.connection_id(key);
+        if let Ok(id) = replication::learned(t, info, before, after) {
+            slot.fill(id);
+        }
+    }
+    match reply {
         Ok(reply) => scripts::parse_set_nx_get(reply),
         // Word it as the acquire script does: the lock key is the problem.
         Err(e) if e.kind() == NodeErrorKind::WrongType => {
@@ -459,10 +495,22 @@ pub(crate) async fn fresh_acquire(
     token: &Token,
     ttl: Ttl,
 ) -> Result<bool, NodeError> {
+    fresh_acquire_reporting(t, key, token, ttl, None).await
+}
+
+/// [`fresh_acquire`], with the run id of the server that applied it reported in `report` where it is
+/// learned in the same exchange (see [`fresh_acquire_unrecorded`]).
+async fn fresh_acquire_reporting(
+    t: &impl Transport,
+    key: &str,
+    token: &Token,
+    ttl: Ttl,
+    report: Option<&RunIdSlot>,
+) -> Result<bool, NodeError> {
     recorded(
         t,
         key,
-        || fresh_acquire_unrecorded(t, key, token, ttl),
+        || fresh_acquire_unrecorded(t, key, token, ttl, report),
         |ok| *ok,
     )
     .await
@@ -471,7 +519,9 @@ pub(crate) async fn fresh_acquire(
 /// [`RedisNode::claim`](redlease::RedisNode::claim): with [`wants_ttl`](ClaimRequest::wants_ttl), where the
 /// node learns the holder's TTL (`with_ttl`), the waiting acquisition ([`acquire_with_ttl`]); otherwise the
 /// fresh acquisition ([`fresh_acquire`]) or the own-token one ([`acquire`]), answering `Held` without a TTL
-/// on contention. The same commands as each of those alone.
+/// on contention. The same commands as each of those alone, except that a fresh one with a
+/// [run id slot](ClaimRequest::run_id) may pipeline `INFO server` behind its `SET … NX GET` to fill it
+/// (see [`fresh_acquire_unrecorded`]); the other forms leave the slot empty.
 pub(crate) async fn claim(
     t: &impl Transport,
     req: ClaimRequest<'_>,
@@ -483,13 +533,14 @@ pub(crate) async fn claim(
         ttl,
         fresh,
         wants_ttl,
+        run_id,
         ..
     } = req;
     if wants_ttl && with_ttl {
         return acquire_with_ttl(t, key, token, ttl, fresh).await;
     }
     let taken = if fresh {
-        fresh_acquire(t, key, token, ttl).await?
+        fresh_acquire_reporting(t, key, token, ttl, run_id).await?
     } else {
         acquire(t, key, token, ttl).await?
     };
@@ -576,6 +627,99 @@ mod tests {
             assert_eq!(claim, Claim::Held { remaining }, "{what}");
             assert_eq!(*t.sent.lock().unwrap(), sent, "{what}");
         }
+    }
+
+    fn info(run_id: &str, uptime: u64) -> Reply {
+        Reply::Bytes(
+            format!("# Server\r\nrun_id:{run_id}\r\nuptime_in_seconds:{uptime}\r\n").into_bytes(),
+        )
+    }
+
+    /// A fresh claim that asks for the run id, on a transport that cannot name its connection (fred), sends
+    /// `INFO server` pipelined behind its `SET … NX GET` (one write: `command_and_publish`) and reports the
+    /// answer; one whose transport knows its connection and remembers the run id read on it sends the `SET`
+    /// alone (`run_id` answers from memory). Without a slot, the `SET` alone as before.
+    #[test]
+    fn a_fresh_claim_with_a_run_id_slot_pipelines_info_only_where_run_id_would_ask() {
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let token = Token::random().unwrap();
+        let claim_with = |t: &crate::ops::testing::Scripted, slot: Option<&RunIdSlot>| {
+            t.replies.lock().unwrap().push_back(Ok(Reply::Nil));
+            let mut req = ClaimRequest::new("l", &token, ttl).fresh(true);
+            if let Some(slot) = slot {
+                req = req.report_run_id(slot);
+            }
+            assert_eq!(block_on(claim(t, req, true)).unwrap(), Claim::Taken);
+            std::mem::take(&mut *t.sent.lock().unwrap())
+        };
+        // A connection the transport cannot name: asked with the SET, every time.
+        let t = native();
+        for id in ["aaaa", "aaaa"] {
+            t.seconds.lock().unwrap().push_back(Some(info(id, 100)));
+            let slot = RunIdSlot::new();
+            assert_eq!(claim_with(&t, Some(&slot)), ["SET+INFO"]);
+            assert_eq!(slot.get().map(redlease::RunId::as_str), Some(id));
+        }
+        assert_eq!(
+            t.tx_args.lock().unwrap().last().unwrap()[1],
+            ["INFO", "server"]
+        );
+        // No slot: the SET alone.
+        assert_eq!(claim_with(&t, None), ["SET"]);
+        // An INFO that failed (the second reply is `None`): the claim stands, the slot stays empty.
+        t.seconds.lock().unwrap().push_back(None);
+        let slot = RunIdSlot::new();
+        assert_eq!(claim_with(&t, Some(&slot)), ["SET+INFO"]);
+        assert!(slot.get().is_none());
+        // A connection the transport names: asked once, with the SET; then remembered for it, so the SET
+        // goes alone and the slot stays empty (the core's `run_id` answers from memory, no command).
+        let t = native();
+        *t.conn.lock().unwrap() = Some(1);
+        t.seconds.lock().unwrap().push_back(Some(info("aaaa", 100)));
+        let slot = RunIdSlot::new();
+        assert_eq!(claim_with(&t, Some(&slot)), ["SET+INFO"]);
+        assert_eq!(slot.get().map(redlease::RunId::as_str), Some("aaaa"));
+        let slot = RunIdSlot::new();
+        assert_eq!(claim_with(&t, Some(&slot)), ["SET"]);
+        assert!(slot.get().is_none());
+        let id = block_on(replication::run_id(&t, "l")).unwrap();
+        assert_eq!(id.as_str(), "aaaa");
+        assert!(t.sent.lock().unwrap().is_empty(), "answered from memory");
+    }
+
+    /// The run id a pipelined `INFO` reports goes through `run_id`'s bookkeeping: a changed one is a restart
+    /// dated by the new server's uptime, and what was learned about the old server is forgotten.
+    #[test]
+    fn a_run_id_reported_with_a_claim_detects_a_restart_as_run_id_does() {
+        let ttl = Ttl::from_millis(1000).unwrap();
+        let t = native();
+        let claim_reporting = |id: &str, uptime: u64| {
+            let token = Token::random().unwrap();
+            t.replies.lock().unwrap().push_back(Ok(Reply::Nil));
+            t.seconds.lock().unwrap().push_back(Some(info(id, uptime)));
+            let slot = RunIdSlot::new();
+            let req = ClaimRequest::new("l", &token, ttl)
+                .fresh(true)
+                .report_run_id(&slot);
+            assert_eq!(block_on(claim(&t, req, true)).unwrap(), Claim::Taken);
+            slot.get().cloned().expect("reported")
+        };
+        assert_eq!(claim_reporting("aaaa", 100).restarted_ago(), None);
+        assert!(t.probe.get().is_some());
+        let restarted = claim_reporting("bbbb", 7);
+        assert_eq!(restarted.as_str(), "bbbb");
+        let ago = restarted.restarted_ago().expect("a restart seen");
+        assert!(ago >= std::time::Duration::from_secs(6), "{ago:?}");
+        assert!(ago < std::time::Duration::from_secs(7), "{ago:?}");
+        assert!(
+            t.probe.get().is_none(),
+            "the old server's capabilities forgotten"
+        );
+        // `run_id` asked afterwards agrees, restart included.
+        t.replies.lock().unwrap().push_back(Ok(info("bbbb", 8)));
+        let asked = block_on(replication::run_id(&t, "l")).unwrap();
+        assert_eq!(asked, restarted);
+        assert!(asked.restarted_ago().is_some());
     }
 
     /// Without Lua the extension is the watched transaction: it extends only a key holding our token, with

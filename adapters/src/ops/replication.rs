@@ -53,13 +53,8 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
     }
     t.notice_reconnections();
     let before = t.connection_id(key);
-    {
-        let state = t.probe().lock();
-        if let (Some(conn), Some((on, id))) = (before, &state.run_id)
-            && conn == *on
-        {
-            return Ok(reported(&state, id.clone()));
-        }
+    if let Some(id) = remembered(t, before) {
+        return Ok(id);
     }
     let reply = match note(t, t.command(&INFO, key, &["INFO", "server"]).await) {
         Ok(reply) => reply,
@@ -73,6 +68,31 @@ pub(crate) async fn run_id(t: &impl Transport, key: &str) -> Result<RunId, NodeE
         Err(e) => return Err(e),
     };
     let after = t.connection_id(key);
+    learned(t, reply, before, after)
+}
+
+/// What [`run_id`] answers from memory for the connection `conn` ([`Transport::connection_id`] before the
+/// call): the run id read on that very connection, if any. `None`: [`run_id`] would ask the server.
+pub(super) fn remembered(t: &impl Transport, conn: Option<u64>) -> Option<RunId> {
+    let state = t.probe().lock();
+    match (conn, &state.run_id) {
+        (Some(conn), Some((on, id))) if conn == *on => Some(reported(&state, id.clone())),
+        _ => None,
+    }
+}
+
+/// The run id in `reply`, an `INFO server` answer that went out while the transport named connection
+/// `before` and came back while it named `after` (see [`Transport::connection_id`]), with what [`run_id`]
+/// does with it: a restart seen (a run id other than the one seen before, or a server younger than the
+/// node's first answer) forgets what was learned about the old server and is dated by the new one's uptime;
+/// the id is remembered for a connection that carried the `INFO` from start to end. Shared by [`run_id`]
+/// and the acquisition that pipelines its `INFO` behind its `SET` (so both update the same state alike).
+pub(super) fn learned(
+    t: &impl Transport,
+    reply: Reply,
+    before: Option<u64>,
+    after: Option<u64>,
+) -> Result<RunId, NodeError> {
     let Reply::Bytes(text) = reply else {
         return Err(NodeError::not_applied(
             NodeErrorKind::Protocol,

@@ -181,3 +181,87 @@ fn a_fred_client_that_talked_to_every_server_never_counts_a_restarted_one_while_
         Kind::FredClient,
     );
 }
+
+/// Counts the core's `run_id` calls on one node; forwards everything else (the claim with its run id slot
+/// included) as `NodeWrapper` does by default.
+struct CountsRunIds {
+    inner: Arc<dyn RedisNode>,
+    calls: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[redlease::async_trait]
+impl redlease::NodeWrapper for CountsRunIds {
+    type Inner = Arc<dyn RedisNode>;
+
+    fn inner(&self) -> &Self::Inner {
+        &self.inner
+    }
+
+    async fn run_id(&self, key: &str) -> Result<redlease::RunId, redlease::NodeError> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        RedisNode::run_id(&*self.inner, key).await
+    }
+}
+
+/// The restart check after each Redlock acquisition costs no round trip of its own: where a node would
+/// have to ask the server (fred, a reconnecting `ConnectionManager`: they cannot name the connection a reply
+/// came on), its `INFO server` rides behind the acquisition's `SET … NX GET` in one write and the core calls
+/// no `run_id`; where the node answers from memory (a multiplexed connection), no `INFO` is sent at all.
+/// Counted on the servers (`INFO commandstats`): every `INFO` came with a `SET`, one per `SET`.
+#[test]
+fn a_redlock_acquisition_checks_for_restarts_without_a_separate_info_round_trip() {
+    use crate::common::Backend;
+    use crate::stats::Stats;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const N: u64 = 10;
+    on_every_server(
+        "a_redlock_acquisition_checks_for_restarts_without_a_separate_info_round_trip",
+        |flavor| async move {
+            let servers = RedisServers::start_flavor(flavor, 3);
+            let urls = servers.urls();
+            for backend in common::ALL_BACKENDS {
+                let calls = Arc::new(AtomicU64::new(0));
+                let mut nodes: Vec<Arc<dyn RedisNode>> = Vec::new();
+                for url in &urls {
+                    nodes.push(Arc::new(CountsRunIds {
+                        inner: common::node(backend, url).await,
+                        calls: calls.clone(),
+                    }));
+                }
+                let manager = LockManager::redlock_dyn(nodes, config(TTL)).unwrap();
+                let lock = manager.lock(format!("live:restarts:{{info:{backend:?}}}:lock"));
+                // Warm: the first acquisition checks each connection's capabilities (its run id asked apart).
+                for _ in 0..2 {
+                    lock.try_acquire().await.unwrap().release().await.unwrap();
+                }
+                // What two snapshots alone count (each snapshot's own `INFO` shows in the next one).
+                let before: Vec<_> = servers.iter().map(Stats::of).collect();
+                let mid: Vec<_> = servers.iter().map(Stats::of).collect();
+                let calls_before = calls.load(Ordering::Relaxed);
+                for _ in 0..N {
+                    lock.try_acquire().await.unwrap().release().await.unwrap();
+                }
+                let run_id_calls = calls.load(Ordering::Relaxed) - calls_before;
+                for (i, server) in servers.iter().enumerate() {
+                    let seen = Stats::of(server).since(&mid[i]);
+                    let infos = seen.sent("info") - mid[i].since(&before[i]).sent("info");
+                    let sets = seen.sent("set");
+                    let what = format!("{backend:?}, server {i}: {infos} INFO, {sets} SET");
+                    assert!(sets > 0, "{what}");
+                    if backend == Backend::RedisMultiplexed {
+                        assert_eq!(infos, 0, "{what}: answered from memory");
+                    } else {
+                        assert_eq!(infos, sets, "{what}: one INFO with each SET, none apart");
+                    }
+                }
+                if backend != Backend::RedisMultiplexed {
+                    assert_eq!(
+                        run_id_calls, 0,
+                        "{backend:?}: the run id comes with the acquisition, never asked apart"
+                    );
+                }
+            }
+        },
+    );
+}

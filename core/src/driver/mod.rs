@@ -9,7 +9,7 @@ use crate::config::Config;
 use crate::machine::slots::Slots;
 use crate::machine::{Jitter, Reply, Tally, WaitFor};
 use crate::node::{
-    Claim, ClaimRequest, NodeError, NodeErrorKind, NodeProfile, RedisNode, RunId, Ttl,
+    Claim, ClaimRequest, NodeError, NodeErrorKind, NodeProfile, RedisNode, RunId, RunIdSlot, Ttl,
 };
 use crate::observe::{CleanupCause, EventKind, LeaseId, Nodes};
 use crate::time::SharedTimer;
@@ -476,7 +476,8 @@ impl Engine {
                                 let taken = node
                                     .acquire_fenced(req.key, fence_key, req.token, req.ttl)
                                     .await;
-                                self.after_acquire(i, node, req, taken, notes_ref).await
+                                self.after_acquire(i, node, req, taken, None, notes_ref)
+                                    .await
                             })
                         },
                         Option::is_some,
@@ -492,10 +493,17 @@ impl Engine {
                         |i, node| {
                             let fresh = fresh.get(i);
                             Box::pin(async move {
+                                // Where the reply is followed by a restart check, the node may answer the
+                                // run id with it (one exchange instead of two). The slot lives in this boxed
+                                // per-node future, not in the acquisition's.
+                                let mut slot = self.restart_check().map(|_| RunIdSlot::new());
                                 // An acquisition that may wait asks for the holder's TTL too, on contention.
-                                let claim = ClaimRequest::new(req.key, req.token, req.ttl)
+                                let mut claim = ClaimRequest::new(req.key, req.token, req.ttl)
                                     .fresh(fresh)
                                     .wants_ttl(hint.is_some());
+                                if let Some(slot) = &slot {
+                                    claim = claim.report_run_id(slot);
+                                }
                                 let taken = node.claim(claim).await.map(|claim| match claim {
                                     Claim::Held { remaining } => {
                                         if let Some(hint) = hint {
@@ -505,7 +513,9 @@ impl Engine {
                                     }
                                     Claim::Taken => Some(0),
                                 });
-                                self.after_acquire(i, node, req, taken, notes_ref).await
+                                let reported = slot.as_mut().and_then(RunIdSlot::take);
+                                self.after_acquire(i, node, req, taken, reported, notes_ref)
+                                    .await
                             })
                         },
                         Option::is_some,
@@ -520,9 +530,21 @@ impl Engine {
         }
     }
 
+    /// The restart quarantine [`after_acquire`](Self::after_acquire) checks an acquisition reply against
+    /// (before it is stretched to the lock's TTL), if it checks at all: where a restart quarantines the node
+    /// (Redlock), or is only reported and something listens for the event (single mode). `None`: the node's
+    /// run id is not asked.
+    fn restart_check(&self) -> Option<Duration> {
+        self.config
+            .restart_quarantine()
+            .filter(|_| self.quarantines_restarts || self.hook.active())
+    }
+
     /// What follows a node's acquisition reply, on the same node and before the round counts it:
     ///
-    /// 1. restart detection: the node's [`RunId`] is compared with the last one seen; in Redlock mode a yes
+    /// 1. restart detection: the node's [`RunId`] (`reported` with the reply, through the claim's
+    ///    [`RunIdSlot`], else asked with [`RedisNode::run_id`]) is compared with the last one seen; in
+    ///    Redlock mode a yes
     ///    from a node in its restart quarantine becomes an ambiguous [`NodeErrorKind::Restarted`] error (the
     ///    key was written: the failed attempt's clean-up deletes it);
     /// 2. fence regression: a fence no larger than one this process received from the counter releases the
@@ -535,6 +557,7 @@ impl Engine {
         node: &dyn RedisNode,
         req: AcquireRequest<'_>,
         taken: Result<Option<u64>, NodeError>,
+        reported: Option<RunId>,
         notes: &Notes,
     ) -> Result<Option<u64>, NodeError> {
         let AcquireRequest {
@@ -546,13 +569,13 @@ impl Engine {
         let value = taken?;
         let redlock = self.quarantines_restarts;
         // Where restarts are only reported (an event): nobody listens, nothing to ask.
-        let quarantine = self
-            .config
-            .restart_quarantine()
-            .filter(|_| redlock || self.hook.active());
-        if let Some(quarantine) = quarantine {
+        if let Some(quarantine) = self.restart_check() {
             let quarantine = quarantine.max(ttl.as_duration());
-            match node.run_id(key).await {
+            let run_id = match reported {
+                Some(run_id) => Ok(run_id),
+                None => node.run_id(key).await,
+            };
+            match run_id {
                 Ok(run_id) => {
                     let now = self.timer.now();
                     let window = if redlock { quarantine } else { Duration::ZERO };

@@ -17,7 +17,7 @@ use readiness::Readiness;
 pub use crate::node_error::{Applied, NodeError, NodeErrorKind};
 pub use types::{
     Claim, ClaimRequest, ExtendItem, KeyState, MultiKeyItem, MultiKeyOp, MultiKeyReply,
-    NodeProfile, PermitOp, PermitReply, ReplicaWait, RunId, Ttl,
+    NodeProfile, PermitOp, PermitReply, ReplicaWait, RunId, RunIdSlot, Ttl,
 };
 
 /// One logical Redis authority: a standalone server, a primary with its replicas behind failover, or one Redis
@@ -217,6 +217,14 @@ pub trait RedisNode: Send + Sync {
     ///   ([`notify::waiting_key`](crate::notify::waiting_key)) marks the key on a contended `wants_ttl`
     ///   request, before it reads the holder's TTL. Without `wants_ttl`, `remaining` may be `None` and no
     ///   marker is written.
+    /// - **Reports the run id** (`run_id: Some(slot)`, asked where the core would call
+    ///   [`run_id`](Self::run_id) after the reply): a node that learns the [`RunId`] of the server that
+    ///   applied the claim in the same ordered exchange (an `INFO server` pipelined behind the acquisition on
+    ///   its connection) may [fill](RunIdSlot::fill) the slot with it — that server's or a later one's on the
+    ///   same ordered connection, never an earlier one's (see [`RunIdSlot`]) — with the same answer and the
+    ///   same restart bookkeeping as [`run_id`](Self::run_id). The core then does not call `run_id` for this
+    ///   reply. A node may ignore the slot (the default does); the core then calls `run_id`, as it does
+    ///   without a slot.
     ///
     /// The default calls [`acquire`](Self::acquire) for every request, and answers `Taken` or
     /// `Held { remaining: None }` ([`Claim::from_taken`]), which costs no extra command; its fresh request is
@@ -311,7 +319,10 @@ pub trait RedisNode: Send + Sync {
     /// It must be cheap: a
     /// node learns it once per connection (`INFO server`) and again after a reconnect, and answers from that
     /// memory otherwise — only where it knows for certain which connection its next command takes (a client
-    /// that may replace its connection unnoticed asks every time). It must never report an old run id for a
+    /// that may replace its connection unnoticed asks every time). Such a node can spare the core this call,
+    /// and the round trip it costs, by answering the run id with the acquisition itself: a
+    /// [`claim`](Self::claim) whose request carries a [slot](ClaimRequest::run_id) it filled is not followed
+    /// by `run_id` (a fenced or multi-key acquisition always is). It must never report an old run id for a
     /// connection to a new server process; a run id that replaced one the node read before (or a server
     /// that started after the node first reached it) carries [`RunId::with_restarted_ago`].
     ///

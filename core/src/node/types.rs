@@ -1,8 +1,8 @@
 //! The values node operations take and answer: [`Ttl`], [`KeyState`], [`ClaimRequest`], [`Claim`], [`RunId`],
-//! [`ReplicaWait`], and the items of the batched, multi-key and permit operations.
+//! [`RunIdSlot`], [`ReplicaWait`], and the items of the batched, multi-key and permit operations.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::token::Token;
@@ -90,23 +90,29 @@ impl fmt::Debug for KeyState {
 }
 
 /// One acquisition request ([`RedisNode::claim`](crate::RedisNode::claim)): the key, the acquisition's token
-/// and TTL, and what the caller knows and wants — whether the token is [fresh](Self::fresh) on this node, and
-/// whether it [wants the holder's TTL](Self::wants_ttl) on contention.
+/// and TTL, and what the caller knows and wants — whether the token is [fresh](Self::fresh) on this node,
+/// whether it [wants the holder's TTL](Self::wants_ttl) on contention, and whether it would like the
+/// [run id](Self::run_id) of the server that answered.
 ///
 /// New facts are added as fields (`#[non_exhaustive]`), each defaulting to what a request without it meant,
 /// so a node written for an older version keeps compiling and keeps its behaviour. `Debug` shows the token
 /// redacted, as [`Token`]'s own `Debug` does.
 ///
 /// ```
-/// use redlease::{ClaimRequest, Token, Ttl};
+/// use redlease::{ClaimRequest, RunIdSlot, Token, Ttl};
 ///
 /// let token = Token::random().unwrap();
 /// let ttl = Ttl::from_millis(30_000).unwrap();
 /// let req = ClaimRequest::new("orders:42", &token, ttl).fresh(true).wants_ttl(true);
 /// assert!(req.fresh && req.wants_ttl);
 /// let plain = ClaimRequest::new("orders:42", &token, ttl);
-/// assert!(!plain.fresh && !plain.wants_ttl);
+/// assert!(!plain.fresh && !plain.wants_ttl && plain.run_id.is_none());
 /// assert!(!format!("{req:?}").contains(token.as_str()));
+///
+/// // A caller that wants the answering server's run id passes a slot the node may fill.
+/// let slot = RunIdSlot::new();
+/// let asked = plain.report_run_id(&slot);
+/// assert!(asked.run_id.is_some());
 /// ```
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -125,6 +131,11 @@ pub struct ClaimRequest<'a> {
     /// On contention, report the holder's remaining TTL learned in the same atomic step (for a waiting
     /// acquisition; a node may ignore it and answer `None`). `false` (the default): no TTL is needed.
     pub wants_ttl: bool,
+    /// Where the node may report the [`RunId`] of the server that applied this claim, if it learns it in the
+    /// same ordered exchange (an `INFO server` pipelined behind the acquisition on its connection, say); see
+    /// [`RunIdSlot`] for what may go in. `None` (the default): not wanted. A node that leaves a given slot
+    /// empty loses nothing: the core then asks [`RedisNode::run_id`](crate::RedisNode::run_id) as before.
+    pub run_id: Option<&'a RunIdSlot>,
 }
 
 impl<'a> ClaimRequest<'a> {
@@ -137,6 +148,7 @@ impl<'a> ClaimRequest<'a> {
             ttl,
             fresh: false,
             wants_ttl: false,
+            run_id: None,
         }
     }
 
@@ -152,6 +164,56 @@ impl<'a> ClaimRequest<'a> {
     pub fn wants_ttl(mut self, wants_ttl: bool) -> Self {
         self.wants_ttl = wants_ttl;
         self
+    }
+
+    /// With a slot for the run id of the server that applies the claim (see [`run_id`](Self::run_id)).
+    #[must_use]
+    pub fn report_run_id(mut self, slot: &'a RunIdSlot) -> Self {
+        self.run_id = Some(slot);
+        self
+    }
+}
+
+/// Where a node reports, with its [`claim`](crate::RedisNode::claim)'s answer, the [`RunId`] of the server
+/// that applied the claim ([`ClaimRequest::report_run_id`]): a restart check that costs no round trip of its
+/// own.
+///
+/// **What may go in:** the run id of the server that answered this claim, or of a server that answered a
+/// *later* command on the same ordered connection (a restart in between is then reported early, which only
+/// makes the caller more careful) — never one learned before the claim was answered (an earlier server's:
+/// that would hide a restart). Where the node reads it as [`run_id`](crate::RedisNode::run_id) would (the
+/// same memory, the same restart bookkeeping, [`RunId::restarted_ago`] included), the two answers agree.
+///
+/// A node need not fill it: an empty slot means "not learned", and the caller asks
+/// [`run_id`](crate::RedisNode::run_id) as it would without a slot. The first [`fill`](Self::fill) wins.
+#[derive(Default)]
+pub struct RunIdSlot(OnceLock<RunId>);
+
+impl RunIdSlot {
+    /// An empty slot.
+    pub const fn new() -> Self {
+        Self(OnceLock::new())
+    }
+
+    /// Reports `id`, if nothing was reported yet (the first fill wins); whether this one went in.
+    pub fn fill(&self, id: RunId) -> bool {
+        self.0.set(id).is_ok()
+    }
+
+    /// The reported run id, if any.
+    pub fn get(&self) -> Option<&RunId> {
+        self.0.get()
+    }
+
+    /// The reported run id, if any, emptying the slot.
+    pub fn take(&mut self) -> Option<RunId> {
+        self.0.take()
+    }
+}
+
+impl fmt::Debug for RunIdSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RunIdSlot").field(&self.get()).finish()
     }
 }
 

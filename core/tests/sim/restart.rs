@@ -341,3 +341,111 @@ fn managers_on_different_timers_do_not_share_a_quarantine_deadline() {
     std::mem::forget(lease);
     std::mem::forget(second);
 }
+
+/// Counts `run_id` calls and forwards everything else as `NodeWrapper` does by default (the claim with its
+/// run id slot included).
+struct CountsRunIds {
+    inner: Box<dyn redlease::RedisNode>,
+    calls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[redlease::async_trait]
+impl redlease::NodeWrapper for CountsRunIds {
+    type Inner = Box<dyn redlease::RedisNode>;
+
+    fn inner(&self) -> &Self::Inner {
+        &self.inner
+    }
+
+    async fn run_id(&self, key: &str) -> Result<redlease::RunId, redlease::NodeError> {
+        self.calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.inner.run_id(key).await
+    }
+}
+
+/// A node that never reports a run id with its claim (it drops the request's slot, as a node written
+/// before the slot existed does).
+struct ReportsNoRunId(redlease_testkit::MemoryNode);
+
+#[redlease::async_trait]
+impl redlease::NodeWrapper for ReportsNoRunId {
+    type Inner = redlease_testkit::MemoryNode;
+
+    fn inner(&self) -> &Self::Inner {
+        &self.0
+    }
+
+    async fn claim(
+        &self,
+        mut req: redlease::ClaimRequest<'_>,
+    ) -> Result<redlease::Claim, redlease::NodeError> {
+        req.run_id = None;
+        redlease::RedisNode::claim(&self.0, req).await
+    }
+}
+
+/// A node that reports its server's run id with the claim (the memory node fills the request's slot) is
+/// not asked `run_id` after the reply, and that report alone quarantines a restarted majority; a node that
+/// leaves the slot empty is asked `run_id`, as before, with the same verdicts.
+#[test]
+fn a_run_id_reported_with_the_claim_replaces_the_run_id_call() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for reports in [true, false] {
+        let mut sim = redlease_testkit::Sim::new(23);
+        let clock = sim.clock();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let servers: Vec<_> = (0..3)
+            .map(|_| redlease_testkit::MemoryNode::with_timer(clock.clone()))
+            .collect();
+        let nodes = servers.iter().map(|s| {
+            let inner: Box<dyn redlease::RedisNode> = if reports {
+                Box::new(s.clone())
+            } else {
+                Box::new(ReportsNoRunId(s.clone()))
+            };
+            CountsRunIds {
+                inner,
+                calls: calls.clone(),
+            }
+        });
+        let restarts = Restarts::default();
+        let manager = redlease::LockManager::redlock(nodes, config().with_expiry(EXPIRY))
+            .unwrap()
+            .with_timer(clock.clone())
+            .with_observer(restarts.clone());
+        let lock = manager.lock("a");
+        let lease = sim
+            .block_on(async move { lock.try_acquire().await })
+            .expect("acquired");
+        std::mem::forget(lease);
+        let expected = if reports { 0 } else { 3 };
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            expected,
+            "run_id calls after one acquisition, reports {reports}"
+        );
+        // A restarted majority is seen either way, and quarantined.
+        sim.run_for(secs(1));
+        servers[0].restart();
+        servers[1].restart();
+        let lock = manager.lock("b");
+        let err = sim
+            .block_on(async move { lock.try_acquire().await })
+            .expect_err("the restarted majority is quarantined");
+        assert!(
+            matches!(
+                err,
+                redlease::Error::NotAcquired {
+                    reason: NotAcquiredReason::TooFewNodes,
+                    ..
+                }
+            ),
+            "reports {reports}: {err}"
+        );
+        let seen: Vec<usize> = restarts.0.lock().unwrap().iter().map(|r| r.0).collect();
+        assert_eq!(seen, vec![0, 1], "reports {reports}");
+        assert_eq!(calls.load(Ordering::Relaxed), 2 * expected);
+    }
+}
