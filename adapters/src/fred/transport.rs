@@ -640,8 +640,7 @@ impl<C: KeyRouted> Transport for FredTransport<C> {
         if waiter.sentinel {
             // The server the write's connection reaches now, and that connection still the write's.
             if let Ok(Reply::Bytes(text)) = self.command(what, key, &["INFO", "server"]).await {
-                expected =
-                    ops::info_field(&String::from_utf8_lossy(&text), "run_id").map(str::to_owned);
+                expected = ops::info_field(&text, "run_id").map(str::to_owned);
             }
             self.notice_reconnections();
             if self.probe.written_before_a_reconnect(key) {

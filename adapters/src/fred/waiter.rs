@@ -145,7 +145,7 @@ impl FredWaiter {
             let Some(Reply::Bytes(text)) = info else {
                 return None;
             };
-            if ops::info_field(&String::from_utf8_lossy(&text), "run_id") != Some(expected) {
+            if ops::info_field(&text, "run_id") != Some(expected) {
                 // Another server than the write's: ended (on drop), not kept, and its answer not used.
                 return None;
             }
