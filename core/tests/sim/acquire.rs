@@ -491,6 +491,29 @@ fn contended_acquire_retries_with_jittered_delays_then_reports_contention() {
     assert_eq!(c.faults[0].calls(Op::Acquire), 4);
 }
 
+/// Each acquisition draws its own retry jitter from the manager: two contenders that met contention at the
+/// same moment must not retry in lockstep. Here two acquisitions of one manager, one after the other, each
+/// pause three times (the nodes answer at once, so the time taken is the pauses alone): their pauses differ.
+#[test]
+fn successive_acquisitions_of_one_manager_draw_their_own_retry_jitter() {
+    let mut c = Cluster::new(3, 9, config().with_attempts(4));
+    for node in &c.nodes {
+        node.set("job", FOREIGN, Some(secs(60)));
+    }
+    let mut took = Vec::new();
+    for _ in 0..2 {
+        let lock = c.manager.lock("job");
+        let start = c.now();
+        let err = c
+            .sim
+            .block_on(async move { lock.acquire().await })
+            .unwrap_err();
+        assert!(err.is_contended(), "{err}");
+        took.push(c.now() - start);
+    }
+    assert_ne!(took[0], took[1], "the same jitter twice: {took:?}");
+}
+
 #[test]
 fn acquire_until_stops_at_the_deadline_and_wins_when_the_holder_leaves() {
     let mut c = Cluster::new(3, 10, config());
