@@ -213,6 +213,8 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering as Atomic};
     use std::task::Wake;
 
+    use crate::time::hand::HandClock;
+
     /// A queued lease that is never visited (the tests look at the queue alone).
     struct Idle(Token, LeaseId);
 
@@ -344,40 +346,13 @@ mod tests {
         assert_eq!(batcher.lock().due.len(), 12);
     }
 
-    /// A clock moved by hand: its sleeps are ready once it reaches their deadline. It counts them.
-    #[derive(Clone)]
-    struct HandClock {
-        now: Arc<Mutex<Instant>>,
-        sleeps: Arc<AtomicUsize>,
-    }
-
-    impl crate::time::Timer for HandClock {
-        fn now(&self) -> Instant {
-            *self.now.lock().unwrap()
-        }
-        fn sleep_until(&self, deadline: Instant) -> Sleep {
-            self.sleeps.fetch_add(1, Atomic::SeqCst);
-            let now = Arc::clone(&self.now);
-            Box::pin(std::future::poll_fn(move |_| {
-                if *now.lock().unwrap() >= deadline {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            }))
-        }
-    }
-
     /// The driver sleeps once per deadline however often it is polled, and a push of an earlier entry wakes
     /// the waker of its latest poll (it may have moved to another task); then it takes what fell due.
     #[test]
     fn the_driver_sleeps_once_per_deadline_and_an_earlier_push_wakes_its_latest_waker() {
         let (lease, t0) = (idle(), Instant::now());
-        let clock = HandClock {
-            now: Arc::new(Mutex::new(t0)),
-            sleeps: Arc::new(AtomicUsize::new(0)),
-        };
-        let timer = SharedTimer(Arc::new(clock.clone()));
+        let clock = HandClock::at(t0);
+        let timer = clock.timer();
         let batcher = Batcher::default();
         batcher.push([entry(&lease, t0 + Duration::from_millis(100))], true);
         let (first, second) = (
@@ -392,11 +367,7 @@ mod tests {
         };
         assert!(poll(&first).is_pending());
         assert!(poll(&second).is_pending());
-        assert_eq!(
-            clock.sleeps.load(Atomic::SeqCst),
-            1,
-            "one sleep per deadline"
-        );
+        assert_eq!(clock.sleeps(), 1, "one sleep per deadline");
         batcher.push([entry(&lease, t0 + Duration::from_millis(50))], false);
         assert_eq!(first.0.load(Atomic::SeqCst), 0);
         assert_eq!(
@@ -405,12 +376,8 @@ mod tests {
             "the latest waker is woken"
         );
         assert!(poll(&second).is_pending());
-        assert_eq!(
-            clock.sleeps.load(Atomic::SeqCst),
-            2,
-            "a new sleep for the new deadline"
-        );
-        *clock.now.lock().unwrap() = t0 + Duration::from_millis(50);
+        assert_eq!(clock.sleeps(), 2, "a new sleep for the new deadline");
+        clock.set(t0 + Duration::from_millis(50));
         let Poll::Ready(Some(entries)) = poll(&second) else {
             panic!("the entry due at 50 ms is taken")
         };

@@ -155,38 +155,13 @@ impl<'a, R> Fanout<'a, R> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
     use std::task::{Context, Poll, Waker};
     use std::time::{Duration, Instant};
 
     use super::*;
     use crate::machine::{Reply, WaitFor};
-    use crate::time::Timer;
-
-    /// A clock moved by hand; its sleeps are ready once it reaches their deadline. It counts them.
-    #[derive(Clone)]
-    struct HandClock {
-        now: Arc<Mutex<Instant>>,
-        sleeps: Arc<AtomicUsize>,
-    }
-
-    impl Timer for HandClock {
-        fn now(&self) -> Instant {
-            *self.now.lock().unwrap()
-        }
-        fn sleep_until(&self, deadline: Instant) -> Sleep {
-            self.sleeps.fetch_add(1, Ordering::SeqCst);
-            let now = Arc::clone(&self.now);
-            Box::pin(std::future::poll_fn(move |_| {
-                if *now.lock().unwrap() >= deadline {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            }))
-        }
-    }
+    use crate::time::hand::HandClock;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
@@ -205,12 +180,9 @@ mod tests {
     impl Round {
         fn new(n: usize) -> Self {
             let t0 = Instant::now();
-            let clock = HandClock {
-                now: Arc::new(Mutex::new(t0)),
-                sleeps: Arc::new(AtomicUsize::new(0)),
-            };
+            let clock = HandClock::at(t0);
             Self {
-                timer: SharedTimer(Arc::new(clock.clone())),
+                timer: clock.timer(),
                 clock,
                 t0,
                 answers: Arc::new(Mutex::new(vec![None; n])),
@@ -235,11 +207,11 @@ mod tests {
         }
 
         fn at(&self, after: Duration) {
-            *self.clock.now.lock().unwrap() = self.t0 + after;
+            self.clock.set(self.t0 + after);
         }
 
         fn sleeps(&self) -> usize {
-            self.clock.sleeps.load(Ordering::SeqCst)
+            self.clock.sleeps()
         }
     }
 

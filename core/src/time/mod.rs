@@ -87,6 +87,8 @@ impl Timer for SystemTimer {
     }
 }
 
+#[cfg(test)]
+pub(crate) mod hand;
 mod wheel;
 
 #[cfg(test)]
