@@ -500,7 +500,7 @@ pub(crate) async fn fresh_acquire(
 
 /// [`fresh_acquire`], with the run id of the server that applied it reported in `report` where it is
 /// learned in the same exchange (see [`fresh_acquire_unrecorded`]).
-async fn fresh_acquire_reporting(
+pub(super) async fn fresh_acquire_reporting(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -519,7 +519,7 @@ async fn fresh_acquire_reporting(
 /// [`RedisNode::claim`](redlease::RedisNode::claim): with [`wants_ttl`](ClaimRequest::wants_ttl), where the
 /// node learns the holder's TTL (`with_ttl`), the waiting acquisition ([`acquire_with_ttl`]); otherwise the
 /// fresh acquisition ([`fresh_acquire`]) or the own-token one ([`acquire`]), answering `Held` without a TTL
-/// on contention. The same commands as each of those alone, except that a fresh one with a
+/// on contention. The same commands as each of those alone, except that a fresh one (waiting or not) with a
 /// [run id slot](ClaimRequest::run_id) may pipeline `INFO server` behind its `SET … NX GET` to fill it
 /// (see [`fresh_acquire_unrecorded`]); the other forms leave the slot empty.
 pub(crate) async fn claim(
@@ -537,7 +537,7 @@ pub(crate) async fn claim(
         ..
     } = req;
     if wants_ttl && with_ttl {
-        return acquire_with_ttl(t, key, token, ttl, fresh).await;
+        return acquire_with_ttl(t, key, token, ttl, fresh, run_id).await;
     }
     let taken = if fresh {
         fresh_acquire_reporting(t, key, token, ttl, run_id).await?
@@ -666,6 +666,17 @@ mod tests {
         );
         // No slot: the SET alone.
         assert_eq!(claim_with(&t, None), ["SET"]);
+        // A waiting fresh claim (one that wants the holder's TTL) that wins: the same.
+        t.replies.lock().unwrap().push_back(Ok(Reply::Nil));
+        t.seconds.lock().unwrap().push_back(Some(info("aaaa", 100)));
+        let slot = RunIdSlot::new();
+        let req = ClaimRequest::new("l", &token, ttl)
+            .fresh(true)
+            .wants_ttl(true)
+            .report_run_id(&slot);
+        assert_eq!(block_on(claim(&t, req, true)).unwrap(), Claim::Taken);
+        assert_eq!(std::mem::take(&mut *t.sent.lock().unwrap()), ["SET+INFO"]);
+        assert_eq!(slot.get().map(redlease::RunId::as_str), Some("aaaa"));
         // An INFO that failed (the second reply is `None`): the claim stands, the slot stays empty.
         t.seconds.lock().unwrap().push_back(None);
         let slot = RunIdSlot::new();

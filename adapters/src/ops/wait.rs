@@ -2,12 +2,12 @@
 //! [wants the holder's TTL](redlease::ClaimRequest::wants_ttl)): the lock or the holder's TTL in one step, with the
 //! waiter marker of release notifications on the native path.
 
-use redlease::{Claim, NodeError, NodeErrorKind, Token, Ttl, notify};
+use redlease::{Claim, NodeError, NodeErrorKind, RunIdSlot, Token, Ttl, notify};
 
 use crate::scripts::{self, Reply, Script};
 
 use super::ledger::recorded;
-use super::lock::{acquire_native, fresh_acquire};
+use super::lock::{acquire_native, fresh_acquire_reporting};
 use super::probe::checked;
 use super::{Transport, eval, note, path, tx};
 
@@ -35,9 +35,10 @@ async fn acquire_with_ttl_unrecorded(
     token: &Token,
     ttl: Ttl,
     fresh: bool,
+    report: Option<&RunIdSlot>,
 ) -> Result<Claim, NodeError> {
     let taken = if fresh {
-        fresh_acquire(t, key, token, ttl).await?
+        fresh_acquire_reporting(t, key, token, ttl, report).await?
     } else {
         let caps = checked(t, key, None).await?;
         if !caps.native_acquire() {
@@ -178,14 +179,18 @@ pub(super) async fn mark_watched(
     Ok(())
 }
 
+/// With a `report` slot ([`ClaimRequest::run_id`](redlease::ClaimRequest::run_id)), a fresh attempt's
+/// `SET … NX GET` may carry `INFO server` to fill it, as a fresh claim's does (see
+/// [`fresh_acquire_reporting`]); a retry leaves it empty.
 pub(crate) async fn acquire_with_ttl(
     t: &impl Transport,
     key: &str,
     token: &Token,
     ttl: Ttl,
     fresh: bool,
+    report: Option<&RunIdSlot>,
 ) -> Result<Claim, NodeError> {
-    let op = || acquire_with_ttl_unrecorded(t, key, token, ttl, fresh);
+    let op = || acquire_with_ttl_unrecorded(t, key, token, ttl, fresh, report);
     recorded(t, key, op, |c| matches!(c, Claim::Taken)).await
 }
 
@@ -209,7 +214,7 @@ mod tests {
             NodeErrorKind::Connection,
             "not connected (not sent)",
         )));
-        let err = block_on(acquire_with_ttl(&t, "l", &token, ttl, true)).unwrap_err();
+        let err = block_on(acquire_with_ttl(&t, "l", &token, ttl, true, None)).unwrap_err();
         assert_eq!(err.kind(), NodeErrorKind::Connection, "{err}");
         assert_eq!(*t.sent.lock().unwrap(), ["SET", "MULTI SET PEXPIRE PTTL"]);
     }
@@ -232,7 +237,7 @@ mod tests {
                 .lock()
                 .unwrap()
                 .push_back(Err(NodeError::not_applied(kind, "refused")));
-            let claim = block_on(acquire_with_ttl(&t, "l", &token, ttl, true)).unwrap();
+            let claim = block_on(acquire_with_ttl(&t, "l", &token, ttl, true, None)).unwrap();
             assert_eq!(
                 claim,
                 Claim::Held {
@@ -262,7 +267,7 @@ mod tests {
             .lock()
             .unwrap()
             .push_back(Ok(vec![Reply::Nil, Reply::Int(0), Reply::Int(5000)]));
-        let claim = block_on(acquire_with_ttl(&t, "l", &token, ttl, true)).unwrap();
+        let claim = block_on(acquire_with_ttl(&t, "l", &token, ttl, true, None)).unwrap();
         assert_eq!(
             claim,
             Claim::Held {
