@@ -479,7 +479,13 @@ mod tests {
             ),
             (
                 "fresh_acquire",
-                std::mem::size_of_val(&ops::fresh_acquire(&node.transport, "k", &token, ttl)),
+                std::mem::size_of_val(&ops::fresh_acquire_reporting(
+                    &node.transport,
+                    "k",
+                    &token,
+                    ttl,
+                    None,
+                )),
             ),
             (
                 "claim (fresh, reporting the run id: SET NX GET with INFO pipelined)",

@@ -489,18 +489,10 @@ pub(crate) async fn acquire(
     recorded(t, key, || acquire_unrecorded(t, key, token, ttl), |ok| *ok).await
 }
 
-pub(crate) async fn fresh_acquire(
-    t: &impl Transport,
-    key: &str,
-    token: &Token,
-    ttl: Ttl,
-) -> Result<bool, NodeError> {
-    fresh_acquire_reporting(t, key, token, ttl, None).await
-}
-
-/// [`fresh_acquire`], with the run id of the server that applied it reported in `report` where it is
-/// learned in the same exchange (see [`fresh_acquire_unrecorded`]).
-pub(super) async fn fresh_acquire_reporting(
+/// The fresh acquisition (`SET … NX GET`, or what the server allows), recorded as a write; with the run id
+/// of the server that applied it reported in `report` where it is learned in the same exchange (see
+/// [`fresh_acquire_unrecorded`]).
+pub(crate) async fn fresh_acquire_reporting(
     t: &impl Transport,
     key: &str,
     token: &Token,
@@ -518,7 +510,7 @@ pub(super) async fn fresh_acquire_reporting(
 
 /// [`RedisNode::claim`](redlease::RedisNode::claim): with [`wants_ttl`](ClaimRequest::wants_ttl), where the
 /// node learns the holder's TTL (`with_ttl`), the waiting acquisition ([`acquire_with_ttl`]); otherwise the
-/// fresh acquisition ([`fresh_acquire`]) or the own-token one ([`acquire`]), answering `Held` without a TTL
+/// fresh acquisition ([`fresh_acquire_reporting`]) or the own-token one ([`acquire`]), answering `Held` without a TTL
 /// on contention. The same commands as each of those alone, except that a fresh one (waiting or not) with a
 /// [run id slot](ClaimRequest::run_id) may pipeline `INFO server` behind its `SET … NX GET` to fill it
 /// (see [`fresh_acquire_unrecorded`]); the other forms leave the slot empty.

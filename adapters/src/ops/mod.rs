@@ -56,7 +56,7 @@ pub(crate) use batch::{EXTEND_MANY_LIMIT, extend_many, multi_key};
 pub(crate) use fence::{acquire_fenced, raise_fence};
 use ledger::TxGate;
 #[cfg(all(test, feature = "fred"))]
-pub(crate) use lock::fresh_acquire;
+pub(crate) use lock::fresh_acquire_reporting;
 pub(crate) use lock::{acquire, claim, extend, inspect, release};
 pub(crate) use permit::permit;
 pub(crate) use probe::{Probe, check, readiness};
