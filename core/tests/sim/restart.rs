@@ -211,6 +211,32 @@ fn run_id_lookups_that_hang_or_fail_are_bounded_and_never_counted_as_votes() {
     std::mem::forget(lease);
 }
 
+/// A run id that cannot be read rules a node's yes out only where a yes is a Redlock vote: in single mode
+/// (observed, so it is asked) the acquisition stands and the lookup's failure changes nothing; on Redlock a
+/// node that answered "held" stays a definite no (the attempt is contention, not a failure of nodes).
+#[test]
+fn a_failed_run_id_lookup_spoils_only_a_redlock_yes() {
+    use redlease_testkit::{Fault, Op};
+    let mut c = Cluster::new(1, 19, config().with_expiry(EXPIRY));
+    let observed = c.manager.clone().with_observer(Restarts::default());
+    c.faults[0].script(Op::RunId, [Fault::Fail(NodeErrorKind::Connection)]);
+    let lease = c
+        .try_acquire(&observed.lock("single"))
+        .expect("single mode: a lookup that failed is only not reported");
+    assert_eq!(c.faults[0].calls(Op::RunId), 1, "asked (observed)");
+    std::mem::forget(lease);
+
+    let mut c = Cluster::new(3, 19, config().with_expiry(EXPIRY));
+    for node in &c.nodes {
+        node.set("held", b"someone-else", Some(EXPIRY));
+    }
+    for f in &c.faults {
+        f.script(Op::RunId, [Fault::Fail(NodeErrorKind::Connection)]);
+    }
+    let err = c.try_acquire(&c.manager.lock("held")).unwrap_err();
+    assert!(err.is_contended(), "held everywhere: contention, got {err}");
+}
+
 /// `Fault::RunId` reports a changed server without restarting the in-memory node (which keeps its keys):
 /// the core quarantines the node, emits `NodeRestarted`, and does not count its yes; a changed minority
 /// does not block the healthy majority.
