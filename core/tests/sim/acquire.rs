@@ -1113,3 +1113,20 @@ fn a_shortening_extension_in_flight_already_bounds_what_the_lease_believes() {
         until - start
     );
 }
+
+/// A lease's `Debug` names its key, fence and state, and shows its token redacted (as `Token`'s own does).
+#[test]
+fn a_lease_debugs_as_its_key_fence_and_state_with_the_token_redacted() {
+    let mut c = Cluster::new(1, 23, config());
+    let lock = c.manager.lock("debugged").fenced("debugged:fence");
+    let lease = c
+        .sim
+        .block_on(async move { lock.try_acquire().await })
+        .unwrap();
+    let shown = format!("{lease:?}");
+    for part in ["Lease", "debugged", "fencing_token: Some(1)", "state"] {
+        assert!(shown.contains(part), "{part} in {shown}");
+    }
+    assert!(!shown.contains(lease.token().as_str()), "{shown}");
+    std::mem::forget(lease);
+}
