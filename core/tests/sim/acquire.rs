@@ -1130,3 +1130,41 @@ fn a_lease_debugs_as_its_key_fence_and_state_with_the_token_redacted() {
     assert!(!shown.contains(lease.token().as_str()), "{shown}");
     std::mem::forget(lease);
 }
+
+/// `fencing_token_i64` is the fence as a database's signed 64-bit integer: the same number, up to the
+/// counter's last (`i64::MAX`, where Redis' `INCR` stops), and `None` for an unfenced lease.
+#[test]
+fn a_fence_reads_as_the_same_i64() {
+    let mut c = Cluster::new(1, 29, config());
+    let lease = {
+        let lock = c.manager.lock("plain");
+        c.sim
+            .block_on(async move { lock.try_acquire().await })
+            .unwrap()
+    };
+    assert_eq!(lease.fencing_token_i64(), None, "unfenced");
+    std::mem::forget(lease);
+    for (counter, fence) in [
+        (None, Some(1)),
+        (Some(41_u64), Some(42)),
+        (Some(i64::MAX as u64 - 1), Some(i64::MAX)),
+    ] {
+        let key = format!("fenced:{counter:?}");
+        let fence_key = format!("{key}:fence");
+        if let Some(n) = counter {
+            c.nodes[0].set(&fence_key, n.to_string().as_bytes(), None);
+        }
+        let lock = c.manager.lock(&key).fenced(fence_key);
+        let lease = c
+            .sim
+            .block_on(async move { lock.try_acquire().await })
+            .unwrap();
+        assert_eq!(lease.fencing_token_i64(), fence, "counter {counter:?}");
+        assert_eq!(
+            lease.fencing_token(),
+            Some(counter.unwrap_or(0) + 1),
+            "counter {counter:?}"
+        );
+        std::mem::forget(lease);
+    }
+}
