@@ -369,3 +369,23 @@ fn handed_off_and_resumed_leases_never_overlap_under_hostile_faults() {
         "too few resumptions: {resumed} of {total} acquisitions"
     );
 }
+
+/// A lease past its validity whose key still lives on the node (its TTL outlasts the validity by the drift
+/// margin): the refused handoff deletes the key in the background, as dropping the lease would.
+#[test]
+fn a_refused_handoff_cleans_up_a_key_that_outlived_the_validity() {
+    let mut c = Cluster::with_spawner(1, 86, config());
+    let lease = c
+        .try_acquire(&c.manager.lock("job").expiry(secs(2)))
+        .unwrap();
+    let token = lease.token().as_str().to_owned();
+    let left = lease.valid_until().saturating_duration_since(c.now());
+    c.sim.run_for(left + ms(1));
+    assert!(
+        !c.holders("job", &token).is_empty(),
+        "the key outlives the validity"
+    );
+    assert!(matches!(lease.handoff(), Err(Error::Lost { .. })));
+    c.sim.run_for(ms(10));
+    assert!(c.holders("job", &token).is_empty(), "cleaned up");
+}
