@@ -101,19 +101,21 @@ impl Wheel {
     /// A shard of a wheel that may have been inherited through `fork()`: taken only if free at once (a
     /// lock held by a parent's thread at the fork is never released in the child). A wheel of this process
     /// is locked as usual.
+    ///
+    /// A free lock is taken without asking the operating system for the process id (a system call, the
+    /// costliest step of arming and dropping a round's timeout); only a busy one makes the difference matter.
     fn try_shard_inherited(&self, i: usize) -> Option<MutexGuard<'_, Shard>> {
-        if self.pid == pid() {
-            return Some(self.shard(i));
-        }
         match self.shards[i % SHARDS].try_lock() {
             Ok(guard) => Some(guard),
             Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) if self.pid == pid() => Some(self.shard(i)),
             Err(TryLockError::WouldBlock) => None,
         }
     }
 
-    fn usable(&self) -> bool {
-        self.alive.load(Ordering::Acquire) && self.pid == pid()
+    /// Whether this wheel's thread serves process `me`.
+    fn usable(&self, me: u32) -> bool {
+        self.alive.load(Ordering::Acquire) && self.pid == me
     }
 
     /// `at` as a [`parked_until`](Self::parked_until) value (never [`AWAKE`] or [`PARKED_IDLE`]).
@@ -274,7 +276,7 @@ fn look() -> Look {
     let claimed = SLOT.load(Ordering::Acquire);
     let (slot, owner) = ((claimed >> 32) as usize, claimed as u32);
     let old = match WHEELS.get(slot).and_then(OnceLock::get) {
-        Some(wheel) if wheel.usable() => return Look::Ready(wheel),
+        Some(wheel) if wheel.usable(me) => return Look::Ready(wheel),
         Some(wheel) => Some(*wheel),
         // Being started by a thread of this process: it is usable in a moment.
         None if owner == me && slot > 0 => return Look::Busy,
