@@ -1203,3 +1203,73 @@ fn a_set_that_waited_for_a_key_renews_every_key_in_one_step() {
     sim.block_on(all.release()).unwrap();
     assert_eq!(history.check(), Ok(()));
 }
+
+/// A set on a node whose manager batches renewals ([`Config::with_renewal_batching`]) is renewed through
+/// the batches, as its keys would be if each were held alone: a key's extension rides in its node's batch
+/// (`extend_many`, each key's own compare-and-expire), and the set is never extended as one step, although
+/// the node could take one and every part's renewal claim was free.
+#[test]
+fn a_set_under_batched_renewal_is_renewed_through_the_batches() {
+    let mut sim = redlease_testkit::Sim::new(130);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    let config = config()
+        .with_expiry(secs(3))
+        .with_renewal_batching(ms(50), 64);
+    let manager = set_node_manager(&sim, &node, &net, &history, config);
+    let set = manager.lock_all(SET_OF_FOUR).auto_renew(secs(1));
+    let all = sim.block_on(set.try_acquire()).unwrap();
+    sim.run_for(ms(10_500));
+    assert!(all.is_held());
+    assert_eq!(net.counts(), (0, 0), "neither as one step nor key by key");
+    for key in SET_OF_FOUR {
+        let renewed = history
+            .events()
+            .iter()
+            .filter(|e| e.lock == key && matches!(e.kind, EventKind::Extended { .. }))
+            .count();
+        assert!(renewed >= 9, "{key}: renewed {renewed} times in 10.5 s");
+        assert!(node.pttl(key).flatten().unwrap() > secs(2), "{key}");
+    }
+    sim.block_on(all.release()).unwrap();
+    assert_eq!(history.check(), Ok(()));
+}
+
+/// A set whose parts cannot be renewed in one step — here a Redlock set, whose keys are taken key by key —
+/// is renewed key by key in the background: one `extend` per key, node and round, and never a joint step,
+/// even though every part's renewal claim was free.
+#[test]
+fn a_redlock_set_renewed_in_the_background_extends_key_by_key() {
+    let mut sim = redlease_testkit::Sim::new(129);
+    let clock = sim.clock();
+    let net = SetNet::default();
+    let nodes: Vec<SetNode> = (0..3)
+        .map(|_| SetNode {
+            node: redlease_testkit::MemoryNode::with_timer(clock.clone()),
+            net: net.clone(),
+        })
+        .collect();
+    let memory: Vec<redlease_testkit::MemoryNode> = nodes.iter().map(|n| n.node.clone()).collect();
+    let manager = redlease::LockManager::redlock(nodes, config().with_expiry(secs(3)))
+        .unwrap()
+        .with_timer(sim.clock())
+        .with_spawner(sim.spawner());
+    let set = manager.lock_all(SET_OF_FOUR).auto_renew(secs(1));
+    let all = sim.block_on(set.try_acquire()).unwrap();
+    sim.run_for(ms(10_500));
+    assert!(all.is_held());
+    let (joint, single) = net.counts();
+    assert_eq!(joint, 0, "a Redlock set is never extended in one step");
+    assert_eq!(
+        single,
+        4 * 3 * 10,
+        "every key on every node in every round (every second for 10.5 s)"
+    );
+    for node in &memory {
+        for key in SET_OF_FOUR {
+            assert!(node.pttl(key).flatten().unwrap() > secs(2), "{key}");
+        }
+    }
+    sim.block_on(all.release()).unwrap();
+}
