@@ -1273,3 +1273,39 @@ fn a_redlock_set_renewed_in_the_background_extends_key_by_key() {
     }
     sim.block_on(all.release()).unwrap();
 }
+
+/// `run` started on a set whose renewal is already due, on a node that cannot extend it in one step and
+/// answers at once: the joint renewal gives the parts back before `run` is polled again, and each is then
+/// renewed on its own — none is left claimed and unrenewed to expire under the work.
+#[test]
+fn a_set_run_late_on_a_node_without_the_joint_step_renews_every_key_on_its_own() {
+    let mut sim = redlease_testkit::Sim::new(131);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    net.with(|s| s.unsupported = true);
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let all = sim
+        .block_on(
+            manager
+                .lock_all(SET_OF_FOUR)
+                .renew_every(secs(1))
+                .try_acquire(),
+        )
+        .unwrap();
+    // Past the first renewal's plan, well before the expiry.
+    sim.run_for(ms(1_500));
+    let start = clock.now();
+    let held = sim.block_on(all.run(clock.sleep_until(start + secs(6))));
+    assert!(held.is_ok(), "{held:?}");
+    assert_eq!(all.state(), LeaseState::Held);
+    assert_eq!(net.with(|s| s.refused), 1, "the step asked for once");
+    let (joint, single) = net.counts();
+    assert_eq!(joint, 0);
+    assert!(single >= 4 * 5, "{single} extensions of one key in 6 s");
+    for key in SET_OF_FOUR {
+        assert!(node.pttl(key).flatten().unwrap() > secs(1), "{key}");
+    }
+    sim.block_on(all.release()).unwrap();
+    assert_eq!(history.check(), Ok(()));
+}
