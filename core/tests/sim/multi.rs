@@ -1309,3 +1309,28 @@ fn a_set_run_late_on_a_node_without_the_joint_step_renews_every_key_on_its_own()
     sim.block_on(all.release()).unwrap();
     assert_eq!(history.check(), Ok(()));
 }
+
+/// `run` on a lease that its background renewal already renews ([`Lock::auto_renew`](redlease::Lock))
+/// leaves the renewal to it: one extension per renewal interval, not two (one renewer per lease, however
+/// many `run`s watch it).
+#[test]
+fn run_on_a_lease_renewed_in_the_background_adds_no_second_renewal() {
+    let mut sim = redlease_testkit::Sim::new(132);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let lease = sim
+        .block_on(manager.lock("a").auto_renew(secs(1)).try_acquire())
+        .unwrap();
+    let start = clock.now();
+    let held = sim.block_on(lease.run(clock.sleep_until(start + ms(10_500))));
+    assert!(held.is_ok(), "{held:?}");
+    let (_, single) = net.counts();
+    assert!(
+        (10..=11).contains(&single),
+        "{single} extensions in 10.5 s of renewal every second"
+    );
+    sim.block_on(lease.release()).unwrap();
+    assert_eq!(history.check(), Ok(()));
+}
