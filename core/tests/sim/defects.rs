@@ -533,7 +533,8 @@ fn dropping_a_lost_lease_deletes_its_token_with_a_spawner() {
     assert_eq!(s.nodes[0].get("job"), None);
 }
 
-/// Defect 7: a release that a quorum confirmed still reports the minority's failures by node index.
+/// Defect 7: a release that a quorum confirmed still reports the minority's failures by node index (and
+/// how many nodes there were).
 #[test]
 fn release_reports_the_minoritys_failures_by_index() {
     let mut s = setup(3, config(), false);
@@ -544,6 +545,7 @@ fn release_reports_the_minoritys_failures_by_index() {
         .block_on(async move { lock.try_acquire().await.unwrap().release().await })
         .unwrap();
     assert_eq!(report.deleted(), 2);
+    assert_eq!(report.nodes(), 3, "out of the manager's three nodes");
     let failures = report.failures();
     assert_eq!(failures.len(), 1);
     assert_eq!(failures[0].0, 2);
