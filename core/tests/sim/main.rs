@@ -24,5 +24,6 @@ mod renewal;
 mod restart;
 mod rwlock;
 mod semaphore;
+mod signal;
 mod support;
 mod waiting;
