@@ -1131,6 +1131,33 @@ fn a_lease_debugs_as_its_key_fence_and_state_with_the_token_redacted() {
     std::mem::forget(lease);
 }
 
+/// A lock's `Debug` shows how it is configured: key, expiry, renewal, fence key, hold limit and holder info.
+#[test]
+fn a_lock_debugs_as_its_configuration() {
+    let c = Cluster::new(1, 24, config());
+    let lock = c
+        .manager
+        .lock("configured")
+        .expiry(secs(7))
+        .auto_renew(secs(2))
+        .fenced("configured:fence")
+        .max_hold(secs(60))
+        .with_holder_info("worker-3");
+    let shown = format!("{lock:?}");
+    for part in [
+        "Lock",
+        "\"configured\"",
+        "expiry: 7s",
+        "renew_every: Some(2s)",
+        "background_renewal: true",
+        "\"configured:fence\"",
+        "max_hold: Some(60s)",
+        "worker-3",
+    ] {
+        assert!(shown.contains(part), "{part} in {shown}");
+    }
+}
+
 /// `fencing_token_i64` is the fence as a database's signed 64-bit integer: the same number, up to the
 /// counter's last (`i64::MAX`, where Redis' `INCR` stops), and `None` for an unfenced lease.
 #[test]
