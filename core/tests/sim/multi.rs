@@ -732,6 +732,29 @@ fn set_node_manager(
         .with_observer(history.recorder(1))
 }
 
+/// A simulation with one [`SetNode`] (its [`SetNet`] set up by `setup`) and a manager over it
+/// ([`set_node_manager`]) reporting to a fresh history.
+fn set_rig(
+    seed: u64,
+    config: redlease::Config,
+    setup: impl FnOnce(&mut SetNetState),
+) -> (
+    redlease_testkit::Sim,
+    redlease_testkit::VirtualClock,
+    redlease_testkit::MemoryNode,
+    SetNet,
+    History,
+    redlease::LockManager,
+) {
+    let sim = redlease_testkit::Sim::new(seed);
+    let clock = sim.clock();
+    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
+    let (net, history) = (SetNet::default(), History::new());
+    net.with(setup);
+    let manager = set_node_manager(&sim, &node, &net, &history, config);
+    (sim, clock, node, net, history, manager)
+}
+
 const SET_OF_FOUR: [&str; 4] = ["a", "b", "c", "d"];
 
 /// Renewal of a set on one node is one step per round, like its acquisition, extension and release: a set
@@ -739,11 +762,8 @@ const SET_OF_FOUR: [&str; 4] = ["a", "b", "c", "d"];
 /// extension of a single key, and every part is renewed in each round (its own `Extended` event).
 #[test]
 fn a_set_renewed_by_run_extends_every_key_in_one_step_per_round() {
-    let mut sim = redlease_testkit::Sim::new(121);
-    let clock = sim.clock();
-    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-    let (net, history) = (SetNet::default(), History::new());
-    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let (mut sim, clock, node, net, history, manager) =
+        set_rig(121, config().with_expiry(secs(3)), |_| {});
     let set = manager.lock_all(SET_OF_FOUR).renew_every(secs(1));
     let all = sim.block_on(set.try_acquire()).unwrap();
     let held = sim.block_on(all.run(clock.sleep_until(clock.now() + ms(10_500))));
@@ -771,11 +791,8 @@ fn a_set_renewed_by_run_extends_every_key_in_one_step_per_round() {
 /// step per round, no extension of a single key, until the set is released; nothing after it.
 #[test]
 fn a_set_renewed_in_the_background_extends_every_key_in_one_step_per_round() {
-    let mut sim = redlease_testkit::Sim::new(122);
-    let clock = sim.clock();
-    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-    let (net, history) = (SetNet::default(), History::new());
-    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let (mut sim, _clock, node, net, history, manager) =
+        set_rig(122, config().with_expiry(secs(3)), |_| {});
     let set = manager.lock_all(SET_OF_FOUR).auto_renew(secs(1));
     let all = sim.block_on(set.try_acquire()).unwrap();
     sim.run_for(ms(10_500));
@@ -846,12 +863,8 @@ fn took(history: &History) -> bool {
 /// lands, and another client take it.
 #[test]
 fn a_dropped_joint_renewal_round_stays_on_record_for_a_later_longer_extension() {
-    let mut sim = redlease_testkit::Sim::new(123);
-    let clock = sim.clock();
-    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-    let (net, history) = (SetNet::default(), History::new());
-    net.with(|s| s.shortening = true);
-    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(10)));
+    let (mut sim, clock, node, net, history, manager) =
+        set_rig(123, config().with_expiry(secs(10)), |s| s.shortening = true);
     let set = manager.lock_all(SET_OF_FOUR).renew_every(secs(3));
     let start = clock.now();
     let all = sim.block_on(set.try_acquire()).unwrap();
@@ -895,12 +908,8 @@ fn a_dropped_joint_renewal_round_stays_on_record_for_a_later_longer_extension() 
 /// capped deadline instead, and the other client's acquisition never overlaps it.
 #[test]
 fn a_joint_renewal_does_not_count_a_node_where_a_shorter_extension_may_still_land() {
-    let mut sim = redlease_testkit::Sim::new(124);
-    let clock = sim.clock();
-    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-    let (net, history) = (SetNet::default(), History::new());
-    net.with(|s| s.shortening = true);
-    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(10)));
+    let (mut sim, clock, node, net, history, manager) =
+        set_rig(124, config().with_expiry(secs(10)), |s| s.shortening = true);
     let set = manager.lock_all(SET_OF_FOUR).renew_every(secs(3));
     let start = clock.now();
     let all = sim.block_on(set.try_acquire()).unwrap();
@@ -940,12 +949,8 @@ fn a_joint_renewal_does_not_count_a_node_where_a_shorter_extension_may_still_lan
 #[test]
 fn a_set_whose_node_cannot_extend_it_in_one_step_is_renewed_key_by_key() {
     for background in [false, true] {
-        let mut sim = redlease_testkit::Sim::new(125);
-        let clock = sim.clock();
-        let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-        let (net, history) = (SetNet::default(), History::new());
-        net.with(|s| s.unsupported = true);
-        let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+        let (mut sim, clock, node, net, history, manager) =
+            set_rig(125, config().with_expiry(secs(3)), |s| s.unsupported = true);
         let set = manager.lock_all(SET_OF_FOUR);
         let set = if background {
             set.auto_renew(secs(1))
@@ -998,11 +1003,8 @@ fn a_set_whose_node_cannot_extend_it_in_one_step_is_renewed_key_by_key() {
 #[test]
 fn a_part_lost_from_a_joint_renewal_is_reported_and_the_others_stay_held() {
     for background in [false, true] {
-        let mut sim = redlease_testkit::Sim::new(126);
-        let clock = sim.clock();
-        let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-        let (net, history) = (SetNet::default(), History::new());
-        let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+        let (mut sim, clock, node, net, history, manager) =
+            set_rig(126, config().with_expiry(secs(3)), |_| {});
         let set = manager.lock_all(SET_OF_FOUR);
         let set = if background {
             set.auto_renew(secs(1))
@@ -1170,11 +1172,8 @@ fn a_set_run_cut_at_every_poll_never_believes_more_than_its_keys_hold() {
 /// in one step) renews all of them together too: the waited-for key is not left with a renewal of its own.
 #[test]
 fn a_set_that_waited_for_a_key_renews_every_key_in_one_step() {
-    let mut sim = redlease_testkit::Sim::new(128);
-    let clock = sim.clock();
-    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-    let (net, history) = (SetNet::default(), History::new());
-    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let (mut sim, _clock, _node, net, history, manager) =
+        set_rig(128, config().with_expiry(secs(3)), |_| {});
     let holder = sim
         .block_on(manager.lock("b").expiry(secs(3)).try_acquire())
         .unwrap();
@@ -1279,12 +1278,8 @@ fn a_redlock_set_renewed_in_the_background_extends_key_by_key() {
 /// renewed on its own — none is left claimed and unrenewed to expire under the work.
 #[test]
 fn a_set_run_late_on_a_node_without_the_joint_step_renews_every_key_on_its_own() {
-    let mut sim = redlease_testkit::Sim::new(131);
-    let clock = sim.clock();
-    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-    let (net, history) = (SetNet::default(), History::new());
-    net.with(|s| s.unsupported = true);
-    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let (mut sim, clock, node, net, history, manager) =
+        set_rig(131, config().with_expiry(secs(3)), |s| s.unsupported = true);
     let all = sim
         .block_on(
             manager
@@ -1315,11 +1310,8 @@ fn a_set_run_late_on_a_node_without_the_joint_step_renews_every_key_on_its_own()
 /// many `run`s watch it).
 #[test]
 fn run_on_a_lease_renewed_in_the_background_adds_no_second_renewal() {
-    let mut sim = redlease_testkit::Sim::new(132);
-    let clock = sim.clock();
-    let node = redlease_testkit::MemoryNode::with_timer(clock.clone());
-    let (net, history) = (SetNet::default(), History::new());
-    let manager = set_node_manager(&sim, &node, &net, &history, config().with_expiry(secs(3)));
+    let (mut sim, clock, _node, net, history, manager) =
+        set_rig(132, config().with_expiry(secs(3)), |_| {});
     let lease = sim
         .block_on(manager.lock("a").auto_renew(secs(1)).try_acquire())
         .unwrap();
