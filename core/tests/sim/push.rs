@@ -747,3 +747,33 @@ fn a_waiters_next_attempt_follows_the_current_holders_ttl_not_an_earlier_ones() 
     // subscription triggered, the one at the first holder's expiry, and the one at the second's.
     assert_eq!(c.faults[0].calls(Op::Acquire), 2 + 4);
 }
+
+/// A waiting acquisition polled again and again while nothing changes (spurious wake-ups, a `select!` loop
+/// around it) keeps the sleep it armed for its wait: polls arm no further timers.
+#[test]
+fn a_waiting_acquisition_polled_again_and_again_arms_no_further_sleeps() {
+    let mut c = Cluster::new(1, 21, no_polling());
+    let sleeps = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    c.manager = c.manager.clone().with_timer(CountingTimer {
+        clock: c.clock.clone(),
+        sleeps: Arc::clone(&sleeps),
+    });
+    let lock = c.manager.lock("job");
+    let _held = c.try_acquire(&lock).unwrap();
+    let mut waiting = Box::pin(lock.acquire_within(secs(60)));
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    for _ in 0..3 {
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        c.sim.run_for(ms(1));
+    }
+    let armed = sleeps.load(Ordering::SeqCst);
+    for _ in 0..20 {
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    }
+    assert_eq!(
+        sleeps.load(Ordering::SeqCst),
+        armed,
+        "20 more polls armed nothing"
+    );
+}

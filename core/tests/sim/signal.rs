@@ -4,10 +4,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Instant, SystemTime};
 
-use redlease::{LockManager, LossReason, Sleep, Timer};
-use redlease_testkit::{MemoryNode, Sim, VirtualClock};
+use redlease::{LockManager, LossReason};
+use redlease_testkit::{MemoryNode, Sim};
 
 use crate::support::*;
 
@@ -18,28 +17,6 @@ struct Counting(AtomicUsize);
 impl Wake for Counting {
     fn wake(self: Arc<Self>) {
         self.0.fetch_add(1, SeqCst);
-    }
-}
-
-/// The simulation's clock, counting the sleeps armed on it.
-#[derive(Clone)]
-struct CountingTimer {
-    clock: VirtualClock,
-    sleeps: Arc<AtomicUsize>,
-}
-
-impl Timer for CountingTimer {
-    fn now(&self) -> Instant {
-        self.clock.now()
-    }
-
-    fn sleep_until(&self, deadline: Instant) -> Sleep {
-        self.sleeps.fetch_add(1, SeqCst);
-        self.clock.sleep_until(deadline)
-    }
-
-    fn wall_now(&self) -> Option<SystemTime> {
-        self.clock.wall_now()
     }
 }
 

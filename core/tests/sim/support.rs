@@ -277,3 +277,26 @@ pub(crate) async fn hold_or_lost(lease: &redlease::Lease, clock: &impl Timer, d:
     })
     .await
 }
+
+/// The simulation's clock, counting the sleeps armed on it.
+#[derive(Clone)]
+pub(crate) struct CountingTimer {
+    pub(crate) clock: VirtualClock,
+    pub(crate) sleeps: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl redlease::Timer for CountingTimer {
+    fn now(&self) -> std::time::Instant {
+        self.clock.now()
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> redlease::Sleep {
+        self.sleeps
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.clock.sleep_until(deadline)
+    }
+
+    fn wall_now(&self) -> Option<std::time::SystemTime> {
+        self.clock.wall_now()
+    }
+}
