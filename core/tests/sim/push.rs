@@ -777,3 +777,30 @@ fn a_waiting_acquisition_polled_again_and_again_arms_no_further_sleeps() {
         "20 more polls armed nothing"
     );
 }
+
+/// The release's notification reaches a waiter while its attempt is still in flight — an attempt that the
+/// node had already answered "held" (the reply is slow): the message is kept for the waiter, whose next
+/// attempt starts as soon as that answer arrives, not at its fallback a holder's TTL later.
+#[test]
+fn a_release_notified_during_a_contended_attempt_starts_the_next_attempt_when_it_ends() {
+    let mut c = Cluster::new(1, 22, no_polling());
+    let lock = c.manager.lock("job");
+    let held = c.try_acquire(&lock).unwrap();
+    // The waiter's first attempt as usual; the one its confirmed subscription triggers is answered 40 ms
+    // late (within the operation timeout).
+    c.faults[0].script(Op::Acquire, [Fault::Delay(ms(0)), Fault::SlowReply(ms(40))]);
+    let t0 = c.now();
+    let got = spawn_waiter(&c, &lock, secs(60));
+    c.sim.run_for(ms(10));
+    assert_eq!(
+        c.faults[0].calls(Op::Acquire),
+        1 + 2,
+        "the slow attempt is in flight"
+    );
+    let released = release(&mut c, held);
+    assert!(released < t0 + ms(40));
+    c.sim.run_for(secs(5));
+    let at = got.lock().unwrap().expect("acquired");
+    assert_eq!(at, t0 + ms(40), "right after the slow answer");
+    assert_eq!(c.faults[0].calls(Op::Acquire), 1 + 3);
+}
