@@ -552,10 +552,12 @@ fn release_reports_the_minoritys_failures_by_index() {
     assert_eq!(failures[0].1.kind(), NodeErrorKind::Connection);
 }
 
-/// Defect 8: `acquire_until` with a deadline that has passed sends nothing.
+/// Defect 8: `acquire_until` with a deadline that has passed sends nothing (and reports no acquisition).
 #[test]
 fn acquire_until_a_past_deadline_sends_nothing() {
     let mut c = Cluster::new(1, 1, config());
+    let events = Arc::new(AllEvents::default());
+    c.manager = c.manager.clone().with_observer(Arc::clone(&events));
     let lock = c.manager.lock("job");
     let clock = c.clock.clone();
     let r = c.sim.block_on(async move {
@@ -565,6 +567,19 @@ fn acquire_until_a_past_deadline_sends_nothing() {
     });
     assert!(r.is_err());
     assert_eq!(c.calls(), 0, "no attempt may start after the deadline");
+    // Nor is an acquisition reported that never made an attempt.
+    let seen = events.0.lock().unwrap();
+    assert!(seen.is_empty(), "{seen:?}");
+}
+
+/// Every event a manager reports, by kind.
+#[derive(Default)]
+struct AllEvents(Mutex<Vec<String>>);
+
+impl redlease::Observer for AllEvents {
+    fn event(&self, event: &redlease::LeaseEvent<'_>) {
+        self.0.lock().unwrap().push(format!("{:?}", event.kind));
+    }
 }
 
 /// Defect 8: after the last failed attempt, a clean-up that timed out is finished in the background.

@@ -804,3 +804,29 @@ fn a_release_notified_during_a_contended_attempt_starts_the_next_attempt_when_it
     assert_eq!(at, t0 + ms(40), "right after the slow answer");
     assert_eq!(c.faults[0].calls(Op::Acquire), 1 + 3);
 }
+
+/// A notified wait that reaches the caller's deadline ends there, as contention, without one more attempt
+/// at the deadline itself: the waiter's first attempt and the one its confirmed subscription triggered.
+#[test]
+fn a_wait_that_reaches_its_deadline_ends_there_without_another_attempt() {
+    let mut c = Cluster::new(1, 23, no_polling());
+    let lock = c.manager.lock("job");
+    let _held = c.try_acquire(&lock).unwrap();
+    let t0 = c.now();
+    let waiting = lock.clone();
+    let err = c
+        .sim
+        .block_on(async move { waiting.acquire_within(secs(2)).await })
+        .unwrap_err();
+    assert_eq!(c.now(), t0 + secs(2), "returned at the deadline");
+    match err {
+        redlease::Error::NotAcquired {
+            attempts, reason, ..
+        } => {
+            assert_eq!(attempts, 2);
+            assert_eq!(reason, redlease::NotAcquiredReason::Contended);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(c.faults[0].calls(Op::Acquire), 1 + 2);
+}
