@@ -164,12 +164,36 @@ impl RedisNode for NetNode {
         self.inner.inspect(key).await
     }
 
-    /// The inner node's endpoint only: this node's fresh acquisition is the default (its `acquire`), not a
-    /// plain `SET NX`, and it takes no batches.
+    /// A batch of extensions, steered as one extension (the next step of `extend`).
+    async fn extend_many(
+        &self,
+        items: &[redlease::ExtendItem<'_>],
+    ) -> Result<Vec<bool>, NodeError> {
+        let owned: Vec<(String, Token, Ttl, bool)> = items
+            .iter()
+            .map(|i| (i.key.to_owned(), i.token.clone(), i.ttl, i.permit))
+            .collect();
+        let step = self.net.next(|s| &mut s.extend);
+        self.send(step, move |n| {
+            let items: Vec<redlease::ExtendItem<'_>> = owned
+                .iter()
+                .map(|(key, token, ttl, permit)| {
+                    let item = redlease::ExtendItem::new(key, token, *ttl);
+                    if *permit { item.for_permit() } else { item }
+                })
+                .collect();
+            now_ready(n.extend_many(&items))
+        })
+        .await
+    }
+
+    /// The inner node's endpoint only, and batches of up to 100 extensions (used only where the manager
+    /// batches renewals): this node's fresh acquisition is the default (its `acquire`), not a plain `SET NX`.
     fn profile(&self) -> redlease::NodeProfile {
+        let profile = redlease::NodeProfile::new().with_batch_limit(100);
         match self.inner.profile().endpoint {
-            Some(endpoint) => redlease::NodeProfile::new().with_endpoint(endpoint),
-            None => redlease::NodeProfile::new(),
+            Some(endpoint) => profile.with_endpoint(endpoint),
+            None => profile,
         }
     }
 }
@@ -857,6 +881,51 @@ fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_renewal_relies_on() 
         }
     }
     assert_eq!(s.nets[0].deliver(&s.nodes[0]), 1);
+    s.sim.run_for(secs(6));
+    let other = s.other.lock("job").expiry(secs(30));
+    let second = s.sim.block_on(async move { other.try_acquire().await });
+    assert!(
+        !(lease.state() == LeaseState::Held && second.is_ok()),
+        "two holders: the renewed lease is {:?} with {:?} left while a second client acquired",
+        lease.state(),
+        lease.remaining()
+    );
+}
+
+/// The same when the manager batches its renewals, on a node where the stale request shortens the key: the
+/// batch that renews the lease after the cut must not count the node (the renewer reads the lease's record of
+/// extensions that may still land).
+#[test]
+fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_batched_renewal_relies_on() {
+    let mut s = setup(1, config().with_renewal_batching(ms(50), 64), true);
+    let lock = s.manager.lock("job").expiry(secs(30)).auto_renew(secs(10));
+    let clock = s.clock.clone();
+    let nets = s.nets.clone();
+    let lease = s.sim.block_on(async move {
+        let lease = lock.try_acquire().await.unwrap();
+        clock.sleep_until(clock.now() + secs(1)).await;
+        nets[0].extend(&[Step::Hold]);
+        let done = within(&clock, ms(10), lease.extend(secs(5))).await;
+        assert!(!done, "the extension was cut before any reply");
+        lease
+    });
+    for _ in 0..100 {
+        s.sim.run_for(ms(100));
+        if lease.valid_until() > s.clock.now() + secs(10) || !lease.is_held() {
+            break;
+        }
+    }
+    // The stale request lands as a plain `PEXPIRE` would (a server without the never-shorten rule): the key
+    // has 5 s left, and a lease that still holds must not believe in more.
+    let stale = std::mem::take(&mut s.nets[0].0.lock().unwrap().held);
+    assert_eq!(stale.len(), 1, "the cut extension's request");
+    s.nodes[0].set("job", lease.token().as_str(), Some(secs(5)));
+    let key_left = s.nodes[0].pttl("job").flatten().unwrap_or_default();
+    assert!(
+        !lease.is_held() || lease.remaining() <= key_left,
+        "the lease believes in {:?} while its key has {key_left:?} left",
+        lease.remaining()
+    );
     s.sim.run_for(secs(6));
     let other = s.other.lock("job").expiry(secs(30));
     let second = s.sim.block_on(async move { other.try_acquire().await });
