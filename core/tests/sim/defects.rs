@@ -41,6 +41,10 @@ struct NetState {
     release: VecDeque<Step>,
     extend: VecDeque<Step>,
     held: Vec<Held>,
+    /// Extensions set the TTL asked for even when the key had more left (a plain `PEXPIRE`, as a server
+    /// without `GT` does): a node that breaks the never-shorten rule that [`MemoryNode`] keeps, so that only
+    /// the core's records of extensions in flight keep a lease safe from a late, shorter one.
+    shortening: bool,
 }
 
 /// The control panel of a [`NetNode`].
@@ -48,6 +52,11 @@ struct NetState {
 struct Net(Arc<Mutex<NetState>>);
 
 impl Net {
+    /// Makes this node's extensions plain `PEXPIRE`s (see [`NetState::shortening`]).
+    fn shortening(&self) -> &Self {
+        self.0.lock().unwrap().shortening = true;
+        self
+    }
     fn acquire(&self, steps: &[Step]) -> &Self {
         self.0.lock().unwrap().acquire.extend(steps);
         self
@@ -74,6 +83,15 @@ impl Net {
             .pop_front()
             .unwrap_or(Step::Pass)
     }
+}
+
+/// A compare-and-expire without `GT`: the key, if it holds `token`, gets exactly `ttl` (shorter or not).
+fn plain_pexpire(node: &MemoryNode, key: &str, token: &Token, ttl: Ttl) -> bool {
+    if node.get(key).as_deref() != Some(token.as_str().as_bytes()) {
+        return false;
+    }
+    node.set(key, token.as_str(), Some(ttl.as_duration()));
+    true
 }
 
 /// A [`MemoryNode`] behind a network the test steers.
@@ -156,6 +174,11 @@ impl RedisNode for NetNode {
     async fn extend(&self, key: &str, token: &Token, ttl: Ttl) -> Result<bool, NodeError> {
         let (key, token) = (key.to_owned(), token.clone());
         let step = self.net.next(|s| &mut s.extend);
+        if self.net.0.lock().unwrap().shortening {
+            return self
+                .send(step, move |n| Ok(plain_pexpire(&n, &key, &token, ttl)))
+                .await;
+        }
         self.send(step, move |n| now_ready(n.extend(&key, &token, ttl)))
             .await
     }
@@ -321,6 +344,9 @@ fn a_stale_cleanup_cannot_delete_a_later_attempts_win_redlock() {
 #[test]
 fn a_stale_shorter_extension_cannot_shorten_a_key_a_later_extension_relies_on() {
     let mut s = setup(3, config(), false);
+    for net in &s.nets {
+        net.shortening();
+    }
     let lock = s.manager.lock("job").expiry(secs(30));
     let lease = s
         .sim
@@ -787,6 +813,9 @@ async fn within<F: std::future::Future>(clock: &VirtualClock, cut: Duration, fut
 /// stale request lands there it shortens the key under the later extension's belief.
 fn dropped_shorter_extension_scenario(n: usize, fenced: bool) {
     let mut s = setup(n, config(), false);
+    for net in &s.nets {
+        net.shortening();
+    }
     let mut lock = s.manager.lock("job").expiry(secs(30));
     if fenced {
         lock = lock.fenced("job:fence");
@@ -861,6 +890,9 @@ fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_extension_relies_on_
 #[test]
 fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_renewal_relies_on() {
     let mut s = setup(1, config(), true);
+    for net in &s.nets {
+        net.shortening();
+    }
     let lock = s.manager.lock("job").expiry(secs(30)).auto_renew(secs(10));
     let clock = s.clock.clone();
     let nets = s.nets.clone();
@@ -898,6 +930,9 @@ fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_renewal_relies_on() 
 #[test]
 fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_batched_renewal_relies_on() {
     let mut s = setup(1, config().with_renewal_batching(ms(50), 64), true);
+    for net in &s.nets {
+        net.shortening();
+    }
     let lock = s.manager.lock("job").expiry(secs(30)).auto_renew(secs(10));
     let clock = s.clock.clone();
     let nets = s.nets.clone();
@@ -915,11 +950,8 @@ fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_batched_renewal_reli
             break;
         }
     }
-    // The stale request lands as a plain `PEXPIRE` would (a server without the never-shorten rule): the key
-    // has 5 s left, and a lease that still holds must not believe in more.
-    let stale = std::mem::take(&mut s.nets[0].0.lock().unwrap().held);
-    assert_eq!(stale.len(), 1, "the cut extension's request");
-    s.nodes[0].set("job", lease.token().as_str(), Some(secs(5)));
+    // The stale request lands: the key has 5 s left, and a lease that still holds must not believe in more.
+    assert_eq!(s.nets[0].deliver(&s.nodes[0]), 1);
     let key_left = s.nodes[0].pttl("job").flatten().unwrap_or_default();
     assert!(
         !lease.is_held() || lease.remaining() <= key_left,
@@ -944,6 +976,9 @@ fn a_dropped_shorter_extension_cannot_shorten_a_key_a_later_batched_renewal_reli
 /// acquires.
 fn handoff_with_a_shorter_extension_in_flight(fenced: bool) {
     let mut s = setup(1, config(), false);
+    for net in &s.nets {
+        net.shortening();
+    }
     let mut lock = s.manager.lock("job").expiry(secs(30));
     if fenced {
         lock = lock.fenced("job:fence");
