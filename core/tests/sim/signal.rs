@@ -114,3 +114,28 @@ fn a_dropped_loss_signal_is_not_woken_when_the_lease_ends() {
     sim.block_on(lease.release()).unwrap();
     assert_eq!(counting.0.load(SeqCst), 0, "the dropped signal was woken");
 }
+
+/// A signal polled by one task and then by another (moved between tasks, or raced in a `select!` of
+/// another task) wakes the task that polled it last when the lease ends, and not the first.
+#[test]
+fn a_loss_signal_wakes_the_task_that_polled_it_last() {
+    let mut sim = Sim::new(5);
+    let (manager, _node, _) = counting_manager(&sim);
+    let lease = sim
+        .block_on(manager.lock("job").expiry(secs(10)).try_acquire())
+        .unwrap();
+    let (first, last) = (Arc::new(Counting::default()), Arc::new(Counting::default()));
+    let mut signal = Box::pin(lease.lost());
+    for task in [&first, &last] {
+        let waker = Waker::from(Arc::clone(task));
+        assert!(
+            signal
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+    }
+    sim.block_on(lease.release()).unwrap();
+    assert_eq!(last.0.load(SeqCst), 1, "the last poller was woken");
+    assert_eq!(first.0.load(SeqCst), 0, "the first poller was not");
+}
