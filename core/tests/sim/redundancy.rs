@@ -108,6 +108,7 @@ fn a_lease_renewed_in_the_background_gets_the_missing_node_from_its_first_renewa
     assert_eq!(lease.state(), LeaseState::Held);
 }
 
+/// A repair refused before it was sent (no connection yet) is tried again, a retry delay later.
 #[test]
 fn a_repair_refused_by_a_node_not_yet_connected_is_tried_again() {
     let cfg = config().with_expiry(secs(30));
@@ -122,6 +123,14 @@ fn a_repair_refused_by_a_node_not_yet_connected_is_tried_again() {
     );
     let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
     let token = lease.token().as_str().to_owned();
+    // Not at once: the refused node is asked again a retry delay later (a connection takes its time).
+    c.sim.run_for(ms(1));
+    assert_eq!(
+        c.faults[2].calls(Op::Acquire),
+        2,
+        "the first repair was refused"
+    );
+    assert_eq!(c.holders("job", &token), [0, 1]);
     c.sim.run_for(secs(2));
     assert_eq!(c.holders("job", &token), [0, 1, 2]);
 }
