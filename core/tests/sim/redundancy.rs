@@ -135,6 +135,29 @@ fn a_repair_refused_by_a_node_not_yet_connected_is_tried_again() {
     assert_eq!(c.holders("job", &token), [0, 1, 2]);
 }
 
+/// The first repair round is short (it holds the lease's extension permit, and a healthy node answers at
+/// once): a node that answers only after that bound (a connection still being opened) is asked again with
+/// the full operation timeout, a retry delay later.
+#[test]
+fn a_slow_first_repair_is_cut_short_and_asked_again_with_the_operation_timeout() {
+    let cfg = config()
+        .with_expiry(secs(30))
+        .with_operation_timeout(ms(400));
+    let mut c = Cluster::with_spawner(3, 9, cfg);
+    // The acquisition's request is lost; the first repair is answered after 200 ms (past its 50 ms bound,
+    // within the 400 ms operation timeout), the second at once.
+    c.faults[2].script(Op::Acquire, [Fault::Hang, Fault::SlowReply(ms(200))]);
+    let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+    let token = lease.token().as_str().to_owned();
+    c.sim.run_for(secs(2));
+    assert_eq!(c.holders("job", &token), [0, 1, 2]);
+    assert_eq!(
+        c.faults[2].calls(Op::Acquire),
+        3,
+        "the lost acquisition, the cut first repair, the second"
+    );
+}
+
 /// A release that waits for a repair round in flight (so that its deletion comes after the repair's write)
 /// and is dropped while it waits still deletes the token from every node, on the spawner (the live
 /// cancellation test found keys left behind).
