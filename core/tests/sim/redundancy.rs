@@ -158,6 +158,38 @@ fn a_slow_first_repair_is_cut_short_and_asked_again_with_the_operation_timeout()
     );
 }
 
+/// A lease dropped while its repair's write is still in the network: the drop's clean-up deletes the token
+/// everywhere first (requests overtake one another on this node: a pool of connections), then the write
+/// lands on the missing node, and the repair, seeing the lease ended when its round ends, deletes the token
+/// there again — no key of a dropped lease is left until its TTL.
+#[test]
+fn a_repair_that_lands_after_the_lease_was_dropped_is_undone() {
+    let cfg = config().with_expiry(secs(30));
+    let mut c = Cluster::with_spawner(3, 10, cfg);
+    c.faults[2].delivery(redlease_testkit::Delivery::Pool);
+    c.faults[2].script(Op::Acquire, [Fault::Hang, Fault::Late(ms(20))]);
+    let lease = c.try_acquire(&c.manager.lock("job")).unwrap();
+    let token = lease.token().as_str().to_owned();
+    c.sim.run_for(ms(5));
+    assert_eq!(
+        c.faults[2].calls(Op::Acquire),
+        2,
+        "the repair's write was sent"
+    );
+    drop(lease);
+    c.sim.run_for(secs(1));
+    assert!(
+        c.holders("job", &token).is_empty(),
+        "left on {:?}",
+        c.holders("job", &token)
+    );
+    assert_eq!(
+        c.faults[2].calls(Op::Release),
+        2,
+        "the clean-up, then the repair's undo"
+    );
+}
+
 /// A release that waits for a repair round in flight (so that its deletion comes after the repair's write)
 /// and is dropped while it waits still deletes the token from every node, on the spawner (the live
 /// cancellation test found keys left behind).
