@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -291,6 +291,7 @@ impl MemoryNode {
                 timer: Arc::new(timer),
                 offset_ns: AtomicI64::new(0),
                 ms_epoch: Mutex::new(None),
+                shortening: AtomicBool::new(false),
             }),
             id: NEXT_NODE.fetch_add(1, Ordering::Relaxed),
         }
@@ -578,6 +579,35 @@ impl MemoryNode {
     pub fn set_replicas(&self, n: Option<u32>) {
         self.lock().replicas = n;
     }
+
+    /// With `true`, this node (every clone and [`client`](Self::client) of it) breaks the node contract's
+    /// never-shorten rule on purpose: an extension of a live key holding the caller's token — `extend`,
+    /// `extend_many`, a set's joint extension, the own-token branch of an acquisition — sets its expiry to
+    /// exactly the asked TTL from now, as a plain `PEXPIRE` would, even when that is earlier than the one it
+    /// has. A late or duplicated shorter extension then really shortens the key, which shows whether the
+    /// core itself keeps a lease safe from one (it does not count a node where a shorter extension may
+    /// still land).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use redlease::{RedisNode, Token, Ttl};
+    /// use redlease_testkit::MemoryNode;
+    ///
+    /// # redlease_testkit::block_on(async {
+    /// let node = MemoryNode::new();
+    /// let token = Token::random().unwrap();
+    /// let ttl = |s| Ttl::from_duration(Duration::from_secs(s)).unwrap();
+    /// assert!(node.acquire("k", &token, ttl(30)).await.unwrap());
+    /// assert!(node.extend("k", &token, ttl(5)).await.unwrap());
+    /// assert!(node.pttl("k").flatten().unwrap() > Duration::from_secs(20), "never shortened");
+    /// node.set_shortening_extensions(true);
+    /// assert!(node.extend("k", &token, ttl(5)).await.unwrap());
+    /// assert!(node.pttl("k").flatten().unwrap() <= Duration::from_secs(5), "shortened");
+    /// # });
+    /// ```
+    pub fn set_shortening_extensions(&self, on: bool) {
+        self.clock.shortening.store(on, Ordering::Relaxed);
+    }
 }
 
 /// The number a fence counter holds (`None`: missing), or the error the fenced acquisition script gives for
@@ -612,6 +642,8 @@ struct NodeClock {
     offset_ns: AtomicI64,
     /// With millisecond expiry, the instant its millisecond clock counts from.
     ms_epoch: Mutex<Option<Instant>>,
+    /// Extensions are plain `PEXPIRE`s ([`MemoryNode::set_shortening_extensions`]).
+    shortening: AtomicBool,
 }
 
 /// `base` moved by `ns` nanoseconds (either way), as far as `Instant` allows.
@@ -686,7 +718,12 @@ impl NodeClock {
     /// as with `GT`).
     fn extend(&self, entry: &mut Entry, now: Instant, ttl: Ttl) {
         if let Some(at) = entry.expires_at {
-            entry.expires_at = Some(self.expiry_ttl(now, ttl).map_or(at, |new| new.max(at)));
+            let new = self.expiry_ttl(now, ttl);
+            entry.expires_at = Some(if self.shortening.load(Ordering::Relaxed) {
+                new.unwrap_or(now)
+            } else {
+                new.map_or(at, |new| new.max(at))
+            });
         }
     }
 }
