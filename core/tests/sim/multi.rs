@@ -583,6 +583,9 @@ struct SetNetState {
     /// breaks the never-shorten rule, so that only the core's records of requests in flight keep a lease
     /// safe from a late, shorter one.
     shortening: bool,
+    /// Answer the next `multi_key(Extend)` with this many flags, every one `true`, applying nothing: a node
+    /// (or a proxy in front of it) answering out of protocol.
+    malformed: Option<usize>,
     held: Vec<Box<dyn FnOnce() + Send>>,
 }
 
@@ -689,6 +692,9 @@ impl NodeWrapper for SetNode {
             ))));
         }
         st.joint_extends += 1;
+        if let Some(n) = st.malformed.take() {
+            return Box::pin(std::future::ready(Ok(MultiKeyReply::Done(vec![true; n]))));
+        }
         let owned: Vec<(String, redlease::Token)> = items
             .iter()
             .map(|i| (i.key.to_owned(), i.token.clone()))
@@ -1325,4 +1331,37 @@ fn run_on_a_lease_renewed_in_the_background_adds_no_second_renewal() {
     );
     sim.block_on(lease.release()).unwrap();
     assert_eq!(history.check(), Ok(()));
+}
+
+/// A joint extension answered with a flag per key — but one too many or one too few (a node or proxy out of
+/// protocol, which applied nothing) — is not believed for any part: the extension fails as ambiguous, the
+/// set's deadline stays where the node's keys put it, and no part is taken for lost on a flag it never got.
+#[test]
+fn a_joint_extension_answered_with_the_wrong_number_of_flags_is_believed_for_no_part() {
+    for flags in [SET_OF_FOUR.len() + 1, SET_OF_FOUR.len() - 1] {
+        let (mut sim, clock, node, net, history, manager) =
+            set_rig(126, config().with_expiry(secs(10)), |_| {});
+        let all = sim
+            .block_on(manager.lock_all(SET_OF_FOUR).try_acquire())
+            .unwrap();
+        let before = all.valid_until();
+        net.with(|s| s.malformed = Some(flags));
+        let extended = sim.block_on(all.extend(secs(60)));
+        assert!(
+            matches!(extended, Err(Error::Quorum(_))),
+            "{flags} flags for 4 keys: {extended:?}"
+        );
+        assert_eq!(net.counts(), (1, 0), "one joint step, nothing else");
+        assert!(all.valid_until() <= before, "{flags} flags: believed");
+        assert!(all.is_held(), "{flags} flags: a part taken for lost");
+        for key in SET_OF_FOUR {
+            let pttl = node.pttl(key).flatten().unwrap();
+            assert!(
+                clock.now() + pttl >= all.valid_until(),
+                "{flags} flags, {key}: the set believes more than the key has"
+            );
+        }
+        sim.block_on(all.release()).unwrap();
+        assert_eq!(history.check(), Ok(()));
+    }
 }
