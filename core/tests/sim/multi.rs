@@ -586,6 +586,8 @@ struct SetNetState {
     /// Answer the next `multi_key(Extend)` with this many flags, every one `true`, applying nothing: a node
     /// (or a proxy in front of it) answering out of protocol.
     malformed: Option<usize>,
+    /// Refuse the next `multi_key(Extend)` with a definite (not applied) error of this kind.
+    refuse_next: Option<NodeErrorKind>,
     held: Vec<Box<dyn FnOnce() + Send>>,
 }
 
@@ -692,6 +694,12 @@ impl NodeWrapper for SetNode {
             ))));
         }
         st.joint_extends += 1;
+        if let Some(kind) = st.refuse_next.take() {
+            return Box::pin(std::future::ready(Err(NodeError::not_applied(
+                kind,
+                "refused (nothing applied)",
+            ))));
+        }
         if let Some(n) = st.malformed.take() {
             return Box::pin(std::future::ready(Ok(MultiKeyReply::Done(vec![true; n]))));
         }
@@ -1361,6 +1369,37 @@ fn a_joint_extension_answered_with_the_wrong_number_of_flags_is_believed_for_no_
                 "{flags} flags, {key}: the set believes more than the key has"
             );
         }
+        sim.block_on(all.release()).unwrap();
+        assert_eq!(history.check(), Ok(()));
+    }
+}
+
+/// Only a definite `Unsupported` makes a set fall back to extending its keys one by one. A joint extension
+/// the node refused for another reason (out of memory, a connection refused: nothing applied) is a failed
+/// round like any other, not a cue to send each key its own extension.
+#[test]
+fn a_joint_extension_refused_for_another_reason_than_unsupported_is_a_failed_round() {
+    for kind in [NodeErrorKind::OutOfMemory, NodeErrorKind::Connection] {
+        let (mut sim, _clock, _node, net, history, manager) =
+            set_rig(127, config().with_expiry(secs(10)), |_| {});
+        let all = sim
+            .block_on(manager.lock_all(SET_OF_FOUR).try_acquire())
+            .unwrap();
+        net.with(|s| s.refuse_next = Some(kind));
+        let extended = sim.block_on(all.extend(secs(60)));
+        assert!(
+            matches!(extended, Err(Error::Quorum(_))),
+            "{kind:?}: {extended:?}"
+        );
+        assert_eq!(
+            net.counts(),
+            (1, 0),
+            "{kind:?}: one joint step, no key on its own"
+        );
+        assert!(all.is_held());
+        // The next extension is one step again.
+        sim.block_on(all.extend(secs(60))).unwrap();
+        assert_eq!(net.counts(), (2, 0), "{kind:?}");
         sim.block_on(all.release()).unwrap();
         assert_eq!(history.check(), Ok(()));
     }
