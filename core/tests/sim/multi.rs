@@ -586,8 +586,8 @@ struct SetNetState {
     /// Answer the next `multi_key(Extend)` with this many flags, every one `true`, applying nothing: a node
     /// (or a proxy in front of it) answering out of protocol.
     malformed: Option<usize>,
-    /// Refuse the next `multi_key(Extend)` with a definite (not applied) error of this kind.
-    refuse_next: Option<NodeErrorKind>,
+    /// Refuse every `multi_key(Extend)` with a definite (not applied) error of this kind while set.
+    refuse: Option<NodeErrorKind>,
     held: Vec<Box<dyn FnOnce() + Send>>,
 }
 
@@ -694,7 +694,7 @@ impl NodeWrapper for SetNode {
             ))));
         }
         st.joint_extends += 1;
-        if let Some(kind) = st.refuse_next.take() {
+        if let Some(kind) = st.refuse {
             return Box::pin(std::future::ready(Err(NodeError::not_applied(
                 kind,
                 "refused (nothing applied)",
@@ -1385,8 +1385,9 @@ fn a_joint_extension_refused_for_another_reason_than_unsupported_is_a_failed_rou
         let all = sim
             .block_on(manager.lock_all(SET_OF_FOUR).try_acquire())
             .unwrap();
-        net.with(|s| s.refuse_next = Some(kind));
+        net.with(|s| s.refuse = Some(kind));
         let extended = sim.block_on(all.extend(secs(60)));
+        net.with(|s| s.refuse = None);
         assert!(
             matches!(extended, Err(Error::Quorum(_))),
             "{kind:?}: {extended:?}"
@@ -1403,4 +1404,46 @@ fn a_joint_extension_refused_for_another_reason_than_unsupported_is_a_failed_rou
         sim.block_on(all.release()).unwrap();
         assert_eq!(history.check(), Ok(()));
     }
+}
+
+/// A set's joint renewal that gave up (its rounds refused until no retry could finish before the deadline:
+/// it waits for the deadline to report the loss) and whose deadline a manual extension then moved later
+/// takes up renewing again when it wakes at the old deadline.
+#[test]
+fn a_set_given_up_by_its_joint_renewal_and_then_extended_by_hand_is_renewed_again() {
+    let (mut sim, clock, node, net, history, manager) =
+        set_rig(128, config().with_expiry(secs(3)), |_| {});
+    let all = sim
+        .block_on(
+            manager
+                .lock_all(SET_OF_FOUR)
+                .auto_renew(secs(1))
+                .try_acquire(),
+        )
+        .unwrap();
+    let deadline = all.valid_until();
+    // Every renewal round is refused; its retries (every retry delay, 200 ms, from 1 s) stop once the
+    // next one would come after the deadline (2.8 s + 200 ms): it waits for the deadline.
+    net.with(|s| s.refuse = Some(NodeErrorKind::OutOfMemory));
+    sim.run_for(deadline - ms(60) - clock.now());
+    let (refused, _) = net.counts();
+    assert_eq!(refused, 10, "renewal rounds refused from 1 s to 2.8 s");
+    net.with(|s| s.refuse = None);
+    sim.block_on(all.extend(secs(30))).unwrap();
+    assert!(all.valid_until() > deadline + secs(20));
+    let (by_hand, _) = net.counts();
+    sim.run_for(secs(10));
+    let (joint, single) = net.counts();
+    assert_eq!(single, 0);
+    assert!(
+        joint - by_hand >= 9,
+        "renewed again every second after the old deadline: {} rounds in 10 s",
+        joint - by_hand
+    );
+    assert!(all.is_held());
+    for key in SET_OF_FOUR {
+        assert!(node.pttl(key).flatten().unwrap() > secs(2), "{key}");
+    }
+    sim.block_on(all.release()).unwrap();
+    assert_eq!(history.check(), Ok(()));
 }
