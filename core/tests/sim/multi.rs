@@ -1447,3 +1447,38 @@ fn a_set_given_up_by_its_joint_renewal_and_then_extended_by_hand_is_renewed_agai
     sim.block_on(all.release()).unwrap();
     assert_eq!(history.check(), Ok(()));
 }
+
+/// A part lost from a joint background renewal is let go of on the node too: when its renewal's answers
+/// never came although the node applied it (the key outlives what the lease believes), the lost parts'
+/// tokens are deleted right after the loss instead of lingering on the node until their TTL runs out.
+#[test]
+fn parts_lost_from_a_joint_background_renewal_have_their_tokens_deleted() {
+    let (mut sim, clock, node, net, history, manager) =
+        set_rig(129, config().with_expiry(secs(3)), |_| {});
+    let all = sim
+        .block_on(
+            manager
+                .lock_all(SET_OF_FOUR)
+                .auto_renew(secs(1))
+                .try_acquire(),
+        )
+        .unwrap();
+    let deadline = all.valid_until();
+    // Every renewal request stays in the network: no answer comes back.
+    net.with(|s| s.hold = u32::MAX);
+    sim.run_for(ms(1_500));
+    // The first one (sent at 1 s) is applied now, unanswered: the keys live until 4.5 s.
+    assert!(net.deliver() >= 1);
+    for key in SET_OF_FOUR {
+        assert!(node.pttl(key).flatten().unwrap() > secs(2), "{key}");
+    }
+    sim.run_for(deadline + ms(100) - clock.now());
+    assert!(!all.is_held(), "lost at its deadline");
+    assert!(
+        node.keys().is_empty(),
+        "the lost parts' tokens were left on the node: {:?}",
+        node.keys()
+    );
+    drop(all);
+    assert_eq!(history.check(), Ok(()));
+}
