@@ -588,6 +588,8 @@ struct SetNetState {
     malformed: Option<usize>,
     /// Refuse every `multi_key(Extend)` with a definite (not applied) error of this kind while set.
     refuse: Option<NodeErrorKind>,
+    /// Answer (and apply) every single-key `release` this long after it was sent, by this clock.
+    slow_release: Option<(redlease_testkit::VirtualClock, Duration)>,
     held: Vec<Box<dyn FnOnce() + Send>>,
 }
 
@@ -668,6 +670,26 @@ impl NodeWrapper for SetNode {
         });
         let done = Self::apply_extend(&self.node, shortening, key, token, ttl);
         Box::pin(std::future::ready(Ok(done)))
+    }
+
+    fn release<'a, 'b, 'c, 'f>(
+        &'a self,
+        key: &'b str,
+        token: &'c redlease::Token,
+    ) -> redlease::NodeFuture<'f, bool>
+    where
+        'a: 'f,
+        'b: 'f,
+        'c: 'f,
+        Self: 'f,
+    {
+        let slow = self.net.with(|s| s.slow_release.clone());
+        Box::pin(async move {
+            if let Some((clock, after)) = slow {
+                clock.sleep_until(clock.now() + after).await;
+            }
+            self.node.release(key, token).await
+        })
     }
 
     fn multi_key<'a, 'b, 'c, 'f>(
@@ -1477,6 +1499,45 @@ fn parts_lost_from_a_joint_background_renewal_have_their_tokens_deleted() {
     assert!(
         node.keys().is_empty(),
         "the lost parts' tokens were left on the node: {:?}",
+        node.keys()
+    );
+    drop(all);
+    assert_eq!(history.check(), Ok(()));
+}
+
+/// `run` of a set stops the work as soon as a part is lost and, as its documentation says, finishes
+/// deleting the lost parts' tokens before it returns (even with a spawner that could do it later): when it
+/// returns, no node keeps a key of the set for the rest of a TTL.
+#[test]
+fn run_of_a_set_returns_after_the_lost_parts_tokens_are_deleted() {
+    let (mut sim, clock, node, net, history, manager) =
+        set_rig(130, config().with_expiry(secs(3)), |_| {});
+    let all = sim
+        .block_on(
+            manager
+                .lock_all(SET_OF_FOUR)
+                .renew_every(secs(1))
+                .try_acquire(),
+        )
+        .unwrap();
+    // Every renewal request stays in the network; the first is applied unanswered at 1.5 s, so the keys
+    // outlive the lease; the clean-up's deletions take 200 ms each.
+    net.with(|s| {
+        s.hold = u32::MAX;
+        s.slow_release = Some((clock.clone(), ms(200)));
+    });
+    let deliver = net.clone();
+    let at = clock.clone();
+    sim.spawn(async move {
+        at.sleep_until(at.now() + ms(1_500)).await;
+        assert!(deliver.deliver() >= 1);
+    });
+    let work = clock.sleep_until(clock.now() + secs(60));
+    let ran = sim.block_on(all.run(work));
+    assert!(matches!(ran, Err(Error::Lost { .. })), "{ran:?}");
+    assert!(
+        node.keys().is_empty(),
+        "run returned with the lost parts' tokens still on the node: {:?}",
         node.keys()
     );
     drop(all);
