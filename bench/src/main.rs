@@ -364,8 +364,15 @@ fn run(args: &Args) -> Result<Vec<Row>, String> {
         if !(wanted("S9") || wanted(case.0)) {
             continue;
         }
+        // The polling variants only when named (`--impl redlease/redis+poll`): what notifications cost or
+        // give under contention, without lengthening the full plan.
+        let polling = Impl::POLLING.into_iter().filter(|i| {
+            args.impls
+                .as_ref()
+                .is_some_and(|o| o.iter().any(|x| x == i.name()))
+        });
         for nodes in [1, 3] {
-            for &imp in &peers {
+            for imp in peers.iter().copied().chain(polling.clone()) {
                 step(contended::contended(&env, &plan, imp, case, nodes));
             }
         }
