@@ -793,6 +793,27 @@ fn set_rig(
 
 const SET_OF_FOUR: [&str; 4] = ["a", "b", "c", "d"];
 
+/// A [`set_rig`] on `config` with [`SET_OF_FOUR`] held by its manager, described by `describe` (a renewal,
+/// or none).
+fn holding_four(
+    seed: u64,
+    config: redlease::Config,
+    describe: impl FnOnce(redlease::MultiLock) -> redlease::MultiLock,
+) -> (
+    redlease_testkit::Sim,
+    redlease_testkit::VirtualClock,
+    redlease_testkit::MemoryNode,
+    SetNet,
+    History,
+    redlease::MultiLease,
+) {
+    let (mut sim, clock, node, net, history, manager) = set_rig(seed, config, |_| {});
+    let all = sim
+        .block_on(describe(manager.lock_all(SET_OF_FOUR)).try_acquire())
+        .unwrap();
+    (sim, clock, node, net, history, all)
+}
+
 /// Renewal of a set on one node is one step per round, like its acquisition, extension and release: a set
 /// of four keys held by `run` over ten renewal intervals sends one `multi_key` extension per round and no
 /// extension of a single key, and every part is renewed in each round (its own `Extended` event).
@@ -1369,11 +1390,8 @@ fn run_on_a_lease_renewed_in_the_background_adds_no_second_renewal() {
 #[test]
 fn a_joint_extension_answered_with_the_wrong_number_of_flags_is_believed_for_no_part() {
     for flags in [SET_OF_FOUR.len() + 1, SET_OF_FOUR.len() - 1] {
-        let (mut sim, clock, node, net, history, manager) =
-            set_rig(126, config().with_expiry(secs(10)), |_| {});
-        let all = sim
-            .block_on(manager.lock_all(SET_OF_FOUR).try_acquire())
-            .unwrap();
+        let (mut sim, clock, node, net, history, all) =
+            holding_four(126, config().with_expiry(secs(10)), |set| set);
         let before = all.valid_until();
         net.with(|s| s.malformed = Some(flags));
         let extended = sim.block_on(all.extend(secs(60)));
@@ -1402,11 +1420,8 @@ fn a_joint_extension_answered_with_the_wrong_number_of_flags_is_believed_for_no_
 #[test]
 fn a_joint_extension_refused_for_another_reason_than_unsupported_is_a_failed_round() {
     for kind in [NodeErrorKind::OutOfMemory, NodeErrorKind::Connection] {
-        let (mut sim, _clock, _node, net, history, manager) =
-            set_rig(127, config().with_expiry(secs(10)), |_| {});
-        let all = sim
-            .block_on(manager.lock_all(SET_OF_FOUR).try_acquire())
-            .unwrap();
+        let (mut sim, _clock, _node, net, history, all) =
+            holding_four(127, config().with_expiry(secs(10)), |set| set);
         net.with(|s| s.refuse = Some(kind));
         let extended = sim.block_on(all.extend(secs(60)));
         net.with(|s| s.refuse = None);
@@ -1433,16 +1448,10 @@ fn a_joint_extension_refused_for_another_reason_than_unsupported_is_a_failed_rou
 /// takes up renewing again when it wakes at the old deadline.
 #[test]
 fn a_set_given_up_by_its_joint_renewal_and_then_extended_by_hand_is_renewed_again() {
-    let (mut sim, clock, node, net, history, manager) =
-        set_rig(128, config().with_expiry(secs(3)), |_| {});
-    let all = sim
-        .block_on(
-            manager
-                .lock_all(SET_OF_FOUR)
-                .auto_renew(secs(1))
-                .try_acquire(),
-        )
-        .unwrap();
+    let (mut sim, clock, node, net, history, all) =
+        holding_four(128, config().with_expiry(secs(3)), |set| {
+            set.auto_renew(secs(1))
+        });
     let deadline = all.valid_until();
     // Every renewal round is refused; its retries (every retry delay, 200 ms, from 1 s) stop once the
     // next one would come after the deadline (2.8 s + 200 ms): it waits for the deadline.
@@ -1475,16 +1484,10 @@ fn a_set_given_up_by_its_joint_renewal_and_then_extended_by_hand_is_renewed_agai
 /// tokens are deleted right after the loss instead of lingering on the node until their TTL runs out.
 #[test]
 fn parts_lost_from_a_joint_background_renewal_have_their_tokens_deleted() {
-    let (mut sim, clock, node, net, history, manager) =
-        set_rig(129, config().with_expiry(secs(3)), |_| {});
-    let all = sim
-        .block_on(
-            manager
-                .lock_all(SET_OF_FOUR)
-                .auto_renew(secs(1))
-                .try_acquire(),
-        )
-        .unwrap();
+    let (mut sim, clock, node, net, history, all) =
+        holding_four(129, config().with_expiry(secs(3)), |set| {
+            set.auto_renew(secs(1))
+        });
     let deadline = all.valid_until();
     // Every renewal request stays in the network: no answer comes back.
     net.with(|s| s.hold = u32::MAX);
@@ -1510,16 +1513,10 @@ fn parts_lost_from_a_joint_background_renewal_have_their_tokens_deleted() {
 /// returns, no node keeps a key of the set for the rest of a TTL.
 #[test]
 fn run_of_a_set_returns_after_the_lost_parts_tokens_are_deleted() {
-    let (mut sim, clock, node, net, history, manager) =
-        set_rig(130, config().with_expiry(secs(3)), |_| {});
-    let all = sim
-        .block_on(
-            manager
-                .lock_all(SET_OF_FOUR)
-                .renew_every(secs(1))
-                .try_acquire(),
-        )
-        .unwrap();
+    let (mut sim, clock, node, net, history, all) =
+        holding_four(130, config().with_expiry(secs(3)), |set| {
+            set.renew_every(secs(1))
+        });
     // Every renewal request stays in the network; the first is applied unanswered at 1.5 s, so the keys
     // outlive the lease; the clean-up's deletions take 200 ms each.
     net.with(|s| {
